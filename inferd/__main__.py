@@ -1,0 +1,3 @@
+from inferd.cli import main
+
+main()

@@ -1,0 +1,108 @@
+"""One typed settings object for the whole process tree.
+
+Precedence (highest first): explicit arguments (CLI flags), ``INFERD_*`` environment
+variables, the YAML file named by ``--config`` / ``INFERD_CONFIG``, then the defaults
+below. Nothing else in inferd reads ``os.environ`` for its own settings.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+
+class BatchingConfig(BaseModel):
+    """Dynamic batching of one model version inside its replica."""
+
+    max_batch_size: int = Field(32, ge=1, le=65536)
+    """Most rows (not requests) in one predict_batch call."""
+    max_wait_ms: float = Field(5.0, ge=0, le=10_000)
+    """Longest a batch waits for more rows after its first arrived."""
+    max_queue_rows: int = Field(8192, ge=1)
+    """Rows queued in the replica beyond which new requests get 503."""
+    queue_timeout_ms: float = Field(10_000, gt=0)
+    """A request still queued after this long fails with 504 without running."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="INFERD_", extra="ignore")
+
+    data_dir: Path = Path(".inferd")
+    """Folder holding the SQLite database and the artifact store."""
+    database_url: str | None = None
+    """SQLAlchemy URL of the registry; default sqlite:///<data_dir>/inferd.db."""
+    host: str = "127.0.0.1"
+    """Address the HTTP gateway binds."""
+    port: int = Field(8000, ge=0, le=65535)
+    """Port of the HTTP gateway (0 picks a free one)."""
+    gateway_workers: int = Field(default_factory=lambda: min(os.cpu_count() or 1, 4), ge=1, le=64)
+    """HTTP gateway processes sharing the port (SO_REUSEPORT)."""
+    replicas: int = Field(1, ge=1, le=64)
+    """Replica processes per served model version (registry defaults may override)."""
+    replica_threads: int = Field(1, ge=1, le=256)
+    """Intra-op threads of each replica's runtime (torch, onnxruntime, xgboost, lightgbm)."""
+    batching: BatchingConfig = Field(default_factory=BatchingConfig)
+    """Default dynamic batching for versions that do not set their own."""
+    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    """Largest request body accepted (413 beyond)."""
+    max_rows_per_request: int = Field(4096, ge=1)
+    """Most input rows in one predict request (413 beyond)."""
+    request_timeout_s: float = Field(30.0, gt=0)
+    """Deadline of one inference request, from arrival at the gateway."""
+    load_timeout_s: float = Field(300.0, gt=0)
+    """Time a replica may take to load and warm up before it is killed and retried."""
+    shutdown_grace_s: float = Field(30.0, ge=0)
+    """On SIGTERM, time given to in-flight requests before processes are killed."""
+    restart_backoff_max_s: float = Field(30.0, gt=0)
+    """Upper bound of the exponential backoff between restarts of a crashing replica."""
+    reconcile_interval_s: float = Field(2.0, gt=0)
+    """How often the controller compares the registry with the running replicas."""
+    run_dir: Path | None = None
+    """Folder for replica sockets; default a short private folder under /tmp."""
+    log_level: str = "INFO"
+    """Log level of every inferd process."""
+    log_json: bool = False
+    """Write logs as JSON lines instead of text."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config_file = os.environ.get("INFERD_CONFIG")
+        if config_file:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
+        return tuple(sources)
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'inferd.db').resolve()}"
+
+    @property
+    def artifact_dir(self) -> Path:
+        return (self.data_dir / "artifacts").resolve()
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+    """Settings from env + an optional YAML file, with explicit overrides on top."""
+    if config_file is not None:
+        if not config_file.is_file():
+            raise FileNotFoundError(f"config file not found: {config_file}")
+        os.environ["INFERD_CONFIG"] = str(config_file.resolve())
+    return Settings(**{k: v for k, v in overrides.items() if v is not None})

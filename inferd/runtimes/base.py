@@ -1,0 +1,179 @@
+"""The runtime contract: how a framework's model is loaded and run on a batch.
+
+A runtime is a small subclass of :class:`Runtime`, one module per framework. It is
+created in the replica process with the folder of one registered version, ``load()``-ed
+once, then called with columnar batches: ``predict_batch({"features": array(N, 30)})``
+returns ``{"label": array(N), "probabilities": array(N, 2)}`` -- every output has the
+same first (batch) dimension N as the inputs. Runtimes never import HTTP code and
+never run on an event loop (the replica calls them from its executor thread).
+
+Output naming conventions the gateway relies on:
+- classifiers return ``label`` (class names as BYTES when known, else INT64) and
+  ``probabilities`` (FP32, one column per class, in ``labels`` order);
+- regressors and everything else return ``prediction`` or their own names.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+# Open Inference Protocol datatypes -> numpy. BYTES are object arrays of str/bytes.
+DATATYPES: dict[str, np.dtype[Any]] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+    "BYTES": np.dtype(object),
+}
+_BY_NUMPY = {v.str: k for k, v in DATATYPES.items() if k != "BYTES"}
+
+
+def datatype_of(array: np.ndarray) -> str:
+    """The protocol datatype name of a numpy array (str/bytes/object -> BYTES)."""
+    if array.dtype.kind in "OUS":
+        return "BYTES"
+    try:
+        return _BY_NUMPY[array.dtype.str]
+    except KeyError:
+        raise TypeError(f"unsupported dtype {array.dtype}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """One named input or output. ``shape[0]`` is the batch dimension, always -1."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...] = (-1,)
+
+    def __post_init__(self) -> None:
+        if self.datatype not in DATATYPES:
+            raise ValueError(f"unknown datatype {self.datatype!r}; one of {sorted(DATATYPES)}")
+        if not self.shape or self.shape[0] != -1:
+            raise ValueError(f"{self.name}: shape must start with the batch dimension -1")
+
+    @property
+    def numpy_dtype(self) -> np.dtype[Any]:
+        return DATATYPES[self.datatype]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TensorSpec:
+        return cls(name=d["name"], datatype=d["datatype"], shape=tuple(d.get("shape", (-1,))))
+
+
+@dataclass(frozen=True, slots=True)
+class Signature:
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    labels: tuple[str, ...] | None = None
+    """Class names of a classifier, in ``probabilities`` column order."""
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "inputs": [t.to_dict() for t in self.inputs],
+            "outputs": [t.to_dict() for t in self.outputs],
+        }
+        if self.labels is not None:
+            d["labels"] = list(self.labels)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Signature:
+        labels = d.get("labels")
+        return cls(
+            inputs=tuple(TensorSpec.from_dict(t) for t in d["inputs"]),
+            outputs=tuple(TensorSpec.from_dict(t) for t in d["outputs"]),
+            labels=tuple(labels) if labels is not None else None,
+        )
+
+    def input(self, name: str) -> TensorSpec:
+        for spec in self.inputs:
+            if spec.name == name:
+                return spec
+        raise KeyError(name)
+
+
+@dataclass
+class RuntimeConfig:
+    """What a runtime gets besides its folder: the version's registry metadata."""
+
+    threads: int = 1
+    metadata: dict[str, Any] = field(default_factory=dict)
+    signature: Signature | None = None
+    """A signature declared at push time; overrides what the runtime infers."""
+
+
+class Runtime(ABC):
+    framework: ClassVar[str]
+    """Registry name of the framework, e.g. ``"sklearn"``."""
+    file_suffixes: ClassVar[tuple[str, ...]] = ()
+    """Artifact file suffixes this runtime recognises, used by framework detection."""
+
+    def __init__(self, artifact_dir: Path, config: RuntimeConfig | None = None) -> None:
+        self.artifact_dir = Path(artifact_dir)
+        self.config = config or RuntimeConfig()
+
+    @classmethod
+    def detect(cls, artifact_dir: Path) -> bool:
+        """Whether the folder holds an artifact of this framework (cheap: no loading)."""
+        return any(p.suffix in cls.file_suffixes for p in artifact_dir.iterdir() if p.is_file())
+
+    @abstractmethod
+    def load(self) -> None:
+        """Load the model into memory. Called once, off the event loop."""
+
+    @abstractmethod
+    def infer_signature(self) -> Signature:
+        """The signature as far as the loaded model tells it."""
+
+    @abstractmethod
+    def predict_batch(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the model on a columnar batch; every output keeps the batch dimension."""
+
+    def unload(self) -> None:  # noqa: B027 -- optional hook
+        """Release what ``load`` took beyond what process exit frees."""
+
+    @property
+    def signature(self) -> Signature:
+        if self.config.signature is not None:
+            return self.config.signature
+        return self.infer_signature()
+
+    def warmup_inputs(self) -> dict[str, np.ndarray]:
+        """One row of zeros (or empty strings) matching the signature."""
+        batch: dict[str, np.ndarray] = {}
+        for spec in self.signature.inputs:
+            shape = (1, *(max(d, 1) for d in spec.shape[1:]))
+            if spec.datatype == "BYTES":
+                batch[spec.name] = np.full(shape, "warm up", dtype=object)
+            else:
+                batch[spec.name] = np.zeros(shape, dtype=spec.numpy_dtype)
+        return batch
+
+    def find_file(self, suffixes: tuple[str, ...] | None = None) -> Path:
+        """The single artifact file with one of ``suffixes`` in the version folder."""
+        wanted = suffixes or self.file_suffixes
+        found = sorted(p for p in self.artifact_dir.iterdir() if p.suffix in wanted)
+        if len(found) != 1:
+            names = ", ".join(p.name for p in found) or "none"
+            raise FileNotFoundError(
+                f"{self.framework}: expected one file ending in {'/'.join(wanted)} "
+                f"in {self.artifact_dir}, found {names}"
+            )
+        return found[0]
