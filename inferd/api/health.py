@@ -1,0 +1,29 @@
+"""Kubernetes-style probes: live = the process answers; ready = every model serves."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from inferd.api.http import json_response
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/health/live")
+async def live() -> Response:
+    return json_response({"status": "live"})
+
+
+@router.get("/health/ready")
+async def ready(request: Request) -> Response:
+    table = request.app.state.router.table
+    models = {name: route.default_version for name, route in table.models.items()}
+    not_ready = sorted(name for name, version in models.items() if version is None)
+    if table.generation == 0 or not_ready:
+        return json_response(
+            {"status": "not_ready", "models": models, "waiting_for": not_ready},
+            status_code=503,
+            headers={"Retry-After": "1"},
+        )
+    return json_response({"status": "ready", "models": models})

@@ -1,0 +1,66 @@
+"""Small HTTP helpers shared by the route modules: body limits, JSON, request ids."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import numpy as np
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from inferd.errors import BadRequest, PayloadTooLarge
+
+_JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
+
+
+def _fallback(value: Any) -> Any:
+    if isinstance(value, np.ndarray):  # object (BYTES) arrays orjson cannot take natively
+        return value.tolist()
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    raise TypeError(f"cannot serialise {type(value).__name__}")
+
+
+def request_id_of(request: Request) -> str:
+    rid = request.headers.get("x-request-id")
+    if rid and len(rid) <= 128:
+        return rid
+    return uuid.uuid4().hex
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    length = request.headers.get("content-length")
+    if length is not None:
+        if not length.isdigit():
+            raise BadRequest("invalid Content-Length header")
+        if int(length) > limit:
+            raise PayloadTooLarge(f"request body of {length} bytes exceeds the limit of {limit}",
+                                  limit_bytes=limit)
+        body = await request.body()
+    else:
+        chunks = bytearray()
+        async for chunk in request.stream():
+            chunks += chunk
+            if len(chunks) > limit:
+                raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes",
+                                      limit_bytes=limit)
+        body = bytes(chunks)
+    if not body:
+        raise BadRequest("request body is empty; expected a JSON object")
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"invalid JSON: {exc}") from None
+
+
+def json_response(
+    content: Any, status_code: int = 200, headers: dict[str, str] | None = None
+) -> Response:
+    return Response(
+        orjson.dumps(content, default=_fallback, option=_JSON_OPTIONS),
+        status_code=status_code,
+        headers=headers,
+        media_type="application/json",
+    )

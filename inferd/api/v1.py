@@ -1,0 +1,126 @@
+"""The inferd REST API (``/api/v1``): thin routes over the data plane and registry."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from inferd.api import docs
+from inferd.api.codec import columns_to_rows, rows_to_columns
+from inferd.api.http import json_response, read_json, request_id_of
+from inferd.errors import BadRequest, InvalidInput, PayloadTooLarge
+from inferd.observability.logging import request_id_var
+from inferd.routing.dataplane import DataPlane, InferOutcome
+
+router = APIRouter(prefix="/api/v1", tags=["inference"])
+
+
+def _plane(request: Request) -> DataPlane:
+    return request.app.state.dataplane  # type: ignore[no-any-return]
+
+
+def _params(body: dict[str, Any]) -> tuple[str | None, float | None]:
+    params = body.get("params") or {}
+    if not isinstance(params, dict):
+        raise InvalidInput("'params' must be an object")
+    version = params.get("version")
+    if version is not None and not isinstance(version, str):
+        raise InvalidInput("'params.version' must be a string")
+    timeout_ms = params.get("timeout_ms")
+    if timeout_ms is not None and (not isinstance(timeout_ms, int | float) or timeout_ms <= 0):
+        raise InvalidInput("'params.timeout_ms' must be a positive number")
+    return version, timeout_ms / 1000 if timeout_ms else None
+
+
+async def _run(request: Request, model: str, body: Any, rows_key: str) -> tuple[InferOutcome, str]:
+    started = time.perf_counter()
+    rid = request_id_of(request)
+    request_id_var.set(rid)
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    version, timeout_s = _params(body)
+    plane = _plane(request)
+    target = plane.target(model, version)
+    rows = body.get(rows_key)
+    if rows_key == "input":
+        if rows is None:
+            raise InvalidInput("missing 'input'")
+        rows = [rows]
+    limit = request.app.state.settings.max_rows_per_request
+    if isinstance(rows, list) and len(rows) > limit:
+        raise PayloadTooLarge(f"{len(rows)} rows exceed the limit of {limit} per request")
+    columns, n = rows_to_columns(rows, target.signature)
+    outcome = await plane.infer(target, columns, n, rid, started, timeout_s)
+    return outcome, rid
+
+
+def _headers(outcome: InferOutcome, rid: str) -> dict[str, str]:
+    return {"x-request-id": rid, "x-inferd-model-version": outcome.target.version}
+
+
+@router.post("/models/{model}/predict", openapi_extra=docs.PREDICT)
+async def predict(model: str, request: Request) -> Response:
+    """Predict a batch of rows with a model (default version unless ``params.version``)."""
+    body = await read_json(request, request.app.state.settings.max_body_bytes)
+    if isinstance(body, dict) and "inputs" not in body:
+        raise InvalidInput("missing 'inputs': a list of rows, e.g. [{\"features\": [...]}]")
+    outcome, rid = await _run(request, model, body, "inputs")
+    return json_response(
+        {
+            "model": model,
+            "version": outcome.target.version,
+            "outputs": columns_to_rows(outcome.outputs, outcome.target.signature),
+            "latency_ms": round(outcome.latency_ms, 3),
+            "request_id": rid,
+        },
+        headers=_headers(outcome, rid),
+    )
+
+
+@router.post("/predict", openapi_extra=docs.PREDICT_ONE)
+async def predict_one(request: Request) -> Response:
+    """Predict one input: ``{"model", "input"}`` -> ``{"prediction", "confidence"}``."""
+    body = await read_json(request, request.app.state.settings.max_body_bytes)
+    model = body.get("model") if isinstance(body, dict) else None
+    if not isinstance(model, str):
+        raise InvalidInput("missing 'model': the name of the model to call")
+    outcome, rid = await _run(request, model, body, "input")
+    row = columns_to_rows(outcome.outputs, outcome.target.signature)[0]
+    result: dict[str, Any] = {"model": model, "version": outcome.target.version}
+    if "label" in row and "probabilities" in row:
+        result["prediction"] = row["label"]
+        result["confidence"] = round(float(np.max(row["probabilities"])), 6)
+    elif len(row) == 1:
+        result["prediction"] = next(iter(row.values()))
+    else:
+        result["outputs"] = row
+    result["latency_ms"] = round(outcome.latency_ms, 3)
+    result["request_id"] = rid
+    return json_response(result, headers=_headers(outcome, rid))
+
+
+@router.get("/models", tags=["registry"])
+async def list_models(request: Request) -> Response:
+    """Registered models, their versions and what is serving now."""
+    records = await asyncio.to_thread(request.app.state.registry.list_models)
+    status = request.app.state.status
+    return json_response({"models": [status.model_summary(r) for r in records]})
+
+
+@router.get("/models/{model}", tags=["registry"])
+async def get_model(model: str, request: Request) -> Response:
+    """One model: each version with its signature, metadata, status and replicas."""
+    record = await asyncio.to_thread(request.app.state.registry.get_model, model)
+    return json_response(await request.app.state.status.model_detail(record))
+
+
+@router.get("/models/{model}/versions/{version}", tags=["registry"])
+async def get_version(model: str, version: str, request: Request) -> Response:
+    """One registered version with its signature, metadata, status and replicas."""
+    record = await asyncio.to_thread(request.app.state.registry.get_version, model, version)
+    return json_response(await request.app.state.status.version_detail(record))

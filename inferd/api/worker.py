@@ -1,0 +1,81 @@
+"""A gateway process: follows the routing table and serves HTTP on the shared port.
+
+Started by ``inferd serve`` (``python -m inferd.api.worker SETTINGS_JSON CONTROL_SOCKET``).
+Several gateway processes bind the same port with SO_REUSEPORT, so the kernel spreads
+connections evenly across them. A gateway prints ``LISTENING`` on stdout once it accepts
+connections, and exits when it loses the controller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+from pathlib import Path
+
+import uvicorn
+
+from inferd.api.app import create_app
+from inferd.config import Settings
+from inferd.observability.logging import configure_logging
+from inferd.process import die_with_parent
+from inferd.registry import Registry
+from inferd.routing.router import Router
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if hasattr(socket, "SO_REUSEPORT"):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+async def run_gateway(settings: Settings, control_socket: Path) -> None:
+    router = Router()
+    await router.follow(control_socket)
+    registry = Registry(settings.resolved_database_url, settings.artifact_dir, migrate=False)
+    app = create_app(settings, router, registry)
+    config = uvicorn.Config(
+        app,
+        loop="none",
+        http="httptools",
+        lifespan="off",
+        access_log=False,
+        log_config=None,
+        backlog=4096,
+        timeout_keep_alive=30,
+        timeout_graceful_shutdown=int(settings.shutdown_grace_s),
+    )
+    server = uvicorn.Server(config)
+
+    def stop_serving() -> None:
+        server.should_exit = True
+
+    router.on_lost = stop_serving
+    sock = bind_socket(settings.host, settings.port)
+    sock.listen(config.backlog)
+    loop = asyncio.get_running_loop()
+    loop.call_soon(lambda: print("LISTENING", flush=True))
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        router.close()
+        registry.close()
+
+
+def main() -> None:
+    settings = Settings.model_validate_json(sys.argv[1])
+    control = Path(sys.argv[2])
+    configure_logging(settings.log_level, settings.log_json, "gateway")
+    die_with_parent()
+    import uvloop
+
+    uvloop.run(run_gateway(settings, control))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,241 @@
+"""The ``inferd`` command line. The only place that configures logging for the server."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+import inferd
+from inferd.config import Settings, load_settings
+from inferd.errors import InferdError
+
+app = typer.Typer(help="inferd: serve any model fast, versioned and observable.",
+                  no_args_is_help=True, pretty_exceptions_enable=False)
+models_app = typer.Typer(help="The model registry: push, list, show.", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+console = Console(stderr=True)
+
+ConfigOpt = Annotated[Path | None, typer.Option("--config", help="YAML settings file.")]
+DataDirOpt = Annotated[Path | None, typer.Option("--data-dir", help="Data folder (INFERD_DATA_DIR).")]
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        print(f"inferd {inferd.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_version_callback,
+                                          is_eager=True, help="Print the version.")] = False,
+) -> None:
+    pass
+
+
+def _settings(config: Path | None, **overrides: Any) -> Settings:
+    try:
+        return load_settings(config, **overrides)
+    except (FileNotFoundError, ValueError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def serve(
+    demo: Annotated[bool, typer.Option(help="Build, register and serve the demo models.")] = False,
+    host: Annotated[str | None, typer.Option(help="Address to bind (default 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(help="HTTP port (default 8000).")] = None,
+    workers: Annotated[int | None, typer.Option(help="Gateway processes.")] = None,
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Start the server: gateway processes on HOST:PORT and one replica per model."""
+    import asyncio
+
+    from inferd.observability.logging import configure_logging
+    from inferd.server import serve as run_server
+
+    settings = _settings(config, host=host, port=port, gateway_workers=workers, data_dir=data_dir)
+    configure_logging(settings.log_level, settings.log_json, "server")
+    try:
+        import uvloop
+
+        uvloop.run(run_server(settings, demo=demo, progress=_progress))
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        asyncio.run(run_server(settings, demo=demo, progress=_progress))
+
+
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _registry(config: Path | None, data_dir: Path | None) -> Any:
+    from inferd.registry import Registry
+
+    return Registry.from_settings(_settings(config, data_dir=data_dir))
+
+
+@contextmanager
+def _errors() -> Any:
+    try:
+        yield
+    except InferdError as exc:
+        console.print(f"[red]error ({exc.status_code} {exc.code}):[/red] {exc.message}")
+        raise typer.Exit(1) from None
+
+
+def _parse_meta(items: list[str]) -> dict[str, Any]:
+    meta: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"--meta expects key=value, got {item!r}")
+        try:
+            meta[key] = json.loads(value)
+        except json.JSONDecodeError:
+            meta[key] = value
+    return meta
+
+
+@models_app.command("push")
+def models_push(
+    name: Annotated[str, typer.Argument(help="Model name.")],
+    path: Annotated[Path, typer.Argument(exists=True, help="Artifact file or folder.")],
+    version: Annotated[str, typer.Option("--version", "-v", help="Version label, e.g. v3.1.")],
+    framework: Annotated[str | None, typer.Option(help="Runtime; detected when omitted.")] = None,
+    meta: Annotated[list[str] | None, typer.Option("--meta", help="key=value metadata.")] = None,
+    signature: Annotated[Path | None, typer.Option(help="JSON file with the signature.")] = None,
+    description: Annotated[str | None, typer.Option(help="Model description.")] = None,
+    owner: Annotated[str | None, typer.Option(help="Model owner.")] = None,
+    max_batch_size: Annotated[int | None, typer.Option(help="Default batch rows.")] = None,
+    max_wait_ms: Annotated[float | None, typer.Option(help="Default batch wait.")] = None,
+    replicas: Annotated[int | None, typer.Option(help="Default replica count.")] = None,
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Register a new immutable version: inspect it, copy it to the store, record it."""
+    from inferd.runtimes import inspect_artifact
+    from inferd.runtimes.base import Signature
+
+    metadata = _parse_meta(meta or [])
+    declared = Signature.from_dict(json.loads(signature.read_text())) if signature else None
+    batching = {k: v for k, v in (("max_batch_size", max_batch_size),
+                                  ("max_wait_ms", max_wait_ms), ("replicas", replicas)) if v}
+    registry = _registry(config, data_dir)
+    with _errors(), _as_folder(path) as folder:
+        with console.status(f"loading {path.name} to check it and read its signature ..."):
+            try:
+                found, sig = inspect_artifact(folder, framework, metadata, declared)
+            except (ValueError, FileNotFoundError, ImportError) as exc:
+                console.print(f"[red]error:[/red] cannot load {path}: {exc}")
+                raise typer.Exit(1) from None
+        record = registry.push(name, folder, version, framework=found, signature=sig,
+                               metadata=metadata, description=description, owner=owner,
+                               batching=batching or None)
+    console.print(f"registered [bold]{name}:{version}[/bold] ({found}), sha256 {record.sha256[:12]}")
+    print(json.dumps(record.to_dict(), indent=2))
+
+
+@contextmanager
+def _as_folder(path: Path) -> Any:
+    if path.is_dir():
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="inferd-push-") as tmp:
+        shutil.copy2(path, Path(tmp) / path.name)
+        yield Path(tmp)
+
+
+@models_app.command("list")
+def models_list(config: ConfigOpt = None, data_dir: DataDirOpt = None) -> None:
+    """Registered models and their versions."""
+    table = Table("model", "framework", "versions", "latest", "description")
+    for m in _registry(config, data_dir).list_models():
+        latest = m.versions[-1].version if m.versions else "-"
+        table.add_row(m.name, m.framework or "-", ", ".join(v.version for v in m.versions),
+                      latest, m.description or "")
+    Console().print(table)
+
+
+@models_app.command("show")
+def models_show(
+    name: str,
+    version: Annotated[str | None, typer.Option("--version", "-v")] = None,
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """One model (or one version) as JSON: signature, metadata, checksum."""
+    registry = _registry(config, data_dir)
+    with _errors():
+        if version:
+            print(json.dumps(registry.get_version(name, version).to_dict(), indent=2))
+        else:
+            model = registry.get_model(name)
+            print(json.dumps({"name": model.name, "description": model.description,
+                              "framework": model.framework, "owner": model.owner,
+                              "versions": [v.to_dict() for v in model.versions]}, indent=2))
+
+
+@app.command()
+def predict(
+    model: Annotated[str, typer.Argument(help="Model name.")],
+    inputs: Annotated[str | None, typer.Option(help="JSON list of rows.")] = None,
+    input_: Annotated[str | None, typer.Option("--input", help="JSON object: one row.")] = None,
+    text: Annotated[str | None, typer.Option(help="One text input (field 'text').")] = None,
+    features: Annotated[str | None, typer.Option(help="Comma-separated numbers.")] = None,
+    file: Annotated[Path | None, typer.Option(help="JSON body file ('-' for stdin).")] = None,
+    version: Annotated[str | None, typer.Option("--version", "-v")] = None,
+    url: Annotated[str, typer.Option(help="Server URL.")] = "http://127.0.0.1:8000",
+    timeout: Annotated[float, typer.Option(help="Seconds.")] = 30.0,
+) -> None:
+    """Call a running server's predict API and print the JSON reply."""
+    import httpx
+
+    body = _predict_body(inputs, input_, text, features, file)
+    if version:
+        body.setdefault("params", {})["version"] = version
+    try:
+        reply = httpx.post(f"{url.rstrip('/')}/api/v1/models/{model}/predict", json=body,
+                           timeout=timeout)
+    except httpx.HTTPError as exc:
+        console.print(f"[red]error:[/red] cannot reach {url}: {exc}")
+        raise typer.Exit(1) from None
+    print(json.dumps(reply.json(), indent=2))
+    if reply.status_code >= 400:
+        raise typer.Exit(1)
+
+
+def _predict_body(inputs: str | None, input_: str | None, text: str | None,
+                  features: str | None, file: Path | None) -> dict[str, Any]:
+    try:
+        if file is not None:
+            raw = sys.stdin.read() if str(file) == "-" else file.read_text()
+            return dict(json.loads(raw))
+        if inputs is not None:
+            return {"inputs": json.loads(inputs)}
+        if input_ is not None:
+            return {"inputs": [json.loads(input_)]}
+    except (json.JSONDecodeError, TypeError, ValueError) as exc:
+        raise typer.BadParameter(f"not valid JSON: {exc}") from None
+    if text is not None:
+        return {"inputs": [{"text": text}]}
+    if features is not None:
+        try:
+            return {"inputs": [[float(x) for x in features.split(",")]]}
+        except ValueError:
+            raise typer.BadParameter("--features takes comma-separated numbers") from None
+    raise typer.BadParameter("give one of --inputs, --input, --text, --features, --file")
+
+
+def main() -> None:
+    app()

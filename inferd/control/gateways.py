@@ -1,0 +1,78 @@
+"""The gateway processes: started, watched and restarted by the server process."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from inferd.config import Settings
+
+logger = logging.getLogger(__name__)
+
+
+class GatewayPool:
+    def __init__(self, settings: Settings, control_socket: Path) -> None:
+        self.settings = settings
+        self.control_socket = control_socket
+        self.processes: list[asyncio.subprocess.Process] = []
+        self._watchers: list[asyncio.Task[None]] = []
+        self._stopping = False
+
+    async def start(self, timeout_s: float = 60.0) -> None:
+        for slot in range(self.settings.gateway_workers):
+            self.processes.append(await self._spawn(timeout_s))
+            self._watchers.append(asyncio.get_running_loop().create_task(self._watch(slot)))
+
+    async def _spawn(self, timeout_s: float) -> asyncio.subprocess.Process:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "inferd.api.worker",
+            self.settings.model_dump_json(), str(self.control_socket),
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        )
+        assert process.stdout is not None
+        try:
+            line = await asyncio.wait_for(process.stdout.readline(), timeout_s)
+        except TimeoutError:
+            line = b""
+        if line.strip() != b"LISTENING":
+            process.kill()
+            await process.wait()
+            raise RuntimeError(
+                f"gateway process failed to start on {self.settings.host}:{self.settings.port}"
+                " (is the port in use? see the log above)"
+            )
+        return process
+
+    async def _watch(self, slot: int) -> None:
+        backoff = 0.5
+        while True:
+            code = await self.processes[slot].wait()
+            if self._stopping:
+                return
+            logger.error("gateway process %d exited with code %s; restarting", slot, code)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 30.0)
+            try:
+                self.processes[slot] = await self._spawn(60.0)
+                backoff = 0.5
+            except RuntimeError:
+                logger.exception("gateway restart failed")
+
+    async def stop(self) -> None:
+        """SIGTERM: each gateway stops accepting and finishes in-flight requests."""
+        self._stopping = True
+        for task in self._watchers:
+            task.cancel()
+        for process in self.processes:
+            if process.returncode is None:
+                process.send_signal(signal.SIGTERM)
+        grace = self.settings.shutdown_grace_s + 5
+        for process in self.processes:
+            try:
+                await asyncio.wait_for(process.wait(), grace)
+            except TimeoutError:
+                process.kill()
+                await process.wait()

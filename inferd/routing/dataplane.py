@@ -1,0 +1,48 @@
+"""The transport-agnostic inference handler shared by every API family.
+
+REST (/api/v1), the Open Inference Protocol and later gRPC all decode their own wire
+format into columnar numpy inputs, call :meth:`DataPlane.infer`, and encode the result.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from inferd.routing.router import Router, Target
+from inferd.serving import protocol as p
+from inferd.serving.batcher import Columns
+
+
+@dataclass(frozen=True, slots=True)
+class InferOutcome:
+    target: Target
+    outputs: Columns
+    latency_ms: float
+
+
+class DataPlane:
+    def __init__(self, router: Router, request_timeout_s: float) -> None:
+        self.router = router
+        self.request_timeout_s = request_timeout_s
+
+    def target(self, model: str, version: str | None) -> Target:
+        return self.router.target(model, version)
+
+    async def infer(
+        self,
+        target: Target,
+        inputs: dict[str, np.ndarray],
+        rows: int,
+        request_id: str = "",
+        started: float | None = None,
+        timeout_s: float | None = None,
+    ) -> InferOutcome:
+        started = time.perf_counter() if started is None else started
+        tensors = {name: p.to_tensor(array) for name, array in inputs.items()}
+        outputs = await self.router.infer(
+            target, tensors, rows, timeout_s or self.request_timeout_s, request_id
+        )
+        return InferOutcome(target, outputs, (time.perf_counter() - started) * 1000)

@@ -1,0 +1,168 @@
+"""Choosing a replica for each request, in every gateway process.
+
+The router follows the controller's routing table (pushed over a Unix socket), keeps
+one multiplexed :class:`ReplicaClient` per replica, and sends each request to the
+ready replica of the chosen version with the fewest outstanding requests. Predict is
+idempotent, so a request whose replica dies mid-flight is retried once on another one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from inferd.errors import ModelNotFound, ModelNotReady
+from inferd.routing.table import ModelRoute, RoutingTable, VersionRoute, decode_table
+from inferd.runtimes.base import Signature
+from inferd.serving import protocol as p
+from inferd.serving.batcher import Columns
+from inferd.serving.client import ReplicaClient, ReplicaGone
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A model version that can receive a request, with its decoded signature."""
+
+    model: str
+    version: str
+    signature: Signature
+    framework: str
+
+
+class Router:
+    def __init__(self) -> None:
+        self.table = RoutingTable(0, {})
+        self._clients: dict[str, ReplicaClient] = {}
+        self._ready: dict[tuple[str, str], list[ReplicaClient]] = {}
+        self._targets: dict[tuple[str, str], Target] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.received = asyncio.Event()
+        self.on_lost: Callable[[], None] | None = None
+        self._control: asyncio.StreamWriter | None = None
+
+    async def follow(self, control_socket: Path) -> None:
+        """Subscribe to the controller's table; returns once the first one arrived."""
+        reader, self._control = await asyncio.open_unix_connection(str(control_socket))
+        self._task = asyncio.get_running_loop().create_task(self._read_tables(reader))
+        await self.received.wait()
+
+    async def _read_tables(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                size = int.from_bytes(await reader.readexactly(4), "little")
+                await self.apply(decode_table(await reader.readexactly(size)))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            logger.error("lost the controller; this gateway stops")
+            if self.on_lost is not None:
+                self.on_lost()
+
+    async def apply(self, table: RoutingTable) -> None:
+        if table.generation <= self.table.generation:
+            return
+        wanted: dict[str, str] = {}
+        for model in table.models.values():
+            for vroute in model.versions.values():
+                key = (model.name, vroute.version)
+                if key not in self._targets:
+                    self._targets[key] = Target(
+                        model.name, vroute.version,
+                        Signature.from_dict(vroute.signature), vroute.framework,
+                    )
+                for r in vroute.replicas:
+                    if r.state in ("ready", "draining"):
+                        wanted[r.id] = r.address
+        for rid in list(self._clients):
+            if rid not in wanted:
+                self._clients.pop(rid).close()
+        await asyncio.gather(*(self._connect(rid, addr) for rid, addr in wanted.items()
+                               if rid not in self._clients or self._clients[rid].closed))
+        ready: dict[tuple[str, str], list[ReplicaClient]] = {}
+        for model in table.models.values():
+            for vroute in model.versions.values():
+                ready[(model.name, vroute.version)] = [
+                    self._clients[r.id] for r in vroute.replicas
+                    if r.state == "ready" and r.id in self._clients
+                ]
+        self._ready = ready
+        self.table = table
+        self.received.set()
+
+    async def _connect(self, rid: str, address: str) -> None:
+        client = ReplicaClient(address, rid)
+        try:
+            await client.connect()
+        except (OSError, TimeoutError) as exc:
+            logger.warning("cannot connect to replica %s: %s", rid, exc)
+            return
+        self._clients[rid] = client
+
+    def model(self, name: str) -> ModelRoute:
+        route = self.table.models.get(name)
+        if route is None:
+            raise ModelNotFound(f"model {name!r} not found", model=name)
+        return route
+
+    def target(self, model: str, version: str | None = None) -> Target:
+        route = self.model(model)
+        if version is None:
+            version = route.default_version
+            if version is None:
+                raise ModelNotReady(f"model {model!r} has no ready version yet", model=model)
+        elif version not in route.versions:
+            raise ModelNotFound(
+                f"version {version!r} of model {model!r} is not deployed",
+                model=model, version=version,
+            )
+        return self._targets[(model, version)]
+
+    def version_route(self, model: str, version: str) -> VersionRoute | None:
+        route = self.table.models.get(model)
+        return route.versions.get(version) if route else None
+
+    async def infer(
+        self, target: Target, inputs: dict[str, p.Tensor], rows: int, timeout_s: float,
+        request_id: str = "",
+    ) -> Columns:
+        tried: set[str] = set()
+        while True:
+            client = self._pick(target, tried)
+            try:
+                return await client.infer(inputs, rows, timeout_s, request_id)
+            except ReplicaGone:
+                tried.add(client.replica_id)
+                if len(tried) >= 2:
+                    raise
+
+    def _pick(self, target: Target, exclude: set[str]) -> ReplicaClient:
+        candidates = self._ready.get((target.model, target.version), ())
+        best: ReplicaClient | None = None
+        for client in candidates:
+            if client.closed or client.replica_id in exclude:
+                continue
+            if best is None or client.outstanding < best.outstanding:
+                best = client
+        if best is None:
+            raise ModelNotReady(
+                f"no ready replica for {target.model}:{target.version}",
+                model=target.model, version=target.version,
+            )
+        return best
+
+    def clients_of(self, model: str, version: str) -> list[ReplicaClient]:
+        route = self.version_route(model, version)
+        if route is None:
+            return []
+        return [self._clients[r.id] for r in route.replicas if r.id in self._clients]
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        if self._control is not None:
+            self._control.close()
+        for client in self._clients.values():
+            client.close()

@@ -1,0 +1,89 @@
+"""The composition root: ``inferd serve`` in one function.
+
+The server process owns the registry, the controller (which starts and watches
+replica processes) and the gateway processes, and handles signals. SIGTERM/SIGINT
+shut down in dependency order: gateways stop accepting and finish in-flight requests,
+then replicas drain, then the process exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import signal
+import socket
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import inferd
+from inferd.config import Settings
+from inferd.control.controller import Controller
+from inferd.control.gateways import GatewayPool
+from inferd.control.publisher import TablePublisher
+from inferd.registry import Registry
+
+logger = logging.getLogger(__name__)
+
+
+def _resolve_port(settings: Settings) -> socket.socket:
+    """Fail early on a taken port; for port 0, reserve a free one for all gateways."""
+    sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if hasattr(socket, "SO_REUSEPORT"):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        if settings.port:
+            # Without SO_REUSEPORT this bind fails if anything holds the port, even
+            # another inferd: fail with a clear message instead of sharing its traffic.
+            with socket.socket(sock.family) as probe:
+                probe.bind((settings.host, settings.port))
+        sock.bind((settings.host, settings.port))
+    except OSError as exc:
+        sock.close()
+        raise SystemExit(f"cannot bind {settings.host}:{settings.port}: {exc.strerror}") from None
+    settings.port = sock.getsockname()[1]
+    return sock  # held (bound, not listening) until the gateways listen
+
+
+async def serve(
+    settings: Settings,
+    demo: bool = False,
+    progress: Callable[[str], None] = print,
+) -> None:
+    registry = await asyncio.to_thread(Registry.from_settings, settings)
+    if demo:
+        from inferd.demo.install import install_demo
+
+        await asyncio.to_thread(install_demo, registry, settings.data_dir / "demo-src", progress)
+    reserved = _resolve_port(settings)
+    run_dir = settings.run_dir or Path(tempfile.mkdtemp(prefix="inferd-"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    publisher = TablePublisher(run_dir / "control.sock")
+    await publisher.start()
+    controller = Controller(settings, registry, run_dir, publisher.publish)
+    gateways = GatewayPool(settings, publisher.path)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await controller.start()
+        await gateways.start()
+        reserved.close()
+        models = ", ".join(sorted(controller.models)) or "none yet"
+        progress(
+            f"inferd {inferd.__version__} serving on http://{settings.host}:{settings.port} "
+            f"({settings.gateway_workers} gateway process(es)); models: {models}"
+        )
+        await stop.wait()
+        progress("shutting down: draining gateways, then replicas")
+    finally:
+        await gateways.stop()
+        await controller.stop()
+        await publisher.close()
+        registry.close()
+        if settings.run_dir is None:
+            shutil.rmtree(run_dir, ignore_errors=True)
+    logger.info("stopped")

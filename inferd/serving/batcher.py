@@ -1,0 +1,191 @@
+"""Dynamic batching: many concurrent requests, few ``predict_batch`` calls.
+
+Callers ``await batcher.submit(inputs, rows)`` with one request's columnar inputs. A
+single loop takes queued requests until the batch holds ``max_batch_size`` rows or
+``max_wait_ms`` passed since its first request arrived, concatenates them, runs one
+``predict_batch`` in the executor thread (model code never runs on the event loop),
+and splits the outputs back by row ranges. While one batch computes, the next one
+fills, so under load batches grow on their own and the wait costs nothing.
+
+Rules: sizes count rows, not requests; a request larger than ``max_batch_size`` runs
+alone; a request that waited past its deadline, or was cancelled, is dropped before it
+is computed; a failure is set on every request of its batch; at most
+``max_queue_rows`` rows wait, beyond that ``submit`` raises :class:`Overloaded`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from inferd.config import BatchingConfig
+from inferd.errors import Overloaded, RequestTimeout
+
+Columns = dict[str, np.ndarray]
+PredictFn = Callable[[Columns], Columns]
+
+
+@dataclass(slots=True)
+class _Pending:
+    inputs: Columns
+    rows: int
+    deadline: float
+    future: asyncio.Future[Columns]
+    arrived: float = field(default_factory=time.monotonic)
+
+
+@dataclass(slots=True)
+class BatchStats:
+    batches: int = 0
+    rows: int = 0
+    requests: int = 0
+    expired: int = 0
+    rejected: int = 0
+    compute_s: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "batches": self.batches,
+            "rows": self.rows,
+            "requests": self.requests,
+            "expired": self.expired,
+            "rejected": self.rejected,
+            "compute_s": round(self.compute_s, 6),
+        }
+
+
+class DynamicBatcher:
+    def __init__(self, predict: PredictFn, config: BatchingConfig, executor: Executor) -> None:
+        self._predict = predict
+        self._config = config
+        self._executor = executor
+        self._queue: deque[_Pending] = deque()
+        self._queued_rows = 0
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.stats = BatchStats()
+        self.busy = False
+        self._flush_due = False
+
+    @property
+    def queued_rows(self) -> int:
+        return self._queued_rows
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="batcher")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def _flush(self) -> None:
+        self._flush_due = True
+        self._wakeup.set()
+
+    def idle(self) -> bool:
+        return not self._queue and not self.busy
+
+    def submit(self, inputs: Columns, rows: int, timeout_s: float) -> asyncio.Future[Columns]:
+        limit = self._config.max_queue_rows
+        if self._queued_rows + rows > limit and self._queue:
+            self.stats.rejected += 1
+            raise Overloaded(
+                "replica queue is full", queued_rows=self._queued_rows, max_queue_rows=limit
+            )
+        future: asyncio.Future[Columns] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Pending(inputs, rows, time.monotonic() + timeout_s, future))
+        self._queued_rows += rows
+        self._wakeup.set()
+        return future
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await self._collect()
+            if not batch:
+                continue
+            self.busy = True
+            try:
+                await self._execute(loop, batch)
+            finally:
+                self.busy = False
+
+    async def _collect(self) -> list[_Pending]:
+        while not self._queue:
+            self._wakeup.clear()
+            await self._wakeup.wait()
+        max_rows = self._config.max_batch_size
+        remaining = self._queue[0].arrived + self._config.max_wait_ms / 1000 - time.monotonic()
+        if self._queued_rows < max_rows and remaining > 0:
+            # One timer per batch (not per wake-up) ends the wait.
+            timer = asyncio.get_running_loop().call_later(remaining, self._flush)
+            self._flush_due = False
+            while self._queued_rows < max_rows and not self._flush_due:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+            timer.cancel()
+        return self._take(max_rows)
+
+    def _take(self, max_rows: int) -> list[_Pending]:
+        batch: list[_Pending] = []
+        rows = 0
+        now = time.monotonic()
+        queue = self._queue
+        while queue:
+            item = queue[0]
+            if batch and rows + item.rows > max_rows:
+                break
+            queue.popleft()
+            self._queued_rows -= item.rows
+            if item.future.done():
+                continue
+            if now > item.deadline:
+                self.stats.expired += 1
+                item.future.set_exception(RequestTimeout("request expired in the replica queue"))
+                continue
+            batch.append(item)
+            rows += item.rows
+        return batch
+
+    async def _execute(self, loop: asyncio.AbstractEventLoop, batch: list[_Pending]) -> None:
+        if len(batch) == 1:
+            inputs = batch[0].inputs
+        else:
+            names = batch[0].inputs.keys()
+            inputs = {n: np.concatenate([p.inputs[n] for p in batch]) for n in names}
+        rows = sum(p.rows for p in batch)
+        started = time.perf_counter()
+        try:
+            outputs = await loop.run_in_executor(self._executor, self._predict, inputs)
+            _check_rows(outputs, rows)
+        except Exception as exc:
+            for p in batch:
+                if not p.future.done():
+                    p.future.set_exception(exc)
+            return
+        finally:
+            self.stats.compute_s += time.perf_counter() - started
+            self.stats.batches += 1
+            self.stats.rows += rows
+            self.stats.requests += len(batch)
+        start = 0
+        for p in batch:
+            end = start + p.rows
+            if not p.future.done():
+                p.future.set_result({n: a[start:end] for n, a in outputs.items()})
+            start = end
+
+
+def _check_rows(outputs: Columns, rows: int) -> None:
+    for name, array in outputs.items():
+        if array.shape[:1] != (rows,):
+            raise ValueError(
+                f"model output {name!r} has shape {array.shape}; expected {rows} rows first"
+            )

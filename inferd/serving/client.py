@@ -1,0 +1,147 @@
+"""Gateway side of the replica protocol: one multiplexed connection per replica.
+
+``infer`` sends one frame and awaits the reply matched by id; if the connection drops,
+every pending call fails at once with :class:`ReplicaGone` (a 503), so a dead replica
+costs its in-flight requests a fast error or a retry elsewhere, never a hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from typing import Any
+
+from inferd.errors import (
+    BadRequest,
+    InferdError,
+    InvalidInput,
+    ModelError,
+    ModelNotReady,
+    Overloaded,
+    PayloadTooLarge,
+    RequestTimeout,
+)
+from inferd.serving import protocol as p
+from inferd.serving.batcher import Columns
+
+logger = logging.getLogger(__name__)
+
+_ERRORS: dict[str, type[InferdError]] = {
+    cls.code: cls
+    for cls in (BadRequest, InvalidInput, ModelError, ModelNotReady, Overloaded,
+                PayloadTooLarge, RequestTimeout)
+}
+
+
+class ReplicaGone(ModelNotReady):
+    code = "replica_unavailable"
+
+
+class _ClientProtocol(asyncio.Protocol):
+    def __init__(self, client: ReplicaClient) -> None:
+        self.client = client
+        self.frames = p.FrameBuffer()
+
+    def data_received(self, data: bytes) -> None:
+        pending = self.client._pending
+        for message in self.frames.feed(data):
+            future = pending.pop(message.id, None)  # type: ignore[union-attr]
+            if future is not None and not future.done():
+                future.set_result(message)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.client._lost(exc)
+
+
+class ReplicaClient:
+    def __init__(self, address: str, replica_id: str = "") -> None:
+        self.address = address
+        self.replica_id = replica_id or address
+        self._transport: asyncio.Transport | None = None
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._ids = itertools.count(1)
+        self.outstanding = 0
+        self.closed = True
+
+    async def connect(self, timeout_s: float = 5.0) -> None:
+        loop = asyncio.get_running_loop()
+        kind, _, where = self.address.partition(":")
+        if kind == "unix":
+            coro = loop.create_unix_connection(lambda: _ClientProtocol(self), where)
+        else:
+            host, _, port = where.rpartition(":")
+            coro = loop.create_connection(lambda: _ClientProtocol(self), host, int(port))
+        transport, _ = await asyncio.wait_for(coro, timeout_s)
+        self._transport = transport  # type: ignore[assignment]
+        self.closed = False
+
+    def _lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._transport = None
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(ReplicaGone(f"replica {self.replica_id} went away"))
+
+    async def _call(self, message: Any, timeout_s: float) -> Any:
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            raise ReplicaGone(f"replica {self.replica_id} is not connected")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._pending[message.id] = future
+        transport.write(p.encode(message))
+        timer = loop.call_later(timeout_s, _expire, future, timeout_s)
+        try:
+            return await future
+        except (RequestTimeout, asyncio.CancelledError):
+            # Deadline passed or the caller went away (client disconnected): tell the
+            # replica to drop the request instead of computing it for nobody.
+            self._pending.pop(message.id, None)
+            if self._transport is not None:
+                self._transport.write(p.encode(p.Cancel(message.id)))
+            raise
+        finally:
+            timer.cancel()
+
+    async def infer(
+        self, inputs: dict[str, p.Tensor], rows: int, timeout_s: float, request_id: str = ""
+    ) -> Columns:
+        message = p.Infer(next(self._ids), inputs, rows, timeout_s * 1000, request_id)
+        self.outstanding += 1
+        try:
+            reply = await self._call(message, timeout_s)
+        finally:
+            self.outstanding -= 1
+        if isinstance(reply, p.InferResult):
+            return {name: p.from_tensor(t) for name, t in reply.outputs.items()}
+        raise _as_error(reply)
+
+    async def status(self, timeout_s: float = 5.0) -> p.Status:
+        reply = await self._call(p.StatusQuery(next(self._ids)), timeout_s)
+        if not isinstance(reply, p.Status):
+            raise _as_error(reply)
+        return reply
+
+    async def drain(self, timeout_s: float = 5.0) -> p.Status:
+        return await self._call(p.Drain(next(self._ids)), timeout_s)  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+
+def _expire(future: asyncio.Future[Any], timeout_s: float) -> None:
+    if not future.done():
+        future.set_exception(RequestTimeout(f"no reply from the model within {timeout_s:.1f}s"))
+
+
+def _as_error(reply: Any) -> InferdError:
+    if isinstance(reply, p.Error):
+        cls = _ERRORS.get(reply.code, InferdError)
+        err = cls(reply.message)
+        err.status_code = reply.status
+        err.code = reply.code
+        return err
+    return InferdError(f"unexpected reply {type(reply).__name__}")

@@ -1,0 +1,131 @@
+"""The replica: one OS process serving one model version.
+
+Lifecycle: listen at once (state ``loading``, so the controller can watch), load the
+runtime and run one warm-up inference in the executor thread, then ``ready``. SIGTERM
+switches to ``draining``: requests already routed here are still served, and the
+process exits once nothing is queued or computing, or when the grace period ends.
+The controller learns the state through ``StatusQuery``; readiness is "loaded and
+warmed up", never just "process started".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from inferd.config import BatchingConfig
+from inferd.errors import InferdError, InvalidInput, ModelNotReady
+from inferd.process import die_with_parent, rss_bytes
+from inferd.runtimes import load_runtime
+from inferd.runtimes.base import Runtime, RuntimeConfig, Signature
+from inferd.serving.batcher import Columns, DynamicBatcher
+from inferd.serving.spec import ReplicaSpec
+
+logger = logging.getLogger(__name__)
+
+
+class ReplicaCore:
+    """Runtime + batcher + state; the socket server and in-process tests both drive it."""
+
+    def __init__(self, spec: ReplicaSpec) -> None:
+        self.spec = spec
+        self.state = "loading"
+        self.message = ""
+        self.runtime: Runtime | None = None
+        self.signature: Signature | None = None
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="predict")
+        self.batcher: DynamicBatcher | None = None
+        self.started = time.monotonic()
+        self.inflight = 0
+
+    async def load(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            runtime = await loop.run_in_executor(self._executor, self._load_and_warm_up)
+        except Exception as exc:
+            self.state, self.message = "failed", f"{type(exc).__name__}: {exc}"
+            logger.exception("loading %s:%s failed", self.spec.model, self.spec.version)
+            raise
+        self.runtime = runtime
+        self.signature = runtime.signature
+        self.batcher = DynamicBatcher(
+            runtime.predict_batch, BatchingConfig(**self.spec.batching), self._executor
+        )
+        self.batcher.start()
+        self.state = "ready"
+        logger.info(
+            "replica %s ready: %s:%s (%s) in %.2fs",
+            self.spec.replica_id, self.spec.model, self.spec.version,
+            self.spec.framework, time.monotonic() - self.started,
+        )
+
+    def _load_and_warm_up(self) -> Runtime:
+        declared = Signature.from_dict(self.spec.signature) if self.spec.signature else None
+        config = RuntimeConfig(self.spec.threads, dict(self.spec.metadata), declared)
+        runtime = load_runtime(self.spec.framework, Path(self.spec.artifact_dir), config)
+        runtime.predict_batch(runtime.warmup_inputs())
+        return runtime
+
+    def submit(self, inputs: Columns, rows: int, timeout_s: float) -> asyncio.Future[Columns]:
+        if self.batcher is None or self.state not in ("ready", "draining"):
+            raise ModelNotReady(f"replica is {self.state}")
+        self._check_inputs(inputs, rows)
+        return self.batcher.submit(inputs, rows, timeout_s)
+
+    def _check_inputs(self, inputs: Columns, rows: int) -> None:
+        assert self.signature is not None
+        for spec in self.signature.inputs:
+            array = inputs.get(spec.name)
+            if array is None:
+                raise InvalidInput(f"missing input {spec.name!r}")
+            if array.shape[:1] != (rows,):
+                raise InvalidInput(f"input {spec.name!r} has {array.shape[0]} rows, not {rows}")
+
+    def stats(self) -> dict[str, float]:
+        stats: dict[str, float] = {"inflight": self.inflight, "uptime_s": time.monotonic() - self.started}
+        if self.batcher is not None:
+            stats.update(self.batcher.stats.as_dict())
+            stats["queued_rows"] = self.batcher.queued_rows
+        stats["rss_bytes"] = rss_bytes()
+        return stats
+
+    def idle(self) -> bool:
+        return self.inflight == 0 and (self.batcher is None or self.batcher.idle())
+
+    async def close(self) -> None:
+        if self.batcher is not None:
+            await self.batcher.stop()
+        if self.runtime is not None:
+            self.runtime.unload()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def error_status(exc: BaseException) -> tuple[str, str, int]:
+    if isinstance(exc, InferdError):
+        return exc.code, exc.message, exc.status_code
+    return "model_error", f"{type(exc).__name__}: {exc}", 500
+
+
+def main(argv: list[str] | None = None) -> None:
+    from inferd.observability.logging import configure_logging
+    from inferd.serving.replica_server import run_replica
+
+    args = sys.argv[1:] if argv is None else argv
+    spec = ReplicaSpec.from_json(args[0])
+    grace_s = float(args[1]) if len(args) > 1 else 30.0
+    configure_logging(spec.log_level, spec.log_json, f"replica {spec.model}:{spec.version}")
+    die_with_parent()
+    try:
+        import uvloop
+
+        uvloop.run(run_replica(spec, grace_s))
+    except ImportError:
+        asyncio.run(run_replica(spec, grace_s))
+
+
+if __name__ == "__main__":
+    main()

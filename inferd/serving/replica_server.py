@@ -1,0 +1,138 @@
+"""The replica's socket server: frames in, ReplicaCore calls, frames out.
+
+One asyncio Protocol per gateway connection. Infer requests do not get a task each:
+a done-callback on the batcher's future writes the reply, which keeps the per-request
+cost of the replica to decoding, one future and encoding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from pathlib import Path
+
+from inferd.serving import protocol as p
+from inferd.serving.batcher import Columns
+from inferd.serving.replica import ReplicaCore, error_status
+from inferd.serving.spec import ReplicaSpec
+
+logger = logging.getLogger(__name__)
+
+
+class ReplicaProtocol(asyncio.Protocol):
+    def __init__(self, core: ReplicaCore, on_drain: asyncio.Event) -> None:
+        self.core = core
+        self.on_drain = on_drain
+        self.frames = p.FrameBuffer()
+        self.transport: asyncio.Transport | None = None
+        self.pending: dict[int, asyncio.Future[Columns]] = {}
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        for future in self.pending.values():
+            future.cancel()
+        self.pending.clear()
+        self.transport = None
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            messages = self.frames.feed(data)
+        except Exception:
+            logger.exception("bad frame from gateway; closing the connection")
+            if self.transport is not None:
+                self.transport.close()
+            return
+        for message in messages:
+            if isinstance(message, p.Infer):
+                self._infer(message)
+            elif isinstance(message, p.Cancel):
+                future = self.pending.pop(message.id, None)
+                if future is not None:
+                    future.cancel()
+            elif isinstance(message, p.StatusQuery):
+                self._send(self._status(message.id))
+            elif isinstance(message, p.Drain):
+                self.on_drain.set()
+                self._send(self._status(message.id))
+
+    def _status(self, request_id: int) -> p.Status:
+        core = self.core
+        return p.Status(
+            request_id, core.state, os.getpid(), core.spec.model, core.spec.version,
+            core.stats(), core.message,
+        )
+
+    def _infer(self, message: p.Infer) -> None:
+        try:
+            inputs = {name: p.from_tensor(t) for name, t in message.inputs.items()}
+            future = self.core.submit(inputs, message.rows, message.timeout_ms / 1000)
+        except Exception as exc:
+            self._send(p.Error(message.id, *error_status(exc)))
+            return
+        self.core.inflight += 1
+        self.pending[message.id] = future
+        future.add_done_callback(lambda f, rid=message.id: self._reply(rid, f))
+
+    def _reply(self, request_id: int, future: asyncio.Future[Columns]) -> None:
+        self.core.inflight -= 1
+        self.pending.pop(request_id, None)
+        if future.cancelled():
+            return
+        exc = future.exception()
+        if exc is not None:
+            if not isinstance(exc, Exception) or error_status(exc)[2] >= 500:
+                logger.error("predict failed", exc_info=exc)
+            self._send(p.Error(request_id, *error_status(exc)))
+            return
+        try:
+            outputs = {n: p.to_tensor(a) for n, a in future.result().items()}
+        except Exception as exc:
+            logger.exception("encoding outputs failed")
+            self._send(p.Error(request_id, *error_status(exc)))
+            return
+        self._send(p.InferResult(request_id, outputs))
+
+    def _send(self, message: p.Message) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(p.encode(message))
+
+
+async def start_listening(core: ReplicaCore, address: str, drain: asyncio.Event) -> asyncio.Server:
+    loop = asyncio.get_running_loop()
+    kind, _, where = address.partition(":")
+    if kind == "unix":
+        Path(where).unlink(missing_ok=True)
+        return await loop.create_unix_server(lambda: ReplicaProtocol(core, drain), where)
+    host, _, port = where.rpartition(":")
+    return await loop.create_server(lambda: ReplicaProtocol(core, drain), host, int(port))
+
+
+async def run_replica(spec: ReplicaSpec, grace_s: float) -> None:
+    loop = asyncio.get_running_loop()
+    core = ReplicaCore(spec)
+    drain = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, drain.set)
+    server = await start_listening(core, spec.address, drain)
+    loader = loop.create_task(core.load())
+    drained = loop.create_task(drain.wait())
+    await asyncio.wait([loader, drained], return_when=asyncio.FIRST_COMPLETED)
+    if loader.done() and loader.exception() is not None:
+        server.close()
+        raise SystemExit(3)
+    await drained
+    loader.cancel()
+    core.state = "draining"
+    logger.info("draining (grace %.0fs)", grace_s)
+    deadline = loop.time() + grace_s
+    while not core.idle() and loop.time() < deadline:
+        await asyncio.sleep(0.01)
+    server.close()
+    await core.close()
+    if spec.address.startswith("unix:"):
+        Path(spec.address[5:]).unlink(missing_ok=True)
+    logger.info("replica %s stopped", spec.replica_id)

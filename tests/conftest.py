@@ -1,0 +1,105 @@
+"""End-to-end harness: the real ``inferd serve`` as a subprocess on a free port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class InferdServer:
+    """Starts ``python -m inferd serve``; ``stop()`` sends SIGTERM and checks a clean exit."""
+
+    def __init__(self, data_dir: Path, demo: bool = False, workers: int = 1,
+                 env: dict[str, str] | None = None) -> None:
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = data_dir / f"server-{self.port}.log"
+        data_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "inferd", "serve", "--port", str(self.port),
+               "--workers", str(workers), "--data-dir", str(data_dir)]
+        if demo:
+            cmd.append("--demo")
+        full_env = {**os.environ, "INFERD_RECONCILE_INTERVAL_S": "0.3",
+                    "INFERD_SHUTDOWN_GRACE_S": "10", **(env or {})}
+        self._log = open(self.log_path, "w")  # noqa: SIM115 -- closed in stop()
+        self.process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                        env=full_env, cwd=ROOT)
+        self.client = httpx.Client(base_url=self.url, timeout=30)
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def wait_ready(self, timeout_s: float = 120, path: str = "/health/ready") -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"server exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                if self.client.get(path).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"server not ready within {timeout_s}s:\n{self.log()[-5000:]}")
+
+    def wait_for(self, predicate, timeout_s: float = 60, what: str = "condition") -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {what}:\n{self.log()[-5000:]}")
+
+    def stop(self, timeout_s: float = 30) -> int:
+        self.client.close()
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+                raise AssertionError(f"server did not stop within {timeout_s}s") from None
+        self._log.close()
+        return self.process.returncode
+
+
+def run_cli(*args: str, data_dir: Path, check: bool = True,
+            input_: str | None = None) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "inferd", *args], capture_output=True, text=True, cwd=ROOT,
+        env={**os.environ, "INFERD_DATA_DIR": str(data_dir)}, input=input_, timeout=120,
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"inferd {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+@pytest.fixture(scope="session")
+def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferdServer]:
+    """One server with the demo models for the read-only end-to-end tests."""
+    server = InferdServer(tmp_path_factory.mktemp("demo"), demo=True, workers=2)
+    try:
+        server.wait_ready(timeout_s=240)
+        yield server
+    finally:
+        code = server.stop()
+        assert code == 0, server.log()[-3000:]

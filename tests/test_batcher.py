@@ -1,0 +1,189 @@
+"""Unit tests of the dynamic batcher: no sockets, no processes."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from inferd.config import BatchingConfig
+from inferd.errors import Overloaded, RequestTimeout
+from inferd.serving.batcher import DynamicBatcher
+
+
+class Recorder:
+    """A predict function that records batch sizes and can be slowed or failed."""
+
+    def __init__(self, delay_s: float = 0.0, fail: bool = False) -> None:
+        self.batch_rows: list[int] = []
+        self.delay_s = delay_s
+        self.fail = fail
+        self.threads: set[str] = set()
+
+    def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.threads.add(threading.current_thread().name)
+        x = inputs["x"]
+        self.batch_rows.append(len(x))
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        if self.fail:
+            raise ValueError("model exploded")
+        return {"y": x.sum(axis=1)}
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def _with_batcher(predict, config, body):
+    executor = ThreadPoolExecutor(1, thread_name_prefix="predict")
+    batcher = DynamicBatcher(predict, config, executor)
+    batcher.start()
+    try:
+        return await body(batcher)
+    finally:
+        await batcher.stop()
+        executor.shutdown()
+
+
+def rows(n: int, value: float = 1.0) -> dict[str, np.ndarray]:
+    return {"x": np.full((n, 3), value, dtype=np.float32)}
+
+
+def test_concurrent_requests_become_few_batches_and_results_split_correctly():
+    rec = Recorder(delay_s=0.01)
+
+    async def body(b):
+        futures = [b.submit(rows(1, float(i)), 1, 5.0) for i in range(64)]
+        return await asyncio.gather(*futures)
+
+    results = run(_with_batcher(rec, BatchingConfig(max_batch_size=16, max_wait_ms=20), body))
+    assert [float(r["y"][0]) for r in results] == [3.0 * i for i in range(64)]
+    assert sum(rec.batch_rows) == 64
+    assert len(rec.batch_rows) <= 6  # 64 rows in batches of at most 16
+    assert max(rec.batch_rows) == 16
+    assert rec.threads == {"predict_0"}  # model code never on the event loop thread
+
+
+def test_max_batch_size_counts_rows_not_requests():
+    rec = Recorder()
+
+    async def body(b):
+        futures = [b.submit(rows(10), 10, 5.0) for _ in range(4)]
+        return await asyncio.gather(*futures)
+
+    results = run(_with_batcher(rec, BatchingConfig(max_batch_size=25, max_wait_ms=50), body))
+    assert all(r["y"].shape == (10,) for r in results)
+    assert all(n <= 25 for n in rec.batch_rows)
+    assert rec.batch_rows[0] == 20
+
+
+def test_request_larger_than_max_batch_runs_alone():
+    rec = Recorder()
+
+    async def body(b):
+        return await b.submit(rows(100), 100, 5.0)
+
+    result = run(_with_batcher(rec, BatchingConfig(max_batch_size=8, max_wait_ms=1), body))
+    assert result["y"].shape == (100,)
+    assert rec.batch_rows == [100]
+
+
+def test_lone_request_waits_at_most_max_wait():
+    rec = Recorder()
+
+    async def body(b):
+        started = time.monotonic()
+        await b.submit(rows(1), 1, 5.0)
+        return time.monotonic() - started
+
+    elapsed = run(_with_batcher(rec, BatchingConfig(max_batch_size=32, max_wait_ms=30), body))
+    assert 0.025 <= elapsed < 0.5
+
+
+def test_zero_wait_dispatches_immediately():
+    rec = Recorder()
+
+    async def body(b):
+        started = time.monotonic()
+        await b.submit(rows(1), 1, 5.0)
+        return time.monotonic() - started
+
+    elapsed = run(_with_batcher(rec, BatchingConfig(max_batch_size=32, max_wait_ms=0), body))
+    assert elapsed < 0.02
+
+
+def test_failure_is_set_on_every_request_of_the_batch():
+    rec = Recorder(fail=True)
+
+    async def body(b):
+        futures = [b.submit(rows(1), 1, 5.0) for _ in range(5)]
+        return await asyncio.gather(*futures, return_exceptions=True)
+
+    results = run(_with_batcher(rec, BatchingConfig(max_batch_size=8, max_wait_ms=20), body))
+    assert len(results) == 5
+    assert all(isinstance(r, ValueError) for r in results)
+
+
+def test_expired_request_is_dropped_before_compute():
+    rec = Recorder(delay_s=0.2)
+
+    async def body(b):
+        slow = b.submit(rows(1), 1, 5.0)
+        await asyncio.sleep(0.01)  # the first batch is now computing
+        doomed = b.submit(rows(2), 2, 0.05)
+        await slow
+        with pytest.raises(RequestTimeout):
+            await doomed
+        return b.stats
+
+    stats = run(_with_batcher(rec, BatchingConfig(max_batch_size=8, max_wait_ms=0), body))
+    assert rec.batch_rows == [1]
+    assert stats.expired == 1
+
+
+def test_cancelled_request_is_not_computed():
+    rec = Recorder(delay_s=0.1)
+
+    async def body(b):
+        first = b.submit(rows(1), 1, 5.0)
+        await asyncio.sleep(0.01)
+        cancelled = b.submit(rows(4), 4, 5.0)
+        cancelled.cancel()
+        await first
+        await b.submit(rows(1), 1, 5.0)
+
+    run(_with_batcher(rec, BatchingConfig(max_batch_size=8, max_wait_ms=0), body))
+    assert 4 not in rec.batch_rows and 5 not in rec.batch_rows
+
+
+def test_queue_bound_rejects_with_overloaded():
+    rec = Recorder(delay_s=0.05)
+
+    async def body(b):
+        accepted = [b.submit(rows(4), 4, 5.0) for _ in range(2)]
+        with pytest.raises(Overloaded) as info:
+            b.submit(rows(4), 4, 5.0)
+        await asyncio.gather(*accepted)
+        return info.value
+
+    err = run(_with_batcher(rec, BatchingConfig(max_batch_size=4, max_wait_ms=0,
+                                                max_queue_rows=8), body))
+    assert err.status_code == 503
+    assert err.details["max_queue_rows"] == 8
+
+
+def test_wrong_output_rows_fail_the_batch():
+    def bad(inputs):
+        return {"y": np.zeros(1)}
+
+    async def body(b):
+        return await asyncio.gather(b.submit(rows(3), 3, 5.0), return_exceptions=True)
+
+    (result,) = run(_with_batcher(bad, BatchingConfig(max_wait_ms=0), body))
+    assert isinstance(result, ValueError)
+    assert "expected 3 rows" in str(result)
