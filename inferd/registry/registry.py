@@ -1,0 +1,398 @@
+"""The model registry: which models and versions exist, and where their artifacts are.
+
+Rules this module keeps:
+- A registered version is immutable. Pushing a name+version that exists raises
+  VersionExists and never touches the stored files.
+- Nothing half-done survives a crash or a lost race. ``push`` copies the artifact into
+  a staging folder first (slow, outside any transaction), then, in one transaction,
+  inserts the row and renames the folder into place before committing. The version's
+  UNIQUE constraint is the lock: a concurrent push of the same version blocks on it
+  (PostgreSQL) or on the write lock (SQLite), then fails, and only the holder ever
+  renames into the final folder. A folder found there by the holder is an orphan of a
+  crash between rename and commit, and is replaced.
+- The service is synchronous; callers on an event loop run it in a thread. Records
+  handed out are frozen plain data, detached from any session.
+- One code path for SQLite and PostgreSQL. SQLite is shared by several processes (the
+  gateway workers and the CLI), hence WAL, a busy timeout, and write transactions that
+  take the write lock up front (``BEGIN IMMEDIATE``) instead of failing when a read
+  lock cannot be upgraded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+from urllib.request import url2pathname
+
+import pydantic
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Connection, Engine, create_engine, event, select, text, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.pool import StaticPool
+
+from inferd.config import BatchingConfig, Settings
+from inferd.errors import InvalidInput, ModelNotFound, VersionExists
+from inferd.registry.store import ArtifactStore, StagedArtifact, check_name
+from inferd.registry.tables import Model, ModelVersion, utcnow
+from inferd.runtimes.base import Signature
+
+logger = logging.getLogger(__name__)
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+# Keyed by schema, so registries in different schemas of one database do not wait.
+_PG_MIGRATE_LOCK = text(
+    "SELECT pg_advisory_xact_lock("
+    "hashtext('inferd.registry.migrate:' || coalesce(current_schema(), '')))"
+)
+_WRITE = "inferd_write"  # execution option marking engines whose transactions write
+_BATCHING_KEYS = frozenset(BatchingConfig.model_fields) | {"replicas"}
+
+
+@dataclass(frozen=True, slots=True)
+class VersionRecord:
+    model_name: str
+    version: str
+    framework: str
+    artifact_uri: str
+    artifact_path: Path
+    signature: Signature
+    metadata: dict[str, Any]
+    batching: dict[str, Any] | None
+    sha256: str
+    size_bytes: int
+    created_at: datetime
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model_name": self.model_name,
+            "version": self.version,
+            "framework": self.framework,
+            "artifact_uri": self.artifact_uri,
+            "artifact_path": str(self.artifact_path),
+            "signature": self.signature.to_dict(),
+            "metadata": self.metadata,
+            "batching": self.batching,
+            "sha256": self.sha256,
+            "size_bytes": self.size_bytes,
+            "created_at": self.created_at.isoformat(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRecord:
+    name: str
+    description: str | None
+    framework: str
+    owner: str | None
+    created_at: datetime
+    versions: tuple[VersionRecord, ...]
+    """Oldest first."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "framework": self.framework,
+            "owner": self.owner,
+            "created_at": self.created_at.isoformat(),
+            "versions": [v.to_dict() for v in self.versions],
+        }
+
+
+def _version_record(row: ModelVersion) -> VersionRecord:
+    return VersionRecord(
+        model_name=row.model_name,
+        version=row.version,
+        framework=row.framework,
+        artifact_uri=row.artifact_uri,
+        artifact_path=Path(url2pathname(urlparse(row.artifact_uri).path)),
+        signature=Signature.from_dict(row.signature),
+        metadata=dict(row.meta),
+        batching=dict(row.batching) if row.batching is not None else None,
+        sha256=row.sha256,
+        size_bytes=row.size_bytes,
+        created_at=row.created_at,
+    )
+
+
+def _model_record(row: Model) -> ModelRecord:
+    return ModelRecord(
+        name=row.model_name,
+        description=row.description,
+        framework=row.framework,
+        owner=row.owner,
+        created_at=row.created_at,
+        versions=tuple(_version_record(v) for v in row.versions),
+    )
+
+
+def create_registry_engine(database_url: str) -> Engine:
+    """An engine for ``database_url`` with the SQLite settings the registry relies on."""
+    url = make_url(database_url)
+    if url.get_backend_name() != "sqlite":
+        return create_engine(url, pool_pre_ping=True)
+    if url.database and url.database != ":memory:":
+        Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url)
+    else:
+        # One shared connection, else every pooled connection gets its own empty db.
+        engine = create_engine(url, poolclass=StaticPool, connect_args={"check_same_thread": False})
+    event.listen(engine, "connect", _sqlite_on_connect)
+    event.listen(engine, "begin", _sqlite_on_begin)
+    return engine
+
+
+def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
+    # pysqlite's own transaction handling skips BEGIN before DDL, so migrations would
+    # not be atomic; take over and emit BEGIN ourselves (see _sqlite_on_begin).
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+    cursor.execute("PRAGMA journal_mode = WAL")  # readers never block the writer
+    cursor.execute("PRAGMA foreign_keys = ON")  # off by default in SQLite
+    cursor.close()
+
+
+def _sqlite_on_begin(conn: Connection) -> None:
+    writes = conn.get_execution_options().get(_WRITE, False)
+    conn.exec_driver_sql("BEGIN IMMEDIATE" if writes else "BEGIN")
+
+
+def _alembic_config(connection: Connection) -> Config:
+    config = Config()
+    # configparser interpolates "%": escape it in the path.
+    config.set_main_option("script_location", str(MIGRATIONS_DIR).replace("%", "%%"))
+    config.attributes["connection"] = connection
+    return config
+
+
+def _insert_model_if_missing(session: Session, values: dict[str, Any]) -> None:
+    # ON CONFLICT DO NOTHING: a concurrent first push of another version may create the
+    # model row at the same time; that must not fail either push.
+    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+    session.execute(dialect.insert(Model).values(**values).on_conflict_do_nothing())
+
+
+def _check_batching(batching: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The given per-version batching defaults, validated; unset keys stay unset."""
+    if batching is None:
+        return None
+    unknown = set(batching) - _BATCHING_KEYS
+    if unknown:
+        raise InvalidInput(
+            f"unknown batching keys {sorted(unknown)}; known {sorted(_BATCHING_KEYS)}"
+        )
+    replicas = batching.get("replicas")
+    if replicas is not None and (
+        type(replicas) is not int or not 1 <= replicas <= 64  # same bounds as Settings
+    ):
+        raise InvalidInput(f"batching.replicas must be an integer 1..64, got {replicas!r}")
+    given = set(batching) - {"replicas"}
+    try:
+        checked = BatchingConfig.model_validate({k: batching[k] for k in given})
+    except pydantic.ValidationError as exc:
+        raise InvalidInput(f"invalid batching: {exc}") from None
+    result = checked.model_dump(include=given)
+    if replicas is not None:
+        result["replicas"] = replicas
+    return result
+
+
+class Registry:
+    def __init__(self, database_url: str, artifact_root: Path, migrate: bool = True) -> None:
+        self.engine = create_registry_engine(database_url)
+        self._write_engine = self.engine.execution_options(**{_WRITE: True})
+        self.store = ArtifactStore(artifact_root)
+        if migrate:
+            self.migrate()
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Registry:
+        return cls(settings.resolved_database_url, settings.artifact_dir)
+
+    def __enter__(self) -> Registry:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def migrate(self) -> None:
+        """Upgrade the schema to the newest migration; a no-op when already there.
+
+        The whole upgrade runs in one transaction that first takes the write lock
+        (SQLite) or an advisory lock per schema (PostgreSQL), so processes starting
+        together upgrade once and the others then find nothing to do.
+        """
+        with self._write_engine.begin() as conn:
+            if conn.dialect.name == "postgresql":
+                conn.execute(_PG_MIGRATE_LOCK)
+            command.upgrade(_alembic_config(conn), "head")
+
+    # -- writes ---------------------------------------------------------------------
+
+    def push(
+        self,
+        name: str,
+        source: Path,
+        version: str,
+        *,
+        framework: str,
+        signature: Signature,
+        metadata: dict[str, Any] | None = None,
+        description: str | None = None,
+        owner: str | None = None,
+        batching: dict[str, Any] | None = None,
+    ) -> VersionRecord:
+        """Register ``source`` (a file or a folder) as version ``version`` of ``name``."""
+        check_name("model", name)
+        check_name("version", version)
+        if not framework:
+            raise InvalidInput("framework is required")
+        metadata = dict(metadata or {})
+        try:
+            json.dumps(metadata)
+        except (TypeError, ValueError) as exc:
+            raise InvalidInput(f"metadata is not JSON-serialisable: {exc}") from None
+        batching = _check_batching(batching)
+        if self._version_exists(name, version):
+            raise _version_exists_error(name, version)
+        staged = self.store.stage(name, version, Path(source))
+        try:
+            row = ModelVersion(
+                model_name=name,
+                version=version,
+                artifact_uri=self.store.path(name, version).as_uri(),
+                framework=framework,
+                signature=signature.to_dict(),
+                meta=metadata,
+                batching=batching,
+                sha256=staged.sha256,
+                size_bytes=staged.size_bytes,
+                created_at=utcnow(),
+            )
+            record = self._insert(row, staged, description=description, owner=owner)
+        finally:
+            self.store.discard(staged)  # no-op when published
+        logger.info(
+            "registered %s version %s (%d bytes, sha256 %s)",
+            name,
+            version,
+            record.size_bytes,
+            record.sha256,
+        )
+        return record
+
+    def _insert(
+        self,
+        row: ModelVersion,
+        staged: StagedArtifact,
+        *,
+        description: str | None,
+        owner: str | None,
+    ) -> VersionRecord:
+        name, version = row.model_name, row.version
+        model_values = {
+            "model_name": name,
+            "framework": row.framework,
+            "description": description,
+            "owner": owner,
+            "created_at": row.created_at,
+        }
+        changes = {
+            k: v for k, v in (("description", description), ("owner", owner)) if v is not None
+        }
+        published = False
+        try:
+            with Session(self._write_engine) as session, session.begin():
+                _insert_model_if_missing(session, model_values)
+                if changes:
+                    session.execute(update(Model).where(Model.model_name == name).values(**changes))
+                session.add(row)
+                session.flush()  # a concurrent winner of this version surfaces here
+                self.store.publish(staged, replace=True)
+                published = True
+                record = _version_record(row)
+        except BaseException as exc:
+            # Files are removed only if this call put them there: after losing the race
+            # (IntegrityError before publishing) they belong to the winner.
+            if published:
+                self.store.delete(name, version)
+            if isinstance(exc, IntegrityError):
+                logger.info("lost a concurrent push of %s version %s", name, version)
+                raise _version_exists_error(name, version) from None
+            raise
+        return record
+
+    # -- reads ----------------------------------------------------------------------
+
+    def _version_exists(self, name: str, version: str) -> bool:
+        with Session(self.engine) as session:
+            found = session.scalar(
+                select(ModelVersion.id).where(
+                    ModelVersion.model_name == name, ModelVersion.version == version
+                )
+            )
+        return found is not None
+
+    def list_models(self) -> list[ModelRecord]:
+        with Session(self.engine) as session:
+            rows = session.scalars(
+                select(Model)
+                .options(selectinload(Model.versions))
+                .order_by(Model.created_at, Model.model_name)
+            )
+            return [_model_record(row) for row in rows]
+
+    def get_model(self, name: str) -> ModelRecord:
+        with Session(self.engine) as session:
+            row = session.get(Model, name, options=[selectinload(Model.versions)])
+            if row is None:
+                raise ModelNotFound(f"model {name!r} not found", model=name)
+            return _model_record(row)
+
+    def get_version(self, name: str, version: str) -> VersionRecord:
+        with Session(self.engine) as session:
+            row = session.scalar(
+                select(ModelVersion).where(
+                    ModelVersion.model_name == name, ModelVersion.version == version
+                )
+            )
+            if row is None:
+                raise ModelNotFound(
+                    f"version {version!r} of model {name!r} not found", model=name, version=version
+                )
+            return _version_record(row)
+
+    def latest_version(self, name: str) -> VersionRecord:
+        """The most recently registered version of ``name``."""
+        with Session(self.engine) as session:
+            row = session.scalar(
+                select(ModelVersion)
+                .where(ModelVersion.model_name == name)
+                .order_by(ModelVersion.created_at.desc(), ModelVersion.id.desc())
+                .limit(1)
+            )
+            if row is None:
+                raise ModelNotFound(f"model {name!r} not found", model=name)
+            return _version_record(row)
+
+
+def _version_exists_error(name: str, version: str) -> VersionExists:
+    return VersionExists(
+        f"model {name!r} version {version!r} already exists; registered versions are immutable",
+        model=name,
+        version=version,
+    )

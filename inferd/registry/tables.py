@@ -1,0 +1,107 @@
+"""The registry's two tables, as SQLAlchemy 2 declarative classes.
+
+The schema itself is created by the Alembic migrations next to this module, never by
+``metadata.create_all``; these classes must describe exactly what the latest migration
+builds (a test compares them). Only portable types are used so that the same code runs
+on SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Dialect,
+    ForeignKey,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+# Explicit constraint names, so migrations can refer to them on every backend.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timezone-aware UTC timestamp on every backend.
+
+    PostgreSQL keeps the instant (``timestamptz``) but returns it in the session time
+    zone; SQLite has no time zone at all and would silently drop it. So values are
+    normalised to UTC on the way in (naive ones are refused: their zone is unknown)
+    and always come back as aware UTC datetimes.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime; the registry stores timezone-aware UTC only")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Model(Base):
+    __tablename__ = "models"
+
+    model_name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    description: Mapped[str | None] = mapped_column(Text)
+    framework: Mapped[str] = mapped_column(String(64))
+    owner: Mapped[str | None] = mapped_column(String(256))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+    versions: Mapped[list[ModelVersion]] = relationship(
+        back_populates="model",
+        order_by=lambda: [ModelVersion.created_at, ModelVersion.id],
+    )
+
+
+class ModelVersion(Base):
+    __tablename__ = "model_versions"
+    __table_args__ = (UniqueConstraint("model_name", "version"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    model_name: Mapped[str] = mapped_column(String(128), ForeignKey("models.model_name"))
+    version: Mapped[str] = mapped_column(String(128))
+    artifact_uri: Mapped[str] = mapped_column(String(4096))
+    framework: Mapped[str] = mapped_column(String(64))
+    signature: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # ``metadata`` is reserved on declarative classes (it is the MetaData), hence ``meta``.
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSON)
+    batching: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    sha256: Mapped[str] = mapped_column(String(64))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+    model: Mapped[Model] = relationship(back_populates="versions")

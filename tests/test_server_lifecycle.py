@@ -1,0 +1,160 @@
+"""End-to-end: replica processes, batching, failures and lifecycle on the real server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from inferd.registry import Registry
+from inferd.runtimes.base import Signature
+from tests.conftest import InferdServer, run_cli
+
+MODELS = Path(__file__).parent / "models"
+pytestmark = pytest.mark.slow
+
+
+def _predict(client: httpx.Client, model: str, rows: list, **params) -> httpx.Response:
+    body: dict = {"inputs": rows}
+    if params:
+        body["params"] = params
+    return client.post(f"/api/v1/models/{model}/predict", json=body)
+
+
+def _replicas(server: InferdServer, model: str) -> list[dict]:
+    detail = server.client.get(f"/api/v1/models/{model}").json()
+    serving = detail["serving_version"]
+    version = next(v for v in detail["versions"] if v["version"] == serving)
+    return version["replicas"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    data = tmp_path_factory.mktemp("lifecycle")
+    run_cli("models", "push", "slow_sum", str(MODELS / "slow_sum"), "--version", "v1",
+            "--max-batch-size", "64", "--max-wait-ms", "10", data_dir=data)
+    registry = Registry(f"sqlite:///{data / 'inferd.db'}", data / "artifacts")
+    broken_sig = Signature.from_dict({
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
+        "outputs": [{"name": "prediction", "datatype": "FP32", "shape": [-1]}],
+    })
+    # Registered without the push-time check, as if its files went bad after pushing.
+    registry.push("broken", MODELS / "broken", "v1", framework="python", signature=broken_sig)
+    registry.close()
+    srv = InferdServer(data, workers=2, env={"INFERD_LOAD_TIMEOUT_S": "20"})
+    try:
+        srv.wait_ready(path="/health/live")
+        srv.wait_for(lambda: _predict(srv.client, "slow_sum", [[1, 2, 3, 4]]).status_code == 200,
+                     what="slow_sum ready")
+        yield srv
+    finally:
+        assert srv.stop() == 0, srv.log()[-3000:]
+
+
+def test_concurrent_requests_are_batched(server: InferdServer):
+    before = _replicas(server, "slow_sum")[0]["stats"]
+    with ThreadPoolExecutor(64) as pool, httpx.Client(base_url=server.url, timeout=30) as c:
+        replies = list(pool.map(lambda i: _predict(c, "slow_sum", [[i, 1, 1, 1]]), range(64)))
+    assert [r.status_code for r in replies] == [200] * 64
+    assert [r.json()["outputs"][0]["prediction"] for r in replies] == [i + 3.0 for i in range(64)]
+    after = _replicas(server, "slow_sum")[0]["stats"]
+    requests = after["requests"] - before["requests"]
+    batches = after["batches"] - before["batches"]
+    assert requests == 64
+    assert batches <= 16, f"64 concurrent requests ran in {batches} predict_batch calls"
+
+
+def test_rows_count_toward_batches(server: InferdServer):
+    reply = _predict(server.client, "slow_sum", [[1, 1, 1, 1]] * 10)
+    assert reply.status_code == 200
+    assert len(reply.json()["outputs"]) == 10
+
+
+def test_model_error_is_a_json_500_with_request_id(server: InferdServer):
+    reply = server.client.post("/api/v1/models/slow_sum/predict",
+                               json={"inputs": [[666, 1, 1, 1]]},
+                               headers={"x-request-id": "req-666"})
+    assert reply.status_code == 500
+    error = reply.json()["error"]
+    assert error["code"] == "model_error"
+    assert error["request_id"] == "req-666"
+    assert "refuses 666" in error["message"]
+    assert "Traceback" not in reply.text
+    assert "Traceback" in server.log()  # the traceback goes to the server log only
+
+
+def test_model_that_cannot_load_gives_503_with_retry_after(server: InferdServer):
+    reply = _predict(server.client, "broken", [1.0])
+    assert reply.status_code == 503
+    assert reply.headers["retry-after"]
+    assert reply.json()["error"]["code"] == "model_not_ready"
+    server.wait_for(lambda: "weights are corrupt" in server.log(), what="load error logged")
+    ready = server.client.get("/health/ready")
+    assert ready.status_code == 503 and "broken" in ready.json()["waiting_for"]
+
+
+def test_killed_replica_is_restarted_and_serves_again(server: InferdServer):
+    (replica,) = _replicas(server, "slow_sum")
+    os.kill(replica["pid"], signal.SIGKILL)
+    # In-flight or immediate requests may fail fast (503), never hang.
+    started = time.monotonic()
+    reply = _predict(server.client, "slow_sum", [[1, 1, 1, 1]])
+    assert reply.status_code in (200, 503)
+    assert time.monotonic() - started < 5
+
+    def restarted() -> bool:
+        replicas = _replicas(server, "slow_sum")
+        return replicas[0]["state"] == "ready" and replicas[0]["pid"] != replica["pid"]
+
+    server.wait_for(restarted, timeout_s=60, what="replica restart")
+    assert _replicas(server, "slow_sum")[0]["restarts"] == 1
+    server.wait_for(lambda: _predict(server.client, "slow_sum", [[1, 1, 1, 1]]).status_code == 200,
+                    timeout_s=10, what="predict after restart")
+    assert "restarting" in server.log()
+
+
+def test_pushing_a_new_version_switches_traffic_without_errors(server: InferdServer):
+    statuses: list[int] = []
+    versions: set[str] = set()
+    run_cli("models", "push", "slow_sum", str(MODELS / "slow_sum"), "--version", "v2",
+            data_dir=server.data_dir)
+    deadline = time.monotonic() + 60
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        while time.monotonic() < deadline and "v2" not in versions:
+            reply = _predict(c, "slow_sum", [[1, 1, 1, 1]])
+            statuses.append(reply.status_code)
+            versions.add(reply.headers.get("x-inferd-model-version", "?"))
+        for _ in range(20):  # after the switch, the old replicas drain away
+            reply = _predict(c, "slow_sum", [[1, 1, 1, 1]])
+            statuses.append(reply.status_code)
+            versions.add(reply.headers.get("x-inferd-model-version", "?"))
+    assert "v2" in versions
+    assert set(statuses) == {200}, f"failed requests during the update: {statuses}"
+    pinned = _predict(server.client, "slow_sum", [[1, 1, 1, 1]], version="v1")
+    assert pinned.status_code == 404  # v1 was retired after the switch
+    assert "not deployed" in pinned.json()["error"]["message"]
+
+
+def test_sigterm_drains_in_flight_requests(tmp_path: Path):
+    run_cli("models", "push", "sleepy", str(MODELS / "sleepy"), "--version", "v1",
+            data_dir=tmp_path)
+    srv = InferdServer(tmp_path, workers=1)
+    srv.wait_ready()
+    with ThreadPoolExecutor(8) as pool, httpx.Client(base_url=srv.url, timeout=30) as c:
+        futures = [pool.submit(_predict, c, "sleepy", [1.0]) for _ in range(8)]
+        time.sleep(0.3)  # the requests are now inside the replica
+        started = time.monotonic()
+        srv.process.send_signal(signal.SIGTERM)
+        replies = [f.result() for f in futures]
+        code = srv.process.wait(30)
+    assert [r.status_code for r in replies] == [200] * 8
+    assert code == 0
+    assert time.monotonic() - started < 15
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{srv.url}/health/live", timeout=2)
+    srv.stop()
