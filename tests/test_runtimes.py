@@ -70,7 +70,7 @@ def test_importing_runtimes_imports_no_framework() -> None:
 def test_resolve_runtime_by_name_and_import_path() -> None:
     assert resolve_runtime("onnx") is OnnxRuntime
     assert resolve_runtime("inferd.runtimes.onnx:OnnxRuntime") is OnnxRuntime
-    with pytest.raises(ValueError, match="unknown framework 'caffe'.*sklearn, xgboost"):
+    with pytest.raises(ValueError, match=r"unknown framework 'caffe'.*sklearn, xgboost"):
         resolve_runtime("caffe")
     with pytest.raises(ValueError, match="not an inferd Runtime"):
         resolve_runtime("inferd.runtimes.base:Signature")
@@ -78,7 +78,7 @@ def test_resolve_runtime_by_name_and_import_path() -> None:
 
 def test_detect_refuses_empty_folder_files_and_ambiguity(tmp_path: Path) -> None:
     folder = _folder(tmp_path)
-    with pytest.raises(ValueError, match="no model; found no files.*--framework"):
+    with pytest.raises(ValueError, match=r"no model; found no files.*--framework"):
         detect_framework(folder)
     (folder / "model.onnx").write_bytes(b"")
     (folder / "model.pt").write_bytes(b"")
@@ -261,20 +261,21 @@ def _onnx_classifier(folder: Path, zipmap: bool) -> tuple[object, np.ndarray]:
     return model, x
 
 
-def test_onnx_passes_outputs_through(tmp_path: Path) -> None:
+def test_onnx_keeps_onnx_names(tmp_path: Path) -> None:
     model, x = _onnx_classifier(_folder(tmp_path), zipmap=False)
     _, signature = inspect_artifact(tmp_path / "model", metadata={"labels": ["a", "b", "c"]})
     assert signature.inputs == (TensorSpec("input", "FP32", (-1, 6)),)
+    # skl2onnx without ZipMap already names a classifier's outputs like inferd does.
     assert signature.outputs == (
-        TensorSpec("output_label", "INT64"),
-        TensorSpec("output_probability", "FP32", (-1, 3)),
+        TensorSpec("label", "INT64"),
+        TensorSpec("probabilities", "FP32", (-1, 3)),
     )
     assert signature.labels == ("a", "b", "c")
     runtime = load_runtime("onnx", tmp_path / "model", RuntimeConfig(threads=3))
     assert runtime.session.get_session_options().intra_op_num_threads == 3
     out = runtime.predict_batch({"input": x[:5].astype(np.float64)})
-    np.testing.assert_allclose(out["output_probability"], model.predict_proba(x[:5]), rtol=1e-4)
-    np.testing.assert_array_equal(out["output_label"], model.predict(x[:5]))
+    np.testing.assert_allclose(out["probabilities"], model.predict_proba(x[:5]), rtol=1e-4)
+    np.testing.assert_array_equal(out["label"], model.predict(x[:5]))
 
 
 def test_onnx_refuses_zipmap(tmp_path: Path) -> None:
@@ -347,7 +348,7 @@ def test_torch_export_program_with_declared_signature(tmp_path: Path) -> None:
 
 # -- user Python class ------------------------------------------------------------------
 
-MODEL_PY = '''
+MODEL_PY = """
 import numpy as np
 
 class Helper:
@@ -364,7 +365,7 @@ class Scaler:
 
     def predict(self, batch):
         return {"y": batch["x"] * self.factor}
-'''
+"""
 
 
 def test_python_class_runtime(tmp_path: Path) -> None:
@@ -395,7 +396,7 @@ def test_python_class_by_metadata_returning_an_array(tmp_path: Path) -> None:
     assert inspect_artifact(folder, "python", meta, signature) == ("python", signature)
     out = _run("python", folder, RuntimeConfig(metadata=meta), x=np.ones((4, 3), np.int64))
     np.testing.assert_array_equal(out["prediction"], [3, 3, 3, 3])
-    with pytest.raises(ValueError, match="expected one class with predict.*A, B"):
+    with pytest.raises(ValueError, match=r"expected one class with predict.*A, B"):
         load_runtime("python", folder, RuntimeConfig(metadata={"python_module": "serve"}))
     with pytest.raises(ValueError, match="declares no signature"):
         inspect_artifact(folder, "python", {"python_module": "serve.py", "python_class": "A"})

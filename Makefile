@@ -1,0 +1,35 @@
+# The two commands of the README: `make run` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PORT ?= 8000
+
+.PHONY: run test install services lint bench-tabular clean
+
+run: install  ## venv + install + build the demo models + serve them on :8000
+	$(PY) -m inferd serve --demo --port $(PORT)
+
+test: install services  ## the whole test suite (starts PostgreSQL if it is down)
+	$(PY) -m pytest -q
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -e ".[dev]"
+	touch $@
+
+services:
+	bash scripts/ensure-services.sh
+
+lint: install
+	$(VENV)/bin/ruff check inferd tests bench
+	$(VENV)/bin/ruff format --check inferd tests bench
+	$(VENV)/bin/mypy inferd
+
+bench-tabular: install
+	$(PY) bench/tabular.py
+
+clean:
+	rm -rf $(VENV) .inferd

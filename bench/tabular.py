@@ -1,0 +1,210 @@
+"""Tabular benchmark: inferd vs a plain uvicorn app, same model, same machine, same run.
+
+    .venv/bin/python bench/tabular.py [--duration 20] [--connections 64 500] [--rounds 1]
+
+Builds the demo fraud model (XGBoost, 30 features) locally, registers it in a scratch
+data folder, starts ``inferd serve`` and the plain app (bench/plain_app.py, 2 uvicorn
+workers) one after the other on free ports, and drives each with ``wrk`` (closed loop,
+one row per request) at each connection count. Writes bench/results/tabular.json and
+tabular.md. Servers are started and stopped by this script; traffic stays on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+ROW = [0.12, -1.3, 0.5, 2.1, -0.4, 0.9, 1.7, -2.2, 0.3, 0.0, 1.1, -0.6, 0.8, 0.25, -1.0,
+       0.6, 1.4, -0.3, 0.7, 2.0, -1.8, 0.45, 0.05, -0.9, 1.3, 0.2, -0.1, 0.95, -1.5, 0.35]
+BODY = json.dumps({"inputs": [{"features": ROW}]})
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def tree_rss_mb(pid: int) -> float:
+    """RSS of a process and all its descendants, in MiB."""
+    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid=,rss="], capture_output=True, text=True)
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for line in out.stdout.splitlines():
+        p, pp, r = (int(x) for x in line.split())
+        children.setdefault(pp, []).append(p)
+        rss[p] = r
+    total, stack = 0, [pid]
+    while stack:
+        p = stack.pop()
+        total += rss.get(p, 0)
+        stack.extend(children.get(p, []))
+    return total / 1024
+
+
+def wait_http(url: str, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.post(url, content=BODY, timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} did not answer within {timeout_s}s")
+
+
+def run_wrk(url: str, connections: int, duration_s: int) -> dict[str, float]:
+    script = Path(tempfile.mkdtemp()) / "post.lua"
+    script.write_text(
+        'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+        f"wrk.body = '{BODY}'\n"
+    )
+    out = subprocess.run(
+        ["wrk", "-t2", f"-c{connections}", f"-d{duration_s}s", "--latency", "--timeout", "10s",
+         "-s", str(script), url],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    shutil.rmtree(script.parent)
+    return parse_wrk(out)
+
+
+def _ms(text: str) -> float:
+    value, unit = re.fullmatch(r"([\d.]+)(us|ms|s)", text).groups()  # type: ignore[union-attr]
+    return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
+
+
+def parse_wrk(out: str) -> dict[str, float]:
+    result = {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))}  # type: ignore[union-attr]
+    for pct in ("50", "90", "99"):
+        result[f"p{pct}_ms"] = _ms(re.search(rf"\s{pct}%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
+    total = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+    errors = 0
+    if m := re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out):
+        errors += sum(int(x) for x in m.groups())
+    if m := re.search(r"Non-2xx or 3xx responses: (\d+)", out):
+        errors += int(m.group(1))
+    result["requests"] = total
+    result["errors"] = errors
+    return result
+
+
+def start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(cmd, env={**os.environ, **env}, cwd=ROOT,
+                            stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def prepare(work: Path) -> Path:
+    from inferd.demo.build import build_demo_model
+    from inferd.registry import Registry
+    from inferd.runtimes import inspect_artifact
+
+    demo = build_demo_model("fraud", work / "src")
+    framework, signature = inspect_artifact(demo.path, demo.framework, demo.metadata,
+                                            demo.signature)
+    registry = Registry(f"sqlite:///{work / 'data' / 'inferd.db'}", work / "data" / "artifacts")
+    registry.push("fraud", demo.path, "v1", framework=framework, signature=signature,
+                  metadata=demo.metadata)
+    registry.close()
+    return next(demo.path.glob("*.json"))
+
+
+def measure(name: str, proc: subprocess.Popen[bytes], url: str, args: argparse.Namespace,
+            rows: list[dict[str, object]]) -> None:
+    wait_http(url)
+    time.sleep(2)
+    idle = tree_rss_mb(proc.pid)
+    run_wrk(url, 64, 3)  # warm-up
+    for connections in args.connections:
+        r = run_wrk(url, connections, args.duration)
+        rows.append({"server": name, "connections": connections, "idle_rss_mb": idle, **r})
+        print(f"{name:>8} c={connections:<4} {r['rps']:8.0f} req/s  p50 {r['p50_ms']:7.2f} ms  "
+              f"p99 {r['p99_ms']:7.2f} ms  errors {r['errors']:.0f}  idle RSS {idle:.0f} MiB",
+              flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--duration", type=int, default=20)
+    parser.add_argument("--connections", type=int, nargs="+", default=[64, 500])
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=2, help="inferd gateway processes")
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        sys.exit("wrk is needed: apt-get install wrk")
+    work = Path(tempfile.mkdtemp(prefix="inferd-bench-"))
+    model_file = prepare(work)
+    rows: list[dict[str, object]] = []
+    try:
+        for _ in range(args.rounds):
+            port = free_port()
+            proc = start([sys.executable, "-m", "inferd", "serve", "--port", str(port),
+                          "--workers", str(args.workers), "--data-dir", str(work / "data")],
+                         {"INFERD_LOG_LEVEL": "WARNING"}, work / "inferd.log")
+            try:
+                measure("inferd", proc, f"http://127.0.0.1:{port}/api/v1/models/fraud/predict",
+                        args, rows)
+            finally:
+                stop(proc)
+            port = free_port()
+            proc = start([sys.executable, "-m", "uvicorn", "bench.plain_app:app", "--port",
+                          str(port), "--workers", "2", "--no-access-log", "--log-level",
+                          "warning"], {"INFERD_BENCH_MODEL": str(model_file)}, work / "plain.log")
+            try:
+                measure("plain", proc, f"http://127.0.0.1:{port}/api/v1/models/fraud/predict",
+                        args, rows)
+            finally:
+                stop(proc)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    write_results(rows, args)
+
+
+def write_results(rows: list[dict[str, object]], args: argparse.Namespace) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "tabular.json").write_text(json.dumps({"args": vars(args), "runs": rows}, indent=2))
+    lines = ["| connections | server | req/s (median) | p50 ms | p99 ms | errors | idle RSS MiB |"
+             " ratio vs plain |", "|---|---|---|---|---|---|---|---|"]
+    for c in args.connections:
+        med = {}
+        for server in ("inferd", "plain"):
+            runs = [r for r in rows if r["server"] == server and r["connections"] == c]
+            med[server] = {k: statistics.median(float(r[k]) for r in runs)  # type: ignore[arg-type]
+                           for k in ("rps", "p50_ms", "p99_ms", "errors", "idle_rss_mb")}
+        for server in ("inferd", "plain"):
+            m = med[server]
+            ratio = m["rps"] / med["plain"]["rps"]
+            lines.append(f"| {c} | {server} | {m['rps']:.0f} | {m['p50_ms']:.1f} | "
+                         f"{m['p99_ms']:.1f} | {m['errors']:.0f} | {m['idle_rss_mb']:.0f} | "
+                         f"{ratio:.2f}x |")
+    (RESULTS / "tabular.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

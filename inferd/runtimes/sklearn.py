@@ -1,0 +1,141 @@
+"""scikit-learn estimators and pipelines pickled with joblib.
+
+The input is ``text`` (BYTES, one document per row) when the first step consumes raw
+strings (a Count/Tfidf/Hashing vectorizer), else ``features`` (FP32, one row per
+sample). Classifiers return ``label`` + ``probabilities`` from one ``predict_proba``
+call; regressors return ``prediction``.
+
+The tree-model runtimes (xgboost, lightgbm) share the classifier helpers below, so
+every classifier formats ``label`` the same way.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import pickletools
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from inferd.runtimes.base import Runtime, Signature, TensorSpec, datatype_of
+
+logger = logging.getLogger(__name__)
+
+
+def pickled_module(path: Path) -> str:
+    """The module of a pickle's top-level object ('' when unknown), read from its first
+    global without unpickling: how xgboost and lightgbm claim their wrappers' files."""
+    with path.open("rb") as f:
+        head = io.BytesIO(f.read(4096))
+    strings: list[str] = []
+    try:
+        for opcode, arg, _ in pickletools.genops(head):
+            if opcode.name == "GLOBAL":
+                return str(arg).partition(" ")[0]
+            if opcode.name == "STACK_GLOBAL":
+                return strings[-2] if len(strings) >= 2 else ""
+            if isinstance(arg, str):
+                strings.append(arg)
+    except ValueError:  # not a pickle (e.g. compressed), or the head cut an opcode
+        pass
+    return ""
+
+
+def label_values(classes: Sequence[Any] | np.ndarray, names: Sequence[str] | None) -> np.ndarray:
+    """What ``label`` holds for each class: names given at push time, string classes
+    (object array, BYTES) or integral classes (INT64)."""
+    if names is not None:
+        if len(names) != len(classes):
+            raise ValueError(f"{len(names)} labels given for a model with {len(classes)} classes")
+        return np.array([str(n) for n in names], dtype=object)
+    values = np.asarray(classes)
+    if values.dtype.kind in "iub" or (
+        values.dtype.kind == "f" and bool(np.all(np.mod(values, 1) == 0))
+    ):
+        return values.astype(np.int64)
+    return np.array([str(c) for c in values], dtype=object)
+
+
+def classifier_signature(inputs: tuple[TensorSpec, ...], values: np.ndarray) -> Signature:
+    outputs = (
+        TensorSpec("label", datatype_of(values)),
+        TensorSpec("probabilities", "FP32", (-1, len(values))),
+    )
+    return Signature(inputs, outputs, labels=tuple(str(v) for v in values))
+
+
+def classifier_outputs(probabilities: np.ndarray, values: np.ndarray) -> dict[str, np.ndarray]:
+    probabilities = np.asarray(probabilities, dtype=np.float32)
+    return {"label": values[probabilities.argmax(axis=1)], "probabilities": probabilities}
+
+
+class SklearnRuntime(Runtime):
+    framework = "sklearn"
+    file_suffixes = (".joblib", ".pkl")
+
+    def load(self) -> None:
+        import joblib
+        from threadpoolctl import threadpool_limits
+
+        # BLAS/OpenMP pools are process-wide; the replica owns its process.
+        self._limits = threadpool_limits(limits=self.config.threads)
+        self.model = joblib.load(self.find_file())
+        if not hasattr(self.model, "predict"):
+            raise ValueError(f"sklearn: {type(self.model).__name__} has no predict()")
+        self._input = "text" if _consumes_text(self.model) else "features"
+        self._has_proba = hasattr(self.model, "predict_proba") and hasattr(self.model, "classes_")
+        self._values: np.ndarray | None = None
+        if hasattr(self.model, "classes_"):
+            self._values = label_values(self.model.classes_, self.config.metadata.get("labels"))
+        self._output_shape = (-1,) if self._values is not None else self._regression_shape()
+
+    def _regression_shape(self) -> tuple[int, ...]:
+        # Whether a regressor is multi-output is only certain from one prediction.
+        if self._input == "text":
+            probe: Any = np.array(["warm up"], dtype=object)
+        else:
+            probe = np.zeros((1, int(getattr(self.model, "n_features_in_", 1))), np.float32)
+        prediction = np.asarray(self.model.predict(probe))
+        return (-1, *prediction.shape[1:])
+
+    def infer_signature(self) -> Signature:
+        if self._input == "text":
+            inputs = (TensorSpec("text", "BYTES"),)
+        else:
+            n = int(getattr(self.model, "n_features_in_", -1))
+            inputs = (TensorSpec("features", "FP32", (-1, n)),)
+        if self._values is not None and self._has_proba:
+            return classifier_signature(inputs, self._values)
+        if self._values is not None:
+            label = TensorSpec("label", datatype_of(self._values))
+            return Signature(inputs, (label,), labels=tuple(str(v) for v in self._values))
+        return Signature(inputs, (TensorSpec("prediction", "FP32", self._output_shape),))
+
+    def _model_input(self, inputs: dict[str, np.ndarray]) -> Any:
+        if self._input == "text":
+            return inputs["text"]
+        return np.asarray(inputs["features"], dtype=np.float32)
+
+    def predict_batch(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        x = self._model_input(inputs)
+        if self._values is not None and self._has_proba:
+            return classifier_outputs(self.model.predict_proba(x), self._values)
+        if self._values is not None:
+            # No probabilities: map predicted classes to their position, then to labels.
+            index = np.searchsorted(self.model.classes_, self.model.predict(x))
+            return {"label": self._values[index]}
+        return {"prediction": np.asarray(self.model.predict(x), dtype=np.float32)}
+
+    def unload(self) -> None:
+        self._limits.restore_original_limits()
+        del self.model
+
+
+def _consumes_text(model: Any) -> bool:
+    from sklearn.feature_extraction.text import CountVectorizer, HashingVectorizer
+
+    first = model.steps[0][1] if hasattr(model, "steps") else model
+    return isinstance(first, CountVectorizer | HashingVectorizer)
