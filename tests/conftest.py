@@ -96,7 +96,8 @@ def run_cli(*args: str, data_dir: Path, check: bool = True,
 @pytest.fixture(scope="session")
 def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferdServer]:
     """One server with the demo models for the read-only end-to-end tests."""
-    server = InferdServer(tmp_path_factory.mktemp("demo"), demo=True, workers=2)
+    server = InferdServer(tmp_path_factory.mktemp("demo"), demo=True, workers=2,
+                          env={"INFERD_MAX_BODY_BYTES": str(1 << 20)})
     try:
         server.wait_ready(timeout_s=240)
         yield server

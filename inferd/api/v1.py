@@ -86,7 +86,9 @@ async def predict(model: str, request: Request) -> Response:
 async def predict_one(request: Request) -> Response:
     """Predict one input: ``{"model", "input"}`` -> ``{"prediction", "confidence"}``."""
     body = await read_json(request, request.app.state.settings.max_body_bytes)
-    model = body.get("model") if isinstance(body, dict) else None
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    model = body.get("model")
     if not isinstance(model, str):
         raise InvalidInput("missing 'model': the name of the model to call")
     outcome, rid = await _run(request, model, body, "input")
