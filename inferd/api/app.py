@@ -1,13 +1,25 @@
-"""The gateway ASGI app: routes, and the one place errors become JSON responses."""
+"""The gateway ASGI app: routes, and the one place errors become JSON responses.
+
+Data-plane routes are dispatched by :class:`FastPath` straight to their handlers,
+skipping the framework's middleware and dependency stack: profiled under load, that
+stack took 35-40 % of a gateway process's CPU against ~12 % for the predict handler
+itself. The same handlers stay registered on the FastAPI app, so ``/docs`` and
+``/openapi.json`` describe them, and errors go through the same :func:`error_response`.
+"""
 
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 import inferd
 from inferd.api import health, v1
@@ -20,9 +32,10 @@ from inferd.routing.dataplane import DataPlane
 from inferd.routing.router import Router
 
 logger = logging.getLogger(__name__)
+Handler = Callable[..., Awaitable[Response]]
 
 
-def create_app(settings: Settings, router: Router, registry: Registry) -> FastAPI:
+def create_app(settings: Settings, router: Router, registry: Registry) -> FastPath:
     app = FastAPI(
         title="inferd",
         version=inferd.__version__,
@@ -36,43 +49,71 @@ def create_app(settings: Settings, router: Router, registry: Registry) -> FastAP
     app.include_router(health.router)
     app.include_router(v1.router)
     _install_error_handlers(app)
-    return app
+    return FastPath(app, {
+        ("POST", "/api/v1/models/{model}/predict"): v1.predict,
+        ("POST", "/api/v1/predict"): v1.predict_one,
+    })
 
 
-def _error(request: Request, status: int, code: str, message: str, **extra: object) -> Response:
+class FastPath:
+    """ASGI entry point: hot routes go straight to their handler, the rest to FastAPI."""
+
+    def __init__(self, app: FastAPI, routes: dict[tuple[str, str], Handler]) -> None:
+        self.app = app
+        self.state = app.state
+        self._routes = [
+            (method, re.compile("^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", path) + "$"), h)
+            for (method, path), h in routes.items()
+        ]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            for method, pattern, handler in self._routes:
+                if scope["method"] == method and (match := pattern.match(scope["path"])):
+                    scope["app"] = self.app
+                    request = Request(scope, receive)
+                    try:
+                        response = await handler(request=request, **match.groupdict())
+                    except Exception as exc:
+                        response = error_response(request, exc)
+                    await response(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)
+
+
+def _error(request: Request, status: int, code: str, message: str, **extra: Any) -> Response:
     rid = request_id_of(request)
     body = {"error": {"code": code, "message": message, **extra, "request_id": rid}}
     return json_response(body, status_code=status, headers={"x-request-id": rid})
 
 
-def _install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(InferdError)
-    async def inferd_error(request: Request, exc: InferdError) -> Response:
+def error_response(request: Request, exc: Exception) -> Response:
+    """The JSON error for any exception; tracebacks only ever go to the log."""
+    if isinstance(exc, InferdError):
         if exc.status_code >= 500:
             logger.warning("%s %s -> %d %s: %s", request.method, request.url.path,
                            exc.status_code, exc.code, exc.message)
         response = _error(request, exc.status_code, exc.code, exc.message, **exc.details)
         response.headers.update(exc.headers())
         return response
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
-        errors = [
-            {"loc": list(e.get("loc", ())), "msg": e.get("msg", "")} for e in exc.errors()
-        ]
+    if isinstance(exc, RequestValidationError):
+        errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", "")} for e in exc.errors()]
         return _error(request, 422, "invalid_input", "request does not match the API schema",
                       errors=errors)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+    if isinstance(exc, StarletteHTTPException):
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
         if exc.status_code == 404:
             message = f"no route {request.method} {request.url.path}"
         return _error(request, exc.status_code, code, message)
+    logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return _error(request, 500, "internal_error",
+                  "internal server error; the server log has the details")
 
-    @app.exception_handler(Exception)
-    async def unexpected(request: Request, exc: Exception) -> Response:
-        logger.exception("unhandled error on %s %s", request.method, request.url.path)
-        return _error(request, 500, "internal_error",
-                      "internal server error; the server log has the details")
+
+def _install_error_handlers(app: FastAPI) -> None:
+    async def handle(request: Request, exc: Exception) -> Response:
+        return error_response(request, exc)
+
+    for exc_type in (InferdError, RequestValidationError, StarletteHTTPException, Exception):
+        app.add_exception_handler(exc_type, handle)

@@ -47,6 +47,7 @@ async def run_gateway(settings: Settings, control_socket: Path) -> None:
         access_log=False,
         log_config=None,
         backlog=4096,
+        proxy_headers=False,
         timeout_keep_alive=30,
         timeout_graceful_shutdown=int(settings.shutdown_grace_s),
     )
