@@ -129,7 +129,8 @@ class Controller:
             asyncio.get_running_loop().create_task(self._retire(model, previous))
 
     def _start_replica(self, vset: VersionSet) -> None:
-        rid = f"{vset.record.model_name}-{vset.record.version}-{next(self._ids)}"
+        n = next(self._ids)
+        rid = f"{vset.record.model_name}-{vset.record.version}-{n}"
         batching = self.settings.batching.model_dump()
         batching.update({k: v for k, v in (vset.record.batching or {}).items() if k in batching})
         spec = ReplicaSpec(
@@ -138,7 +139,7 @@ class Controller:
             version=vset.record.version,
             framework=vset.record.framework,
             artifact_dir=str(vset.record.artifact_path),
-            address=f"unix:{self.run_dir / f'r{next(self._ids)}.sock'}",
+            address=f"unix:{self.run_dir / f'r{n}.sock'}",
             batching=batching,
             signature=vset.record.signature.to_dict(),
             metadata=vset.record.metadata,

@@ -1,0 +1,43 @@
+"""The README's curl examples run against a real demo server and answer as shown."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import InferdServer
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+pytestmark = pytest.mark.slow
+
+
+def _examples() -> list[tuple[str, dict]]:
+    section = README.read_text().split("## Calling it", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"\$ (curl .*?)\n(\{.*?\})\n", section, flags=re.S)
+    return [(cmd.replace("\\\n", " "), json.loads(out)) for cmd, out in blocks]
+
+
+def test_readme_has_examples():
+    assert len(_examples()) >= 3
+
+
+@pytest.mark.parametrize("index", range(3))
+def test_readme_curl_example(demo_server: InferdServer, index: int):
+    command, shown = _examples()[index]
+    command = command.replace("localhost:8000", f"127.0.0.1:{demo_server.port}")
+    result = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=30)
+    got = json.loads(result.stdout)
+    volatile = {"latency_ms", "request_id", "confidence", "probabilities"}
+
+    def strip(value):
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k not in volatile}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    assert strip(got) == strip(shown)
