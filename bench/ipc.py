@@ -289,8 +289,9 @@ async def throughput(call: Call, concurrency: int, duration_s: float) -> dict[st
             done[i] += 1
 
     started = time.perf_counter()
-    await asyncio.wait_for(asyncio.gather(*(worker(i) for i in range(concurrency))),
-                           duration_s + 4 * TIMEOUT_S)
+    await asyncio.wait_for(
+        asyncio.gather(*(worker(i) for i in range(concurrency))), duration_s + 4 * TIMEOUT_S
+    )
     elapsed = time.perf_counter() - started
     return {"tput_calls": sum(done), "tput_s": elapsed, "calls_per_s": sum(done) / elapsed}
 
@@ -372,14 +373,16 @@ def summarize(runs: list[dict[str, Any]], args: argparse.Namespace) -> list[dict
                 for k in ("lat_p50_us", "lat_p99_us", "lat_mean_us", "calls_per_s")
             }
             base = base or med
-            summary.append({
-                "rows": rows,
-                "variant": variant,
-                "reps": len(mine),
-                **med,
-                "p50_ratio_vs_first": med["lat_p50_us"] / base["lat_p50_us"],
-                "tput_ratio_vs_first": med["calls_per_s"] / base["calls_per_s"],
-            })
+            summary.append(
+                {
+                    "rows": rows,
+                    "variant": variant,
+                    "reps": len(mine),
+                    **med,
+                    "p50_ratio_vs_first": med["lat_p50_us"] / base["lat_p50_us"],
+                    "tput_ratio_vs_first": med["calls_per_s"] / base["calls_per_s"],
+                }
+            )
     return summary
 
 
@@ -457,12 +460,17 @@ def main() -> None:
         "msgspec": msgspec.__version__,
         "wall_s": round(time.monotonic() - started, 1),
     }
-    args_out = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
-                if k not in ("serve", "address")}
-    args.out.write_text(json.dumps(
-        {"args": args_out, "meta": meta, "summary": summary, "runs": runs, "table": md},
-        indent=2,
-    ))
+    args_out = {
+        k: (str(v) if isinstance(v, Path) else v)
+        for k, v in vars(args).items()
+        if k not in ("serve", "address")
+    }
+    args.out.write_text(
+        json.dumps(
+            {"args": args_out, "meta": meta, "summary": summary, "runs": runs, "table": md},
+            indent=2,
+        )
+    )
     print(f"\nwrote {args.out} in {meta['wall_s']}s")
 
 

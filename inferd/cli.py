@@ -136,8 +136,8 @@ def models_push(
         with console.status(f"loading {path.name} to check it and read its signature ..."):
             try:
                 found, sig = inspect_artifact(folder, framework, metadata, declared)
-            except (ValueError, FileNotFoundError, ImportError) as exc:
-                console.print(f"[red]error:[/red] cannot load {path}: {exc}")
+            except Exception as exc:  # any loader error: say what failed, no traceback
+                console.print(f"[red]error:[/red] cannot load {path}: {type(exc).__name__}: {exc}")
                 raise typer.Exit(1) from None
         record = registry.push(name, folder, version, framework=found, signature=sig,
                                metadata=metadata, description=description, owner=owner,

@@ -8,11 +8,14 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import create_engine, make_url, text
+from sqlalchemy.exc import OperationalError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -83,10 +86,12 @@ class InferdServer:
 
 
 def run_cli(*args: str, data_dir: Path, check: bool = True,
-            input_: str | None = None) -> subprocess.CompletedProcess[str]:
+            input_: str | None = None,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
         [sys.executable, "-m", "inferd", *args], capture_output=True, text=True, cwd=ROOT,
-        env={**os.environ, "INFERD_DATA_DIR": str(data_dir)}, input=input_, timeout=120,
+        env={**os.environ, "INFERD_DATA_DIR": str(data_dir), **(env or {})}, input=input_,
+        timeout=120,
     )
     if check and result.returncode != 0:
         raise AssertionError(f"inferd {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
@@ -104,3 +109,36 @@ def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferdServ
     finally:
         code = server.stop()
         assert code == 0, server.log()[-3000:]
+
+
+POSTGRES_URL = os.environ.get(
+    "INFERD_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    admin = create_engine(POSTGRES_URL)
+    try:
+        with admin.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except OperationalError as exc:
+        admin.dispose()
+        if os.environ.get("INFERD_SKIP_POSTGRES") == "1":
+            pytest.skip("PostgreSQL not reachable and INFERD_SKIP_POSTGRES=1")
+        pytest.fail(
+            f"PostgreSQL not reachable at {POSTGRES_URL} ({exc.orig}); "
+            "start it or set INFERD_SKIP_POSTGRES=1 to skip these tests"
+        )
+    schema = f"inferd_test_{uuid.uuid4().hex}"
+    with admin.begin() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    url = make_url(POSTGRES_URL).update_query_dict({"options": f"-csearch_path={schema}"})
+    try:
+        yield url.render_as_string(hide_password=False)
+    finally:
+        with admin.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+

@@ -30,7 +30,7 @@ def test_rows_become_typed_columns():
 
 
 def test_bare_rows_for_single_input_models():
-    columns, n = rows_to_columns([[1, 2, 3]], TABULAR)
+    columns, _ = rows_to_columns([[1, 2, 3]], TABULAR)
     assert columns["features"].shape == (1, 3)
 
 

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import threading
-import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC
 from pathlib import Path
@@ -19,9 +17,7 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import create_engine, inspect, text
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import OperationalError
+from sqlalchemy import inspect, text
 
 from inferd.errors import InvalidInput, ModelNotFound, VersionExists
 from inferd.registry import ArtifactStore, Registry
@@ -29,9 +25,6 @@ from inferd.registry.store import StagedArtifact
 from inferd.registry.tables import Base
 from inferd.runtimes.base import Signature, TensorSpec
 
-POSTGRES_URL = os.environ.get(
-    "INFERD_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-)
 SIGNATURE = Signature(
     inputs=(TensorSpec("features", "FP32", (-1, 3)),),
     outputs=(TensorSpec("prediction", "FP32", (-1,)),),
@@ -39,32 +32,6 @@ SIGNATURE = Signature(
 
 
 # -- fixtures ----------------------------------------------------------------------
-
-
-@pytest.fixture
-def postgres_url() -> Iterator[str]:
-    admin = create_engine(POSTGRES_URL)
-    try:
-        with admin.connect() as conn:
-            conn.execute(text("SELECT 1"))
-    except OperationalError as exc:
-        admin.dispose()
-        if os.environ.get("INFERD_SKIP_POSTGRES") == "1":
-            pytest.skip("PostgreSQL not reachable and INFERD_SKIP_POSTGRES=1")
-        pytest.fail(
-            f"PostgreSQL not reachable at {POSTGRES_URL} ({exc.orig}); "
-            "start it or set INFERD_SKIP_POSTGRES=1 to skip these tests"
-        )
-    schema = f"inferd_test_{uuid.uuid4().hex}"
-    with admin.begin() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    url = make_url(POSTGRES_URL).update_query_dict({"options": f"-csearch_path={schema}"})
-    try:
-        yield url.render_as_string(hide_password=False)
-    finally:
-        with admin.begin() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
