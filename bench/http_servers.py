@@ -152,12 +152,13 @@ def parse_wrk(out: str) -> dict[str, float]:
     for pct in ("50", "99"):
         result[f"p{pct}_ms"] = _ms(_find(rf"\s{pct}%\s+(\S+)", out))
     result["requests"] = int(_find(r"(\d+) requests in", out))
-    errors = 0
-    if m := re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out):
-        errors += sum(int(x) for x in m.groups())
-    if m := re.search(r"Non-2xx or 3xx responses: (\d+)", out):
-        errors += int(m.group(1))
-    result["errors"] = errors
+    kinds = ("connect", "read", "write", "timeout")
+    m = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    for kind, n in zip(kinds, m.groups() if m else (0,) * 4, strict=True):
+        result[f"err_{kind}"] = int(n)
+    m = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    result["err_status"] = int(m.group(1)) if m else 0
+    result["errors"] = sum(result[f"err_{k}"] for k in (*kinds, "status"))
     return result
 
 

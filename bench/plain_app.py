@@ -32,8 +32,9 @@ async def predict(request: Request) -> Response:
     ]
     latency_ms = (time.perf_counter() - started) * 1000
     return Response(
-        orjson.dumps({"model": "fraud", "version": "v1", "outputs": outputs,
-                      "latency_ms": latency_ms}),
+        orjson.dumps(
+            {"model": "fraud", "version": "v1", "outputs": outputs, "latency_ms": latency_ms}
+        ),
         media_type="application/json",
     )
 

@@ -29,8 +29,38 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-ROW = [0.12, -1.3, 0.5, 2.1, -0.4, 0.9, 1.7, -2.2, 0.3, 0.0, 1.1, -0.6, 0.8, 0.25, -1.0,
-       0.6, 1.4, -0.3, 0.7, 2.0, -1.8, 0.45, 0.05, -0.9, 1.3, 0.2, -0.1, 0.95, -1.5, 0.35]
+ROW = [
+    0.12,
+    -1.3,
+    0.5,
+    2.1,
+    -0.4,
+    0.9,
+    1.7,
+    -2.2,
+    0.3,
+    0.0,
+    1.1,
+    -0.6,
+    0.8,
+    0.25,
+    -1.0,
+    0.6,
+    1.4,
+    -0.3,
+    0.7,
+    2.0,
+    -1.8,
+    0.45,
+    0.05,
+    -0.9,
+    1.3,
+    0.2,
+    -0.1,
+    0.95,
+    -1.5,
+    0.35,
+]
 BODY = json.dumps({"inputs": [{"features": ROW}]})
 
 
@@ -76,9 +106,21 @@ def run_wrk(url: str, connections: int, duration_s: int) -> dict[str, float]:
         f"wrk.body = '{BODY}'\n"
     )
     out = subprocess.run(
-        ["wrk", "-t2", f"-c{connections}", f"-d{duration_s}s", "--latency", "--timeout", "10s",
-         "-s", str(script), url],
-        capture_output=True, text=True, check=True,
+        [
+            "wrk",
+            "-t2",
+            f"-c{connections}",
+            f"-d{duration_s}s",
+            "--latency",
+            "--timeout",
+            "10s",
+            "-s",
+            str(script),
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     shutil.rmtree(script.parent)
     return parse_wrk(out)
@@ -105,9 +147,14 @@ def parse_wrk(out: str) -> dict[str, float]:
 
 
 def start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(cmd, env={**os.environ, **env}, cwd=ROOT,
-                            stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return subprocess.Popen(
+        cmd,
+        env={**os.environ, **env},
+        cwd=ROOT,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -125,17 +172,24 @@ def prepare(work: Path) -> Path:
     from inferd.runtimes import inspect_artifact
 
     demo = build_demo_model("fraud", work / "src")
-    framework, signature = inspect_artifact(demo.path, demo.framework, demo.metadata,
-                                            demo.signature)
+    framework, signature = inspect_artifact(
+        demo.path, demo.framework, demo.metadata, demo.signature
+    )
     registry = Registry(f"sqlite:///{work / 'data' / 'inferd.db'}", work / "data" / "artifacts")
-    registry.push("fraud", demo.path, "v1", framework=framework, signature=signature,
-                  metadata=demo.metadata)
+    registry.push(
+        "fraud", demo.path, "v1", framework=framework, signature=signature, metadata=demo.metadata
+    )
     registry.close()
     return next(demo.path.glob("*.json"))
 
 
-def measure(name: str, proc: subprocess.Popen[bytes], url: str, args: argparse.Namespace,
-            rows: list[dict[str, object]]) -> None:
+def measure(
+    name: str,
+    proc: subprocess.Popen[bytes],
+    url: str,
+    args: argparse.Namespace,
+    rows: list[dict[str, object]],
+) -> None:
     wait_http(url)
     time.sleep(2)
     idle = tree_rss_mb(proc.pid)
@@ -143,9 +197,11 @@ def measure(name: str, proc: subprocess.Popen[bytes], url: str, args: argparse.N
     for connections in args.connections:
         r = run_wrk(url, connections, args.duration)
         rows.append({"server": name, "connections": connections, "idle_rss_mb": idle, **r})
-        print(f"{name:>8} c={connections:<4} {r['rps']:8.0f} req/s  p50 {r['p50_ms']:7.2f} ms  "
-              f"p99 {r['p99_ms']:7.2f} ms  errors {r['errors']:.0f}  idle RSS {idle:.0f} MiB",
-              flush=True)
+        print(
+            f"{name:>8} c={connections:<4} {r['rps']:8.0f} req/s  p50 {r['p50_ms']:7.2f} ms  "
+            f"p99 {r['p99_ms']:7.2f} ms  errors {r['errors']:.0f}  idle RSS {idle:.0f} MiB",
+            flush=True,
+        )
 
 
 def main() -> None:
@@ -163,21 +219,58 @@ def main() -> None:
     try:
         for _ in range(args.rounds):
             port = free_port()
-            proc = start([sys.executable, "-m", "inferd", "serve", "--port", str(port),
-                          "--workers", str(args.workers), "--data-dir", str(work / "data")],
-                         {"INFERD_LOG_LEVEL": "WARNING"}, work / "inferd.log")
+            proc = start(
+                [
+                    sys.executable,
+                    "-m",
+                    "inferd",
+                    "serve",
+                    "--port",
+                    str(port),
+                    "--workers",
+                    str(args.workers),
+                    "--data-dir",
+                    str(work / "data"),
+                ],
+                {"INFERD_LOG_LEVEL": "WARNING"},
+                work / "inferd.log",
+            )
             try:
-                measure("inferd", proc, f"http://127.0.0.1:{port}/api/v1/models/fraud/predict",
-                        args, rows)
+                measure(
+                    "inferd",
+                    proc,
+                    f"http://127.0.0.1:{port}/api/v1/models/fraud/predict",
+                    args,
+                    rows,
+                )
             finally:
                 stop(proc)
             port = free_port()
-            proc = start([sys.executable, "-m", "uvicorn", "bench.plain_app:app", "--port",
-                          str(port), "--workers", "2", "--no-access-log", "--log-level",
-                          "warning"], {"INFERD_BENCH_MODEL": str(model_file)}, work / "plain.log")
+            proc = start(
+                [
+                    sys.executable,
+                    "-m",
+                    "uvicorn",
+                    "bench.plain_app:app",
+                    "--port",
+                    str(port),
+                    "--workers",
+                    "2",
+                    "--no-access-log",
+                    "--log-level",
+                    "warning",
+                ],
+                {"INFERD_BENCH_MODEL": str(model_file)},
+                work / "plain.log",
+            )
             try:
-                measure("plain", proc, f"http://127.0.0.1:{port}/api/v1/models/fraud/predict",
-                        args, rows)
+                measure(
+                    "plain",
+                    proc,
+                    f"http://127.0.0.1:{port}/api/v1/models/fraud/predict",
+                    args,
+                    rows,
+                )
             finally:
                 stop(proc)
     finally:
@@ -188,20 +281,27 @@ def main() -> None:
 def write_results(rows: list[dict[str, object]], args: argparse.Namespace) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "tabular.json").write_text(json.dumps({"args": vars(args), "runs": rows}, indent=2))
-    lines = ["| connections | server | req/s (median) | p50 ms | p99 ms | errors | idle RSS MiB |"
-             " ratio vs plain |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| connections | server | req/s (median) | p50 ms | p99 ms | errors | idle RSS MiB |"
+        " ratio vs plain |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for c in args.connections:
         med = {}
         for server in ("inferd", "plain"):
             runs = [r for r in rows if r["server"] == server and r["connections"] == c]
-            med[server] = {k: statistics.median(float(r[k]) for r in runs)  # type: ignore[arg-type]
-                           for k in ("rps", "p50_ms", "p99_ms", "errors", "idle_rss_mb")}
+            med[server] = {
+                k: statistics.median(float(r[k]) for r in runs)  # type: ignore[arg-type]
+                for k in ("rps", "p50_ms", "p99_ms", "errors", "idle_rss_mb")
+            }
         for server in ("inferd", "plain"):
             m = med[server]
             ratio = m["rps"] / med["plain"]["rps"]
-            lines.append(f"| {c} | {server} | {m['rps']:.0f} | {m['p50_ms']:.1f} | "
-                         f"{m['p99_ms']:.1f} | {m['errors']:.0f} | {m['idle_rss_mb']:.0f} | "
-                         f"{ratio:.2f}x |")
+            lines.append(
+                f"| {c} | {server} | {m['rps']:.0f} | {m['p50_ms']:.1f} | "
+                f"{m['p99_ms']:.1f} | {m['errors']:.0f} | {m['idle_rss_mb']:.0f} | "
+                f"{ratio:.2f}x |"
+            )
     (RESULTS / "tabular.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -6,8 +6,8 @@ Importing ``inferd`` does nothing but define names; the server starts from the C
 
 __version__ = "0.1.0"
 
-from inferd.config import Settings  # noqa: E402
-from inferd.errors import InferdError  # noqa: E402
-from inferd.runtimes.base import Runtime, Signature, TensorSpec  # noqa: E402
+from inferd.config import Settings
+from inferd.errors import InferdError
+from inferd.runtimes.base import Runtime, Signature, TensorSpec
 
 __all__ = ["InferdError", "Runtime", "Settings", "Signature", "TensorSpec", "__version__"]

@@ -18,14 +18,19 @@ import inferd
 from inferd.config import Settings, load_settings
 from inferd.errors import InferdError
 
-app = typer.Typer(help="inferd: serve any model fast, versioned and observable.",
-                  no_args_is_help=True, pretty_exceptions_enable=False)
+app = typer.Typer(
+    help="inferd: serve any model fast, versioned and observable.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
 models_app = typer.Typer(help="The model registry: push, list, show.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 console = Console(stderr=True)
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="YAML settings file.")]
-DataDirOpt = Annotated[Path | None, typer.Option("--data-dir", help="Data folder (INFERD_DATA_DIR).")]
+DataDirOpt = Annotated[
+    Path | None, typer.Option("--data-dir", help="Data folder (INFERD_DATA_DIR).")
+]
 
 
 def _version_callback(value: bool) -> None:
@@ -36,8 +41,12 @@ def _version_callback(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: Annotated[bool, typer.Option("--version", callback=_version_callback,
-                                          is_eager=True, help="Print the version.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version_callback, is_eager=True, help="Print the version."
+        ),
+    ] = False,
 ) -> None:
     pass
 
@@ -129,8 +138,15 @@ def models_push(
 
     metadata = _parse_meta(meta or [])
     declared = Signature.from_dict(json.loads(signature.read_text())) if signature else None
-    batching = {k: v for k, v in (("max_batch_size", max_batch_size),
-                                  ("max_wait_ms", max_wait_ms), ("replicas", replicas)) if v}
+    batching = {
+        k: v
+        for k, v in (
+            ("max_batch_size", max_batch_size),
+            ("max_wait_ms", max_wait_ms),
+            ("replicas", replicas),
+        )
+        if v
+    }
     registry = _registry(config, data_dir)
     with _errors(), _as_folder(path) as folder:
         with console.status(f"loading {path.name} to check it and read its signature ..."):
@@ -139,10 +155,20 @@ def models_push(
             except Exception as exc:  # any loader error: say what failed, no traceback
                 console.print(f"[red]error:[/red] cannot load {path}: {type(exc).__name__}: {exc}")
                 raise typer.Exit(1) from None
-        record = registry.push(name, folder, version, framework=found, signature=sig,
-                               metadata=metadata, description=description, owner=owner,
-                               batching=batching or None)
-    console.print(f"registered [bold]{name}:{version}[/bold] ({found}), sha256 {record.sha256[:12]}")
+        record = registry.push(
+            name,
+            folder,
+            version,
+            framework=found,
+            signature=sig,
+            metadata=metadata,
+            description=description,
+            owner=owner,
+            batching=batching or None,
+        )
+    console.print(
+        f"registered [bold]{name}:{version}[/bold] ({found}), sha256 {record.sha256[:12]}"
+    )
     print(json.dumps(record.to_dict(), indent=2))
 
 
@@ -162,8 +188,13 @@ def models_list(config: ConfigOpt = None, data_dir: DataDirOpt = None) -> None:
     table = Table("model", "framework", "versions", "latest", "description")
     for m in _registry(config, data_dir).list_models():
         latest = m.versions[-1].version if m.versions else "-"
-        table.add_row(m.name, m.framework or "-", ", ".join(v.version for v in m.versions),
-                      latest, m.description or "")
+        table.add_row(
+            m.name,
+            m.framework or "-",
+            ", ".join(v.version for v in m.versions),
+            latest,
+            m.description or "",
+        )
     Console().print(table)
 
 
@@ -181,9 +212,18 @@ def models_show(
             print(json.dumps(registry.get_version(name, version).to_dict(), indent=2))
         else:
             model = registry.get_model(name)
-            print(json.dumps({"name": model.name, "description": model.description,
-                              "framework": model.framework, "owner": model.owner,
-                              "versions": [v.to_dict() for v in model.versions]}, indent=2))
+            print(
+                json.dumps(
+                    {
+                        "name": model.name,
+                        "description": model.description,
+                        "framework": model.framework,
+                        "owner": model.owner,
+                        "versions": [v.to_dict() for v in model.versions],
+                    },
+                    indent=2,
+                )
+            )
 
 
 @app.command()
@@ -205,8 +245,9 @@ def predict(
     if version:
         body.setdefault("params", {})["version"] = version
     try:
-        reply = httpx.post(f"{url.rstrip('/')}/api/v1/models/{model}/predict", json=body,
-                           timeout=timeout)
+        reply = httpx.post(
+            f"{url.rstrip('/')}/api/v1/models/{model}/predict", json=body, timeout=timeout
+        )
     except httpx.HTTPError as exc:
         console.print(f"[red]error:[/red] cannot reach {url}: {exc}")
         raise typer.Exit(1) from None
@@ -215,8 +256,13 @@ def predict(
         raise typer.Exit(1)
 
 
-def _predict_body(inputs: str | None, input_: str | None, text: str | None,
-                  features: str | None, file: Path | None) -> dict[str, Any]:
+def _predict_body(
+    inputs: str | None,
+    input_: str | None,
+    text: str | None,
+    features: str | None,
+    file: Path | None,
+) -> dict[str, Any]:
     try:
         if file is not None:
             raw = sys.stdin.read() if str(file) == "-" else file.read_text()

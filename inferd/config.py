@@ -34,7 +34,9 @@ class BatchingConfig(BaseModel):
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="INFERD_", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="INFERD_", env_nested_delimiter="__", extra="ignore"
+    )
 
     data_dir: Path = Path(".inferd")
     """Folder holding the SQLite database and the artifact store."""
@@ -50,7 +52,7 @@ class Settings(BaseSettings):
     """Replica processes per served model version (registry defaults may override)."""
     replica_threads: int = Field(1, ge=1, le=256)
     """Intra-op threads of each replica's runtime (torch, onnxruntime, xgboost, lightgbm)."""
-    batching: BatchingConfig = Field(default_factory=BatchingConfig)
+    batching: BatchingConfig = Field(default_factory=lambda: BatchingConfig())
     """Default dynamic batching for versions that do not set their own."""
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     """Largest request body accepted (413 beyond)."""

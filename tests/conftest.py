@@ -29,22 +29,42 @@ def free_port() -> int:
 class InferdServer:
     """Starts ``python -m inferd serve``; ``stop()`` sends SIGTERM and checks a clean exit."""
 
-    def __init__(self, data_dir: Path, demo: bool = False, workers: int = 1,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        demo: bool = False,
+        workers: int = 1,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.data_dir = data_dir
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = data_dir / f"server-{self.port}.log"
         data_dir.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "inferd", "serve", "--port", str(self.port),
-               "--workers", str(workers), "--data-dir", str(data_dir)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "inferd",
+            "serve",
+            "--port",
+            str(self.port),
+            "--workers",
+            str(workers),
+            "--data-dir",
+            str(data_dir),
+        ]
         if demo:
             cmd.append("--demo")
-        full_env = {**os.environ, "INFERD_RECONCILE_INTERVAL_S": "0.3",
-                    "INFERD_SHUTDOWN_GRACE_S": "10", **(env or {})}
+        full_env = {
+            **os.environ,
+            "INFERD_RECONCILE_INTERVAL_S": "0.3",
+            "INFERD_SHUTDOWN_GRACE_S": "10",
+            **(env or {}),
+        }
         self._log = open(self.log_path, "w")  # noqa: SIM115 -- closed in stop()
-        self.process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                        env=full_env, cwd=ROOT)
+        self.process = subprocess.Popen(
+            cmd, stdout=self._log, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT
+        )
         self.client = httpx.Client(base_url=self.url, timeout=30)
 
     def log(self) -> str:
@@ -85,12 +105,20 @@ class InferdServer:
         return self.process.returncode
 
 
-def run_cli(*args: str, data_dir: Path, check: bool = True,
-            input_: str | None = None,
-            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str,
+    data_dir: Path,
+    check: bool = True,
+    input_: str | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
-        [sys.executable, "-m", "inferd", *args], capture_output=True, text=True, cwd=ROOT,
-        env={**os.environ, "INFERD_DATA_DIR": str(data_dir), **(env or {})}, input=input_,
+        [sys.executable, "-m", "inferd", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "INFERD_DATA_DIR": str(data_dir), **(env or {})},
+        input=input_,
         timeout=120,
     )
     if check and result.returncode != 0:
@@ -101,8 +129,12 @@ def run_cli(*args: str, data_dir: Path, check: bool = True,
 @pytest.fixture(scope="session")
 def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferdServer]:
     """One server with the demo models for the read-only end-to-end tests."""
-    server = InferdServer(tmp_path_factory.mktemp("demo"), demo=True, workers=2,
-                          env={"INFERD_MAX_BODY_BYTES": str(1 << 20)})
+    server = InferdServer(
+        tmp_path_factory.mktemp("demo"),
+        demo=True,
+        workers=2,
+        env={"INFERD_MAX_BODY_BYTES": str(1 << 20)},
+    )
     try:
         server.wait_ready(timeout_s=240)
         yield server
@@ -140,5 +172,3 @@ def postgres_url() -> Iterator[str]:
         with admin.begin() as conn:
             conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
         admin.dispose()
-
-

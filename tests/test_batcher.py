@@ -171,8 +171,9 @@ def test_queue_bound_rejects_with_overloaded():
         await asyncio.gather(*accepted)
         return info.value
 
-    err = run(_with_batcher(rec, BatchingConfig(max_batch_size=4, max_wait_ms=0,
-                                                max_queue_rows=8), body))
+    err = run(
+        _with_batcher(rec, BatchingConfig(max_batch_size=4, max_wait_ms=0, max_queue_rows=8), body)
+    )
     assert err.status_code == 503
     assert err.details["max_queue_rows"] == 8
 

@@ -18,15 +18,22 @@ MODELS = Path(__file__).parent / "models"
 
 def test_public_surface():
     assert sorted(inferd.__all__) == [
-        "InferdError", "Runtime", "Settings", "Signature", "TensorSpec", "__version__",
+        "InferdError",
+        "Runtime",
+        "Settings",
+        "Signature",
+        "TensorSpec",
+        "__version__",
     ]
     for name in inferd.__all__:
         assert hasattr(inferd, name)
 
 
 def test_importing_inferd_starts_nothing_heavy():
-    code = ("import sys, inferd, inferd.cli, inferd.server; "
-            "print(any(m in sys.modules for m in ('torch', 'xgboost', 'lightgbm', 'sklearn')))")
+    code = (
+        "import sys, inferd, inferd.cli, inferd.server; "
+        "print(any(m in sys.modules for m in ('torch', 'xgboost', 'lightgbm', 'sklearn')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.stdout.strip() == "False", out.stderr
 
@@ -52,21 +59,42 @@ def test_invalid_settings_are_refused(monkeypatch: pytest.MonkeyPatch):
 
 
 def test_cli_version():
-    out = subprocess.run([sys.executable, "-m", "inferd", "--version"], capture_output=True,
-                         text=True, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-m", "inferd", "--version"], capture_output=True, text=True, cwd=ROOT
+    )
     assert out.stdout.strip() == f"inferd {inferd.__version__}"
 
 
 def test_cli_push_list_show_and_immutability(tmp_path: Path):
-    pushed = run_cli("models", "push", "summer", str(MODELS / "slow_sum"), "--version", "v1",
-                     "--meta", "accuracy=0.93", "--meta", "dataset=d-2026", "--description",
-                     "sums things", data_dir=tmp_path)
+    pushed = run_cli(
+        "models",
+        "push",
+        "summer",
+        str(MODELS / "slow_sum"),
+        "--version",
+        "v1",
+        "--meta",
+        "accuracy=0.93",
+        "--meta",
+        "dataset=d-2026",
+        "--description",
+        "sums things",
+        data_dir=tmp_path,
+    )
     record = json.loads(pushed.stdout)
     assert record["framework"] == "python"
     assert record["metadata"] == {"accuracy": 0.93, "dataset": "d-2026"}
     assert record["signature"]["inputs"][0]["shape"] == [-1, 4]
-    again = run_cli("models", "push", "summer", str(MODELS / "slow_sum"), "--version", "v1",
-                    data_dir=tmp_path, check=False)
+    again = run_cli(
+        "models",
+        "push",
+        "summer",
+        str(MODELS / "slow_sum"),
+        "--version",
+        "v1",
+        data_dir=tmp_path,
+        check=False,
+    )
     assert again.returncode == 1
     assert "409" in again.stderr and "already" in again.stderr
     listing = run_cli("models", "list", data_dir=tmp_path).stdout
@@ -80,8 +108,16 @@ def test_cli_push_list_show_and_immutability(tmp_path: Path):
 def test_cli_push_rejects_what_cannot_load(tmp_path: Path):
     junk = tmp_path / "model.onnx"
     junk.write_bytes(b"not an onnx file")
-    out = run_cli("models", "push", "junk", str(junk), "--version", "v1",
-                  data_dir=tmp_path / "data", check=False)
+    out = run_cli(
+        "models",
+        "push",
+        "junk",
+        str(junk),
+        "--version",
+        "v1",
+        data_dir=tmp_path / "data",
+        check=False,
+    )
     assert out.returncode == 1
     assert "cannot load" in out.stderr
     assert "Traceback" not in out.stderr

@@ -42,8 +42,9 @@ def test_model_detail_has_signature_status_and_metadata(demo_server: InferdServe
 
 
 def test_xgboost_fraud_predict(demo_server: InferdServer):
-    reply = demo_server.client.post("/api/v1/models/fraud/predict",
-                                    json={"inputs": [{"features": FRAUD_ROW}] * 3})
+    reply = demo_server.client.post(
+        "/api/v1/models/fraud/predict", json={"inputs": [{"features": FRAUD_ROW}] * 3}
+    )
     assert reply.status_code == 200, reply.text
     body = reply.json()
     assert body["model"] == "fraud" and body["version"] == "v1"
@@ -57,21 +58,27 @@ def test_xgboost_fraud_predict(demo_server: InferdServer):
 
 def test_sklearn_sentiment_single_predict(demo_server: InferdServer):
     c = demo_server.client
-    good = c.post("/api/v1/predict",
-                  json={"model": "sentiment", "input": {"text": "This product is amazing!"}})
+    good = c.post(
+        "/api/v1/predict",
+        json={"model": "sentiment", "input": {"text": "This product is amazing!"}},
+    )
     assert good.status_code == 200, good.text
     body = good.json()
     assert body["prediction"] == "positive"
     assert 0.5 < body["confidence"] <= 1.0
     assert set(body) >= {"prediction", "confidence", "latency_ms", "model", "version"}
-    bad = c.post("/api/v1/predict",
-                 json={"model": "sentiment", "input": {"text": "Terrible, broke after one day"}})
+    bad = c.post(
+        "/api/v1/predict",
+        json={"model": "sentiment", "input": {"text": "Terrible, broke after one day"}},
+    )
     assert bad.json()["prediction"] == "negative"
 
 
 def test_onnx_iris_predict(demo_server: InferdServer):
-    reply = demo_server.client.post("/api/v1/models/iris/predict", json={
-        "inputs": [{"features": [5.1, 3.5, 1.4, 0.2]}, {"features": [6.7, 3.0, 5.2, 2.3]}]})
+    reply = demo_server.client.post(
+        "/api/v1/models/iris/predict",
+        json={"inputs": [{"features": [5.1, 3.5, 1.4, 0.2]}, {"features": [6.7, 3.0, 5.2, 2.3]}]},
+    )
     assert reply.status_code == 200, reply.text
     assert [o["label"] for o in reply.json()["outputs"]] == ["setosa", "virginica"]
 
@@ -91,17 +98,42 @@ def test_torch_digits_predict(demo_server: InferdServer):
     ("path", "body", "status", "code", "says"),
     [
         ("/api/v1/models/nope/predict", {"inputs": [[1]]}, 404, "model_not_found", "'nope'"),
-        ("/api/v1/models/fraud/predict", {"inputs": [FRAUD_ROW], "params": {"version": "v9"}},
-         404, "model_not_found", "'v9'"),
-        ("/api/v1/models/fraud/predict", {"inputs": [{"features": [1, 2, 3]}]}, 422,
-         "invalid_input", "expected shape [30] per row, got [3]"),
-        ("/api/v1/models/fraud/predict", {"inputs": [{"features": ["x"] * 30}]}, 422,
-         "invalid_input", "expected FP32 values"),
-        ("/api/v1/models/fraud/predict", {"inputs": [{"feats": FRAUD_ROW}]}, 422,
-         "invalid_input", "missing field(s) ['features']"),
+        (
+            "/api/v1/models/fraud/predict",
+            {"inputs": [FRAUD_ROW], "params": {"version": "v9"}},
+            404,
+            "model_not_found",
+            "'v9'",
+        ),
+        (
+            "/api/v1/models/fraud/predict",
+            {"inputs": [{"features": [1, 2, 3]}]},
+            422,
+            "invalid_input",
+            "expected shape [30] per row, got [3]",
+        ),
+        (
+            "/api/v1/models/fraud/predict",
+            {"inputs": [{"features": ["x"] * 30}]},
+            422,
+            "invalid_input",
+            "expected FP32 values",
+        ),
+        (
+            "/api/v1/models/fraud/predict",
+            {"inputs": [{"feats": FRAUD_ROW}]},
+            422,
+            "invalid_input",
+            "missing field(s) ['features']",
+        ),
         ("/api/v1/models/fraud/predict", {"rows": []}, 422, "invalid_input", "missing 'inputs'"),
-        ("/api/v1/models/sentiment/predict", {"inputs": [{"text": 42}]}, 422, "invalid_input",
-         "must be a string"),
+        (
+            "/api/v1/models/sentiment/predict",
+            {"inputs": [{"text": 42}]},
+            422,
+            "invalid_input",
+            "must be a string",
+        ),
         ("/api/v1/predict", {"input": {"text": "hi"}}, 422, "invalid_input", "missing 'model'"),
         ("/api/v1/predict", [1, 2], 400, "bad_request", "JSON object"),
         ("/api/v1/nothing", {}, 404, "not_found", "no route"),
@@ -118,8 +150,11 @@ def test_bad_input_is_a_clear_json_4xx(demo_server, path, body, status, code, sa
 
 
 def test_invalid_json_is_400(demo_server: InferdServer):
-    reply = demo_server.client.post("/api/v1/models/fraud/predict", content=b'{"inputs": [',
-                                    headers={"content-type": "application/json"})
+    reply = demo_server.client.post(
+        "/api/v1/models/fraud/predict",
+        content=b'{"inputs": [',
+        headers={"content-type": "application/json"},
+    )
     assert reply.status_code == 400
     assert "invalid JSON" in reply.json()["error"]["message"]
 
@@ -140,8 +175,11 @@ def test_body_over_the_limit_is_413(demo_server: InferdServer):
 
 
 def test_request_id_is_echoed(demo_server: InferdServer):
-    reply = demo_server.client.post("/api/v1/models/fraud/predict",
-                                    json={"inputs": [FRAUD_ROW]}, headers={"x-request-id": "abc"})
+    reply = demo_server.client.post(
+        "/api/v1/models/fraud/predict",
+        json={"inputs": [FRAUD_ROW]},
+        headers={"x-request-id": "abc"},
+    )
     assert reply.headers["x-request-id"] == "abc"
     assert reply.json()["request_id"] == "abc"
 
@@ -154,11 +192,26 @@ def test_openapi_docs(demo_server: InferdServer):
 
 
 def test_cli_predict_and_models(demo_server: InferdServer):
-    out = run_cli("predict", "sentiment", "--text", "I love it, works perfectly",
-                  "--url", demo_server.url, data_dir=demo_server.data_dir)
+    out = run_cli(
+        "predict",
+        "sentiment",
+        "--text",
+        "I love it, works perfectly",
+        "--url",
+        demo_server.url,
+        data_dir=demo_server.data_dir,
+    )
     assert json.loads(out.stdout)["outputs"][0]["label"] == "positive"
-    missing = run_cli("predict", "nope", "--features", "1,2", "--url", demo_server.url,
-                      data_dir=demo_server.data_dir, check=False)
+    missing = run_cli(
+        "predict",
+        "nope",
+        "--features",
+        "1,2",
+        "--url",
+        demo_server.url,
+        data_dir=demo_server.data_dir,
+        check=False,
+    )
     assert missing.returncode == 1 and "model_not_found" in missing.stdout
     listing = run_cli("models", "list", data_dir=demo_server.data_dir)
     assert "fraud" in listing.stdout and "xgboost" in listing.stdout
@@ -171,8 +224,9 @@ def test_concurrent_clients_across_gateway_processes(demo_server: InferdServer):
 
     def call(i: int) -> int:
         with httpx.Client(base_url=demo_server.url, timeout=30) as c:
-            return c.post("/api/v1/models/fraud/predict",
-                          json={"inputs": [{"features": [i / 100] * 30}]}).status_code
+            return c.post(
+                "/api/v1/models/fraud/predict", json={"inputs": [{"features": [i / 100] * 30}]}
+            ).status_code
 
     with ThreadPoolExecutor(32) as pool:
         assert set(pool.map(call, range(200))) == {200}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -36,21 +37,36 @@ def _replicas(server: InferdServer, model: str) -> list[dict]:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
     data = tmp_path_factory.mktemp("lifecycle")
-    run_cli("models", "push", "slow_sum", str(MODELS / "slow_sum"), "--version", "v1",
-            "--max-batch-size", "64", "--max-wait-ms", "10", data_dir=data)
+    run_cli(
+        "models",
+        "push",
+        "slow_sum",
+        str(MODELS / "slow_sum"),
+        "--version",
+        "v1",
+        "--max-batch-size",
+        "64",
+        "--max-wait-ms",
+        "10",
+        data_dir=data,
+    )
     registry = Registry(f"sqlite:///{data / 'inferd.db'}", data / "artifacts")
-    broken_sig = Signature.from_dict({
-        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
-        "outputs": [{"name": "prediction", "datatype": "FP32", "shape": [-1]}],
-    })
+    broken_sig = Signature.from_dict(
+        {
+            "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
+            "outputs": [{"name": "prediction", "datatype": "FP32", "shape": [-1]}],
+        }
+    )
     # Registered without the push-time check, as if its files went bad after pushing.
     registry.push("broken", MODELS / "broken", "v1", framework="python", signature=broken_sig)
     registry.close()
     srv = InferdServer(data, workers=2, env={"INFERD_LOAD_TIMEOUT_S": "20"})
     try:
         srv.wait_ready(path="/health/live")
-        srv.wait_for(lambda: _predict(srv.client, "slow_sum", [[1, 2, 3, 4]]).status_code == 200,
-                     what="slow_sum ready")
+        srv.wait_for(
+            lambda: _predict(srv.client, "slow_sum", [[1, 2, 3, 4]]).status_code == 200,
+            what="slow_sum ready",
+        )
         yield srv
     finally:
         assert srv.stop() == 0, srv.log()[-3000:]
@@ -58,8 +74,15 @@ def server(tmp_path_factory: pytest.TempPathFactory):
 
 def test_concurrent_requests_are_batched(server: InferdServer):
     before = _replicas(server, "slow_sum")[0]["stats"]
-    with ThreadPoolExecutor(64) as pool, httpx.Client(base_url=server.url, timeout=30) as c:
-        replies = list(pool.map(lambda i: _predict(c, "slow_sum", [[i, 1, 1, 1]]), range(64)))
+
+    async def fire() -> list[httpx.Response]:
+        limits = httpx.Limits(max_connections=64)
+        async with httpx.AsyncClient(base_url=server.url, timeout=30, limits=limits) as c:
+            calls = [c.post("/api/v1/models/slow_sum/predict", json={"inputs": [[i, 1, 1, 1]]})
+                     for i in range(64)]
+            return await asyncio.gather(*calls)
+
+    replies = asyncio.run(fire())
     assert [r.status_code for r in replies] == [200] * 64
     assert [r.json()["outputs"][0]["prediction"] for r in replies] == [i + 3.0 for i in range(64)]
     after = _replicas(server, "slow_sum")[0]["stats"]
@@ -76,9 +99,11 @@ def test_rows_count_toward_batches(server: InferdServer):
 
 
 def test_model_error_is_a_json_500_with_request_id(server: InferdServer):
-    reply = server.client.post("/api/v1/models/slow_sum/predict",
-                               json={"inputs": [[666, 1, 1, 1]]},
-                               headers={"x-request-id": "req-666"})
+    reply = server.client.post(
+        "/api/v1/models/slow_sum/predict",
+        json={"inputs": [[666, 1, 1, 1]]},
+        headers={"x-request-id": "req-666"},
+    )
     assert reply.status_code == 500
     error = reply.json()["error"]
     assert error["code"] == "model_error"
@@ -113,16 +138,26 @@ def test_killed_replica_is_restarted_and_serves_again(server: InferdServer):
 
     server.wait_for(restarted, timeout_s=60, what="replica restart")
     assert _replicas(server, "slow_sum")[0]["restarts"] == 1
-    server.wait_for(lambda: _predict(server.client, "slow_sum", [[1, 1, 1, 1]]).status_code == 200,
-                    timeout_s=10, what="predict after restart")
+    server.wait_for(
+        lambda: _predict(server.client, "slow_sum", [[1, 1, 1, 1]]).status_code == 200,
+        timeout_s=10,
+        what="predict after restart",
+    )
     assert "restarting" in server.log()
 
 
 def test_pushing_a_new_version_switches_traffic_without_errors(server: InferdServer):
     statuses: list[int] = []
     versions: set[str] = set()
-    run_cli("models", "push", "slow_sum", str(MODELS / "slow_sum"), "--version", "v2",
-            data_dir=server.data_dir)
+    run_cli(
+        "models",
+        "push",
+        "slow_sum",
+        str(MODELS / "slow_sum"),
+        "--version",
+        "v2",
+        data_dir=server.data_dir,
+    )
     deadline = time.monotonic() + 60
     with httpx.Client(base_url=server.url, timeout=30) as c:
         while time.monotonic() < deadline and "v2" not in versions:
@@ -141,8 +176,9 @@ def test_pushing_a_new_version_switches_traffic_without_errors(server: InferdSer
 
 
 def test_sigterm_drains_in_flight_requests(tmp_path: Path):
-    run_cli("models", "push", "sleepy", str(MODELS / "sleepy"), "--version", "v1",
-            data_dir=tmp_path)
+    run_cli(
+        "models", "push", "sleepy", str(MODELS / "sleepy"), "--version", "v1", data_dir=tmp_path
+    )
     srv = InferdServer(tmp_path, workers=1)
     srv.wait_ready()
     with ThreadPoolExecutor(8) as pool, httpx.Client(base_url=srv.url, timeout=30) as c:

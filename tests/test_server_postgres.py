@@ -17,13 +17,23 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
 def test_server_with_postgres_registry_and_load_timeout(tmp_path: Path, postgres_url: str):
     env = {"INFERD_DATABASE_URL": postgres_url}
-    run_cli("models", "push", "summer", str(MODELS / "slow_sum"), "--version", "v1",
-            data_dir=tmp_path, env=env)
+    run_cli(
+        "models",
+        "push",
+        "summer",
+        str(MODELS / "slow_sum"),
+        "--version",
+        "v1",
+        data_dir=tmp_path,
+        env=env,
+    )
     registry = Registry(postgres_url, tmp_path / "artifacts")
-    sig = Signature.from_dict({
-        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
-        "outputs": [{"name": "prediction", "datatype": "FP32", "shape": [-1]}],
-    })
+    sig = Signature.from_dict(
+        {
+            "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
+            "outputs": [{"name": "prediction", "datatype": "FP32", "shape": [-1]}],
+        }
+    )
     registry.push("slowload", MODELS / "slowload", "v1", framework="python", signature=sig)
     registry.close()
 
@@ -31,16 +41,23 @@ def test_server_with_postgres_registry_and_load_timeout(tmp_path: Path, postgres
     try:
         server.wait_ready(path="/health/live")
         server.wait_for(
-            lambda: server.client.post("/api/v1/models/summer/predict",
-                                       json={"inputs": [[1, 2, 3, 4]]}).status_code == 200,
+            lambda: (
+                server.client.post(
+                    "/api/v1/models/summer/predict", json={"inputs": [[1, 2, 3, 4]]}
+                ).status_code
+                == 200
+            ),
             what="summer serving from the PostgreSQL registry",
         )
         reply = server.client.post("/api/v1/models/summer/predict", json={"inputs": [[1, 2, 3, 4]]})
         assert reply.json()["outputs"] == [{"prediction": 10.0}]
         models = {m["name"] for m in server.client.get("/api/v1/models").json()["models"]}
         assert models == {"summer", "slowload"}
-        server.wait_for(lambda: "not ready after 2s" in server.log(), timeout_s=30,
-                        what="the slow loader killed at its load timeout")
+        server.wait_for(
+            lambda: "not ready after 2s" in server.log(),
+            timeout_s=30,
+            what="the slow loader killed at its load timeout",
+        )
         slow = server.client.post("/api/v1/models/slowload/predict", json={"inputs": [1.0]})
         assert slow.status_code == 503
         assert slow.json()["error"]["code"] == "model_not_ready"

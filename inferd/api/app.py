@@ -49,10 +49,13 @@ def create_app(settings: Settings, router: Router, registry: Registry) -> FastPa
     app.include_router(health.router)
     app.include_router(v1.router)
     _install_error_handlers(app)
-    return FastPath(app, {
-        ("POST", "/api/v1/models/{model}/predict"): v1.predict,
-        ("POST", "/api/v1/predict"): v1.predict_one,
-    })
+    return FastPath(
+        app,
+        {
+            ("POST", "/api/v1/models/{model}/predict"): v1.predict,
+            ("POST", "/api/v1/predict"): v1.predict_one,
+        },
+    )
 
 
 class FastPath:
@@ -91,15 +94,22 @@ def error_response(request: Request, exc: Exception) -> Response:
     """The JSON error for any exception; tracebacks only ever go to the log."""
     if isinstance(exc, InferdError):
         if exc.status_code >= 500:
-            logger.warning("%s %s -> %d %s: %s", request.method, request.url.path,
-                           exc.status_code, exc.code, exc.message)
+            logger.warning(
+                "%s %s -> %d %s: %s",
+                request.method,
+                request.url.path,
+                exc.status_code,
+                exc.code,
+                exc.message,
+            )
         response = _error(request, exc.status_code, exc.code, exc.message, **exc.details)
         response.headers.update(exc.headers())
         return response
     if isinstance(exc, RequestValidationError):
         errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", "")} for e in exc.errors()]
-        return _error(request, 422, "invalid_input", "request does not match the API schema",
-                      errors=errors)
+        return _error(
+            request, 422, "invalid_input", "request does not match the API schema", errors=errors
+        )
     if isinstance(exc, StarletteHTTPException):
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
@@ -107,8 +117,9 @@ def error_response(request: Request, exc: Exception) -> Response:
             message = f"no route {request.method} {request.url.path}"
         return _error(request, exc.status_code, code, message)
     logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return _error(request, 500, "internal_error",
-                  "internal server error; the server log has the details")
+    return _error(
+        request, 500, "internal_error", "internal server error; the server log has the details"
+    )
 
 
 def _install_error_handlers(app: FastAPI) -> None:

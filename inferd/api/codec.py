@@ -69,7 +69,8 @@ def _column(values: list[Any], spec: TensorSpec) -> np.ndarray:
     if len(got) != len(want) or any(w not in (-1, g) for w, g in zip(want, got, strict=True)):
         raise InvalidInput(
             f"{spec.name!r}: expected shape {_shape(spec)} per row, got {list(got) or 'a scalar'}",
-            expected=list(spec.shape), got=[-1, *got],
+            expected=list(spec.shape),
+            got=[-1, *got],
         )
     return array
 

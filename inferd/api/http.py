@@ -36,16 +36,18 @@ async def read_json(request: Request, limit: int) -> Any:
         if not length.isdigit():
             raise BadRequest("invalid Content-Length header")
         if int(length) > limit:
-            raise PayloadTooLarge(f"request body of {length} bytes exceeds the limit of {limit}",
-                                  limit_bytes=limit)
+            raise PayloadTooLarge(
+                f"request body of {length} bytes exceeds the limit of {limit}", limit_bytes=limit
+            )
         body = await request.body()
     else:
         chunks = bytearray()
         async for chunk in request.stream():
             chunks += chunk
             if len(chunks) > limit:
-                raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes",
-                                      limit_bytes=limit)
+                raise PayloadTooLarge(
+                    f"request body exceeds the limit of {limit} bytes", limit_bytes=limit
+                )
         body = bytes(chunks)
     if not body:
         raise BadRequest("request body is empty; expected a JSON object")

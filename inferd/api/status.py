@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 from inferd.registry import ModelRecord, VersionRecord
@@ -56,15 +57,18 @@ class StatusView:
         clients = {c.replica_id: c for c in self.router.clients_of(model, version)}
         out = []
         for r in vroute.replicas:
-            entry: dict[str, Any] = {"id": r.id, "state": r.state, "pid": r.pid,
-                                     "restarts": r.restarts}
+            entry: dict[str, Any] = {
+                "id": r.id,
+                "state": r.state,
+                "pid": r.pid,
+                "restarts": r.restarts,
+            }
             if r.message:
                 entry["message"] = r.message
             client = clients.get(r.id)
             if client is not None and not client.closed:
-                try:
+                # A replica that cannot answer shows without stats.
+                with contextlib.suppress(Exception):
                     entry["stats"] = (await client.status(timeout_s=2.0)).stats
-                except Exception:  # a replica that cannot answer shows without stats
-                    pass
             out.append(entry)
         return out

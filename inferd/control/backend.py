@@ -23,8 +23,13 @@ class LocalBackend:
         for var in _THREAD_VARS:
             env[var] = str(spec.threads)
         return await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "inferd.serving.replica", spec.to_json(), str(self.grace_s),
-            env=env, stdin=asyncio.subprocess.DEVNULL,
+            sys.executable,
+            "-m",
+            "inferd.serving.replica",
+            spec.to_json(),
+            str(self.grace_s),
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
         )
 
     async def stop(self, process: asyncio.subprocess.Process, grace_s: float | None = None) -> int:

@@ -94,8 +94,9 @@ class Controller:
             try:
                 await self.reconcile()
             except Exception:
-                logger.exception("reconcile failed; retrying in %.1fs",
-                                 self.settings.reconcile_interval_s)
+                logger.exception(
+                    "reconcile failed; retrying in %.1fs", self.settings.reconcile_interval_s
+                )
 
     async def reconcile(self) -> None:
         records = await asyncio.to_thread(self.registry.list_models)
@@ -169,8 +170,7 @@ class Controller:
             replica.state = "failed"
             replica.restarts += 1
             replica.message = replica.message or f"exited with code {code}"
-            logger.error("replica %s %s; restarting in %.1fs",
-                         replica.id, replica.message, backoff)
+            logger.error("replica %s %s; restarting in %.1fs", replica.id, replica.message, backoff)
             self.publish()
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, self.settings.restart_backoff_max_s)
@@ -228,8 +228,11 @@ class Controller:
         for name, state in self.models.items():
             versions = {
                 v: VersionRoute(
-                    v, s.record.framework, s.record.signature.to_dict(),
-                    [r.route() for r in s.replicas], s.desired,
+                    v,
+                    s.record.framework,
+                    s.record.signature.to_dict(),
+                    [r.route() for r in s.replicas],
+                    s.desired,
                 )
                 for v, s in state.versions.items()
             }
@@ -240,5 +243,7 @@ class Controller:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        replicas = [r for m in self.models.values() for v in m.versions.values() for r in v.replicas]
+        replicas = [
+            r for m in self.models.values() for v in m.versions.values() for r in v.replicas
+        ]
         await asyncio.gather(*(self._stop_replica(r) for r in replicas))

@@ -28,9 +28,13 @@ class GatewayPool:
 
     async def _spawn(self, timeout_s: float) -> asyncio.subprocess.Process:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "inferd.api.worker",
-            self.settings.model_dump_json(), str(self.control_socket),
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            sys.executable,
+            "-m",
+            "inferd.api.worker",
+            self.settings.model_dump_json(),
+            str(self.control_socket),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
         )
         assert process.stdout is not None
         try:

@@ -31,8 +31,14 @@ def install_demo(registry: Registry, work_dir: Path, progress: Callable[[str], N
             demo.path, demo.framework, demo.metadata, demo.signature
         )
         registry.push(
-            demo.name, demo.path, demo.version, framework=framework, signature=signature,
-            metadata=demo.metadata, description=demo.description, owner="inferd-demo",
+            demo.name,
+            demo.path,
+            demo.version,
+            framework=framework,
+            signature=signature,
+            metadata=demo.metadata,
+            description=demo.description,
+            owner="inferd-demo",
         )
         progress(f"registered {demo.name}:{demo.version} ({framework})")
     return [f"{n}:{v}" for n, v in DEMO_VERSIONS.items()]

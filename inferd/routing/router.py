@@ -70,8 +70,10 @@ class Router:
                 key = (model.name, vroute.version)
                 if key not in self._targets:
                     self._targets[key] = Target(
-                        model.name, vroute.version,
-                        Signature.from_dict(vroute.signature), vroute.framework,
+                        model.name,
+                        vroute.version,
+                        Signature.from_dict(vroute.signature),
+                        vroute.framework,
                     )
                 for r in vroute.replicas:
                     if r.state in ("ready", "draining"):
@@ -79,13 +81,19 @@ class Router:
         for rid in list(self._clients):
             if rid not in wanted:
                 self._clients.pop(rid).close()
-        await asyncio.gather(*(self._connect(rid, addr) for rid, addr in wanted.items()
-                               if rid not in self._clients or self._clients[rid].closed))
+        await asyncio.gather(
+            *(
+                self._connect(rid, addr)
+                for rid, addr in wanted.items()
+                if rid not in self._clients or self._clients[rid].closed
+            )
+        )
         ready: dict[tuple[str, str], list[ReplicaClient]] = {}
         for model in table.models.values():
             for vroute in model.versions.values():
                 ready[(model.name, vroute.version)] = [
-                    self._clients[r.id] for r in vroute.replicas
+                    self._clients[r.id]
+                    for r in vroute.replicas
                     if r.state == "ready" and r.id in self._clients
                 ]
         self._ready = ready
@@ -116,7 +124,8 @@ class Router:
         elif version not in route.versions:
             raise ModelNotFound(
                 f"version {version!r} of model {model!r} is not deployed",
-                model=model, version=version,
+                model=model,
+                version=version,
             )
         return self._targets[(model, version)]
 
@@ -125,7 +134,11 @@ class Router:
         return route.versions.get(version) if route else None
 
     async def infer(
-        self, target: Target, inputs: dict[str, p.Tensor], rows: int, timeout_s: float,
+        self,
+        target: Target,
+        inputs: dict[str, p.Tensor],
+        rows: int,
+        timeout_s: float,
         request_id: str = "",
     ) -> Columns:
         tried: set[str] = set()
@@ -149,7 +162,8 @@ class Router:
         if best is None:
             raise ModelNotReady(
                 f"no ready replica for {target.model}:{target.version}",
-                model=target.model, version=target.version,
+                model=target.model,
+                version=target.version,
             )
         return best
 

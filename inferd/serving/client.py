@@ -29,8 +29,15 @@ logger = logging.getLogger(__name__)
 
 _ERRORS: dict[str, type[InferdError]] = {
     cls.code: cls
-    for cls in (BadRequest, InvalidInput, ModelError, ModelNotReady, Overloaded,
-                PayloadTooLarge, RequestTimeout)
+    for cls in (
+        BadRequest,
+        InvalidInput,
+        ModelError,
+        ModelNotReady,
+        Overloaded,
+        PayloadTooLarge,
+        RequestTimeout,
+    )
 }
 
 

@@ -59,8 +59,11 @@ class ReplicaCore:
         self.state = "ready"
         logger.info(
             "replica %s ready: %s:%s (%s) in %.2fs",
-            self.spec.replica_id, self.spec.model, self.spec.version,
-            self.spec.framework, time.monotonic() - self.started,
+            self.spec.replica_id,
+            self.spec.model,
+            self.spec.version,
+            self.spec.framework,
+            time.monotonic() - self.started,
         )
 
     def _load_and_warm_up(self) -> Runtime:
@@ -86,7 +89,10 @@ class ReplicaCore:
                 raise InvalidInput(f"input {spec.name!r} has {array.shape[0]} rows, not {rows}")
 
     def stats(self) -> dict[str, float]:
-        stats: dict[str, float] = {"inflight": self.inflight, "uptime_s": time.monotonic() - self.started}
+        stats: dict[str, float] = {
+            "inflight": self.inflight,
+            "uptime_s": time.monotonic() - self.started,
+        }
         if self.batcher is not None:
             stats.update(self.batcher.stats.as_dict())
             stats["queued_rows"] = self.batcher.queued_rows

@@ -8,6 +8,7 @@ cost of the replica to decoding, one future and encoding.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import signal
@@ -62,8 +63,13 @@ class ReplicaProtocol(asyncio.Protocol):
     def _status(self, request_id: int) -> p.Status:
         core = self.core
         return p.Status(
-            request_id, core.state, os.getpid(), core.spec.model, core.spec.version,
-            core.stats(), core.message,
+            request_id,
+            core.state,
+            os.getpid(),
+            core.spec.model,
+            core.spec.version,
+            core.stats(),
+            core.message,
         )
 
     def _infer(self, message: p.Infer) -> None:
@@ -75,7 +81,7 @@ class ReplicaProtocol(asyncio.Protocol):
             return
         self.core.inflight += 1
         self.pending[message.id] = future
-        future.add_done_callback(lambda f, rid=message.id: self._reply(rid, f))
+        future.add_done_callback(functools.partial(self._reply, message.id))
 
     def _reply(self, request_id: int, future: asyncio.Future[Columns]) -> None:
         self.core.inflight -= 1
@@ -90,9 +96,9 @@ class ReplicaProtocol(asyncio.Protocol):
             return
         try:
             outputs = {n: p.to_tensor(a) for n, a in future.result().items()}
-        except Exception as exc:
+        except Exception as err:
             logger.exception("encoding outputs failed")
-            self._send(p.Error(request_id, *error_status(exc)))
+            self._send(p.Error(request_id, *error_status(err)))
             return
         self._send(p.InferResult(request_id, outputs))
 
