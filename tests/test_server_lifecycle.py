@@ -78,8 +78,10 @@ def test_concurrent_requests_are_batched(server: InferdServer):
     async def fire() -> list[httpx.Response]:
         limits = httpx.Limits(max_connections=64)
         async with httpx.AsyncClient(base_url=server.url, timeout=30, limits=limits) as c:
-            calls = [c.post("/api/v1/models/slow_sum/predict", json={"inputs": [[i, 1, 1, 1]]})
-                     for i in range(64)]
+            calls = [
+                c.post("/api/v1/models/slow_sum/predict", json={"inputs": [[i, 1, 1, 1]]})
+                for i in range(64)
+            ]
             return await asyncio.gather(*calls)
 
     replies = asyncio.run(fire())
@@ -194,3 +196,45 @@ def test_sigterm_drains_in_flight_requests(tmp_path: Path):
     with pytest.raises(httpx.TransportError):
         httpx.get(f"{srv.url}/health/live", timeout=2)
     srv.stop()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead too
+        return "(Z)" not in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:4]
+    except FileNotFoundError:
+        return False
+
+
+def test_server_kill9_leaves_no_orphans_and_restart_keeps_models(tmp_path: Path):
+    run_cli(
+        "models", "push", "slow_sum", str(MODELS / "slow_sum"), "--version", "v1", data_dir=tmp_path
+    )
+    srv = InferdServer(tmp_path, workers=2)
+    srv.wait_ready()
+    children = [
+        int(p)
+        for p in Path(f"/proc/{srv.process.pid}/task/{srv.process.pid}/children")
+        .read_text()
+        .split()
+    ]
+    assert len(children) == 3  # two gateways and one replica
+    srv.process.kill()
+    srv.process.wait()
+    srv.wait_for(
+        lambda: not any(_alive(pid) for pid in children),
+        timeout_s=30,
+        what="children to exit after the server died",
+    )
+    srv.stop()
+
+    again = InferdServer(tmp_path, workers=1)
+    try:
+        again.wait_ready()
+        reply = _predict(again.client, "slow_sum", [[1, 1, 1, 1]])
+        assert reply.status_code == 200 and reply.json()["version"] == "v1"
+    finally:
+        assert again.stop() == 0

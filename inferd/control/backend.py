@@ -30,6 +30,9 @@ class LocalBackend:
             str(self.grace_s),
             env=env,
             stdin=asyncio.subprocess.DEVNULL,
+            # Own session: a terminal's Ctrl-C reaches only the server, which then
+            # stops gateways and replicas in order.
+            start_new_session=True,
         )
 
     async def stop(self, process: asyncio.subprocess.Process, grace_s: float | None = None) -> int:

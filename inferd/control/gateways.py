@@ -35,6 +35,7 @@ class GatewayPool:
             str(self.control_socket),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
+            start_new_session=True,  # stopped by the server, in order, not by Ctrl-C
         )
         assert process.stdout is not None
         try:

@@ -102,12 +102,15 @@ class Router:
 
     async def _connect(self, rid: str, address: str) -> None:
         client = ReplicaClient(address, rid)
-        try:
-            await client.connect()
-        except (OSError, TimeoutError) as exc:
-            logger.warning("cannot connect to replica %s: %s", rid, exc)
-            return
-        self._clients[rid] = client
+        for attempt in range(3):
+            try:
+                await client.connect()
+            except (OSError, TimeoutError) as exc:
+                logger.warning("cannot connect to replica %s (try %d): %s", rid, attempt + 1, exc)
+                await asyncio.sleep(0.05 * (attempt + 1))
+            else:
+                self._clients[rid] = client
+                return
 
     def model(self, name: str) -> ModelRoute:
         route = self.table.models.get(name)

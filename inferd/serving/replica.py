@@ -41,6 +41,7 @@ class ReplicaCore:
         self.batcher: DynamicBatcher | None = None
         self.started = time.monotonic()
         self.inflight = 0
+        self._queue_timeout_s = BatchingConfig().queue_timeout_ms / 1000
 
     async def load(self) -> None:
         loop = asyncio.get_running_loop()
@@ -52,9 +53,9 @@ class ReplicaCore:
             raise
         self.runtime = runtime
         self.signature = runtime.signature
-        self.batcher = DynamicBatcher(
-            runtime.predict_batch, BatchingConfig(**self.spec.batching), self._executor
-        )
+        config = BatchingConfig(**self.spec.batching)
+        self._queue_timeout_s = config.queue_timeout_ms / 1000
+        self.batcher = DynamicBatcher(runtime.predict_batch, config, self._executor)
         self.batcher.start()
         self.state = "ready"
         logger.info(
@@ -77,7 +78,7 @@ class ReplicaCore:
         if self.batcher is None or self.state not in ("ready", "draining"):
             raise ModelNotReady(f"replica is {self.state}")
         self._check_inputs(inputs, rows)
-        return self.batcher.submit(inputs, rows, timeout_s)
+        return self.batcher.submit(inputs, rows, min(timeout_s, self._queue_timeout_s))
 
     def _check_inputs(self, inputs: Columns, rows: int) -> None:
         assert self.signature is not None
