@@ -215,64 +215,29 @@ def main() -> None:
         sys.exit("wrk is needed: apt-get install wrk")
     work = Path(tempfile.mkdtemp(prefix="inferd-bench-"))
     model_file = prepare(work)
+    servers = {
+        "inferd": (
+            [sys.executable, "-m", "inferd", "serve", "--workers", str(args.workers),
+             "--data-dir", str(work / "data"), "--port"],
+            {"INFERD_LOG_LEVEL": "WARNING"},
+        ),
+        "plain": (
+            [sys.executable, "-m", "uvicorn", "bench.plain_app:app", "--workers", "2",
+             "--no-access-log", "--log-level", "warning", "--port"],
+            {"INFERD_BENCH_MODEL": str(model_file)},
+        ),
+    }  # fmt: skip
     rows: list[dict[str, object]] = []
     try:
         for _ in range(args.rounds):
-            port = free_port()
-            proc = start(
-                [
-                    sys.executable,
-                    "-m",
-                    "inferd",
-                    "serve",
-                    "--port",
-                    str(port),
-                    "--workers",
-                    str(args.workers),
-                    "--data-dir",
-                    str(work / "data"),
-                ],
-                {"INFERD_LOG_LEVEL": "WARNING"},
-                work / "inferd.log",
-            )
-            try:
-                measure(
-                    "inferd",
-                    proc,
-                    f"http://127.0.0.1:{port}/api/v1/models/fraud/predict",
-                    args,
-                    rows,
-                )
-            finally:
-                stop(proc)
-            port = free_port()
-            proc = start(
-                [
-                    sys.executable,
-                    "-m",
-                    "uvicorn",
-                    "bench.plain_app:app",
-                    "--port",
-                    str(port),
-                    "--workers",
-                    "2",
-                    "--no-access-log",
-                    "--log-level",
-                    "warning",
-                ],
-                {"INFERD_BENCH_MODEL": str(model_file)},
-                work / "plain.log",
-            )
-            try:
-                measure(
-                    "plain",
-                    proc,
-                    f"http://127.0.0.1:{port}/api/v1/models/fraud/predict",
-                    args,
-                    rows,
-                )
-            finally:
-                stop(proc)
+            for name, (cmd, env) in servers.items():
+                port = free_port()
+                proc = start([*cmd, str(port)], env, work / f"{name}.log")
+                try:
+                    url = f"http://127.0.0.1:{port}/api/v1/models/fraud/predict"
+                    measure(name, proc, url, args, rows)
+                finally:
+                    stop(proc)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     write_results(rows, args)

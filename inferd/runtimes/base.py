@@ -130,9 +130,14 @@ class Runtime(ABC):
         self.config = config or RuntimeConfig()
 
     @classmethod
+    def accepts(cls, path: Path) -> bool:
+        """Whether one file is an artifact of this framework (cheap: no loading)."""
+        return path.is_file() and path.suffix in cls.file_suffixes
+
+    @classmethod
     def detect(cls, artifact_dir: Path) -> bool:
-        """Whether the folder holds an artifact of this framework (cheap: no loading)."""
-        return any(p.suffix in cls.file_suffixes for p in artifact_dir.iterdir() if p.is_file())
+        """Whether the folder holds an artifact of this framework."""
+        return any(cls.accepts(p) for p in artifact_dir.iterdir())
 
     @abstractmethod
     def load(self) -> None:
@@ -166,14 +171,13 @@ class Runtime(ABC):
                 batch[spec.name] = np.zeros(shape, dtype=spec.numpy_dtype)
         return batch
 
-    def find_file(self, suffixes: tuple[str, ...] | None = None) -> Path:
-        """The single artifact file with one of ``suffixes`` in the version folder."""
-        wanted = suffixes or self.file_suffixes
-        found = sorted(p for p in self.artifact_dir.iterdir() if p.suffix in wanted)
+    def find_file(self) -> Path:
+        """The single file of the version folder that :meth:`accepts` takes."""
+        found = sorted(p for p in self.artifact_dir.iterdir() if self.accepts(p))
         if len(found) != 1:
             names = ", ".join(p.name for p in found) or "none"
             raise FileNotFoundError(
-                f"{self.framework}: expected one file ending in {'/'.join(wanted)} "
+                f"{self.framework}: expected one model file ({'/'.join(self.file_suffixes)}) "
                 f"in {self.artifact_dir}, found {names}"
             )
         return found[0]

@@ -43,22 +43,13 @@ class LightGBMRuntime(Runtime):
     file_suffixes = (".txt", ".lgb", ".joblib", ".pkl")
 
     @classmethod
-    def detect(cls, artifact_dir: Path) -> bool:
-        return any(_is_lightgbm_file(p) for p in artifact_dir.iterdir())
-
-    def _model_file(self) -> Path:
-        found = sorted(p for p in self.artifact_dir.iterdir() if _is_lightgbm_file(p))
-        if len(found) != 1:
-            names = ", ".join(p.name for p in found) or "none"
-            raise FileNotFoundError(
-                f"lightgbm: expected one LightGBM model file in {self.artifact_dir}, found {names}"
-            )
-        return found[0]
+    def accepts(cls, path: Path) -> bool:
+        return _is_lightgbm_file(path)
 
     def load(self) -> None:
         import lightgbm
 
-        path = self._model_file()
+        path = self.find_file()
         classes: Any = None
         if path.suffix in (".txt", ".lgb"):
             self.booster = lightgbm.Booster(model_file=path)

@@ -44,22 +44,13 @@ class XGBoostRuntime(Runtime):
     file_suffixes = (".json", ".ubj", ".joblib", ".pkl")
 
     @classmethod
-    def detect(cls, artifact_dir: Path) -> bool:
-        return any(_is_xgboost_file(p) for p in artifact_dir.iterdir())
-
-    def _model_file(self) -> Path:
-        found = sorted(p for p in self.artifact_dir.iterdir() if _is_xgboost_file(p))
-        if len(found) != 1:
-            names = ", ".join(p.name for p in found) or "none"
-            raise FileNotFoundError(
-                f"xgboost: expected one XGBoost model file in {self.artifact_dir}, found {names}"
-            )
-        return found[0]
+    def accepts(cls, path: Path) -> bool:
+        return _is_xgboost_file(path)
 
     def load(self) -> None:
         import xgboost
 
-        path = self._model_file()
+        path = self.find_file()
         classes: Any = None
         if path.suffix in (".json", ".ubj"):
             self.booster = xgboost.Booster()

@@ -6,9 +6,12 @@ raw numpy buffers (``Tensor.data``), never as Python lists; BYTES tensors travel
 msgpack array of str/bytes. One connection carries many requests at once: replies are
 matched by ``id``, which the sender chooses (unique per connection).
 
-Why not ZeroMQ: measured on this machine, a plain asyncio Protocol over a Unix socket
-with msgspec framing does a request/reply in the same time as pyzmq's asyncio sockets,
-and it needs no extra dependency nor background I/O thread.
+Why not ZeroMQ: measured by ``bench/ipc.py`` on this 2-core machine (medians of 3
+interleaved runs, one row of 30 float32), this transport does a round trip in 60 us
+p50 and 32k calls/s with 64 in flight; pyzmq's asyncio DEALER/ROUTER over ``ipc://``
+with the same msgspec bodies took 292 us and 6.9k calls/s, and even raw pyzmq sockets
+on the event loop's reader took 158 us and 20.8k calls/s. It also needs no extra
+dependency nor background I/O thread.
 """
 
 from __future__ import annotations
