@@ -1,0 +1,240 @@
+"""A minimal, fast HTTP/1.1 client connection for load generation.
+
+Why not aiohttp or httpx: the load generator shares the machine's cores with the server
+it measures, so every microsecond it spends per request is taken from the server. This
+client does no per-request allocation beyond the bytes it must send and one
+:class:`Sample`: requests are pre-encoded, responses are parsed with ``bytes.find``
+over the header block, and there are no tasks or futures -- a completed response calls
+back into the load loop directly. It speaks keep-alive HTTP/1.1 with Content-Length or
+chunked bodies, and splits Server-Sent Events to time streamed tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from inferd.bench.stats import Sample
+
+_perf = time.perf_counter
+
+
+class StreamParser:
+    """Reads one SSE ``data:`` payload: how many tokens it carries, the usage it reports
+    (completion tokens, if any), and whether it is an error event.
+
+    The default counts one token per event other than ``[DONE]``; subclasses in
+    :mod:`inferd.bench.targets` know the inferd and OpenAI chunk formats.
+    """
+
+    def parse(self, data: bytes) -> tuple[int, int | None, bool]:
+        if data == b"[DONE]":
+            return 0, None, False
+        return 1, None, data.startswith(b'{"error"')
+
+
+class Connection(asyncio.Protocol):
+    """One keep-alive connection carrying one request at a time."""
+
+    def __init__(
+        self,
+        on_done: Callable[[Connection, Sample], None],
+        on_lost: Callable[[Connection], None],
+        stream: StreamParser | None,
+    ) -> None:
+        self.on_done = on_done
+        self.on_lost = on_lost
+        self.stream = stream
+        self.transport: asyncio.Transport | None = None
+        self.busy = False
+        self.started = 0.0
+        self.deadline = 0.0
+        self._buf = b""
+        self._reset()
+
+    def _reset(self) -> None:
+        self._status = 0
+        self._left = -1  # body bytes still expected; -1 = reading headers
+        self._chunked = False
+        self._chunk_left = 0
+        self._sse = b""
+        self._ttft: float | None = None
+        self._last_token = 0.0
+        self._itl: list[float] | None = None
+        self._tokens = 0
+        self._usage: int | None = None
+        self._stream_error = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def send(self, request: bytes, started: float, timeout_s: float) -> None:
+        """``started`` may lie before now: open-loop latency counts the queueing."""
+        self.busy = True
+        self.started = started
+        self.deadline = _perf() + timeout_s
+        self._reset()
+        assert self.transport is not None
+        self.transport.write(request)
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._buf + data if self._buf else data
+        self._buf = b""
+        while buf:
+            if self._left < 0 and not self._chunked:
+                buf = self._headers(buf)
+                if buf is None:
+                    return
+            elif self._chunked:
+                buf = self._chunks(buf)
+                if buf is None:
+                    return
+            else:
+                take = min(self._left, len(buf))
+                if self.stream is not None:
+                    self._feed_sse(buf[:take])
+                self._left -= take
+                buf = buf[take:]
+                if self._left == 0:
+                    self._complete()
+
+    def _headers(self, buf: bytes) -> bytes | None:
+        end = buf.find(b"\r\n\r\n")
+        if end < 0:
+            self._buf = buf
+            return None
+        head = buf[:end].lower()
+        try:
+            self._status = int(head[9:12])
+        except ValueError:
+            self._fail("malformed_response")
+            return None
+        pos = head.find(b"\r\ncontent-length:")
+        if pos >= 0:
+            stop = head.find(b"\r\n", pos + 17)
+            self._left = int(head[pos + 17 : stop if stop > 0 else len(head)])
+        elif b"\r\ntransfer-encoding: chunked" in head:
+            self._chunked = True
+            self._chunk_left = -1
+        else:
+            self._left = 0
+        rest = buf[end + 4 :]
+        if self._left == 0 and not self._chunked:
+            self._complete()
+        return rest
+
+    def _chunks(self, buf: bytes) -> bytes | None:
+        while buf:
+            if self._chunk_left < 0:  # at a chunk-size line
+                eol = buf.find(b"\r\n")
+                if eol < 0:
+                    self._buf = buf
+                    return None
+                size = int(buf[:eol].split(b";", 1)[0], 16)
+                buf = buf[eol + 2 :]
+                if size == 0:
+                    if len(buf) < 2:
+                        self._buf = buf
+                        return None
+                    self._chunked = False
+                    self._complete()
+                    return buf[2:]  # after the final CRLF (no trailers expected)
+                self._chunk_left = size + 2  # data + CRLF
+            take = min(self._chunk_left, len(buf))
+            data = buf[:take]
+            self._chunk_left -= take
+            if self._chunk_left < 2:  # strip the CRLF that ends the chunk
+                data = data[: len(data) - (2 - self._chunk_left)]
+            if self.stream is not None:
+                self._feed_sse(data)
+            buf = buf[take:]
+            if self._chunk_left == 0:
+                self._chunk_left = -1
+        return b""
+
+    def _feed_sse(self, data: bytes) -> None:
+        sse = self._sse + data if self._sse else data
+        while True:
+            end = sse.find(b"\n\n")
+            if end < 0:
+                break
+            event, sse = sse[:end], sse[end + 2 :]
+            for line in event.split(b"\n"):
+                if line.startswith(b"data:"):
+                    self._on_event(line[5:].strip())
+        self._sse = sse
+
+    def _on_event(self, data: bytes) -> None:
+        assert self.stream is not None
+        tokens, usage, error = self.stream.parse(data)
+        if error:
+            self._stream_error = True
+            return
+        if usage is not None:
+            self._usage = usage
+        if not tokens:
+            return
+        now = _perf()
+        if self._ttft is None:
+            self._ttft = now - self.started
+            self._itl = []
+        else:
+            self._itl.append(now - self._last_token)  # type: ignore[union-attr]
+        self._last_token = now
+        self._tokens += tokens
+
+    def _complete(self) -> None:
+        latency = _perf() - self.started
+        status = self._status
+        error = None
+        if not 200 <= status < 300:
+            error = f"http_{status}"
+        elif self._stream_error:
+            error = "stream_error"
+        elif self.stream is not None and (self._sse.strip() or self._ttft is None):
+            error = "malformed_sse"
+        tokens = self._usage if self._usage is not None else self._tokens
+        sample = Sample(self.started, latency, status, error, self._ttft, self._itl, tokens)
+        self.busy = False
+        self.on_done(self, sample)
+
+    def _fail(self, kind: str) -> None:
+        """End the request with an error and drop the connection (its state is unknown)."""
+        sample = Sample(self.started, _perf() - self.started, self._status, kind)
+        self.busy = False
+        transport, self.transport = self.transport, None
+        if transport is not None:
+            transport.abort()
+        self.on_done(self, sample)
+
+    def expire(self) -> None:
+        """Called by the load loop when the deadline passed: count a timeout."""
+        if self.busy:
+            self._fail("timeout")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        if self.busy:
+            self.busy = False
+            self.on_done(self, Sample(self.started, _perf() - self.started, self._status, "closed"))
+        self.on_lost(self)
+
+
+async def open_connection(
+    host: str, port: int, factory: Callable[[], Connection], timeout_s: float
+) -> Connection:
+    loop = asyncio.get_running_loop()
+    _, protocol = await asyncio.wait_for(loop.create_connection(factory, host, port), timeout_s)
+    return protocol
+
+
+def request_head(method: str, path: str, host: str, headers: dict[str, str]) -> bytes:
+    """Everything of a request up to (not including) its Content-Length line."""
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {host}"]
+    lines += [f"{k}: {v}" for k, v in headers.items()]
+    return ("\r\n".join(lines) + "\r\n").encode("latin-1")
+
+
+def encode_request(head: bytes, body: bytes) -> bytes:
+    return b"%sContent-Length: %d\r\n\r\n%s" % (head, len(body), body)

@@ -1,0 +1,209 @@
+"""``inferd bench``: build the requests, run each load level, report.
+
+Levels run one after another in this process, each on a fresh event loop (uvloop when
+installed). Ctrl-C stops the current level; the figures collected so far are printed
+and saved as usual.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from inferd.bench.connection import encode_request, request_head
+from inferd.bench.loadgen import LoadGenerator, LoadResult, LoadSpec
+from inferd.bench.payloads import (
+    JsonlPayloads,
+    PayloadSource,
+    PromptLengths,
+    TemplatePayloads,
+    fixed,
+)
+from inferd.bench.report import plot_sweep, plot_timeline, render_summary, render_sweep, write_json
+from inferd.bench.stats import Summary, summarize, timeline
+from inferd.bench.targets import preset, split_url
+
+
+@dataclass
+class BenchOptions:
+    url: str
+    target: str = "url"
+    model: str | None = None
+    path: str | None = None
+    concurrency: list[int] = field(default_factory=list)
+    rates: list[float] = field(default_factory=list)
+    duration_s: float | None = 10.0
+    requests: int | None = None
+    warmup_s: float = 1.0
+    timeout_s: float = 30.0
+    body: str | None = None
+    template: str | None = None
+    payloads: Path | None = None
+    prompt_tokens: str = "32"
+    max_tokens: int = 64
+    stream: bool = True
+    headers: dict[str, str] = field(default_factory=dict)
+    slo: dict[str, float] | None = None
+    seed: int | None = None
+    json_path: Path | None = None
+    plot_path: Path | None = None
+
+
+def build_requests(opts: BenchOptions) -> tuple[str, int, Callable[[], bytes], Any]:
+    """Host, port, a next-request function and the stream parser class (or None)."""
+    target = preset(opts.target, opts.model, opts.max_tokens, opts.stream)
+    host, port, url_path = split_url(opts.url)
+    if opts.path:
+        path = opts.path
+    elif target.name == "url":
+        path = url_path
+    else:
+        path = url_path.rstrip("/") + target.path
+    headers = {"Content-Type": "application/json", "Accept": "*/*", **opts.headers}
+    head = request_head(target.method, path, f"{host}:{port}", headers)
+    source = _payloads(opts, target.template)
+    if isinstance(source, _Fixed):
+        request = encode_request(head, source.body)
+        return host, port, lambda: request, target.stream
+    return host, port, lambda: encode_request(head, source.next()), target.stream
+
+
+class _Fixed:
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+
+
+def _payloads(opts: BenchOptions, default: dict[str, Any] | None) -> PayloadSource | _Fixed:
+    given = [x for x in (opts.body, opts.template, opts.payloads) if x is not None]
+    if len(given) > 1:
+        raise ValueError("give only one of --body, --template, --payloads")
+    if opts.payloads is not None:
+        return JsonlPayloads(opts.payloads)
+    if opts.body is not None:
+        json.loads(opts.body)  # fail early on a typo, not on every request
+        return _Fixed(opts.body.encode())
+    template = opts.template if opts.template is not None else default
+    if template is None:
+        raise ValueError("this target needs a request body: --body, --template or --payloads")
+    source = TemplatePayloads(
+        template, seed=opts.seed, prompt_lengths=PromptLengths.parse(opts.prompt_tokens)
+    )
+    return source if _has_placeholders(template) else _Fixed(source.next())
+
+
+def _has_placeholders(template: str | dict[str, Any]) -> bool:
+    text = template if isinstance(template, str) else json.dumps(template)
+    return "{{" in text
+
+
+def levels(opts: BenchOptions) -> list[tuple[str, dict[str, Any]]]:
+    if opts.concurrency and opts.rates:
+        raise ValueError("give --concurrency or --rate, not both")
+    if opts.rates:
+        return [(f"rate={r:g}/s", {"rate": r}) for r in opts.rates]
+    return [(f"c={c}", {"concurrency": c}) for c in (opts.concurrency or [8])]
+
+
+def run(opts: BenchOptions, console: Console) -> list[tuple[str, Summary]]:
+    host, port, next_request, stream = build_requests(opts)
+    results: list[tuple[str, Summary]] = []
+    timelines: dict[str, list[dict[str, Any]]] = {}
+    for label, load in levels(opts):
+        spec = LoadSpec(
+            host,
+            port,
+            next_request,
+            duration_s=opts.duration_s,
+            requests=opts.requests,
+            warmup_s=opts.warmup_s,
+            timeout_s=opts.timeout_s,
+            stream=stream,
+            seed=opts.seed,
+            **load,
+        )
+        result = _run_level(spec, label, console)
+        summary = summarize(result.samples, result.duration_s, opts.slo)
+        results.append((label, summary))
+        timelines[label] = timeline(result.samples)
+        console.print(render_summary(summary, f"{opts.url} {label}"))
+        if result.connect_errors:
+            console.print(f"[yellow]{result.connect_errors} connection attempts failed[/yellow]")
+        if result.unsent_arrivals:
+            console.print(
+                f"[yellow]{result.unsent_arrivals} arrivals were still queued in "
+                "the client when the run ended (the server fell behind)[/yellow]"
+            )
+        if result.interrupted:
+            console.print("[yellow]interrupted: figures above are what was collected[/yellow]")
+            break
+    if len(results) > 1:
+        console.print(render_sweep(results))
+    _save(opts, results, timelines)
+    return results
+
+
+def _run_level(spec: LoadSpec, label: str, console: Console) -> LoadResult:
+    generator = LoadGenerator(spec)
+
+    async def main() -> LoadResult:
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(generator.run())
+        loop.add_signal_handler(signal.SIGINT, task.cancel)
+        with Progress(
+            TextColumn(f"[bold]{label}"),
+            BarColumn(),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        ) as progress:
+            bar = progress.add_task("", total=spec.duration_s or spec.requests or 1)
+            started = time.perf_counter()
+            while not task.done():
+                elapsed = time.perf_counter() - started
+                done = generator.completed
+                progress.update(
+                    bar, completed=elapsed if spec.duration_s else done, description=f"{done} done"
+                )
+                await asyncio.wait([task], timeout=0.25)
+        loop.remove_signal_handler(signal.SIGINT)
+        return task.result()
+
+    try:
+        import uvloop
+
+        return uvloop.run(main())
+    except ImportError:  # pragma: no cover - uvloop ships with inferd on Linux
+        return asyncio.run(main())
+
+
+def _save(
+    opts: BenchOptions,
+    results: list[tuple[str, Summary]],
+    timelines: dict[str, list[dict[str, Any]]],
+) -> None:
+    if opts.json_path is not None:
+        write_json(
+            opts.json_path,
+            {
+                "url": opts.url,
+                "target": opts.target,
+                "model": opts.model,
+                "levels": [{"level": label, **s.to_dict()} for label, s in results],
+                "timeline": timelines,
+            },
+        )
+    if opts.plot_path is not None and results:
+        if len(results) > 1:
+            plot_sweep(results, opts.plot_path)
+        else:
+            plot_timeline(timelines[results[0][0]], opts.plot_path)

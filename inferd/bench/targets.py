@@ -1,0 +1,108 @@
+"""What to call: presets for inferd, Open Inference Protocol, OpenAI-compatible and any URL.
+
+A target is a method + path + default body template + how to read a streamed reply.
+Presets only fill defaults; ``--path``, ``--body``/``--template``/``--payloads`` and
+``--header`` override them, so any HTTP JSON API can be benchmarked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
+
+from inferd.bench.connection import StreamParser
+
+
+class InferdStream(StreamParser):
+    """inferd SSE: ``data: {"token": "..."}`` per token, a final event with usage."""
+
+    def parse(self, data: bytes) -> tuple[int, int | None, bool]:
+        event = _json(data)
+        if not isinstance(event, dict):
+            return 0, None, False
+        usage = event.get("usage")
+        completion = usage.get("completion_tokens") if isinstance(usage, dict) else None
+        return int("token" in event), completion, "error" in event
+
+
+class OpenAIStream(StreamParser):
+    """OpenAI chunks: a token is a chunk whose first choice has text or delta content."""
+
+    def parse(self, data: bytes) -> tuple[int, int | None, bool]:
+        event = _json(data)
+        if not isinstance(event, dict):
+            return 0, None, False
+        usage = event.get("usage")
+        completion = usage.get("completion_tokens") if isinstance(usage, dict) else None
+        choices = event.get("choices") or []
+        first = choices[0] if choices and isinstance(choices[0], dict) else {}
+        text = first.get("text") or (first.get("delta") or {}).get("content")
+        return int(bool(text)), completion, "error" in event
+
+
+def _json(data: bytes) -> Any:
+    if data == b"[DONE]":
+        return None
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    path: str
+    template: dict[str, Any] | None
+    stream: type[StreamParser] | None = None
+    method: str = "POST"
+
+
+def preset(name: str, model: str | None, max_tokens: int, stream: bool) -> Target:
+    """The defaults of one target kind; ``model`` fills paths and bodies."""
+    m = model or "MODEL"
+    prompt_body = {"prompt": "{{prompt}}", "max_tokens": max_tokens, "stream": stream}
+    presets = {
+        "predict": Target("predict", f"/api/v1/models/{m}/predict", None),
+        "v2": Target("v2", f"/v2/models/{m}/infer", None),
+        "generate": Target(
+            "generate", f"/api/v1/models/{m}/generate", prompt_body,
+            InferdStream if stream else None,
+        ),
+        "completions": Target(
+            "completions", "/v1/completions",
+            {"model": m, **prompt_body, **_usage(stream)}, OpenAIStream if stream else None,
+        ),
+        "chat": Target(
+            "chat", "/v1/chat/completions",
+            {"model": m, "messages": [{"role": "user", "content": "{{prompt}}"}],
+             "max_tokens": max_tokens, "stream": stream, **_usage(stream)},
+            OpenAIStream if stream else None,
+        ),
+        "embed": Target("embed", "/api/v1/embed", {"model": m, "inputs": ["{{words:12}}"]}),
+        "embeddings": Target("embeddings", "/v1/embeddings", {"model": m, "input": "{{words:12}}"}),
+        "url": Target("url", "", None),
+    }  # fmt: skip
+    if name not in presets:
+        raise ValueError(f"unknown target {name!r}; one of {', '.join(presets)}")
+    return presets[name]
+
+
+def _usage(stream: bool) -> dict[str, Any]:
+    return {"stream_options": {"include_usage": True}} if stream else {}
+
+
+def split_url(url: str) -> tuple[str, int, str]:
+    """``http://host:port/path`` -> (host, port, path); only plain http is supported."""
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    if parts.scheme != "http":
+        raise ValueError(f"only http:// URLs are supported, got {parts.scheme}://")
+    if not parts.hostname:
+        raise ValueError(f"no host in {url!r}")
+    path = parts.path or "/"
+    if parts.query:
+        path += "?" + parts.query
+    return parts.hostname, parts.port or 80, path
