@@ -42,6 +42,7 @@ class Connection(asyncio.Protocol):
         on_done: Callable[[Connection, Sample], None],
         on_lost: Callable[[Connection], None],
         stream: StreamParser | None,
+        timeout_s: float = 30.0,
     ) -> None:
         self.on_done = on_done
         self.on_lost = on_lost
@@ -49,15 +50,19 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.busy = False
         self.started = 0.0
-        self.deadline = 0.0
+        self.timeout_s = timeout_s
         self._buf = b""
-        self._reset()
-
-    def _reset(self) -> None:
         self._status = 0
         self._left = -1  # body bytes still expected; -1 = reading headers
         self._chunked = False
         self._chunk_left = 0
+        self._reset_stream()
+
+    @property
+    def deadline(self) -> float:
+        return self.started + self.timeout_s
+
+    def _reset_stream(self) -> None:
         self._sse = b""
         self._ttft: float | None = None
         self._last_token = 0.0
@@ -69,16 +74,19 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
-    def send(self, request: bytes, started: float, timeout_s: float) -> None:
+    def send(self, request: bytes, started: float) -> None:
         """``started`` may lie before now: open-loop latency counts the queueing."""
         self.busy = True
         self.started = started
-        self.deadline = _perf() + timeout_s
-        self._reset()
-        assert self.transport is not None
-        self.transport.write(request)
+        self._status = 0
+        self._left = -1
+        if self.stream is not None:
+            self._reset_stream()
+        self.transport.write(request)  # type: ignore[union-attr]
 
     def data_received(self, data: bytes) -> None:
+        if not self._buf and self._left < 0 and self.stream is None and self._whole(data):
+            return
         buf = self._buf + data if self._buf else data
         self._buf = b""
         while buf:
@@ -98,6 +106,26 @@ class Connection(asyncio.Protocol):
                 buf = buf[take:]
                 if self._left == 0:
                     self._complete()
+
+    def _whole(self, data: bytes) -> bool:
+        """Fast path: the common case of one complete Content-Length response."""
+        end = data.find(b"\r\n\r\n")
+        if end < 0:
+            return False
+        head = data[:end].lower()
+        pos = head.find(b"\r\ncontent-length:")
+        if pos < 0:
+            return False
+        stop = head.find(b"\r\n", pos + 17)
+        try:
+            length = int(head[pos + 17 : stop if stop > 0 else end])
+            self._status = int(head[9:12])
+        except ValueError:
+            return False
+        if len(data) != end + 4 + length:
+            return False
+        self._complete()
+        return True
 
     def _headers(self, buf: bytes) -> bytes | None:
         end = buf.find(b"\r\n\r\n")

@@ -76,7 +76,7 @@ class LoadGenerator:
     # -- connection callbacks ---------------------------------------------------
     def _factory(self) -> Connection:
         stream = self.spec.stream() if self.spec.stream else None
-        return Connection(self._on_done, self._on_lost, stream)
+        return Connection(self._on_done, self._on_lost, stream, self.spec.timeout_s)
 
     def _on_done(self, conn: Connection, sample: Sample) -> None:
         s = self.s
@@ -108,7 +108,7 @@ class LoadGenerator:
 
     def _send(self, conn: Connection, started: float) -> None:
         self.s.sent += 1
-        conn.send(self.spec.next_request(), started, self.spec.timeout_s)
+        conn.send(self.spec.next_request(), started)
 
     async def _open(self) -> Connection | None:
         s = self.s

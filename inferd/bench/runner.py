@@ -22,11 +22,11 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from inferd.bench.connection import encode_request, request_head
 from inferd.bench.loadgen import LoadGenerator, LoadResult, LoadSpec
 from inferd.bench.payloads import (
+    FixedPayload,
     JsonlPayloads,
     PayloadSource,
     PromptLengths,
     TemplatePayloads,
-    fixed,
 )
 from inferd.bench.report import plot_sweep, plot_timeline, render_summary, render_sweep, write_json
 from inferd.bench.stats import Summary, summarize, timeline
@@ -71,18 +71,13 @@ def build_requests(opts: BenchOptions) -> tuple[str, int, Callable[[], bytes], A
     headers = {"Content-Type": "application/json", "Accept": "*/*", **opts.headers}
     head = request_head(target.method, path, f"{host}:{port}", headers)
     source = _payloads(opts, target.template)
-    if isinstance(source, _Fixed):
+    if isinstance(source, FixedPayload):
         request = encode_request(head, source.body)
         return host, port, lambda: request, target.stream
     return host, port, lambda: encode_request(head, source.next()), target.stream
 
 
-class _Fixed:
-    def __init__(self, body: bytes) -> None:
-        self.body = body
-
-
-def _payloads(opts: BenchOptions, default: dict[str, Any] | None) -> PayloadSource | _Fixed:
+def _payloads(opts: BenchOptions, default: dict[str, Any] | None) -> PayloadSource:
     given = [x for x in (opts.body, opts.template, opts.payloads) if x is not None]
     if len(given) > 1:
         raise ValueError("give only one of --body, --template, --payloads")
@@ -90,14 +85,14 @@ def _payloads(opts: BenchOptions, default: dict[str, Any] | None) -> PayloadSour
         return JsonlPayloads(opts.payloads)
     if opts.body is not None:
         json.loads(opts.body)  # fail early on a typo, not on every request
-        return _Fixed(opts.body.encode())
+        return FixedPayload(opts.body.encode())
     template = opts.template if opts.template is not None else default
     if template is None:
         raise ValueError("this target needs a request body: --body, --template or --payloads")
     source = TemplatePayloads(
         template, seed=opts.seed, prompt_lengths=PromptLengths.parse(opts.prompt_tokens)
     )
-    return source if _has_placeholders(template) else _Fixed(source.next())
+    return source if _has_placeholders(template) else FixedPayload(source.next())
 
 
 def _has_placeholders(template: str | dict[str, Any]) -> bool:
