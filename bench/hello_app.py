@@ -1,6 +1,6 @@
 """The trivial server of the load-generator comparison: a raw ASGI hello world.
 
-    uvicorn bench.hello_app:app --workers 2 --http httptools --loop uvloop --no-access-log
+uvicorn bench.hello_app:app --workers 2 --http httptools --loop uvloop --no-access-log
 """
 
 BODY = b'{"hello":"world"}'

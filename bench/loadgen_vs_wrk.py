@@ -36,18 +36,42 @@ def free_port() -> int:
 
 def wrk(url: str, threads: int, connections: int, duration: int) -> float:
     script = Path(tempfile.mkdtemp()) / "post.lua"
-    script.write_text(f'wrk.method = "POST"\nwrk.body = \'{BODY}\'\n'
-                      'wrk.headers["Content-Type"] = "application/json"\n')
-    out = subprocess.run(["wrk", f"-t{threads}", f"-c{connections}", f"-d{duration}s", "-s",
-                          str(script), url], capture_output=True, text=True, check=True).stdout
+    script.write_text(
+        f"wrk.method = \"POST\"\nwrk.body = '{BODY}'\n"
+        'wrk.headers["Content-Type"] = "application/json"\n'
+    )
+    out = subprocess.run(
+        ["wrk", f"-t{threads}", f"-c{connections}", f"-d{duration}s", "-s", str(script), url],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
 
 
 def inferd_bench(url: str, connections: int, duration: int) -> float:
     out = Path(tempfile.mkdtemp()) / "result.json"
-    subprocess.run([sys.executable, "-m", "inferd", "bench", url, "--body", BODY, "-c",
-                    str(connections), "-d", f"{duration}s", "--warmup", "0s", "--json", str(out)],
-                   capture_output=True, check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "inferd",
+            "bench",
+            url,
+            "--body",
+            BODY,
+            "-c",
+            str(connections),
+            "-d",
+            f"{duration}s",
+            "--warmup",
+            "0s",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        check=True,
+    )
     return float(json.loads(out.read_text())["levels"][0]["rps"])
 
 
@@ -60,9 +84,26 @@ def main() -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}/hello"
     server = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "bench.hello_app:app", "--workers", "2", "--http",
-         "httptools", "--loop", "uvloop", "--no-access-log", "--log-level", "warning",
-         "--port", str(port)], cwd=ROOT, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "bench.hello_app:app",
+            "--workers",
+            "2",
+            "--http",
+            "httptools",
+            "--loop",
+            "uvloop",
+            "--no-access-log",
+            "--log-level",
+            "warning",
+            "--port",
+            str(port),
+        ],
+        cwd=ROOT,
+        start_new_session=True,
+    )
     results: dict[str, list[float]] = {"wrk -t2": [], "wrk -t1": [], "inferd bench": []}
     try:
         deadline = time.monotonic() + 30
@@ -83,8 +124,9 @@ def main() -> None:
         server.wait(30)
     medians = {k: statistics.median(v) for k, v in results.items()}
     out = ROOT / "bench" / "results" / "loadgen.json"
-    out.write_text(json.dumps({"args": vars(args), "runs": results, "median_rps": medians},
-                              indent=2))
+    out.write_text(
+        json.dumps({"args": vars(args), "runs": results, "median_rps": medians}, indent=2)
+    )
     print("| load generator | req/s (median) | vs inferd bench |\n|---|---|---|")
     for name, rps in medians.items():
         print(f"| {name} | {rps:.0f} | {rps / medians['inferd bench']:.2f}x |")

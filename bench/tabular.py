@@ -4,9 +4,10 @@
 
 Builds the demo fraud model (XGBoost, 30 features) locally, registers it in a scratch
 data folder, starts ``inferd serve`` and the plain app (bench/plain_app.py, 2 uvicorn
-workers) one after the other on free ports, and drives each with ``wrk`` (closed loop,
-one row per request) at each connection count. Writes bench/results/tabular.json and
-tabular.md. Servers are started and stopped by this script; traffic stays on 127.0.0.1.
+workers) one after the other on free ports, and drives each at each connection count
+with ``wrk`` (or ``inferd bench`` with ``--loadgen inferd``): closed loop, one row per
+request. Writes bench/results/tabular.json and tabular.md. Servers are started and
+stopped by this script; traffic stays on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -97,6 +98,21 @@ def wait_http(url: str, timeout_s: float = 180) -> None:
             pass
         time.sleep(0.2)
     raise RuntimeError(f"{url} did not answer within {timeout_s}s")
+
+
+def run_inferd_bench(url: str, connections: int, duration_s: int) -> dict[str, float]:
+    out = Path(tempfile.mkdtemp()) / "result.json"
+    subprocess.run(
+        [sys.executable, "-m", "inferd", "bench", url, "--body", BODY, "-c", str(connections),
+         "-d", f"{duration_s}s", "--warmup", "0s", "--timeout", "10s", "--json", str(out)],
+        capture_output=True, check=True,
+    )  # fmt: skip
+    level = json.loads(out.read_text())["levels"][0]
+    shutil.rmtree(out.parent)
+    return {
+        "rps": level["rps"], "p50_ms": level["latency"]["p50"], "p90_ms": level["latency"]["p90"],
+        "p99_ms": level["latency"]["p99"], "requests": level["requests"], "errors": level["errors"],
+    }  # fmt: skip
 
 
 def run_wrk(url: str, connections: int, duration_s: int) -> dict[str, float]:
@@ -193,9 +209,10 @@ def measure(
     wait_http(url)
     time.sleep(2)
     idle = tree_rss_mb(proc.pid)
-    run_wrk(url, 64, 3)  # warm-up
+    load = run_wrk if args.loadgen == "wrk" else run_inferd_bench
+    load(url, 64, 3)  # warm-up
     for connections in args.connections:
-        r = run_wrk(url, connections, args.duration)
+        r = load(url, connections, args.duration)
         rows.append({"server": name, "connections": connections, "idle_rss_mb": idle, **r})
         print(
             f"{name:>8} c={connections:<4} {r['rps']:8.0f} req/s  p50 {r['p50_ms']:7.2f} ms  "
@@ -210,9 +227,17 @@ def main() -> None:
     parser.add_argument("--connections", type=int, nargs="+", default=[64, 500])
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--workers", type=int, default=2, help="inferd gateway processes")
+    parser.add_argument(
+        "--loadgen",
+        choices=("wrk", "inferd"),
+        default=None,
+        help="load generator (default: wrk when installed, else inferd bench)",
+    )
     args = parser.parse_args()
-    if shutil.which("wrk") is None:
-        sys.exit("wrk is needed: apt-get install wrk")
+    if args.loadgen is None:
+        args.loadgen = "wrk" if shutil.which("wrk") else "inferd"
+    if args.loadgen == "wrk" and shutil.which("wrk") is None:
+        sys.exit("wrk is not installed (apt-get install wrk); or use --loadgen inferd")
     work = Path(tempfile.mkdtemp(prefix="inferd-bench-"))
     model_file = prepare(work)
     servers = {

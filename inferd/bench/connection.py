@@ -15,23 +15,10 @@ import asyncio
 import time
 from collections.abc import Callable
 
+from inferd.bench.sse import parse_event
 from inferd.bench.stats import Sample
 
 _perf = time.perf_counter
-
-
-class StreamParser:
-    """Reads one SSE ``data:`` payload: how many tokens it carries, the usage it reports
-    (completion tokens, if any), and whether it is an error event.
-
-    The default counts one token per event other than ``[DONE]``; subclasses in
-    :mod:`inferd.bench.targets` know the inferd and OpenAI chunk formats.
-    """
-
-    def parse(self, data: bytes) -> tuple[int, int | None, bool]:
-        if data == b"[DONE]":
-            return 0, None, False
-        return 1, None, data.startswith(b'{"error"')
 
 
 class Connection(asyncio.Protocol):
@@ -41,12 +28,11 @@ class Connection(asyncio.Protocol):
         self,
         on_done: Callable[[Connection, Sample], None],
         on_lost: Callable[[Connection], None],
-        stream: StreamParser | None,
         timeout_s: float = 30.0,
     ) -> None:
         self.on_done = on_done
         self.on_lost = on_lost
-        self.stream = stream
+        self.stream = False  # is the current response an event stream
         self.transport: asyncio.Transport | None = None
         self.busy = False
         self.started = 0.0
@@ -80,12 +66,13 @@ class Connection(asyncio.Protocol):
         self.started = started
         self._status = 0
         self._left = -1
-        if self.stream is not None:
+        if self.stream:
+            self.stream = False
             self._reset_stream()
         self.transport.write(request)  # type: ignore[union-attr]
 
     def data_received(self, data: bytes) -> None:
-        if not self._buf and self._left < 0 and self.stream is None and self._whole(data):
+        if not self._buf and self._left < 0 and self._whole(data):
             return
         buf = self._buf + data if self._buf else data
         self._buf = b""
@@ -100,7 +87,7 @@ class Connection(asyncio.Protocol):
                     return
             else:
                 take = min(self._left, len(buf))
-                if self.stream is not None:
+                if self.stream:
                     self._feed_sse(buf[:take])
                 self._left -= take
                 buf = buf[take:]
@@ -114,7 +101,7 @@ class Connection(asyncio.Protocol):
             return False
         head = data[:end].lower()
         pos = head.find(b"\r\ncontent-length:")
-        if pos < 0:
+        if pos < 0 or b"text/event-stream" in head:
             return False
         stop = head.find(b"\r\n", pos + 17)
         try:
@@ -138,6 +125,7 @@ class Connection(asyncio.Protocol):
         except ValueError:
             self._fail("malformed_response")
             return None
+        self.stream = b"content-type: text/event-stream" in head
         pos = head.find(b"\r\ncontent-length:")
         if pos >= 0:
             stop = head.find(b"\r\n", pos + 17)
@@ -174,7 +162,7 @@ class Connection(asyncio.Protocol):
             self._chunk_left -= take
             if self._chunk_left < 2:  # strip the CRLF that ends the chunk
                 data = data[: len(data) - (2 - self._chunk_left)]
-            if self.stream is not None:
+            if self.stream:
                 self._feed_sse(data)
             buf = buf[take:]
             if self._chunk_left == 0:
@@ -194,8 +182,7 @@ class Connection(asyncio.Protocol):
         self._sse = sse
 
     def _on_event(self, data: bytes) -> None:
-        assert self.stream is not None
-        tokens, usage, error = self.stream.parse(data)
+        tokens, usage, error = parse_event(data)
         if error:
             self._stream_error = True
             return
@@ -220,7 +207,7 @@ class Connection(asyncio.Protocol):
             error = f"http_{status}"
         elif self._stream_error:
             error = "stream_error"
-        elif self.stream is not None and (self._sse.strip() or self._ttft is None):
+        elif self.stream and (self._sse.strip() or self._ttft is None):
             error = "malformed_sse"
         tokens = self._usage if self._usage is not None else self._tokens
         sample = Sample(self.started, latency, status, error, self._ttft, self._itl, tokens)
@@ -236,10 +223,11 @@ class Connection(asyncio.Protocol):
             transport.abort()
         self.on_done(self, sample)
 
-    def expire(self) -> None:
-        """Called by the load loop when the deadline passed: count a timeout."""
+    def abandon(self, kind: str = "timeout") -> None:
+        """End the request in flight, if any, as an error of this kind (deadline passed,
+        run interrupted) and drop the connection."""
         if self.busy:
-            self._fail("timeout")
+            self._fail(kind)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None

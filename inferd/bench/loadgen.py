@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from inferd.bench.connection import Connection, StreamParser, open_connection
+from inferd.bench.connection import Connection, open_connection
 from inferd.bench.stats import Sample
 
 _perf = time.perf_counter
@@ -35,7 +35,6 @@ class LoadSpec:
     warmup_s: float = 0.0
     timeout_s: float = 30.0
     max_connections: int = 2048
-    stream: Callable[[], StreamParser] | None = None
     seed: int | None = None
 
 
@@ -75,8 +74,7 @@ class LoadGenerator:
 
     # -- connection callbacks ---------------------------------------------------
     def _factory(self) -> Connection:
-        stream = self.spec.stream() if self.spec.stream else None
-        return Connection(self._on_done, self._on_lost, stream, self.spec.timeout_s)
+        return Connection(self._on_done, self._on_lost, self.spec.timeout_s)
 
     def _on_done(self, conn: Connection, sample: Sample) -> None:
         s = self.s
@@ -144,6 +142,8 @@ class LoadGenerator:
         if not interrupted:
             await self._drain(stopped + spec.timeout_s)
         sweeper.cancel()
+        for conn in list(s.conns):
+            conn.abandon("interrupted" if interrupted else "timeout")
         for conn in list(s.conns):
             if conn.transport is not None:
                 conn.transport.close()
@@ -227,4 +227,4 @@ class LoadGenerator:
             now = _perf()
             for conn in list(self.s.conns):
                 if conn.busy and now > conn.deadline:
-                    conn.expire()
+                    conn.abandon()

@@ -58,8 +58,8 @@ class BenchOptions:
     plot_path: Path | None = None
 
 
-def build_requests(opts: BenchOptions) -> tuple[str, int, Callable[[], bytes], Any]:
-    """Host, port, a next-request function and the stream parser class (or None)."""
+def build_requests(opts: BenchOptions) -> tuple[str, int, Callable[[], bytes]]:
+    """Host, port and a function giving the bytes of the next request."""
     target = preset(opts.target, opts.model, opts.max_tokens, opts.stream)
     host, port, url_path = split_url(opts.url)
     if opts.path:
@@ -73,8 +73,8 @@ def build_requests(opts: BenchOptions) -> tuple[str, int, Callable[[], bytes], A
     source = _payloads(opts, target.template)
     if isinstance(source, FixedPayload):
         request = encode_request(head, source.body)
-        return host, port, lambda: request, target.stream
-    return host, port, lambda: encode_request(head, source.next()), target.stream
+        return host, port, lambda: request
+    return host, port, lambda: encode_request(head, source.next())
 
 
 def _payloads(opts: BenchOptions, default: dict[str, Any] | None) -> PayloadSource:
@@ -109,7 +109,7 @@ def levels(opts: BenchOptions) -> list[tuple[str, dict[str, Any]]]:
 
 
 def run(opts: BenchOptions, console: Console) -> list[tuple[str, Summary]]:
-    host, port, next_request, stream = build_requests(opts)
+    host, port, next_request = build_requests(opts)
     results: list[tuple[str, Summary]] = []
     timelines: dict[str, list[dict[str, Any]]] = {}
     for label, load in levels(opts):
@@ -121,7 +121,6 @@ def run(opts: BenchOptions, console: Console) -> list[tuple[str, Summary]]:
             requests=opts.requests,
             warmup_s=opts.warmup_s,
             timeout_s=opts.timeout_s,
-            stream=stream,
             seed=opts.seed,
             **load,
         )

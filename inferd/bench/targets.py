@@ -1,6 +1,7 @@
 """What to call: presets for inferd, Open Inference Protocol, OpenAI-compatible and any URL.
 
-A target is a method + path + default body template + how to read a streamed reply.
+A target is a method + path + default body template; streamed replies are recognised
+by their content type (see :mod:`inferd.bench.sse`).
 Presets only fill defaults; ``--path``, ``--body``/``--template``/``--payloads`` and
 ``--header`` override them, so any HTTP JSON API can be benchmarked.
 """
@@ -11,53 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import orjson
-
-from inferd.bench.connection import StreamParser
-
-
-class InferdStream(StreamParser):
-    """inferd SSE: ``data: {"token": "..."}`` per token, a final event with usage."""
-
-    def parse(self, data: bytes) -> tuple[int, int | None, bool]:
-        event = _json(data)
-        if not isinstance(event, dict):
-            return 0, None, False
-        usage = event.get("usage")
-        completion = usage.get("completion_tokens") if isinstance(usage, dict) else None
-        return int("token" in event), completion, "error" in event
-
-
-class OpenAIStream(StreamParser):
-    """OpenAI chunks: a token is a chunk whose first choice has text or delta content."""
-
-    def parse(self, data: bytes) -> tuple[int, int | None, bool]:
-        event = _json(data)
-        if not isinstance(event, dict):
-            return 0, None, False
-        usage = event.get("usage")
-        completion = usage.get("completion_tokens") if isinstance(usage, dict) else None
-        choices = event.get("choices") or []
-        first = choices[0] if choices and isinstance(choices[0], dict) else {}
-        text = first.get("text") or (first.get("delta") or {}).get("content")
-        return int(bool(text)), completion, "error" in event
-
-
-def _json(data: bytes) -> Any:
-    if data == b"[DONE]":
-        return None
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return None
-
 
 @dataclass(frozen=True)
 class Target:
     name: str
     path: str
     template: dict[str, Any] | None
-    stream: type[StreamParser] | None = None
     method: str = "POST"
 
 
@@ -69,18 +29,15 @@ def preset(name: str, model: str | None, max_tokens: int, stream: bool) -> Targe
         "predict": Target("predict", f"/api/v1/models/{m}/predict", None),
         "v2": Target("v2", f"/v2/models/{m}/infer", None),
         "generate": Target(
-            "generate", f"/api/v1/models/{m}/generate", prompt_body,
-            InferdStream if stream else None,
-        ),
+            "generate", f"/api/v1/models/{m}/generate", prompt_body),
         "completions": Target(
             "completions", "/v1/completions",
-            {"model": m, **prompt_body, **_usage(stream)}, OpenAIStream if stream else None,
+            {"model": m, **prompt_body, **_usage(stream)},
         ),
         "chat": Target(
             "chat", "/v1/chat/completions",
             {"model": m, "messages": [{"role": "user", "content": "{{prompt}}"}],
              "max_tokens": max_tokens, "stream": stream, **_usage(stream)},
-            OpenAIStream if stream else None,
         ),
         "embed": Target("embed", "/api/v1/embed", {"model": m, "inputs": ["{{words:12}}"]}),
         "embeddings": Target("embeddings", "/v1/embeddings", {"model": m, "input": "{{words:12}}"}),
