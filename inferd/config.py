@@ -85,7 +85,7 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        config_file = os.environ.get("INFERD_CONFIG")
+        config_file = settings_cls.model_config.get("yaml_file") or os.environ.get("INFERD_CONFIG")
         if config_file:
             sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
         return tuple(sources)
@@ -103,8 +103,10 @@ class Settings(BaseSettings):
 
 def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
     """Settings from env + an optional YAML file, with explicit overrides on top."""
+    cls = Settings
     if config_file is not None:
         if not config_file.is_file():
             raise FileNotFoundError(f"config file not found: {config_file}")
-        os.environ["INFERD_CONFIG"] = str(config_file.resolve())
-    return Settings(**{k: v for k, v in overrides.items() if v is not None})
+        config = SettingsConfigDict(**{**Settings.model_config, "yaml_file": str(config_file)})
+        cls = type("FileSettings", (Settings,), {"model_config": config})
+    return cls(**{k: v for k, v in overrides.items() if v is not None})

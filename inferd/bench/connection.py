@@ -74,17 +74,13 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if not self._buf and self._left < 0 and self._whole(data):
             return
-        buf = self._buf + data if self._buf else data
+        buf: bytes | None = self._buf + data if self._buf else data
         self._buf = b""
         while buf:
             if self._left < 0 and not self._chunked:
                 buf = self._headers(buf)
-                if buf is None:
-                    return
             elif self._chunked:
                 buf = self._chunks(buf)
-                if buf is None:
-                    return
             else:
                 take = min(self._left, len(buf))
                 if self.stream:
@@ -147,15 +143,19 @@ class Connection(asyncio.Protocol):
                 if eol < 0:
                     self._buf = buf
                     return None
-                size = int(buf[:eol].split(b";", 1)[0], 16)
-                buf = buf[eol + 2 :]
-                if size == 0:
-                    if len(buf) < 2:
-                        self._buf = buf
+                try:
+                    size = int(buf[:eol].split(b";", 1)[0], 16)
+                except ValueError:
+                    self._fail("malformed_response")
+                    return None
+                if size == 0:  # last chunk: "0\r\n\r\n" (no trailers expected)
+                    if len(buf) < eol + 4:
+                        self._buf = buf  # wait for the final CRLF, size line included
                         return None
                     self._chunked = False
                     self._complete()
-                    return buf[2:]  # after the final CRLF (no trailers expected)
+                    return buf[eol + 4 :]
+                buf = buf[eol + 2 :]
                 self._chunk_left = size + 2  # data + CRLF
             take = min(self._chunk_left, len(buf))
             data = buf[:take]

@@ -33,7 +33,9 @@ def parse_event(data: bytes) -> Event:
         return 1, completion, False
     choices = event.get("choices")
     if isinstance(choices, list):
-        first = choices[0] if choices and isinstance(choices[0], dict) else {}
-        delta = first.get("delta") if isinstance(first.get("delta"), dict) else {}
+        first: dict[str, Any] = choices[0] if choices and isinstance(choices[0], dict) else {}
+        delta = first.get("delta")
+        if not isinstance(delta, dict):
+            delta = {}
         return int(bool(first.get("text") or delta.get("content"))), completion, False
     return (0 if completion is not None else 1), completion, False
