@@ -66,6 +66,7 @@ class InferdServer:
             cmd, stdout=self._log, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT
         )
         self.client = httpx.Client(base_url=self.url, timeout=30)
+        _STARTED.append(self)
 
     def log(self) -> str:
         return self.log_path.read_text()
@@ -103,6 +104,19 @@ class InferdServer:
                 raise AssertionError(f"server did not stop within {timeout_s}s") from None
         self._log.close()
         return self.process.returncode
+
+
+_STARTED: list[InferdServer] = []
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_server_outlives_the_tests() -> Iterator[None]:
+    """Safety net: a test that failed before stopping its server does not leave it running."""
+    yield
+    for server in _STARTED:
+        if server.process.poll() is None:
+            server.process.kill()
+            server.process.wait()
 
 
 def run_cli(

@@ -182,20 +182,22 @@ def test_sigterm_drains_in_flight_requests(tmp_path: Path):
         "models", "push", "sleepy", str(MODELS / "sleepy"), "--version", "v1", data_dir=tmp_path
     )
     srv = InferdServer(tmp_path, workers=1)
-    srv.wait_ready()
-    with ThreadPoolExecutor(8) as pool, httpx.Client(base_url=srv.url, timeout=30) as c:
-        futures = [pool.submit(_predict, c, "sleepy", [1.0]) for _ in range(8)]
-        time.sleep(0.3)  # the requests are now inside the replica
-        started = time.monotonic()
-        srv.process.send_signal(signal.SIGTERM)
-        replies = [f.result() for f in futures]
-        code = srv.process.wait(30)
-    assert [r.status_code for r in replies] == [200] * 8
-    assert code == 0
-    assert time.monotonic() - started < 15
-    with pytest.raises(httpx.TransportError):
-        httpx.get(f"{srv.url}/health/live", timeout=2)
-    srv.stop()
+    try:
+        srv.wait_ready()
+        with ThreadPoolExecutor(8) as pool, httpx.Client(base_url=srv.url, timeout=30) as c:
+            futures = [pool.submit(_predict, c, "sleepy", [1.0]) for _ in range(8)]
+            time.sleep(0.3)  # the requests are now inside the replica
+            started = time.monotonic()
+            srv.process.send_signal(signal.SIGTERM)
+            replies = [f.result() for f in futures]
+            code = srv.process.wait(30)
+        assert [r.status_code for r in replies] == [200] * 8
+        assert code == 0
+        assert time.monotonic() - started < 15
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"{srv.url}/health/live", timeout=2)
+    finally:
+        srv.stop()
 
 
 def _alive(pid: int) -> bool:
@@ -214,22 +216,20 @@ def test_server_kill9_leaves_no_orphans_and_restart_keeps_models(tmp_path: Path)
         "models", "push", "slow_sum", str(MODELS / "slow_sum"), "--version", "v1", data_dir=tmp_path
     )
     srv = InferdServer(tmp_path, workers=2)
-    srv.wait_ready()
-    children = [
-        int(p)
-        for p in Path(f"/proc/{srv.process.pid}/task/{srv.process.pid}/children")
-        .read_text()
-        .split()
-    ]
-    assert len(children) == 3  # two gateways and one replica
-    srv.process.kill()
-    srv.process.wait()
-    srv.wait_for(
-        lambda: not any(_alive(pid) for pid in children),
-        timeout_s=30,
-        what="children to exit after the server died",
-    )
-    srv.stop()
+    try:
+        srv.wait_ready()
+        proc_children = Path(f"/proc/{srv.process.pid}/task/{srv.process.pid}/children")
+        children = [int(p) for p in proc_children.read_text().split()]
+        assert len(children) == 3  # two gateways and one replica
+        srv.process.kill()
+        srv.process.wait()
+        srv.wait_for(
+            lambda: not any(_alive(pid) for pid in children),
+            timeout_s=30,
+            what="children to exit after the server died",
+        )
+    finally:
+        srv.stop()
 
     again = InferdServer(tmp_path, workers=1)
     try:
