@@ -225,3 +225,65 @@ def test_against_real_inferd_server(demo_server: InferdServer):
         "0s",
     )
     assert data["levels"][0]["errors_by_kind"] == {"http_404": 10}
+
+
+@pytest.mark.parametrize("target", ["generate", "completions", "chat"])
+def test_generation_targets_stream_tokens(trivial: str, target: str):
+    result, data = bench(
+        trivial,
+        "--target",
+        target,
+        "--model",
+        "gpt",
+        "--max-tokens",
+        "6",
+        "--prompt-tokens",
+        "uniform:8:16",
+        "-c",
+        "3",
+        "-n",
+        "12",
+        "--warmup",
+        "0s",
+        "--seed",
+        "3",
+    )
+    assert result.returncode == 0, result.stderr
+    (level,) = data["levels"]
+    assert level["successes"] == 12, level
+    assert level["output_tokens"] == 72
+    assert level["ttft"]["p50"] is not None and level["itl"]["p50"] is not None
+
+
+@pytest.mark.parametrize("target", ["embed", "embeddings"])
+def test_embedding_targets(trivial: str, target: str):
+    result, data = bench(
+        trivial, "--target", target, "--model", "minilm", "-c", "2", "-n", "10", "--warmup", "0s"
+    )
+    assert result.returncode == 0, result.stderr
+    assert data["levels"][0]["successes"] == 10
+
+
+def test_v2_target_with_payload_file(trivial: str, tmp_path: Path):
+    bodies = tmp_path / "bodies.jsonl"
+    bodies.write_text(
+        '{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", '
+        '"data": [1.0]}]}\n\n{"inputs": []}\n'
+    )
+    result, data = bench(
+        trivial,
+        "--target",
+        "v2",
+        "--model",
+        "m",
+        "--payloads",
+        str(bodies),
+        "-c",
+        "2",
+        "-n",
+        "10",
+        "--warmup",
+        "0s",
+    )
+    assert result.returncode == 0, result.stderr
+    assert data["levels"][0]["successes"] == 10

@@ -8,6 +8,7 @@ without answering), ``/flaky`` (every third request 500).
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 
 COUNT = {"flaky": 0}
@@ -34,8 +35,8 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
             for line in head.lower().split(b"\r\n"):
                 if line.startswith(b"content-length:"):
                     length = int(line.split(b":")[1])
-            await reader.readexactly(length)
-            if not await route(path, writer):
+            body = await reader.readexactly(length)
+            if not await route(path, writer, body):
                 return
             await writer.drain()
     except (asyncio.IncompleteReadError, ConnectionError):
@@ -44,9 +45,36 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
         writer.close()
 
 
-async def route(path: str, writer: asyncio.StreamWriter) -> bool:
+def _openai_stream(chat: bool, n: int) -> bytes:
+    chunks = []
+    for i in range(n):
+        choice = {"index": 0, "delta": {"content": f"t{i}"}} if chat else {"text": f"t{i}"}
+        chunks.append(b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n")
+    usage = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": n}}
+    chunks.append(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
+    return b"".join(_chunk(c) for c in chunks) + b"0\r\n\r\n"
+
+
+SSE_HEAD = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+)
+
+
+async def route(path: str, writer: asyncio.StreamWriter, body: bytes = b"{}") -> bool:
     parts = path.strip("/").split("/")
-    if parts[0] == "ok":
+    request = json.loads(body or b"{}")
+    if path in ("/v1/completions", "/v1/chat/completions"):
+        writer.write(SSE_HEAD + _openai_stream("chat" in path, request.get("max_tokens", 4)))
+    elif path.startswith("/api/v1/models/") and path.endswith("/generate"):
+        n = request.get("max_tokens", 4)
+        events = [b'data: {"token": "t%d"}\n\n' % i for i in range(n)]
+        events.append(
+            b'data: {"finish_reason": "length", "usage": {"completion_tokens": %d}}\n\n' % n
+        )
+        writer.write(SSE_HEAD + b"".join(_chunk(e) for e in events) + b"0\r\n\r\n")
+    elif path in ("/api/v1/embed", "/v1/embeddings") or path.startswith("/v2/models/"):
+        writer.write(_response(200, json.dumps({"echo": request}).encode()))
+    elif parts[0] == "ok":
         writer.write(_response(200, b'{"ok":true}'))
     elif parts[0] == "status":
         writer.write(_response(int(parts[1]), b'{"error":"as asked"}'))
