@@ -103,7 +103,7 @@ class Settings(BaseSettings):
 
 def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
     """Settings from env + an optional YAML file, with explicit overrides on top."""
-    cls = Settings
+    cls: type[Settings] = Settings
     if config_file is not None:
         if not config_file.is_file():
             raise FileNotFoundError(f"config file not found: {config_file}")

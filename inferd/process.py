@@ -1,8 +1,7 @@
-"""Helpers every inferd child process uses."""
+"""What every inferd child process does at start."""
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 
@@ -15,12 +14,3 @@ def die_with_parent() -> None:
 
     pr_set_pdeathsig = 1
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-
-
-def rss_bytes() -> int:
-    """Resident memory of this process, from /proc (0 where unavailable)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:
-        return 0

@@ -65,16 +65,16 @@ class Router:
         if table.generation <= self.table.generation:
             return
         wanted: dict[str, str] = {}
+        targets: dict[tuple[str, str], Target] = {}
         for model in table.models.values():
             for vroute in model.versions.values():
                 key = (model.name, vroute.version)
-                if key not in self._targets:
-                    self._targets[key] = Target(
-                        model.name,
-                        vroute.version,
-                        Signature.from_dict(vroute.signature),
-                        vroute.framework,
-                    )
+                targets[key] = self._targets.get(key) or Target(
+                    model.name,
+                    vroute.version,
+                    Signature.from_dict(vroute.signature),
+                    vroute.framework,
+                )
                 for r in vroute.replicas:
                     if r.state in ("ready", "draining"):
                         wanted[r.id] = r.address
@@ -96,8 +96,8 @@ class Router:
                     for r in vroute.replicas
                     if r.state == "ready" and r.id in self._clients
                 ]
-        self._ready = ready
-        self.table = table
+        # Swapped together, with no await between, so lookups always see one table.
+        self._ready, self._targets, self.table = ready, targets, table
         self.received.set()
 
     async def _connect(self, rid: str, address: str) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from inferd.config import BatchingConfig
 from inferd.errors import InferdError, InvalidInput, ModelNotReady
-from inferd.process import die_with_parent, rss_bytes
+from inferd.process import die_with_parent
 from inferd.runtimes import load_runtime
 from inferd.runtimes.base import Runtime, RuntimeConfig, Signature
 from inferd.serving.batcher import Columns, DynamicBatcher
@@ -109,6 +110,15 @@ class ReplicaCore:
         if self.runtime is not None:
             self.runtime.unload()
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def rss_bytes() -> int:
+    """Resident memory of this process, from /proc (0 where unavailable)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
 
 
 def error_status(exc: BaseException) -> tuple[str, str, int]:
