@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import json
 import logging
+import sqlite3
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -158,9 +160,27 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
     dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
     cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
-    cursor.execute("PRAGMA journal_mode = WAL")  # readers never block the writer
+    _enable_wal(cursor)
     cursor.execute("PRAGMA foreign_keys = ON")  # off by default in SQLite
     cursor.close()
+
+
+def _enable_wal(cursor: Any) -> None:
+    """WAL: readers never block the writer. The mode is stored in the file, so only the
+    first connection to a new database switches it; switching needs an exclusive lock and
+    SQLite answers "database is locked" at once, without waiting, when processes open a
+    new database together -- so retry for as long as the busy timeout allows."""
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            if cursor.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal":
+                return
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
 
 
 def _sqlite_on_begin(conn: Connection) -> None:
