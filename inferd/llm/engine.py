@@ -1,0 +1,200 @@
+"""The engine: one step = ``schedule()`` -> ``execute()`` -> ``update()``.
+
+The replica calls :meth:`LLMEngine.step` in a loop while there is work; each step runs
+one forward pass over every scheduled sequence (decodes and prefill chunks together),
+samples one token for each sequence that reached the end of its known tokens, and
+returns the text deltas to stream. Requests join and leave between any two steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from inferd.llm.batch import KVCache, ModelInput
+from inferd.llm.sampling import sample
+from inferd.llm.scheduler import Scheduled, Scheduler, SchedulerConfig
+from inferd.llm.sequence import SamplingParams, Sequence
+from inferd.llm.stops import StopChecker
+from inferd.llm.tokenizer import Detokenizer, TextTokenizer
+
+logger = logging.getLogger(__name__)
+
+
+class Model(Protocol):
+    n_layer: int
+    n_head: int
+    head_dim: int
+    max_positions: int
+
+    def forward(self, inp: ModelInput, cache: KVCache, lora: Any = None) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    block_size: int = 16
+    num_blocks: int = 1024
+    max_num_seqs: int = 128
+    max_batched_tokens: int = 512
+    max_waiting: int = 1024
+    dtype: torch.dtype = torch.float32
+
+
+@dataclass(frozen=True, slots=True)
+class TokenOutput:
+    request_id: str
+    text: str
+    token_id: int | None
+    finished: bool
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    logprob: float | None = None
+
+
+@dataclass
+class _Request:
+    seq: Sequence
+    detok: Detokenizer
+    stops: StopChecker
+    started: float = field(default_factory=time.monotonic)
+
+
+class EngineFull(RuntimeError):
+    """The waiting queue is at its bound: the caller should answer 503."""
+
+
+class LLMEngine:
+    def __init__(
+        self, model: Model, tokenizer: TextTokenizer, config: EngineConfig, lora: Any = None
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config
+        self.lora = lora
+        self.cache = KVCache(
+            model.n_layer,
+            model.n_head,
+            model.head_dim,
+            config.num_blocks,
+            config.block_size,
+            config.dtype,
+        )
+        self.scheduler = Scheduler(
+            SchedulerConfig(config.num_blocks, config.block_size, config.max_num_seqs,
+                            config.max_batched_tokens, model.max_positions, config.max_waiting),
+            eos_token_id=tokenizer.eos_token_id,
+        )  # fmt: skip
+        self.requests: dict[str, _Request] = {}
+        self.steps = 0
+
+    # -- requests -----------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        adapter_slot: int = -1,
+    ) -> Sequence:
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        limit = self.model.max_positions
+        if not ids:
+            raise ValueError("the prompt is empty")
+        if len(ids) >= limit:
+            raise ValueError(f"the prompt has {len(ids)} tokens; the model's context is {limit}")
+        if len(self.scheduler.waiting) >= self.config.max_waiting:
+            raise EngineFull(f"{len(self.scheduler.waiting)} requests are already waiting")
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already running")
+        seq = Sequence(request_id, ids, params, adapter_slot)
+        self.requests[request_id] = _Request(
+            seq, Detokenizer(self.tokenizer, ids), StopChecker(params.stop)
+        )
+        self.scheduler.add(seq)
+        return seq
+
+    def abort(self, request_id: str) -> bool:
+        """Cancel a request; its blocks are free before the next step."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return False
+        self.scheduler.finish(request.seq, "abort")
+        return True
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # -- one step -----------------------------------------------------------------
+    def step(self) -> list[TokenOutput]:
+        scheduled = self.scheduler.schedule()
+        if not scheduled:
+            return []
+        sampled = self.execute(scheduled)
+        self.scheduler.update(scheduled, {seq: tok for seq, (tok, _) in sampled.items()})
+        self.steps += 1
+        return [self._output(seq, tok, lp) for seq, (tok, lp) in sampled.items()]
+
+    def execute(self, scheduled: list[Scheduled]) -> dict[Sequence, tuple[int, float]]:
+        inp, sampling = self._model_input(scheduled)
+        with torch.inference_mode():
+            logits = self.model.forward(inp, self.cache, self.lora)
+        tokens, logprobs = sample(logits, sampling)
+        return {seq: (t, lp) for seq, t, lp in zip(sampling, tokens, logprobs, strict=True)}
+
+    def _model_input(self, scheduled: list[Scheduled]) -> tuple[ModelInput, list[Sequence]]:
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        logits_at: list[int] = []
+        sampling: list[Sequence] = []
+        for item in scheduled:
+            seq, n = item.seq, item.num_tokens
+            start = seq.num_computed
+            ids += seq.tokens[start : start + n]
+            positions += range(start, start + n)
+            slots += self.cache.slots(seq.block_table, start, start + n)
+            if item.samples:
+                logits_at.append(len(ids) - 1)
+                sampling.append(seq)
+        inp = ModelInput(
+            input_ids=torch.tensor(ids, dtype=torch.long),
+            positions=torch.tensor(positions, dtype=torch.long),
+            slot_mapping=torch.tensor(slots, dtype=torch.long),
+            new_lens=[i.num_tokens for i in scheduled],
+            context_lens=[i.seq.num_computed for i in scheduled],
+            block_tables=[list(i.seq.block_table) for i in scheduled],
+            logits_indices=torch.tensor(logits_at, dtype=torch.long),
+            adapter_slots=[i.seq.adapter_slot for i in scheduled],
+        )
+        return inp, sampling
+
+    def _output(self, seq: Sequence, token: int, logprob: float) -> TokenOutput:
+        request = self.requests[seq.request_id]
+        if seq.params.logprobs:
+            seq.logprobs.append(logprob)
+        text = "" if token == self.tokenizer.eos_token_id else request.detok.add(token)
+        text, stopped = request.stops.feed(text, final=seq.finished)
+        if stopped and not seq.finished:
+            self.scheduler.finish(seq, "stop")
+        if seq.finished:
+            del self.requests[seq.request_id]
+        return TokenOutput(
+            seq.request_id, text, token, seq.finished, seq.finish_reason,
+            len(seq.prompt_ids), len(seq.output_ids),
+            logprob if seq.params.logprobs else None,
+        )  # fmt: skip
+
+    def stats(self) -> dict[str, float]:
+        s = self.scheduler
+        return {
+            "running": len(s.running),
+            "waiting": len(s.waiting),
+            "kv_blocks_used": s.allocator.used_count,
+            "kv_blocks_total": s.allocator.num_blocks,
+            "preemptions": s.preemptions,
+            "steps": self.steps,
+        }

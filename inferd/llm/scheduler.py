@@ -1,0 +1,144 @@
+"""Iteration-level scheduling: which sequences run how many tokens in the next step.
+
+Policy, in order, within a token budget per step (``max_batched_tokens``):
+1. Running sequences first, oldest first: each decodes one token or continues its
+   prefill with the next chunk. A long prompt is cut into chunks, so it never stalls
+   everyone else's decoding for more than one step.
+2. Then waiting sequences are admitted, oldest first, while budget, a running slot
+   (``max_num_seqs``) and blocks for their first chunk are available.
+When a running sequence needs a block and none is free, the youngest running sequence
+is preempted: its blocks are freed and it goes back to the front of the queue, to be
+recomputed later (prompt and the tokens it already produced) rather than failing.
+A finished or aborted sequence gives its blocks back at once.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from inferd.llm.blocks import BlockAllocator, blocks_needed
+from inferd.llm.sequence import Sequence, Status
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    num_blocks: int
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_batched_tokens: int = 512
+    max_model_len: int = 1024
+    max_waiting: int = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Scheduled:
+    seq: Sequence
+    num_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """Does this chunk reach the end of the known tokens (so a new token is sampled)?"""
+        return self.seq.num_computed + self.num_tokens == len(self.seq)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, eos_token_id: int | None = None) -> None:
+        self.config = config
+        self.eos_token_id = eos_token_id
+        self.allocator = BlockAllocator(config.num_blocks)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> list[Scheduled]:
+        budget = self.config.max_batched_tokens
+        out: list[Scheduled] = []
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.remaining, budget)
+            if not self._reserve(seq, seq.num_computed + n):
+                self._preempt(self.running[-1])
+                continue  # retry this sequence (or the next one, if it was the victim)
+            out.append(Scheduled(seq, n))
+            budget -= n
+            i += 1
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            n = min(seq.remaining, budget)
+            if not self._reserve(seq, seq.num_computed + n):
+                break
+            self.waiting.popleft()
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            out.append(Scheduled(seq, n))
+            budget -= n
+        self._check_invariants()
+        return out
+
+    def _reserve(self, seq: Sequence, tokens: int) -> bool:
+        missing = blocks_needed(tokens, self.config.block_size) - len(seq.block_table)
+        if missing <= 0:
+            return True
+        blocks = self.allocator.allocate(missing)
+        if blocks is None:
+            return False
+        seq.block_table.extend(blocks)
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.allocator.free(seq.block_table)
+        seq.block_table = []
+        seq.num_computed = 0
+        seq.status = Status.WAITING
+        seq.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def update(self, step: list[Scheduled], sampled: dict[Sequence, int]) -> None:
+        """Advance the sequences of a step; append sampled tokens; finish what is done."""
+        for item in step:
+            seq = item.seq
+            seq.num_computed += item.num_tokens
+            token = sampled.get(seq)
+            if token is None:
+                continue
+            seq.output_ids.append(token)
+            reason = self._finish_reason(seq, token)
+            if reason is not None:
+                self.finish(seq, reason)
+
+    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
+        if token == self.eos_token_id and not seq.params.ignore_eos:
+            return "stop"
+        if len(seq.output_ids) >= seq.params.max_tokens:
+            return "length"
+        if len(seq) >= self.config.max_model_len:
+            return "length"
+        return None
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        if seq.finished:
+            return
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.allocator.free(seq.block_table)
+        seq.block_table = []
+        seq.status = Status.FINISHED
+        seq.finish_reason = reason
+
+    def _check_invariants(self) -> None:
+        used = sum(len(s.block_table) for s in self.running)
+        assert used == self.allocator.used_count, (used, self.allocator.used_count)
+        assert all(not s.block_table for s in self.waiting)
+        assert len(self.running) <= self.config.max_num_seqs

@@ -1,0 +1,209 @@
+"""Engine and scheduler with a transparent fake model: paging, chunking, preemption.
+
+The fake model predicts ``token + 1`` and, on every forward, checks that the KV cache
+holds each sequence's earlier tokens at the slots its block table names -- so paging
+mistakes fail loudly here without a real network.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inferd.llm.batch import KVCache, ModelInput
+from inferd.llm.engine import EngineConfig, EngineFull, LLMEngine
+from inferd.llm.sequence import SamplingParams
+from inferd.llm.stops import StopChecker
+
+VOCAB = 128
+EOS = 0
+
+
+class CharTokenizer:
+    eos_token_id = EOS
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) % VOCAB for c in text]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(chr(i) for i in ids if i != EOS)
+
+
+class PlusOneModel:
+    n_layer, n_head, head_dim, max_positions = 1, 1, 1, 256
+
+    def __init__(self, random_logits: bool = False) -> None:
+        self.calls: list[ModelInput] = []
+        self.random_logits = random_logits
+
+    def forward(self, inp: ModelInput, cache: KVCache, lora: object = None) -> torch.Tensor:
+        self.calls.append(inp)
+        flat = cache.tensor[0, 0, :, 0, 0]
+        flat[inp.slot_mapping] = inp.input_ids.float()
+        start = 0
+        for ctx, n, table in zip(inp.context_lens, inp.new_lens, inp.block_tables, strict=True):
+            slots = cache.slots(table, 0, ctx + n)
+            expected = inp.input_ids[start : start + n].float()
+            assert torch.equal(flat[slots[ctx:]], expected)
+            start += n
+        last = inp.input_ids[inp.logits_indices]
+        if self.random_logits:  # a pseudo-random row per last token, whatever the batch
+            rows = [
+                torch.randn(VOCAB, generator=torch.Generator().manual_seed(int(t))) for t in last
+            ]
+            return torch.stack(rows)
+        logits = torch.full((len(last), VOCAB), -10.0)
+        logits[torch.arange(len(last)), (last + 1) % VOCAB] = 10.0
+        return logits
+
+
+def engine(
+    num_blocks: int = 64,
+    block_size: int = 4,
+    max_batched_tokens: int = 32,
+    max_num_seqs: int = 16,
+    max_waiting: int = 64,
+    model: PlusOneModel | None = None,
+) -> LLMEngine:
+    config = EngineConfig(
+        block_size=block_size,
+        num_blocks=num_blocks,
+        max_num_seqs=max_num_seqs,
+        max_batched_tokens=max_batched_tokens,
+        max_waiting=max_waiting,
+    )
+    return LLMEngine(model or PlusOneModel(), CharTokenizer(), config)  # type: ignore[arg-type]
+
+
+def run_all(eng: LLMEngine, max_steps: int = 10_000) -> dict[str, list]:
+    outputs: dict[str, list] = {}
+    for _ in range(max_steps):
+        if not eng.has_work():
+            break
+        for out in eng.step():
+            outputs.setdefault(out.request_id, []).append(out)
+    assert not eng.has_work()
+    return outputs
+
+
+def greedy(n: int, **kw) -> SamplingParams:
+    return SamplingParams(max_tokens=n, temperature=0, **kw)
+
+
+def tokens(outs: list) -> list[int]:
+    return [o.token_id for o in outs]
+
+
+def test_single_request_generates_and_finishes_by_length():
+    eng = engine()
+    eng.add_request("a", [5, 6, 7], greedy(4))
+    (outs,) = run_all(eng).values()
+    assert tokens(outs) == [8, 9, 10, 11]
+    assert outs[-1].finished and outs[-1].finish_reason == "length"
+    assert outs[-1].prompt_tokens == 3 and outs[-1].completion_tokens == 4
+    assert eng.scheduler.allocator.used_count == 0
+
+
+def test_mixed_lengths_chunked_prefill_and_late_joiners():
+    model = PlusOneModel()
+    eng = engine(max_batched_tokens=8, model=model)
+    eng.add_request("long", list(range(1, 30)), greedy(5))
+    eng.add_request("short", [40], greedy(6))
+    eng.step()
+    eng.add_request("late", [60, 61], greedy(3))
+    outputs = run_all(eng)
+    assert tokens(outputs["long"]) == [30, 31, 32, 33, 34]
+    assert tokens(outputs["short"]) == [41, 42, 43, 44, 45, 46]
+    assert tokens(outputs["late"]) == [62, 63, 64]
+    assert all(sum(c.new_lens) <= 8 for c in model.calls)  # the token budget per step
+    # decodes went on while the long prompt was still being prefilled in chunks
+    assert any(1 in c.new_lens and max(c.new_lens) > 1 for c in model.calls)
+
+
+def test_preemption_under_a_tiny_block_budget_keeps_outputs_correct():
+    eng = engine(num_blocks=8, block_size=2, max_batched_tokens=16)
+    for i in range(4):
+        eng.add_request(f"r{i}", [10 * (i + 1)] * 3, greedy(6))
+    outputs = run_all(eng)
+    assert eng.scheduler.preemptions > 0
+    for i in range(4):
+        start = 10 * (i + 1)
+        assert tokens(outputs[f"r{i}"]) == list(range(start + 1, start + 7))
+    assert eng.scheduler.allocator.used_count == 0
+
+
+def test_abort_frees_blocks_at_once():
+    eng = engine()
+    eng.add_request("a", list(range(1, 20)), greedy(50))
+    eng.add_request("b", [3], greedy(50))
+    first = eng.step()
+    used = eng.scheduler.allocator.used_count
+    assert used > 0
+    assert eng.abort("a")
+    assert eng.scheduler.allocator.used_count < used
+    assert not eng.abort("a")
+    outputs = run_all(eng)
+    assert "a" not in outputs
+    assert len([o for o in first if o.request_id == "b"]) + len(outputs["b"]) == 50
+
+
+def test_eos_stops_unless_ignored():
+    eng = engine()
+    eng.add_request("eos", [VOCAB - 2], greedy(10))
+    eng.add_request("ignore", [VOCAB - 2], greedy(3, ignore_eos=True))
+    outputs = run_all(eng)
+    assert tokens(outputs["eos"]) == [VOCAB - 1, EOS]
+    assert outputs["eos"][-1].finish_reason == "stop"
+    assert tokens(outputs["ignore"]) == [VOCAB - 1, EOS, 1]
+
+
+def test_stop_strings_end_generation_without_emitting_them():
+    eng = engine()
+    eng.add_request("s", "a", greedy(20, stop=("ef", "zz")))
+    outs = run_all(eng)["s"]
+    assert "".join(o.text for o in outs) == "bcd"
+    assert outs[-1].finish_reason == "stop"
+
+
+def test_stop_checker_holds_back_partial_matches():
+    checker = StopChecker(["END"])
+    assert checker.feed("abc E") == ("abc ", False)
+    assert checker.feed("N") == ("", False)
+    assert checker.feed("Dx") == ("", True)
+    other = StopChecker(["END"])
+    assert other.feed("E") == ("", False)
+    assert other.feed("x") == ("Ex", False)
+    assert other.feed("E", final=True) == ("E", False)
+
+
+def test_seeded_sampling_is_independent_of_batch_company():
+    def run(extra: int) -> list[int]:
+        eng = engine(model=PlusOneModel(random_logits=True))
+        eng.add_request(
+            "seeded",
+            [7, 8],
+            SamplingParams(max_tokens=8, temperature=0.8, top_k=20, top_p=0.9, seed=1234),
+        )
+        for i in range(extra):
+            eng.add_request(f"other{i}", [i + 1], SamplingParams(max_tokens=8, seed=i))
+        return tokens(run_all(eng)["seeded"])
+
+    assert run(0) == run(3) == run(7)
+
+
+def test_bad_requests_are_refused():
+    eng = engine(max_waiting=2)
+    with pytest.raises(ValueError, match="context"):
+        eng.add_request("long", [1] * 300, greedy(1))
+    with pytest.raises(ValueError, match="empty"):
+        eng.add_request("empty", [], greedy(1))
+    eng.add_request("a", [1], greedy(1))
+    with pytest.raises(ValueError, match="already"):
+        eng.add_request("a", [1], greedy(1))
+    eng.add_request("b", [1], greedy(1))
+    with pytest.raises(EngineFull):
+        eng.add_request("c", [1], greedy(1))
+    with pytest.raises(ValueError):
+        SamplingParams(max_tokens=0)
+    with pytest.raises(ValueError):
+        SamplingParams(top_p=0)
