@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -91,6 +92,7 @@ class LLMEngine:
         )  # fmt: skip
         self.requests: dict[str, _Request] = {}
         self.steps = 0
+        self._adapters: dict[str, int] = {}
 
     # -- requests -----------------------------------------------------------------
     def add_request(
@@ -124,6 +126,43 @@ class LLMEngine:
             return False
         self.scheduler.finish(request.seq, "abort")
         return True
+
+    # -- LoRA adapters ----------------------------------------------------------------
+    def adapter_slot(self, name: str | None) -> int:
+        """The bank slot of a loaded adapter (-1 for the base model); KeyError if unknown."""
+        return -1 if name is None else self._adapters[name]
+
+    def load_adapter(self, name: str, folder: Path) -> dict[str, int]:
+        """Load (or reload) an adapter under ``name``.
+
+        A reload takes a fresh slot: sequences already running with the old weights
+        finish on the old slot, and nothing computed with the old weights is reused
+        for new requests. A slot is recycled only once no name and no live sequence
+        uses it.
+        """
+        from inferd.llm.lora import LoRAAdapter
+
+        if self.lora is None:
+            raise ValueError("this model was started without LoRA support")
+        adapter = LoRAAdapter.load(folder)
+        live = {r.seq.adapter_slot for r in self.requests.values()}
+        busy = set(self._adapters.values()) | live
+        free = [s for s in range(self.lora.max_adapters) if s not in busy]
+        if not free:
+            raise ValueError(f"all {self.lora.max_adapters} adapter slots are in use")
+        self.lora.load(free[0], adapter)
+        self._adapters[name] = free[0]
+        return dict(self._adapters)
+
+    def unload_adapter(self, name: str) -> None:
+        """New requests can no longer use it; running ones finish on its slot."""
+        if name not in self._adapters:
+            raise KeyError(name)
+        del self._adapters[name]
+
+    @property
+    def adapters(self) -> list[str]:
+        return sorted(self._adapters)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()

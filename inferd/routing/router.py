@@ -9,10 +9,12 @@ idempotent, so a request whose replica dies mid-flight is retried once on anothe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from inferd.errors import ModelNotFound, ModelNotReady
 from inferd.routing.table import ModelRoute, RoutingTable, VersionRoute, decode_table
@@ -153,6 +155,34 @@ class Router:
                 tried.add(client.replica_id)
                 if len(tried) >= 2:
                     raise
+
+    async def generate(
+        self,
+        target: Target,
+        prompt: str | list[int],
+        params: dict[str, Any],
+        adapter: str | None,
+        idle_timeout_s: float,
+        request_id: str = "",
+    ) -> AsyncGenerator[p.TokenChunk, None]:
+        """Stream a generation; a replica that died before the first token is retried."""
+        tried: set[str] = set()
+        while True:
+            client = self._pick(target, tried)
+            async with contextlib.aclosing(
+                client.generate(prompt, params, adapter, idle_timeout_s, request_id)
+            ) as stream:
+                try:
+                    first = await anext(stream)
+                except ReplicaGone:
+                    tried.add(client.replica_id)
+                    if len(tried) >= 2:
+                        raise
+                    continue
+                yield first
+                async for chunk in stream:
+                    yield chunk
+                return
 
     def _pick(self, target: Target, exclude: set[str]) -> ReplicaClient:
         candidates = self._ready.get((target.model, target.version), ())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from inferd.errors import (
@@ -52,7 +53,12 @@ class _ClientProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         pending = self.client._pending
+        streams = self.client._streams
         for message in self.frames.feed(data):
+            stream = streams.get(message.id)  # type: ignore[union-attr]
+            if stream is not None:
+                stream.put_nowait(message)
+                continue
             future = pending.pop(message.id, None)  # type: ignore[union-attr]
             if future is not None and not future.done():
                 future.set_result(message)
@@ -67,6 +73,7 @@ class ReplicaClient:
         self.replica_id = replica_id or address
         self._transport: asyncio.Transport | None = None
         self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._streams: dict[int, asyncio.Queue[Any]] = {}
         self._ids = itertools.count(1)
         self.outstanding = 0
         self.closed = True
@@ -90,6 +97,8 @@ class ReplicaClient:
         for future in pending.values():
             if not future.done():
                 future.set_exception(ReplicaGone(f"replica {self.replica_id} went away"))
+        for stream in self._streams.values():
+            stream.put_nowait(ReplicaGone(f"replica {self.replica_id} went away"))
 
     async def _call(self, message: Any, timeout_s: float) -> Any:
         transport = self._transport
@@ -124,6 +133,52 @@ class ReplicaClient:
         if isinstance(reply, p.InferResult):
             return {name: p.from_tensor(t) for name, t in reply.outputs.items()}
         raise _as_error(reply)
+
+    async def generate(
+        self,
+        prompt: str | list[int],
+        params: dict[str, Any],
+        adapter: str | None,
+        idle_timeout_s: float,
+        request_id: str = "",
+    ) -> AsyncGenerator[p.TokenChunk, None]:
+        """Token chunks as the replica makes them. Closing the iterator early (the client
+        went away) cancels the generation in the replica, freeing its KV blocks."""
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            raise ReplicaGone(f"replica {self.replica_id} is not connected")
+        mid = next(self._ids)
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._streams[mid] = queue
+        self.outstanding += 1
+        finished = False
+        transport.write(p.encode(p.Generate(mid, prompt, params, adapter, request_id)))
+        try:
+            while not finished:
+                try:
+                    item = await asyncio.wait_for(queue.get(), idle_timeout_s)
+                except TimeoutError:
+                    raise RequestTimeout(
+                        f"no token from the model for {idle_timeout_s:.0f}s"
+                    ) from None
+                if isinstance(item, Exception):
+                    raise item
+                if isinstance(item, p.Error):
+                    finished = True
+                    raise _as_error(item)
+                finished = item.finished
+                yield item
+        finally:
+            self.outstanding -= 1
+            self._streams.pop(mid, None)
+            if not finished and self._transport is not None:
+                self._transport.write(p.encode(p.Cancel(mid)))
+
+    async def adapter(self, name: str, path: str | None, timeout_s: float = 60.0) -> p.Status:
+        reply = await self._call(p.Adapter(next(self._ids), name, path), timeout_s)
+        if not isinstance(reply, p.Status):
+            raise _as_error(reply)
+        return reply
 
     async def status(self, timeout_s: float = 5.0) -> p.Status:
         reply = await self._call(p.StatusQuery(next(self._ids)), timeout_s)

@@ -80,7 +80,48 @@ class Drain(msgspec.Struct, tag="drain", array_like=True):
     id: int
 
 
-Message = Infer | InferResult | Error | Cancel | StatusQuery | Status | Drain
+class Generate(msgspec.Struct, tag="generate", array_like=True):
+    """Start a generation; the replica answers with TokenChunk frames, the last one
+    ``finished``. ``params`` are SamplingParams fields (max_tokens, temperature, ...)."""
+
+    id: int
+    prompt: str | list[int]
+    params: dict[str, Any]
+    adapter: str | None = None
+    request_id: str = ""
+
+
+class TokenChunk(msgspec.Struct, tag="tokens", array_like=True):
+    id: int
+    text: str
+    token_ids: list[int]
+    finished: bool = False
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    logprobs: list[float] | None = None
+
+
+class Adapter(msgspec.Struct, tag="adapter", array_like=True):
+    """Load (``path`` given) or unload (``path`` None) a LoRA adapter by name."""
+
+    id: int
+    name: str
+    path: str | None = None
+
+
+Message = (
+    Infer
+    | InferResult
+    | Error
+    | Cancel
+    | StatusQuery
+    | Status
+    | Drain
+    | Generate
+    | TokenChunk
+    | Adapter
+)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)

@@ -17,6 +17,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from inferd.config import BatchingConfig
 from inferd.errors import InferdError, InvalidInput, ModelNotReady
@@ -79,7 +80,22 @@ class ReplicaCore:
         if self.batcher is None or self.state not in ("ready", "draining"):
             raise ModelNotReady(f"replica is {self.state}")
         self._check_inputs(inputs, rows)
-        return self.batcher.submit(inputs, rows, min(timeout_s, self._queue_timeout_s))
+        future = self.batcher.submit(inputs, rows, min(timeout_s, self._queue_timeout_s))
+        self.inflight += 1
+        future.add_done_callback(self._done)
+        return future
+
+    def _done(self, _: asyncio.Future[Columns]) -> None:
+        self.inflight -= 1
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        raise InvalidInput(f"model {self.spec.model!r} does not generate text; use predict")
+
+    def cancel(self, request_id: str) -> None:
+        pass
+
+    def adapter(self, name: str, path: str | None) -> Any:
+        raise InvalidInput(f"model {self.spec.model!r} takes no adapters")
 
     def _check_inputs(self, inputs: Columns, rows: int) -> None:
         assert self.signature is not None

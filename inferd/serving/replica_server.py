@@ -13,22 +13,28 @@ import logging
 import os
 import signal
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from inferd.serving import protocol as p
 from inferd.serving.batcher import Columns
 from inferd.serving.replica import ReplicaCore, error_status
 from inferd.serving.spec import ReplicaSpec
 
+if TYPE_CHECKING:
+    from inferd.llm.engine import TokenOutput
+    from inferd.serving.generation import GenerationCore
+
 logger = logging.getLogger(__name__)
 
 
 class ReplicaProtocol(asyncio.Protocol):
-    def __init__(self, core: ReplicaCore, on_drain: asyncio.Event) -> None:
+    def __init__(self, core: ReplicaCore | GenerationCore, on_drain: asyncio.Event) -> None:
         self.core = core
         self.on_drain = on_drain
         self.frames = p.FrameBuffer()
         self.transport: asyncio.Transport | None = None
         self.pending: dict[int, asyncio.Future[Columns]] = {}
+        self.generations: dict[int, str] = {}  # frame id -> engine request id
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -37,6 +43,9 @@ class ReplicaProtocol(asyncio.Protocol):
         for future in self.pending.values():
             future.cancel()
         self.pending.clear()
+        for rid in self.generations.values():
+            self.core.cancel(rid)  # the gateway is gone: free the sequences' blocks now
+        self.generations.clear()
         self.transport = None
 
     def data_received(self, data: bytes) -> None:
@@ -50,10 +59,17 @@ class ReplicaProtocol(asyncio.Protocol):
         for message in messages:
             if isinstance(message, p.Infer):
                 self._infer(message)
+            elif isinstance(message, p.Generate):
+                self._generate(message)
             elif isinstance(message, p.Cancel):
                 future = self.pending.pop(message.id, None)
                 if future is not None:
                     future.cancel()
+                rid = self.generations.pop(message.id, None)
+                if rid is not None:
+                    self.core.cancel(rid)
+            elif isinstance(message, p.Adapter):
+                self._adapter(message)
             elif isinstance(message, p.StatusQuery):
                 self._send(self._status(message.id))
             elif isinstance(message, p.Drain):
@@ -79,12 +95,10 @@ class ReplicaProtocol(asyncio.Protocol):
         except Exception as exc:
             self._send(p.Error(message.id, *error_status(exc)))
             return
-        self.core.inflight += 1
         self.pending[message.id] = future
         future.add_done_callback(functools.partial(self._reply, message.id))
 
     def _reply(self, request_id: int, future: asyncio.Future[Columns]) -> None:
-        self.core.inflight -= 1
         self.pending.pop(request_id, None)
         if future.cancelled():
             return
@@ -102,12 +116,59 @@ class ReplicaProtocol(asyncio.Protocol):
             return
         self._send(p.InferResult(request_id, outputs))
 
+    def _generate(self, message: p.Generate) -> None:
+        rid = f"{id(self):x}-{message.id}"
+
+        def sink(out: TokenOutput) -> None:
+            if out.finished:
+                self.generations.pop(message.id, None)
+            self._send(p.TokenChunk(
+                message.id, out.text, [] if out.token_id is None else [out.token_id],
+                out.finished, out.finish_reason, out.prompt_tokens, out.completion_tokens,
+                None if out.logprob is None else [out.logprob],
+            ))  # fmt: skip
+
+        try:
+            accepted = self.core.generate(
+                rid, message.prompt, message.params, message.adapter, sink
+            )
+        except Exception as exc:
+            self._send(p.Error(message.id, *error_status(exc)))
+            return
+        self.generations[message.id] = rid
+
+        def refused(future: asyncio.Future[None]) -> None:
+            if future.exception() is not None:
+                self.generations.pop(message.id, None)
+                self._send(p.Error(message.id, *error_status(future.exception())))  # type: ignore[arg-type]
+
+        asyncio.wrap_future(accepted).add_done_callback(refused)
+
+    def _adapter(self, message: p.Adapter) -> None:
+        def done(future: asyncio.Future[dict[str, Any]]) -> None:
+            exc = future.exception()
+            if exc is not None:
+                self._send(p.Error(message.id, *error_status(exc)))
+            else:
+                status = self._status(message.id)
+                status.stats.update({"adapters": len(future.result())})
+                self._send(status)
+
+        try:
+            asyncio.wrap_future(self.core.adapter(message.name, message.path)).add_done_callback(
+                done
+            )
+        except Exception as exc:
+            self._send(p.Error(message.id, *error_status(exc)))
+
     def _send(self, message: p.Message) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(p.encode(message))
 
 
-async def start_listening(core: ReplicaCore, address: str, drain: asyncio.Event) -> asyncio.Server:
+async def start_listening(
+    core: ReplicaCore | GenerationCore, address: str, drain: asyncio.Event
+) -> asyncio.Server:
     loop = asyncio.get_running_loop()
     kind, _, where = address.partition(":")
     if kind == "unix":
@@ -117,9 +178,21 @@ async def start_listening(core: ReplicaCore, address: str, drain: asyncio.Event)
     return await loop.create_server(lambda: ReplicaProtocol(core, drain), host, int(port))
 
 
+GENERATIVE = ("gpt2",)
+
+
+def make_core(spec: ReplicaSpec) -> ReplicaCore | GenerationCore:
+    if spec.framework in GENERATIVE:
+        from inferd.llm.loader import build_engine
+        from inferd.serving.generation import GenerationCore
+
+        return GenerationCore(spec, build_engine)
+    return ReplicaCore(spec)
+
+
 async def run_replica(spec: ReplicaSpec, grace_s: float) -> None:
     loop = asyncio.get_running_loop()
-    core = ReplicaCore(spec)
+    core = make_core(spec)
     drain = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, drain.set)

@@ -1,0 +1,170 @@
+"""OpenAI-compatible API: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``.
+
+Framing follows what the official clients parse: ``text_completion`` and
+``chat.completion.chunk`` objects as ``data:`` lines, a final usage chunk with empty
+``choices`` when ``stream_options.include_usage``, then ``data: [DONE]``. Errors use
+OpenAI's ``{"error": {"message", "type", "param", "code"}}`` shape, before the stream
+as an HTTP status, inside it as a ``data:`` error object.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncGenerator, Callable
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from starlette.responses import Response, StreamingResponse
+
+from inferd.api.generate import start, usage
+from inferd.api.http import json_response, read_json
+from inferd.errors import BadRequest, InferdError, InvalidInput
+from inferd.serving import protocol as p
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+GENERATIVE = ("gpt2",)
+
+
+def openai_error(exc: InferdError) -> Response:
+    kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+    body = {"error": {"message": exc.message, "type": kind, "param": None, "code": exc.code}}
+    return json_response(body, status_code=exc.status_code, headers=exc.headers())
+
+
+@router.get("/models")
+async def models(request: Request) -> Response:
+    """Generative models being served, in OpenAI's list shape."""
+    table = request.app.state.router.table
+    data = [
+        {"id": name, "object": "model", "created": 0, "owned_by": "inferd"}
+        for name, route in table.models.items()
+        if route.default_version and route.versions[route.default_version].framework in GENERATIVE
+    ]
+    return json_response({"object": "list", "data": data})
+
+
+def _chat_prompt(messages: Any) -> str:
+    """A plain transcript: GPT-2 checkpoints carry no chat template."""
+    if not isinstance(messages, list) or not messages:
+        raise InvalidInput("'messages' must be a non-empty list")
+    lines = []
+    for m in messages:
+        if not isinstance(m, dict) or not isinstance(m.get("content"), str):
+            raise InvalidInput("each message needs a string 'content'")
+        lines.append(f"{m.get('role', 'user')}: {m['content']}")
+    return "\n".join(lines) + "\nassistant:"
+
+
+async def _complete(request: Request, chat: bool) -> Response:
+    try:
+        body = await read_json(request, request.app.state.settings.max_body_bytes)
+        if not isinstance(body, dict):
+            raise BadRequest("request body must be a JSON object")
+        model = body.get("model")
+        if not isinstance(model, str):
+            raise InvalidInput("'model' is required")
+        if body.get("n", 1) != 1:
+            raise InvalidInput("only n=1 is supported")
+        if chat:
+            body = {**body, "prompt": _chat_prompt(body.get("messages"))}
+        target = request.app.state.router.target(model)
+        chunks, rid, _ = await start(request, target, body)
+    except InferdError as exc:
+        return openai_error(exc)
+    meta = {
+        "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
+        "created": int(time.time()),
+        "model": model,
+    }
+    if body.get("stream"):
+        options = body.get("stream_options") or {}
+        stream = _stream(chunks, meta, chat, bool(options.get("include_usage")))
+        return StreamingResponse(
+            stream,
+            media_type="text/event-stream",
+            headers={"x-request-id": rid, "cache-control": "no-cache"},
+        )
+    text, last = [], None
+    try:
+        async for chunk in chunks:
+            text.append(chunk.text)
+            last = chunk
+    except InferdError as exc:
+        return openai_error(exc)
+    assert last is not None
+    choice: dict[str, Any] = {"index": 0, "finish_reason": last.finish_reason, "logprobs": None}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": "".join(text)}
+    else:
+        choice["text"] = "".join(text)
+    obj = "chat.completion" if chat else "text_completion"
+    return json_response(
+        {**meta, "object": obj, "choices": [choice], "usage": usage(last)},
+        headers={"x-request-id": rid},
+    )
+
+
+async def _stream(
+    chunks: AsyncGenerator[p.TokenChunk, None], meta: dict[str, Any], chat: bool, include_usage: bool
+) -> AsyncGenerator[bytes, None]:
+    obj = "chat.completion.chunk" if chat else "text_completion"
+    make: Callable[[str | None, str | None], dict[str, Any]]
+    if chat:
+
+        def make(text: str | None, reason: str | None) -> dict[str, Any]:
+            delta = {} if text is None else {"content": text}
+            return {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}
+    else:
+
+        def make(text: str | None, reason: str | None) -> dict[str, Any]:
+            return {"index": 0, "text": text or "", "finish_reason": reason, "logprobs": None}
+
+    def event(choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        return (
+            b"data: " + orjson.dumps({**meta, "object": obj, "choices": choices, **extra}) + b"\n\n"
+        )
+
+    async with contextlib.aclosing(chunks):
+        try:
+            if chat:
+                yield event(
+                    [
+                        {
+                            "index": 0,
+                            "delta": {"role": "assistant", "content": ""},
+                            "finish_reason": None,
+                            "logprobs": None,
+                        }
+                    ]
+                )
+            async for chunk in chunks:
+                if chunk.text:
+                    yield event([make(chunk.text, None)])
+                if chunk.finished:
+                    yield event([make(None, chunk.finish_reason)])
+                    if include_usage:
+                        yield event([], usage=usage(chunk))
+        except InferdError as exc:
+            yield (
+                b"data: "
+                + orjson.dumps(
+                    {"error": {"message": exc.message, "type": "server_error", "code": exc.code}}
+                )
+                + b"\n\n"
+            )
+        yield b"data: [DONE]\n\n"
+
+
+@router.post("/completions")
+async def completions(request: Request) -> Response:
+    """OpenAI completions (``stream`` and ``stream_options.include_usage`` supported)."""
+    return await _complete(request, chat=False)
+
+
+@router.post("/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    """OpenAI chat completions over a plain ``role: content`` transcript."""
+    return await _complete(request, chat=True)

@@ -1,0 +1,209 @@
+"""The replica core for generative models: the LLM engine on its own thread.
+
+The engine is not thread-safe and its steps are long (a forward pass), so one engine
+thread owns it: it takes commands (add, abort, adapter load/unload) from a queue
+between steps, steps while there is work, and hands each step's token outputs to the
+event loop in one ``call_soon_threadsafe``. When idle it blocks on the queue, costing
+nothing. The event loop only moves frames.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from inferd.errors import InvalidInput, ModelNotFound, ModelNotReady, Overloaded
+from inferd.llm.engine import EngineFull, LLMEngine, TokenOutput
+from inferd.llm.sequence import SamplingParams
+from inferd.serving.spec import ReplicaSpec
+
+logger = logging.getLogger(__name__)
+Sink = Callable[[TokenOutput], None]
+
+
+@dataclass
+class _Add:
+    request_id: str
+    prompt: str | list[int]
+    params: SamplingParams
+    adapter: str | None
+    sink: Sink
+    accepted: Future[None]
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+@dataclass
+class _AdapterOp:
+    name: str
+    path: str | None
+    done: Future[dict[str, Any]]
+
+
+class GenerationCore:
+    def __init__(self, spec: ReplicaSpec, build: Callable[[ReplicaSpec], LLMEngine]) -> None:
+        self.spec = spec
+        self.state = "loading"
+        self.message = ""
+        self.started = time.monotonic()
+        self._build = build
+        self.engine: LLMEngine | None = None
+        self._commands: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._sinks: dict[str, Sink] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    async def load(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        try:
+            self.engine = await self._loop.run_in_executor(None, self._load_and_warm_up)
+        except Exception as exc:
+            self.state, self.message = "failed", f"{type(exc).__name__}: {exc}"
+            logger.exception("loading %s:%s failed", self.spec.model, self.spec.version)
+            raise
+        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+        self._thread.start()
+        self.state = "ready"
+        logger.info(
+            "replica %s ready: %s:%s (%s) in %.2fs",
+            self.spec.replica_id,
+            self.spec.model,
+            self.spec.version,
+            self.spec.framework,
+            time.monotonic() - self.started,
+        )
+
+    def _load_and_warm_up(self) -> LLMEngine:
+        engine = self._build(self.spec)
+        engine.add_request("warm-up", "Hello", SamplingParams(max_tokens=2, temperature=0))
+        while engine.has_work():
+            engine.step()
+        return engine
+
+    # -- called on the event loop ------------------------------------------------------
+    def generate(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: dict[str, Any],
+        adapter: str | None,
+        sink: Sink,
+    ) -> Future[None]:
+        """Queue a generation; the future resolves once the engine accepted it."""
+        if self.state not in ("ready", "draining"):
+            raise ModelNotReady(f"replica is {self.state}")
+        try:
+            sampling = SamplingParams(**params)
+        except (TypeError, ValueError) as exc:
+            raise InvalidInput(f"invalid sampling parameters: {exc}") from None
+        accepted: Future[None] = Future()
+        self._sinks[request_id] = sink
+        self._commands.put(_Add(request_id, prompt, sampling, adapter, sink, accepted))
+        return accepted
+
+    def submit(self, *args: Any, **kwargs: Any) -> Any:
+        raise InvalidInput(f"model {self.spec.model!r} generates text; use generate")
+
+    def cancel(self, request_id: str) -> None:
+        if self._sinks.pop(request_id, None) is not None:
+            self._commands.put(_Abort(request_id))
+
+    def adapter(self, name: str, path: str | None) -> Future[dict[str, Any]]:
+        done: Future[dict[str, Any]] = Future()
+        self._commands.put(_AdapterOp(name, path, done))
+        return done
+
+    def _deliver(self, outputs: list[TokenOutput]) -> None:
+        for out in outputs:
+            sink = self._sinks.get(out.request_id)
+            if out.finished:
+                self._sinks.pop(out.request_id, None)
+            if sink is not None:
+                sink(out)
+
+    # -- the engine thread ---------------------------------------------------------
+    def _run(self) -> None:
+        engine = self.engine
+        assert engine is not None and self._loop is not None
+        while not self._stopping:
+            self._apply(self._commands.get())  # idle: sleep until a command comes
+            while engine.has_work() and not self._stopping:
+                while True:
+                    try:
+                        self._apply(self._commands.get_nowait())
+                    except queue.Empty:
+                        break
+                try:
+                    outputs = engine.step()
+                except Exception:
+                    logger.exception("engine step failed; failing its requests")
+                    outputs = self._fail_all(engine)
+                if outputs:
+                    self._loop.call_soon_threadsafe(self._deliver, outputs)
+
+    def _apply(self, cmd: Any) -> None:
+        engine = self.engine
+        assert engine is not None
+        if cmd is None:  # close() wakes the thread up to exit
+            return
+        if isinstance(cmd, _Add):
+            try:
+                slot = engine.adapter_slot(cmd.adapter)
+                engine.add_request(cmd.request_id, cmd.prompt, cmd.params, slot)
+            except KeyError:
+                cmd.accepted.set_exception(ModelNotFound(f"adapter {cmd.adapter!r} not loaded"))
+            except EngineFull as exc:
+                cmd.accepted.set_exception(Overloaded(str(exc)))
+            except ValueError as exc:
+                cmd.accepted.set_exception(InvalidInput(str(exc)))
+            else:
+                cmd.accepted.set_result(None)
+        elif isinstance(cmd, _Abort):
+            engine.abort(cmd.request_id)
+        elif isinstance(cmd, _AdapterOp):
+            try:
+                if cmd.path is None:
+                    try:
+                        engine.unload_adapter(cmd.name)
+                    except KeyError:
+                        raise ModelNotFound(f"adapter {cmd.name!r} is not loaded") from None
+                    cmd.done.set_result({"unloaded": cmd.name})
+                else:
+                    cmd.done.set_result(engine.load_adapter(cmd.name, Path(cmd.path)))
+            except Exception as exc:
+                cmd.done.set_exception(exc)
+
+    def _fail_all(self, engine: LLMEngine) -> list[TokenOutput]:
+        outputs = []
+        for rid in list(engine.requests):
+            engine.abort(rid)
+            outputs.append(TokenOutput(rid, "", None, True, "error", 0, 0))
+        return outputs
+
+    def stats(self) -> dict[str, float]:
+        stats: dict[str, float] = {
+            "uptime_s": time.monotonic() - self.started,
+            "inflight": len(self._sinks),
+        }
+        if self.engine is not None:
+            stats.update(self.engine.stats())
+        return stats
+
+    def idle(self) -> bool:
+        return not self._sinks
+
+    async def close(self) -> None:
+        self._stopping = True
+        self._commands.put(None)
