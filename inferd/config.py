@@ -33,6 +33,27 @@ class BatchingConfig(BaseModel):
     """A request still queued after this long fails with 504 without running."""
 
 
+class LLMConfig(BaseModel):
+    """The generation engine of GPT-2-family models."""
+
+    kv_cache_mb: int = Field(256, ge=1)
+    """Memory of each replica's paged KV cache."""
+    block_size: int = Field(16, ge=1, le=256)
+    """Tokens per KV-cache block."""
+    max_num_seqs: int = Field(256, ge=1)
+    """Sequences decoding together in one step."""
+    max_batched_tokens: int = Field(512, ge=16)
+    """Tokens (prefill chunks + decodes) per step; bounds how long a step takes."""
+    max_waiting: int = Field(1024, ge=1)
+    """Requests queued in a replica beyond which new ones get 503."""
+    dtype: str = Field("float32", pattern="^(float32|bfloat16|float16)$")
+    """Weights and KV-cache dtype."""
+    max_adapters: int = Field(4, ge=0, le=64)
+    """LoRA adapter slots per replica."""
+    max_lora_rank: int = Field(16, ge=1, le=256)
+    """Largest LoRA rank a slot holds."""
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="INFERD_", env_nested_delimiter="__", extra="ignore"
@@ -54,6 +75,8 @@ class Settings(BaseSettings):
     """Intra-op threads of each replica's runtime (torch, onnxruntime, xgboost, lightgbm)."""
     batching: BatchingConfig = Field(default_factory=lambda: BatchingConfig())
     """Default dynamic batching for versions that do not set their own."""
+    llm: LLMConfig = Field(default_factory=lambda: LLMConfig())
+    """Engine settings for generative (GPT-2-family) models."""
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     """Largest request body accepted (413 beyond)."""
     max_rows_per_request: int = Field(4096, ge=1)

@@ -29,8 +29,12 @@ class CharTokenizer:
         return "".join(chr(i) for i in ids if i != EOS)
 
 
+class Shape:
+    n_layer, n_head, head_dim, n_positions = 1, 1, 1, 256
+
+
 class PlusOneModel:
-    n_layer, n_head, head_dim, max_positions = 1, 1, 1, 256
+    config = Shape()
 
     def __init__(self, random_logits: bool = False) -> None:
         self.calls: list[ModelInput] = []

@@ -147,6 +147,7 @@ class Controller:
             threads=self.settings.replica_threads,
             log_level=self.settings.log_level,
             log_json=self.settings.log_json,
+            llm={**self.settings.llm.model_dump(), **_adapters(vset.record)},
         )
         replica = Replica(rid, spec)
         vset.replicas.append(replica)
@@ -247,3 +248,9 @@ class Controller:
             r for m in self.models.values() for v in m.versions.values() for r in v.replicas
         ]
         await asyncio.gather(*(self._stop_replica(r) for r in replicas))
+
+
+def _adapters(record: VersionRecord) -> dict[str, object]:
+    """LoRA adapters registered with a base model version load with its replicas."""
+    adapters = record.metadata.get("adapters")
+    return {"adapters": adapters} if isinstance(adapters, dict) else {}

@@ -26,11 +26,20 @@ from inferd.llm.tokenizer import Detokenizer, TextTokenizer
 logger = logging.getLogger(__name__)
 
 
+class ModelShape(Protocol):
+    @property
+    def n_layer(self) -> int: ...
+    @property
+    def n_head(self) -> int: ...
+    @property
+    def n_positions(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+
+
 class Model(Protocol):
-    n_layer: int
-    n_head: int
-    head_dim: int
-    max_positions: int
+    @property
+    def config(self) -> ModelShape: ...
 
     def forward(self, inp: ModelInput, cache: KVCache, lora: Any = None) -> torch.Tensor: ...
 
@@ -77,17 +86,15 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.config = config
         self.lora = lora
+        shape = model.config
+        self.max_positions = shape.n_positions
         self.cache = KVCache(
-            model.n_layer,
-            model.n_head,
-            model.head_dim,
-            config.num_blocks,
-            config.block_size,
+            shape.n_layer, shape.n_head, shape.head_dim, config.num_blocks, config.block_size,
             config.dtype,
-        )
+        )  # fmt: skip
         self.scheduler = Scheduler(
             SchedulerConfig(config.num_blocks, config.block_size, config.max_num_seqs,
-                            config.max_batched_tokens, model.max_positions, config.max_waiting),
+                            config.max_batched_tokens, shape.n_positions, config.max_waiting),
             eos_token_id=tokenizer.eos_token_id,
         )  # fmt: skip
         self.requests: dict[str, _Request] = {}
@@ -103,7 +110,7 @@ class LLMEngine:
         adapter_slot: int = -1,
     ) -> Sequence:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        limit = self.model.max_positions
+        limit = self.max_positions
         if not ids:
             raise ValueError("the prompt is empty")
         if len(ids) >= limit:

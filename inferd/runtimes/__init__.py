@@ -30,6 +30,7 @@ RUNTIMES: dict[str, str] = {
     "onnx": "inferd.runtimes.onnx:OnnxRuntime",
     "torch": "inferd.runtimes.torch:TorchRuntime",
     "python": "inferd.runtimes.python:PythonRuntime",
+    "gpt2": "inferd.runtimes.gpt2:GPT2Runtime",
 }
 # framework -> the frameworks it overrules when both detect the same folder
 _OVERRULES: dict[str, set[str]] = {

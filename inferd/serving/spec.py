@@ -21,6 +21,8 @@ class ReplicaSpec(msgspec.Struct, frozen=True):
     threads: int = 1
     log_level: str = "INFO"
     log_json: bool = False
+    llm: dict[str, Any] = {}
+    """Engine settings of generative models (kv_cache_mb, max_num_seqs, dtype, adapters)."""
 
     def to_json(self) -> str:
         return msgspec.json.encode(self).decode()

@@ -1,0 +1,65 @@
+"""GPT-2-family checkpoints (Hugging Face folder: config.json, safetensors, tokenizer.json).
+
+Served by the LLM engine in a generation replica (``inferd.serving.generation``); this
+runtime is what ``inferd models push`` uses to check such a folder and record its
+signature: a prompt in, generated text out. ``predict_batch`` runs a short greedy
+generation through the same engine.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from inferd.runtimes.base import Runtime, Signature, TensorSpec
+
+
+class GPT2Runtime(Runtime):
+    framework = "gpt2"
+    file_suffixes = (".safetensors",)
+    max_new_tokens = 8
+
+    @classmethod
+    def detect(cls, artifact_dir: Path) -> bool:
+        config = artifact_dir / "config.json"
+        if not config.is_file() or not any(artifact_dir.glob("*.safetensors")):
+            return False
+        try:
+            return json.loads(config.read_text()).get("model_type") == "gpt2"
+        except (OSError, ValueError):
+            return False
+
+    def load(self) -> None:
+        from types import SimpleNamespace
+
+        from inferd.llm.loader import build_engine
+
+        spec = SimpleNamespace(artifact_dir=str(self.artifact_dir), threads=self.config.threads,
+                               llm={"kv_cache_mb": 16, "max_num_seqs": 8})
+        self.engine = build_engine(spec)
+
+    def infer_signature(self) -> Signature:
+        return Signature(
+            inputs=(TensorSpec("prompt", "BYTES"),), outputs=(TensorSpec("text", "BYTES"),)
+        )
+
+    def predict_batch(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from inferd.llm.sequence import SamplingParams
+
+        params = SamplingParams(max_tokens=self.max_new_tokens, temperature=0)
+        texts: dict[str, list[str]] = {}
+        for i, prompt in enumerate(inputs["prompt"]):
+            rid = f"push-check-{i}"
+            texts[rid] = []
+            self.engine.add_request(rid, str(prompt) or " ", params)
+        while self.engine.has_work():
+            for out in self.engine.step():
+                texts[out.request_id].append(out.text)
+        result = np.empty(len(texts), dtype=object)
+        result[:] = ["".join(parts) for parts in texts.values()]
+        return {"text": result}
+
+    def unload(self) -> None:
+        self.engine = None  # type: ignore[assignment]
