@@ -186,3 +186,37 @@ def postgres_url() -> Iterator[str]:
         with admin.begin() as conn:
             conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
         admin.dispose()
+
+
+TINY_TEXT = (
+    "The server answers every request. A model version is immutable once pushed. "
+    "Replicas load the model and warm it up before they report ready. "
+    "This product is great and the battery lasts all day. "
+) * 20
+
+
+def build_tiny_gpt2(folder: Path, seed: int = 0) -> Path:
+    """A tiny random GPT-2 (2 layers) with a byte-level BPE tokenizer, HF layout."""
+    import torch
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = ByteLevelBPETokenizer()
+    tok.train_from_iterator(
+        [TINY_TEXT], vocab_size=400, special_tokens=["<|endoftext|>"], show_progress=False
+    )
+    tok.save(str(folder / "tokenizer.json"))
+    eos = tok.token_to_id("<|endoftext|>")
+    config = GPT2Config(
+        vocab_size=tok.get_vocab_size(),
+        n_positions=128,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        bos_token_id=eos,
+        eos_token_id=eos,
+    )
+    torch.manual_seed(seed)
+    GPT2LMHeadModel(config).save_pretrained(folder, safe_serialization=True)
+    return folder

@@ -74,6 +74,10 @@ class _Request:
     started: float = field(default_factory=time.monotonic)
 
 
+class PromptTooLong(ValueError):
+    """The prompt does not fit the model's context."""
+
+
 class EngineFull(RuntimeError):
     """The waiting queue is at its bound: the caller should answer 503."""
 
@@ -114,7 +118,9 @@ class LLMEngine:
         if not ids:
             raise ValueError("the prompt is empty")
         if len(ids) >= limit:
-            raise ValueError(f"the prompt has {len(ids)} tokens; the model's context is {limit}")
+            raise PromptTooLong(
+                f"the prompt has {len(ids)} tokens; the model's context is {limit} tokens"
+            )
         if len(self.scheduler.waiting) >= self.config.max_waiting:
             raise EngineFull(f"{len(self.scheduler.waiting)} requests are already waiting")
         if request_id in self.requests:
@@ -223,6 +229,8 @@ class LLMEngine:
         if seq.params.logprobs:
             seq.logprobs.append(logprob)
         text = "" if token == self.tokenizer.eos_token_id else request.detok.add(token)
+        if seq.finished:
+            text += request.detok.flush()
         text, stopped = request.stops.feed(text, final=seq.finished)
         if stopped and not seq.finished:
             self.scheduler.finish(seq, "stop")

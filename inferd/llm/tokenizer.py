@@ -65,3 +65,13 @@ class Detokenizer:
         self._prefix = len(self._ids)
         self.text += delta
         return delta
+
+    def flush(self) -> str:
+        """At the end of a sequence: whatever was held back, even a broken character."""
+        if self._prefix == len(self._ids):
+            return ""
+        window = self._context + self._ids[self._prefix :]
+        delta = self._tok.decode(window)[len(self._tok.decode(self._context)) :]
+        self._prefix = len(self._ids)
+        self.text += delta
+        return delta

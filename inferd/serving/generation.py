@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inferd.errors import InvalidInput, ModelNotFound, ModelNotReady, Overloaded
-from inferd.llm.engine import EngineFull, LLMEngine, TokenOutput
+from inferd.errors import BadRequest, InvalidInput, ModelNotFound, ModelNotReady, Overloaded
+from inferd.llm.engine import EngineFull, LLMEngine, PromptTooLong, TokenOutput
 from inferd.llm.sequence import SamplingParams
 from inferd.serving.spec import ReplicaSpec
 
@@ -166,6 +166,8 @@ class GenerationCore:
                 cmd.accepted.set_exception(ModelNotFound(f"adapter {cmd.adapter!r} not loaded"))
             except EngineFull as exc:
                 cmd.accepted.set_exception(Overloaded(str(exc)))
+            except PromptTooLong as exc:
+                cmd.accepted.set_exception(BadRequest(str(exc)))
             except ValueError as exc:
                 cmd.accepted.set_exception(InvalidInput(str(exc)))
             else:

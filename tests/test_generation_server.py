@@ -1,0 +1,181 @@
+"""End-to-end generation: a GPT-2 served by the real server, inferd SSE and OpenAI APIs."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import InferdServer, build_tiny_gpt2, run_cli
+
+pytestmark = pytest.mark.slow
+PROMPT = "The server answers"
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferdServer]:
+    data = tmp_path_factory.mktemp("llm")
+    folder = build_tiny_gpt2(data / "src" / "tiny")
+    run_cli("models", "push", "tiny", str(folder), "--version", "v1", data_dir=data)
+    server = InferdServer(data, workers=2)
+    try:
+        server.wait_ready(timeout_s=120)
+        yield server
+    finally:
+        assert server.stop() == 0, server.log()[-3000:]
+
+
+def hf_greedy(folder: Path, prompt: str, max_new_tokens: int) -> str:
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import GPT2LMHeadModel
+
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    model = GPT2LMHeadModel.from_pretrained(folder).eval()
+    ids = torch.tensor([tok.encode(prompt).ids])
+    out = model.generate(
+        ids,
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        attention_mask=torch.ones_like(ids),
+        pad_token_id=model.config.eos_token_id,
+    )
+    return tok.decode(out[0, ids.shape[1] :].tolist(), skip_special_tokens=True)
+
+
+def sse_events(response: httpx.Response) -> list[dict]:
+    events = []
+    for line in response.iter_lines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            events.append(json.loads(line[6:]))
+    return events
+
+
+def test_greedy_generation_matches_hugging_face(llm: InferdServer):
+    folder = llm.data_dir / "src" / "tiny"
+    expected = hf_greedy(folder, PROMPT, 20)
+    reply = llm.client.post(
+        "/api/v1/models/tiny/generate", json={"prompt": PROMPT, "max_tokens": 20, "temperature": 0}
+    )
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert body["text"] == expected
+    assert body["usage"]["completion_tokens"] <= 20 and body["usage"]["prompt_tokens"] > 0
+    assert body["finish_reason"] in ("length", "stop")
+
+
+def test_sse_stream_framing(llm: InferdServer):
+    with llm.client.stream(
+        "POST",
+        "/api/v1/generate",
+        json={
+            "model": "tiny",
+            "prompt": PROMPT,
+            "max_tokens": 12,
+            "stream": True,
+            "temperature": 0,
+            "ignore_eos": True,
+        },
+    ) as reply:
+        assert reply.status_code == 200
+        assert reply.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(reply)
+    tokens = [e["token"] for e in events if "token" in e]
+    final = events[-1]
+    assert final["finish_reason"] == "length"
+    assert final["usage"]["completion_tokens"] == 12
+    assert 1 <= len(tokens) <= 12
+    whole = llm.client.post(
+        "/api/v1/models/tiny/generate",
+        json={"prompt": PROMPT, "max_tokens": 12, "temperature": 0, "ignore_eos": True},
+    ).json()
+    assert "".join(tokens) == whole["text"]
+
+
+def test_openai_client_completions_and_chat(llm: InferdServer):
+    import openai
+
+    client = openai.OpenAI(base_url=f"{llm.url}/v1", api_key="unused")
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    done = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, temperature=0)
+    assert done.object == "text_completion"
+    assert done.choices[0].text == hf_greedy(llm.data_dir / "src" / "tiny", PROMPT, 8)
+    assert done.usage is not None and done.usage.completion_tokens <= 8
+    stream = client.completions.create(
+        model="tiny",
+        prompt=PROMPT,
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == done.choices[0].text
+    assert chunks[-1].usage is not None and chunks[-1].choices == []
+    chat = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hello"}], max_tokens=6
+    )
+    assert chat.choices[0].message.role == "assistant"
+    streamed = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "hello"}],
+        max_tokens=6,
+        temperature=0,
+        stream=True,
+    )
+    assert any(c.choices and c.choices[0].finish_reason for c in streamed)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt="x", max_tokens=2)
+    with pytest.raises(openai.UnprocessableEntityError):
+        client.completions.create(model="tiny", prompt="x", max_tokens=0)
+
+
+def _running(llm: InferdServer) -> float:
+    detail = llm.client.get("/api/v1/models/tiny").json()
+    return detail["versions"][0]["replicas"][0]["stats"]["running"]
+
+
+def test_client_disconnect_cancels_the_sequence(llm: InferdServer):
+    with (
+        httpx.Client(base_url=llm.url, timeout=30) as c,
+        c.stream(
+            "POST",
+            "/api/v1/models/tiny/generate",
+            json={"prompt": PROMPT, "max_tokens": 100, "stream": True, "ignore_eos": True},
+        ) as r,
+    ):
+        for i, _ in enumerate(r.iter_lines()):
+            if i >= 3:
+                break
+    deadline = time.monotonic() + 10
+    while _running(llm) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _running(llm) == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "says"),
+    [
+        ({"prompt": "word " * 200, "max_tokens": 4}, 400, "context"),
+        ({"prompt": PROMPT, "max_tokens": 0}, 422, "max_tokens"),
+        ({"prompt": PROMPT, "max_tokens": 10**9}, 422, "max_tokens"),
+        ({"prompt": PROMPT, "temperature": 9}, 422, "temperature"),
+        ({"prompt": PROMPT, "top_p": 0}, 422, "top_p"),
+        ({"prompt": ""}, 422, "prompt"),
+        ({"prompt": PROMPT, "adapter": "nope"}, 404, "nope"),
+    ],
+)
+def test_bad_generation_requests(llm: InferdServer, body: dict, status: int, says: str):
+    reply = llm.client.post("/api/v1/models/tiny/generate", json=body)
+    assert reply.status_code == status, reply.text
+    assert says in reply.json()["error"]["message"]
+
+
+def test_predict_on_a_generative_model_says_use_generate(llm: InferdServer):
+    reply = llm.client.post("/api/v1/models/tiny/predict", json={"inputs": [{"prompt": "x"}]})
+    assert reply.status_code == 422
+    assert "generate" in reply.json()["error"]["message"]
