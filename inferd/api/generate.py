@@ -81,7 +81,10 @@ def prompt_of(body: dict[str, Any]) -> str | list[int]:
     raise InvalidInput("'prompt' must be a non-empty string (or a list of token ids)")
 
 
-async def _first_then_rest(stream: AsyncGenerator[p.TokenChunk, None]) -> AsyncGenerator[p.TokenChunk, None]:
+Chunks = AsyncGenerator[p.TokenChunk, None]
+
+
+async def _first_then_rest(stream: Chunks) -> Chunks:
     """Fetch the first chunk before answering, so a refused request gets a real 4xx/5xx
     status instead of an error inside a 200 stream."""
     first = await anext(stream)

@@ -19,10 +19,9 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
-from inferd.api.generate import start, usage
+from inferd.api.generate import Chunks, start, usage
 from inferd.api.http import json_response, read_json
 from inferd.errors import BadRequest, InferdError, InvalidInput
-from inferd.serving import protocol as p
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 GENERATIVE = ("gpt2",)
@@ -108,7 +107,7 @@ async def _complete(request: Request, chat: bool) -> Response:
 
 
 async def _stream(
-    chunks: AsyncGenerator[p.TokenChunk, None], meta: dict[str, Any], chat: bool, include_usage: bool
+    chunks: Chunks, meta: dict[str, Any], chat: bool, include_usage: bool
 ) -> AsyncGenerator[bytes, None]:
     obj = "chat.completion.chunk" if chat else "text_completion"
     make: Callable[[str | None, str | None], dict[str, Any]]

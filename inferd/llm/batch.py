@@ -14,7 +14,7 @@ import torch
 
 
 class KVCache:
-    """Keys and values of every layer: ``[n_layer, 2, num_blocks * block_size, n_head, head_dim]``."""
+    """Keys and values of all layers: ``[n_layer, 2, num_blocks*block_size, n_head, head_dim]``."""
 
     def __init__(
         self,

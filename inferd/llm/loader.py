@@ -38,11 +38,17 @@ def build_engine(spec: Any) -> LLMEngine:
         max_waiting=int(llm.get("max_waiting", 1024)),
         dtype=dtype,
     )
-    lora = LoRABank(cfg, int(llm.get("max_adapters", 4)), int(llm.get("max_lora_rank", 16)),
-                    dtype=dtype)
+    lora = LoRABank(
+        cfg, int(llm.get("max_adapters", 4)), int(llm.get("max_lora_rank", 16)), dtype=dtype
+    )
     engine = LLMEngine(model, tokenizer, config, lora)
     for name, path in (llm.get("adapters") or {}).items():
         engine.load_adapter(name, Path(path))
-    logger.info("engine: %d KV blocks of %d tokens (%.0f MiB), dtype %s",
-                num_blocks, block_size, num_blocks * bytes_per_block / 2**20, dtype)
+    logger.info(
+        "engine: %d KV blocks of %d tokens (%.0f MiB), dtype %s",
+        num_blocks,
+        block_size,
+        num_blocks * bytes_per_block / 2**20,
+        dtype,
+    )
     return engine

@@ -36,8 +36,11 @@ class GPT2Runtime(Runtime):
 
         from inferd.llm.loader import build_engine
 
-        spec = SimpleNamespace(artifact_dir=str(self.artifact_dir), threads=self.config.threads,
-                               llm={"kv_cache_mb": 16, "max_num_seqs": 8})
+        spec = SimpleNamespace(
+            artifact_dir=str(self.artifact_dir),
+            threads=self.config.threads,
+            llm={"kv_cache_mb": 16, "max_num_seqs": 8},
+        )
         self.engine = build_engine(spec)
 
     def infer_signature(self) -> Signature:

@@ -154,38 +154,45 @@ class GenerationCore:
                     self._loop.call_soon_threadsafe(self._deliver, outputs)
 
     def _apply(self, cmd: Any) -> None:
+        if isinstance(cmd, _Add):
+            self._add(cmd)
+        elif isinstance(cmd, _Abort):
+            assert self.engine is not None
+            self.engine.abort(cmd.request_id)
+        elif isinstance(cmd, _AdapterOp):
+            self._adapter(cmd)
+        # None: close() woke the thread up to exit
+
+    def _add(self, cmd: _Add) -> None:
         engine = self.engine
         assert engine is not None
-        if cmd is None:  # close() wakes the thread up to exit
-            return
-        if isinstance(cmd, _Add):
-            try:
-                slot = engine.adapter_slot(cmd.adapter)
-                engine.add_request(cmd.request_id, cmd.prompt, cmd.params, slot)
-            except KeyError:
-                cmd.accepted.set_exception(ModelNotFound(f"adapter {cmd.adapter!r} not loaded"))
-            except EngineFull as exc:
-                cmd.accepted.set_exception(Overloaded(str(exc)))
-            except PromptTooLong as exc:
-                cmd.accepted.set_exception(BadRequest(str(exc)))
-            except ValueError as exc:
-                cmd.accepted.set_exception(InvalidInput(str(exc)))
+        try:
+            slot = engine.adapter_slot(cmd.adapter)
+            engine.add_request(cmd.request_id, cmd.prompt, cmd.params, slot)
+        except KeyError:
+            cmd.accepted.set_exception(ModelNotFound(f"adapter {cmd.adapter!r} is not loaded"))
+        except EngineFull as exc:
+            cmd.accepted.set_exception(Overloaded(str(exc)))
+        except PromptTooLong as exc:
+            cmd.accepted.set_exception(BadRequest(str(exc)))
+        except ValueError as exc:
+            cmd.accepted.set_exception(InvalidInput(str(exc)))
+        else:
+            cmd.accepted.set_result(None)
+
+    def _adapter(self, cmd: _AdapterOp) -> None:
+        engine = self.engine
+        assert engine is not None
+        try:
+            if cmd.path is not None:
+                cmd.done.set_result(engine.load_adapter(cmd.name, Path(cmd.path)))
+            elif cmd.name in engine.adapters:
+                engine.unload_adapter(cmd.name)
+                cmd.done.set_result({"unloaded": cmd.name})
             else:
-                cmd.accepted.set_result(None)
-        elif isinstance(cmd, _Abort):
-            engine.abort(cmd.request_id)
-        elif isinstance(cmd, _AdapterOp):
-            try:
-                if cmd.path is None:
-                    try:
-                        engine.unload_adapter(cmd.name)
-                    except KeyError:
-                        raise ModelNotFound(f"adapter {cmd.name!r} is not loaded") from None
-                    cmd.done.set_result({"unloaded": cmd.name})
-                else:
-                    cmd.done.set_result(engine.load_adapter(cmd.name, Path(cmd.path)))
-            except Exception as exc:
-                cmd.done.set_exception(exc)
+                raise ModelNotFound(f"adapter {cmd.name!r} is not loaded")
+        except Exception as exc:
+            cmd.done.set_exception(exc)
 
     def _fail_all(self, engine: LLMEngine) -> list[TokenOutput]:
         outputs = []
