@@ -179,3 +179,75 @@ def test_predict_on_a_generative_model_says_use_generate(llm: InferdServer):
     reply = llm.client.post("/api/v1/models/tiny/predict", json={"inputs": [{"prompt": "x"}]})
     assert reply.status_code == 422
     assert "generate" in reply.json()["error"]["message"]
+
+
+def make_adapter(base: Path, out: Path, seed: int, targets: list[str]) -> Path:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import GPT2LMHeadModel
+
+    model = GPT2LMHeadModel.from_pretrained(base)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=targets, fan_in_fan_out=True)
+    peft_model = get_peft_model(model, config)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:  # PEFT starts B at zero: make the adapter matter
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.5)
+    peft_model.save_pretrained(out)
+    return out
+
+
+def peft_greedy(base: Path, adapter: Path, prompt: str, n: int) -> str:
+    import torch
+    from peft import PeftModel
+    from tokenizers import Tokenizer
+    from transformers import GPT2LMHeadModel
+
+    tok = Tokenizer.from_file(str(base / "tokenizer.json"))
+    model = PeftModel.from_pretrained(GPT2LMHeadModel.from_pretrained(base), adapter).eval()
+    ids = torch.tensor([tok.encode(prompt).ids])
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=n,
+        do_sample=False,
+        pad_token_id=tok.token_to_id("<|endoftext|>"),
+    )
+    return tok.decode(out[0, ids.shape[1] :].tolist(), skip_special_tokens=True)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+def test_lora_adapters_load_reload_unload_at_run_time(llm: InferdServer, tmp_path: Path):
+    base = llm.data_dir / "src" / "tiny"
+    first = make_adapter(base, tmp_path / "a1", seed=1, targets=["c_attn"])
+    second = make_adapter(base, tmp_path / "a2", seed=2, targets=["c_attn", "c_proj"])
+    c = llm.client
+
+    def gen(model: str) -> httpx.Response:
+        return c.post(
+            "/api/v1/generate",
+            json={"model": model, "prompt": PROMPT, "max_tokens": 10, "temperature": 0},
+        )
+
+    loaded = c.post("/v1/load_lora_adapter", json={"lora_name": "mine", "lora_path": str(first)})
+    assert loaded.status_code == 200, loaded.text
+    assert loaded.json()["model"] == "tiny:mine"
+    with_first = gen("tiny:mine").json()["text"]
+    assert with_first == peft_greedy(base, first, PROMPT, 10)
+    assert with_first != gen("tiny").json()["text"]
+    # one batch mixing the base and the adapter still gives each its own output
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(6) as pool:
+        mixed = list(pool.map(lambda m: gen(m).json()["text"], ["tiny", "tiny:mine"] * 3))
+    assert mixed[1::2] == [with_first] * 3
+    reloaded = c.post("/v1/load_lora_adapter", json={"lora_name": "mine", "lora_path": str(second)})
+    assert reloaded.status_code == 200
+    assert gen("tiny:mine").json()["text"] == peft_greedy(base, second, PROMPT, 10)
+    assert c.post("/v1/unload_lora_adapter", json={"lora_name": "mine"}).status_code == 200
+    gone = gen("tiny:mine")
+    assert gone.status_code == 404 and "mine" in gone.json()["error"]["message"]
+    missing = c.post("/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": "/nope"})
+    assert missing.status_code == 422

@@ -98,20 +98,24 @@ async def _first_then_rest(stream: Chunks) -> Chunks:
 
 
 async def start(
-    request: Request, target: Target, body: dict[str, Any]
-) -> tuple[AsyncGenerator[p.TokenChunk, None], str, float]:
+    request: Request, name: str, body: dict[str, Any], version: str | None = None
+) -> tuple[Chunks, Target, str, float]:
+    """Resolve ``name`` (a model, an adapter, or ``base:adapter``), check the body, and
+    start streaming; returns once the first chunk is there."""
     started = time.perf_counter()
     rid = request_id_of(request)
     request_id_var.set(rid)
-    params = sampling_params(body)
-    adapter = body.get("adapter")
-    if adapter is not None and not isinstance(adapter, str):
+    target, adapter = request.app.state.router.resolve(name, version)
+    explicit = body.get("adapter")
+    if explicit is not None and not isinstance(explicit, str):
         raise InvalidInput("'adapter' must be a string")
+    adapter = explicit or adapter
+    params = sampling_params(body)
     settings = request.app.state.settings
     stream = request.app.state.router.generate(
         target, prompt_of(body), params, adapter, settings.request_timeout_s, rid
     )
-    return await _first_then_rest(stream), rid, started
+    return await _first_then_rest(stream), target, rid, started
 
 
 def usage(chunk: p.TokenChunk) -> dict[str, int]:
@@ -128,8 +132,7 @@ async def _generate(request: Request, model: str, body: Any) -> Response:
     version = (
         (body.get("params") or {}).get("version") if isinstance(body.get("params"), dict) else None
     )
-    target = request.app.state.router.target(model, version)
-    chunks, rid, started = await start(request, target, body)
+    chunks, target, rid, started = await start(request, model, body, version)
     headers = {"x-request-id": rid, "x-inferd-model-version": target.version}
     if body.get("stream"):
         return StreamingResponse(

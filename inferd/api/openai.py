@@ -21,7 +21,7 @@ from starlette.responses import Response, StreamingResponse
 
 from inferd.api.generate import Chunks, start, usage
 from inferd.api.http import json_response, read_json
-from inferd.errors import BadRequest, InferdError, InvalidInput
+from inferd.errors import BadRequest, InferdError, InvalidInput, ModelNotReady
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 GENERATIVE = ("gpt2",)
@@ -69,8 +69,7 @@ async def _complete(request: Request, chat: bool) -> Response:
             raise InvalidInput("only n=1 is supported")
         if chat:
             body = {**body, "prompt": _chat_prompt(body.get("messages"))}
-        target = request.app.state.router.target(model)
-        chunks, rid, _ = await start(request, target, body)
+        chunks, _, rid, _ = await start(request, model, body)
     except InferdError as exc:
         return openai_error(exc)
     meta = {
@@ -167,3 +166,51 @@ async def completions(request: Request) -> Response:
 async def chat_completions(request: Request) -> Response:
     """OpenAI chat completions over a plain ``role: content`` transcript."""
     return await _complete(request, chat=True)
+
+
+async def _adapter_op(request: Request, load: bool) -> Response:
+    """Send a load/unload to every replica of the base model's serving version."""
+    try:
+        body = await read_json(request, request.app.state.settings.max_body_bytes)
+        name = body.get("lora_name") if isinstance(body, dict) else None
+        if not isinstance(name, str) or not name or ":" in name:
+            raise InvalidInput("'lora_name' must be a non-empty string without ':'")
+        path = body.get("lora_path")
+        if load and not isinstance(path, str):
+            raise InvalidInput("'lora_path' must be the folder of a PEFT adapter")
+        router = request.app.state.router
+        base = body.get("base_model") or _only_generative_model(router)
+        target = router.target(base)
+        clients = router.clients_of(target.model, target.version)
+        if not clients:
+            raise ModelNotReady(f"no replica of {base!r} is running")
+        for client in clients:
+            await client.adapter(name, path if load else None)
+    except InferdError as exc:
+        return openai_error(exc)
+    verb = "loaded" if load else "unloaded"
+    return json_response(
+        {verb: name, "base_model": base, "replicas": len(clients), "model": f"{base}:{name}"}
+    )
+
+
+def _only_generative_model(router: Any) -> str:
+    names = [
+        name for name, route in router.table.models.items()
+        if route.default_version and route.versions[route.default_version].framework in GENERATIVE
+    ]  # fmt: skip
+    if len(names) != 1:
+        raise InvalidInput(f"give 'base_model': one of {sorted(names)}")
+    return str(names[0])
+
+
+@router.post("/load_lora_adapter")
+async def load_lora_adapter(request: Request) -> Response:
+    """Load a PEFT LoRA adapter into the running replicas; use it as ``base:lora_name``."""
+    return await _adapter_op(request, load=True)
+
+
+@router.post("/unload_lora_adapter")
+async def unload_lora_adapter(request: Request) -> Response:
+    """Stop serving an adapter; requests already running with it finish."""
+    return await _adapter_op(request, load=False)

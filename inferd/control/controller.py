@@ -234,6 +234,7 @@ class Controller:
                     s.record.signature.to_dict(),
                     [r.route() for r in s.replicas],
                     s.desired,
+                    sorted(_adapters(s.record).get("adapters", {})),
                 )
                 for v, s in state.versions.items()
             }
@@ -250,7 +251,8 @@ class Controller:
         await asyncio.gather(*(self._stop_replica(r) for r in replicas))
 
 
-def _adapters(record: VersionRecord) -> dict[str, object]:
-    """LoRA adapters registered with a base model version load with its replicas."""
+def _adapters(record: VersionRecord) -> dict[str, dict[str, str]]:
+    """LoRA adapters registered with a base model version (name -> folder inside the
+    version's artifact folder) load with its replicas."""
     adapters = record.metadata.get("adapters")
     return {"adapters": adapters} if isinstance(adapters, dict) else {}

@@ -43,7 +43,7 @@ def build_engine(spec: Any) -> LLMEngine:
     )
     engine = LLMEngine(model, tokenizer, config, lora)
     for name, path in (llm.get("adapters") or {}).items():
-        engine.load_adapter(name, Path(path))
+        engine.load_adapter(name, folder / path)  # relative to the version folder
     logger.info(
         "engine: %d KV blocks of %d tokens (%.0f MiB), dtype %s",
         num_blocks,

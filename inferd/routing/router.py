@@ -134,6 +134,20 @@ class Router:
             )
         return self._targets[(model, version)]
 
+    def resolve(self, name: str, version: str | None = None) -> tuple[Target, str | None]:
+        """A model name, an adapter name registered with a model, or ``base:adapter``
+        (an adapter loaded at run time) -> the serving target and the adapter."""
+        if name in self.table.models:
+            return self.target(name, version), None
+        base, sep, adapter = name.partition(":")
+        if sep and base in self.table.models and adapter:
+            return self.target(base, version), adapter
+        for model in self.table.models.values():
+            serving = model.versions.get(model.default_version or "")
+            if serving is not None and name in serving.adapters:
+                return self.target(model.name, version), name
+        raise ModelNotFound(f"model {name!r} not found", model=name)
+
     def version_route(self, model: str, version: str) -> VersionRoute | None:
         route = self.table.models.get(model)
         return route.versions.get(version) if route else None

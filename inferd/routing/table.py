@@ -27,6 +27,8 @@ class VersionRoute(msgspec.Struct, frozen=True):
     signature: dict[str, Any]
     replicas: list[ReplicaRoute]
     desired_replicas: int = 1
+    adapters: list[str] = []
+    """LoRA adapters registered with this (generative) version; each is also a model name."""
 
 
 class ModelRoute(msgspec.Struct, frozen=True):

@@ -191,6 +191,8 @@ class GenerationCore:
                 cmd.done.set_result({"unloaded": cmd.name})
             else:
                 raise ModelNotFound(f"adapter {cmd.name!r} is not loaded")
+        except (FileNotFoundError, ValueError, KeyError) as exc:
+            cmd.done.set_exception(InvalidInput(f"cannot load adapter {cmd.name!r}: {exc}"))
         except Exception as exc:
             cmd.done.set_exception(exc)
 
