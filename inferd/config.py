@@ -93,6 +93,8 @@ class Settings(BaseSettings):
     """How often the controller compares the registry with the running replicas."""
     run_dir: Path | None = None
     """Folder for replica sockets; default a short private folder under /tmp."""
+    demo_llm: bool = True
+    """With --demo, also build and serve the small demo GPT-2 and its LoRA adapter."""
     log_level: str = "INFO"
     """Log level of every inferd process."""
     log_json: bool = False

@@ -56,7 +56,9 @@ async def serve(
     if demo:
         from inferd.demo.install import install_demo
 
-        await asyncio.to_thread(install_demo, registry, settings.data_dir / "demo-src", progress)
+        await asyncio.to_thread(
+            install_demo, registry, settings.data_dir / "demo-src", progress, settings.demo_llm
+        )
     reserved = _resolve_port(settings)
     run_dir = settings.run_dir or Path(tempfile.mkdtemp(prefix="inferd-"))
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -9,11 +9,15 @@ from inferd.errors import ModelNotFound
 from inferd.registry import Registry
 
 
-def install_demo(registry: Registry, work_dir: Path, progress: Callable[[str], None]) -> list[str]:
+def install_demo(
+    registry: Registry, work_dir: Path, progress: Callable[[str], None], llm: bool = True
+) -> list[str]:
     """Returns ``model:version`` of every demo model, newly pushed or already there."""
     from inferd.demo.build import build_demo_models
     from inferd.runtimes import inspect_artifact
 
+    if llm:
+        install_llm_demo(registry, work_dir, progress)
     missing = []
     for name, version in DEMO_VERSIONS.items():
         try:
@@ -45,3 +49,44 @@ def install_demo(registry: Registry, work_dir: Path, progress: Callable[[str], N
 
 
 DEMO_VERSIONS = {"fraud": "v1", "sentiment": "v1", "iris": "v1", "digits": "v1"}
+
+
+LLM_DEMO = ("tinygpt", "v1")
+
+
+def install_llm_demo(registry: Registry, work_dir: Path, progress: Callable[[str], None]) -> None:
+    """A small GPT-2 trained here, registered with its LoRA adapter inside its version
+    folder (``adapters/reviews``), so one base serves two styles: ``tinygpt`` and
+    ``tinygpt-reviews``."""
+    name, version = LLM_DEMO
+    try:
+        registry.get_version(name, version)
+        return
+    except ModelNotFound:
+        pass
+    import shutil
+
+    from inferd.demo.llm import build_tiny_gpt2
+    from inferd.runtimes import inspect_artifact
+
+    progress("building the demo LLM locally (a small GPT-2 and a LoRA adapter, ~2 min) ...")
+    demo = build_tiny_gpt2(work_dir / "llm", progress=progress)
+    folder = work_dir / "llm" / "tinygpt-v1"
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.copytree(demo.base, folder)
+    shutil.copytree(demo.adapter, folder / "adapters" / "reviews")
+    adapter_name = f"{name}-{demo.adapter_name}"
+    metadata = {**demo.metadata, "adapters": {adapter_name: "adapters/reviews"}}
+    framework, signature = inspect_artifact(folder, "gpt2", metadata)
+    registry.push(
+        name,
+        folder,
+        version,
+        framework=framework,
+        signature=signature,
+        metadata=metadata,
+        owner="inferd-demo",
+        description="A small GPT-2 trained here on Python docs prose, with a LoRA "
+        f"adapter '{adapter_name}' fine-tuned on product reviews.",
+    )
+    progress(f"registered {name}:{version} (gpt2) with adapter {adapter_name}")
