@@ -147,7 +147,10 @@ class LoadGenerator:
         for conn in list(s.conns):
             if conn.transport is not None:
                 conn.transport.close()
-        window = max(stopped - s.measure_from, 1e-9)
+        # The measured window runs until the last answer came back, so slow requests
+        # (long generations) count their whole time, not just the sending window.
+        last_done = max((x.start + x.latency for x in s.samples), default=stopped)
+        window = max(max(stopped, last_done) - s.measure_from, 1e-9)
         return LoadResult(s.samples, window, len(s.backlog), s.connect_errors, interrupted)
 
     def _time_left(self) -> bool:
