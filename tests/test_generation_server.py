@@ -251,3 +251,45 @@ def test_lora_adapters_load_reload_unload_at_run_time(llm: InferdServer, tmp_pat
     assert gone.status_code == 404 and "mine" in gone.json()["error"]["message"]
     missing = c.post("/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": "/nope"})
     assert missing.status_code == 422
+
+
+@pytest.fixture(scope="module")
+def llm_with_registered_adapter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferdServer]:
+    import shutil
+
+    data = tmp_path_factory.mktemp("llm-adapter")
+    folder = build_tiny_gpt2(data / "src" / "tiny")
+    make_adapter(folder, data / "src" / "style", seed=5, targets=["c_attn"])
+    shutil.copytree(data / "src" / "style", folder / "adapters" / "style")
+    run_cli(
+        "models",
+        "push",
+        "tiny",
+        str(folder),
+        "--version",
+        "v1",
+        "--meta",
+        'adapters={"tiny-style": "adapters/style"}',
+        data_dir=data,
+    )
+    server = InferdServer(data, workers=1)
+    try:
+        server.wait_ready(timeout_s=120)
+        yield server
+    finally:
+        assert server.stop() == 0, server.log()[-3000:]
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+def test_registered_adapter_is_its_own_model_name(llm_with_registered_adapter: InferdServer):
+    server = llm_with_registered_adapter
+    listed = server.client.get("/v1/models").json()["data"]
+    assert [(m["id"], m.get("parent")) for m in listed] == [("tiny", None), ("tiny-style", "tiny")]
+    src = server.data_dir / "src"
+    reply = server.client.post(
+        "/v1/completions",
+        json={"model": "tiny-style", "prompt": PROMPT, "max_tokens": 8, "temperature": 0},
+    )
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["choices"][0]["text"] == peft_greedy(src / "tiny", src / "style", PROMPT, 8)

@@ -37,11 +37,16 @@ def openai_error(exc: InferdError) -> Response:
 async def models(request: Request) -> Response:
     """Generative models being served, in OpenAI's list shape."""
     table = request.app.state.router.table
-    data = [
-        {"id": name, "object": "model", "created": 0, "owned_by": "inferd"}
-        for name, route in table.models.items()
-        if route.default_version and route.versions[route.default_version].framework in GENERATIVE
-    ]
+    data = []
+    for name, route in table.models.items():
+        serving = route.versions.get(route.default_version or "")
+        if serving is None or serving.framework not in GENERATIVE:
+            continue
+        data.append({"id": name, "object": "model", "created": 0, "owned_by": "inferd"})
+        data += [
+            {"id": a, "object": "model", "created": 0, "owned_by": "inferd", "parent": name}
+            for a in serving.adapters
+        ]
     return json_response({"object": "list", "data": data})
 
 
