@@ -1,0 +1,106 @@
+"""The demo LLM builds offline into files Hugging Face loads: tokenizer, base, adapter.
+
+Budgets here are a few seconds, so the models barely speak; the tests check the
+artifacts and that the adapter moves the base, not the quality of either.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from peft import PeftModel
+from safetensors import safe_open
+from transformers import AutoTokenizer, GPT2LMHeadModel
+
+from inferd.demo.llm import ENDOFTEXT, LLMDemo, build_tiny_gpt2, greedy, random_gpt2_small
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> LLMDemo:
+    messages: list[str] = []
+    built = build_tiny_gpt2(
+        tmp_path_factory.mktemp("llm"), messages.append, train_seconds=12, adapter_seconds=6
+    )
+    assert messages and messages[-1].startswith("llm: built")
+    return built
+
+
+def test_files(demo: LLMDemo) -> None:
+    assert {p.name for p in demo.base.iterdir()} == {
+        "config.json", "generation_config.json", "model.safetensors",
+        "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
+        "special_tokens_map.json",
+    }  # fmt: skip
+    assert {p.name for p in demo.adapter.iterdir()} == {
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "README.md",
+    }
+    adapter_config = json.loads((demo.adapter / "adapter_config.json").read_text())
+    assert adapter_config["r"] == 8 and adapter_config["target_modules"] == ["c_attn"]
+    assert Path(adapter_config["base_model_name_or_path"]) == demo.base.resolve()
+    assert demo.adapter_name == "reviews"
+
+
+def test_tokenizer_round_trips(demo: LLMDemo) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(demo.base)
+    config = json.loads((demo.base / "config.json").read_text())
+    assert len(tokenizer) == config["vocab_size"] == 4096
+    assert tokenizer.eos_token == tokenizer.bos_token == ENDOFTEXT
+    assert tokenizer.eos_token_id == config["eos_token_id"] == 4095
+    text = "The function returns a list of str.\n  Naïve café, 3 × 4 ≠ 11 ✓"
+    ids = tokenizer(text)["input_ids"]
+    assert len(ids) < len(text.encode())  # merges were learned, not just bytes
+    assert tokenizer.decode(ids) == text
+
+
+def test_adapter_changes_the_style(demo: LLMDemo) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(demo.base)
+    base = GPT2LMHeadModel.from_pretrained(demo.base).eval()
+    plain = greedy(base, tokenizer, "This product is")
+    with pytest.warns(FutureWarning, match="is_gradient_checkpointing"):
+        # peft 0.21 reads a property transformers 5 deprecated; harmless, and loud.
+        tuned = PeftModel.from_pretrained(base, demo.adapter).eval()
+    styled = greedy(tuned, tokenizer, "This product is")
+    assert plain.startswith("This product is") and styled.startswith("This product is")
+    assert styled != plain
+    assert demo.metadata["samples"]["adapter"]["This product is"] == styled
+    assert demo.metadata["samples"]["base"]["This product is"] == plain
+
+
+def test_metadata(demo: LLMDemo) -> None:
+    meta = demo.metadata
+    assert meta["corpus_chars"] > 500_000 and meta["corpus_tokens"] > 100_000
+    for part in ("base", "adapter"):
+        assert meta[f"{part}_steps"] > 0
+        assert 0 < meta[f"{part}_final_loss"] < 10
+    assert meta["base_planned_steps"] == 96 and meta["adapter_planned_steps"] == 66
+    json.dumps(meta)
+
+
+def test_same_budget_same_weights(tmp_path: Path) -> None:
+    builds = [
+        build_tiny_gpt2(tmp_path / name, train_seconds=1, adapter_seconds=0.5)
+        for name in ("a", "b")
+    ]
+    if any(b.metadata[f"{p}_stopped_early"] for b in builds for p in ("base", "adapter")):
+        pytest.skip("the machine was too busy to finish the planned steps")
+    for folder, name in (("base", "model"), ("adapter", "adapter_model")):
+        first, second = (getattr(b, folder) / f"{name}.safetensors" for b in builds)
+        assert first.read_bytes() == second.read_bytes()
+
+
+@pytest.mark.slow
+def test_random_gpt2_small(tmp_path: Path) -> None:
+    folder = random_gpt2_small(tmp_path)
+    with safe_open(folder / "model.safetensors", "pt") as f:
+        parameters = sum(f.get_slice(key).get_shape().numel() for key in f.keys())
+    assert abs(parameters - 124_439_808) / 124_439_808 < 0.01
+    config = json.loads((folder / "config.json").read_text())
+    assert (config["n_layer"], config["n_head"], config["n_embd"]) == (12, 12, 768)
+    assert (config["vocab_size"], config["n_positions"]) == (50257, 1024)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert len(tokenizer) == 50257 and tokenizer.eos_token_id == 50256
+    assert tokenizer.decode(tokenizer("Return the value.")["input_ids"]) == "Return the value."
