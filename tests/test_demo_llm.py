@@ -1,27 +1,42 @@
 """The demo LLM builds offline into files Hugging Face loads: tokenizer, base, adapter.
 
-Budgets here are a few seconds, so the models barely speak; the tests check the
-artifacts and that the adapter moves the base, not the quality of either.
+The budgets here are a quarter of the real build's, so the models barely speak: the
+tests check the artifacts and that the adapter moves the base, not either's quality.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import shutil
 from pathlib import Path
 
 import pytest
 from peft import PeftModel
-from safetensors import safe_open
 from transformers import AutoTokenizer, GPT2LMHeadModel
 
-from inferd.demo.llm import ENDOFTEXT, LLMDemo, build_tiny_gpt2, greedy, random_gpt2_small
+from inferd.demo.llm import (
+    ADAPTER_STEPS_PER_S,
+    BASE_STEPS_PER_S,
+    ENDOFTEXT,
+    LLMDemo,
+    build_tiny_gpt2,
+    greedy,
+    random_gpt2_small,
+)
+
+BASE_SECONDS, ADAPTER_SECONDS = 20, 12
+GPT2_SMALL_PARAMETERS = 124_439_808
 
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> LLMDemo:
     messages: list[str] = []
     built = build_tiny_gpt2(
-        tmp_path_factory.mktemp("llm"), messages.append, train_seconds=12, adapter_seconds=6
+        tmp_path_factory.mktemp("llm"),
+        messages.append,
+        train_seconds=BASE_SECONDS,
+        adapter_seconds=ADAPTER_SECONDS,
     )
     assert messages and messages[-1].startswith("llm: built")
     return built
@@ -36,7 +51,6 @@ def test_files(demo: LLMDemo) -> None:
     assert {p.name for p in demo.adapter.iterdir()} == {
         "adapter_config.json",
         "adapter_model.safetensors",
-        "README.md",
     }
     adapter_config = json.loads((demo.adapter / "adapter_config.json").read_text())
     assert adapter_config["r"] == 8 and adapter_config["target_modules"] == ["c_attn"]
@@ -50,19 +64,19 @@ def test_tokenizer_round_trips(demo: LLMDemo) -> None:
     assert len(tokenizer) == config["vocab_size"] == 4096
     assert tokenizer.eos_token == tokenizer.bos_token == ENDOFTEXT
     assert tokenizer.eos_token_id == config["eos_token_id"] == 4095
-    text = "The function returns a list of str.\n  Naïve café, 3 × 4 ≠ 11 ✓"
+    text = "The function returns a list of str.\n  Naïve café, 3 ≠ 4 ✓ 日本"
     ids = tokenizer(text)["input_ids"]
     assert len(ids) < len(text.encode())  # merges were learned, not just bytes
     assert tokenizer.decode(ids) == text
 
 
+# peft 0.21 reads a property transformers 5 deprecated (peft/peft_model.py).
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
 def test_adapter_changes_the_style(demo: LLMDemo) -> None:
     tokenizer = AutoTokenizer.from_pretrained(demo.base)
     base = GPT2LMHeadModel.from_pretrained(demo.base).eval()
     plain = greedy(base, tokenizer, "This product is")
-    with pytest.warns(FutureWarning, match="is_gradient_checkpointing"):
-        # peft 0.21 reads a property transformers 5 deprecated; harmless, and loud.
-        tuned = PeftModel.from_pretrained(base, demo.adapter).eval()
+    tuned = PeftModel.from_pretrained(base, demo.adapter).eval()
     styled = greedy(tuned, tokenizer, "This product is")
     assert plain.startswith("This product is") and styled.startswith("This product is")
     assert styled != plain
@@ -72,17 +86,20 @@ def test_adapter_changes_the_style(demo: LLMDemo) -> None:
 
 def test_metadata(demo: LLMDemo) -> None:
     meta = demo.metadata
-    assert meta["corpus_chars"] > 500_000 and meta["corpus_tokens"] > 100_000
+    assert meta["corpus_chars"] > 500_000 and meta["base_tokens"] > 100_000
+    assert 0.1 < meta["base_review_share"] < 0.25
     for part in ("base", "adapter"):
         assert meta[f"{part}_steps"] > 0
         assert 0 < meta[f"{part}_final_loss"] < 10
-    assert meta["base_planned_steps"] == 96 and meta["adapter_planned_steps"] == 66
+    # planned from the budget, not the clock: the same budget means the same steps
+    assert meta["base_planned_steps"] == int(BASE_SECONDS * BASE_STEPS_PER_S)
+    assert meta["adapter_planned_steps"] == int(ADAPTER_SECONDS * ADAPTER_STEPS_PER_S)
     json.dumps(meta)
 
 
 def test_same_budget_same_weights(tmp_path: Path) -> None:
     builds = [
-        build_tiny_gpt2(tmp_path / name, train_seconds=1, adapter_seconds=0.5)
+        build_tiny_gpt2(tmp_path / name, train_seconds=0.5, adapter_seconds=0.5)
         for name in ("a", "b")
     ]
     if any(b.metadata[f"{p}_stopped_early"] for b in builds for p in ("base", "adapter")):
@@ -92,15 +109,21 @@ def test_same_budget_same_weights(tmp_path: Path) -> None:
         assert first.read_bytes() == second.read_bytes()
 
 
-@pytest.mark.slow
 def test_random_gpt2_small(tmp_path: Path) -> None:
     folder = random_gpt2_small(tmp_path)
-    with safe_open(folder / "model.safetensors", "pt") as f:
-        parameters = sum(f.get_slice(key).get_shape().numel() for key in f.keys())
-    assert abs(parameters - 124_439_808) / 124_439_808 < 0.01
+    parameters = _parameters(folder / "model.safetensors")
+    assert abs(parameters - GPT2_SMALL_PARAMETERS) <= 0.01 * GPT2_SMALL_PARAMETERS
     config = json.loads((folder / "config.json").read_text())
     assert (config["n_layer"], config["n_head"], config["n_embd"]) == (12, 12, 768)
     assert (config["vocab_size"], config["n_positions"]) == (50257, 1024)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     assert len(tokenizer) == 50257 and tokenizer.eos_token_id == 50256
     assert tokenizer.decode(tokenizer("Return the value.")["input_ids"]) == "Return the value."
+    shutil.rmtree(folder)  # 500 MB; pytest keeps the last three runs' temporary folders
+
+
+def _parameters(path: Path) -> int:
+    """Parameters stored in a safetensors file, from its JSON header alone."""
+    with path.open("rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    return sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")

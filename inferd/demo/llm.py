@@ -2,15 +2,22 @@
 
 Nothing is downloaded. The base model learns English from the docstrings of the Python
 standard library (read from its source files with :mod:`ast`, so no module is imported)
-and the prose topics in :mod:`pydoc_data`; the adapter then learns the voice of the
+and the prose topics in :mod:`pydoc_data`; a LoRA adapter then makes it speak like the
 product reviews in ``data/sentiment.csv``. One base, two visibly different styles.
 
+The base also reads the reviews, as a tenth of its tokens. A LoRA on the attention
+projections steers what the model already knows; it cannot teach the embeddings of
+words the base never saw ("love", "refund"). Without them the adapter ended at a loss
+of 5.6 writing fragments ("This product is a. A. The 'oed."); with them at 2.5 ("This
+product is a refund. I could. I love it."), while the base's own greedy text stays in
+the documentation voice ("This product is a file. The default is a list of ...").
+
 Reproducibility rule: a training run is planned in *steps*, never in seconds. The step
-count comes from the caller's time budget through a fixed reference rate (measured on
-two CPU cores), so a given budget always means the same steps, seeds and data order, and
-so the same weights on the same CPU. The budget is also a deadline: on a slower or busy
-machine training stops early rather than overrunning, and the metadata says so
-(``*_stopped_early``) because those weights then depend on timing.
+count comes from the caller's time budget through a fixed reference rate, so a given
+budget always means the same steps, seeds and data order, and so the same weights on
+the same CPU. A deadline of 1.25x the budget guards a slow or busy machine: training
+stops early rather than overrunning, and the metadata says so (``*_stopped_early``)
+because those weights then depend on timing.
 
 Tokenizers follow GPT-2's layout: byte-level BPE, regular tokens first and
 ``<|endoftext|>`` (end and start of text) as the last id.
@@ -24,6 +31,7 @@ import functools
 import hashlib
 import json
 import math
+import random
 import re
 import shutil
 import sys
@@ -50,21 +58,26 @@ REVIEWS_CSV = Path(__file__).parent / "data" / "sentiment.csv"
 
 TINY_VOCAB = 4096
 # Narrow and fed small batches: with ~90 CPU-seconds, optimizer steps are what buy
-# English, and n_embd=128 with 4-window batches gave the lowest loss per CPU-second
-# among 128-256 wide, 2-4 deep, 2-16 window configurations (n_embd=256 reached 5.6
-# where this reaches 4.8).
-TINY_SHAPE = {"n_layer": 4, "n_head": 4, "n_embd": 128, "n_positions": 256}
+# English. Of 128-256 wide, 2-4 deep, 2-16 window configurations, n_embd=128 with
+# 4-window batches gave the lowest loss per CPU-second: ~5.0 in 90 s, where n_embd=256
+# with 16 windows was still at 5.6.
+TINY_SHAPE: dict[str, Any] = {"n_layer": 4, "n_head": 4, "n_embd": 128, "n_positions": 256}
 SEQ_LEN = 128
 BATCH_SIZE = 4
-# One intra-op thread: at these matrix sizes a second thread buys little on an idle
-# two-core machine, and when anything else holds a core, two threads wait on each
-# other at every op and a step runs ~20x slower (measured: 117 ms -> 2.3 s).
+# One intra-op thread. Two are 1.5x faster on an idle two-core machine (79 vs 122 ms a
+# step), but when anything else holds a core they wait on each other at every small op
+# and a step takes 2.3 s: the deadline would then cut training to a few dozen steps and
+# the caller would cache a model that writes "the the the". One thread at worst shares.
 TRAIN_THREADS = 1
-# Optimizer steps per second with one thread on the two-core reference machine, rounded
-# down ~15% so an ordinary machine finishes its planned steps inside the budget.
+# Optimizer steps per second with one thread on the two-core reference machine (AMD EPYC,
+# base ~9, adapter ~11.5), rounded down so an ordinary machine finishes in the budget.
 BASE_STEPS_PER_S = 8.0
-ADAPTER_STEPS_PER_S = 11.0
-ADAPTER_LR = 5e-3
+ADAPTER_STEPS_PER_S = 9.0
+DEADLINE_FACTOR = 1.25
+REVIEW_REPEATS = 3
+"""Copies of the reviews among the base's texts (see the module note)."""
+BASE_LR = 3e-3
+ADAPTER_LR = 1e-2
 
 # Standard-library folders that are tests, tools, GUI demos or vendored code, not prose.
 _STDLIB_SKIP = frozenset({
@@ -88,6 +101,8 @@ class LLMDemo:
 
 @dataclass(frozen=True)
 class Corpus:
+    """Prose paragraphs, one line each, and how many source files they came from."""
+
     paragraphs: tuple[str, ...]
     source_files: int
 
@@ -117,20 +132,19 @@ def build_tiny_gpt2(
     out_dir = Path(out_dir)
     base_dir, adapter_dir = _fresh(out_dir / "tiny-gpt2"), _fresh(out_dir / "tiny-gpt2-reviews")
     started = time.monotonic()
-    corpus = stdlib_corpus()
-    tokenizer = save_tokenizer(
-        train_bpe(corpus.paragraphs, TINY_VOCAB), base_dir, TINY_SHAPE["n_positions"]
-    )
+    corpus, reviews = stdlib_corpus(), _reviews()
+    texts = [*corpus.paragraphs, *(reviews * REVIEW_REPEATS)]
+    random.Random(SEED).shuffle(texts)
+    tokenizer = save_tokenizer(train_bpe(texts, TINY_VOCAB), base_dir, TINY_SHAPE["n_positions"])
     say(f"llm: corpus {corpus.chars / 1e6:.2f} MB and tokenizer in {_since(started)}")
-    stream = _token_stream(tokenizer, corpus.paragraphs)
-    reviews = _reviews()
+    stream, review_stream = _token_stream(tokenizer, texts), _token_stream(tokenizer, reviews)
     with _training_threads(), _seeded(SEED), _quiet_hf():
         model, base = _train_base(tokenizer, stream, train_seconds)
         model.save_pretrained(base_dir, safe_serialization=True)
         say(f"llm: base {base['steps']} steps, loss {base['final_loss']} at {_since(started)}")
-        tuned, adapter = _train_adapter(model, _token_stream(tokenizer, reviews), adapter_seconds)
+        tuned, adapter = _train_adapter(model, review_stream, adapter_seconds)
         tuned.save_pretrained(adapter_dir, safe_serialization=True)
-        _point_adapter_at(adapter_dir, base_dir)
+        _tidy_adapter(adapter_dir, base_dir)
         say(f"llm: adapter {adapter['steps']} steps, loss {adapter['final_loss']}")
         samples = _samples(base_dir, adapter_dir)
     metadata = {
@@ -139,10 +153,13 @@ def build_tiny_gpt2(
         "corpus_files": corpus.source_files,
         "corpus_paragraphs": len(corpus.paragraphs),
         "corpus_chars": corpus.chars,
-        "corpus_tokens": len(stream),
         "corpus_sha256": corpus.sha256,
+        "base_tokens": len(stream),
+        "base_review_share": round(REVIEW_REPEATS * len(review_stream) / len(stream), 3),
         "adapter_dataset": f"inferd/demo/data/sentiment.csv ({len(reviews)} reviews)",
+        "adapter_tokens": len(review_stream),
         "vocab_size": len(tokenizer),
+        "eos_token_id": tokenizer.eos_token_id,
         "parameters": model.num_parameters(),
         **{f"base_{key}": value for key, value in base.items()},
         **{f"adapter_{key}": value for key, value in adapter.items()},
@@ -192,12 +209,7 @@ def stdlib_corpus() -> Corpus:
         for path in root.rglob("*.py")
         if not _STDLIB_SKIP.intersection(path.relative_to(root).parts[:-1])
     )
-    texts = [doc for path in files for doc in _docstrings(path)]
-    try:
-        from pydoc_data.topics import topics
-    except ImportError:  # some distributions split pydoc_data off
-        topics = {}
-    texts += [topics[name] for name in sorted(topics)]
+    texts = [doc for path in files for doc in _docstrings(path)] + _pydoc_topics()
     paragraphs = tuple(p for text in texts for p in map(_prose, _PARAGRAPH.split(text)) if p)
     if sum(map(len, paragraphs)) < 200_000:
         raise RuntimeError(f"too little standard-library source under {root} to train on")
@@ -218,6 +230,15 @@ def _docstrings(path: Path) -> Iterator[str]:
         doc = ast.get_docstring(node)
         if doc:
             yield doc
+
+
+def _pydoc_topics() -> list[str]:
+    """The language reference's prose that ``help("if")`` shows, in name order."""
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:  # some distributions split pydoc_data off
+        return []
+    return [topics[name] for name in sorted(topics)]
 
 
 def _prose(paragraph: str) -> str | None:
@@ -273,10 +294,10 @@ def save_tokenizer(tokenizer: Tokenizer, folder: Path, max_length: int) -> PreTr
     Besides tokenizer.json and tokenizer_config.json (all transformers 5 writes), also
     vocab.json, merges.txt and special_tokens_map.json, which older readers look for.
     """
-    from transformers import GPT2TokenizerFast
+    from transformers import GPT2Tokenizer  # transformers 5: the tokenizers-backed class
 
     special = {"bos_token": ENDOFTEXT, "eos_token": ENDOFTEXT, "unk_token": ENDOFTEXT}
-    wrapped = GPT2TokenizerFast(tokenizer_object=tokenizer, model_max_length=max_length, **special)
+    wrapped = GPT2Tokenizer(tokenizer_object=tokenizer, model_max_length=max_length, **special)
     wrapped.save_pretrained(folder)
     tokenizer.model.save(str(folder))
     (folder / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
@@ -303,7 +324,7 @@ class _Plan:
 
 
 def _plan(seconds: float, steps_per_s: float) -> _Plan:
-    return _Plan(max(1, int(seconds * steps_per_s)), seconds)
+    return _Plan(max(1, int(seconds * steps_per_s)), seconds * DEADLINE_FACTOR)
 
 
 def _train_base(
@@ -318,7 +339,7 @@ def _train_base(
     )  # fmt: skip
     model = GPT2LMHeadModel(config)
     model.generation_config.pad_token_id = eos
-    return model, _train(model, stream, _plan(seconds, BASE_STEPS_PER_S), peak_lr=3e-3)
+    return model, _train(model, stream, _plan(seconds, BASE_STEPS_PER_S), peak_lr=BASE_LR)
 
 
 def _train_adapter(
@@ -331,7 +352,8 @@ def _train_adapter(
         r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["c_attn"],
         fan_in_fan_out=True, task_type="CAUSAL_LM",
     )  # fmt: skip
-    tuned = get_peft_model(model, lora)
+    with _peft_on_transformers_5():
+        tuned = get_peft_model(model, lora)
     return tuned, _train(tuned, stream, _plan(seconds, ADAPTER_STEPS_PER_S), peak_lr=ADAPTER_LR)
 
 
@@ -388,7 +410,8 @@ def _samples(base_dir: Path, adapter_dir: Path) -> dict[str, dict[str, str]]:
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     base = GPT2LMHeadModel.from_pretrained(base_dir).eval()
     samples = {"base": {p: greedy(base, tokenizer, p) for p in SAMPLE_PROMPTS}}
-    tuned = PeftModel.from_pretrained(base, adapter_dir).eval()
+    with _peft_on_transformers_5():
+        tuned = PeftModel.from_pretrained(base, adapter_dir).eval()
     samples["adapter"] = {p: greedy(tuned, tokenizer, p) for p in SAMPLE_PROMPTS}
     return samples
 
@@ -412,8 +435,10 @@ def greedy(model: Any, tokenizer: Any, prompt: str, new_tokens: int = 20) -> str
 # -- helpers --------------------------------------------------------------------------
 
 
-def _point_adapter_at(adapter_dir: Path, base_dir: Path) -> None:
-    """PEFT records the in-memory base's empty name; record the saved base folder."""
+def _tidy_adapter(adapter_dir: Path, base_dir: Path) -> None:
+    """Leave only the adapter files (PEFT adds a template model card) and point the
+    config at the saved base, where PEFT records the in-memory model's empty name."""
+    (adapter_dir / "README.md").unlink(missing_ok=True)
     path = adapter_dir / "adapter_config.json"
     config = json.loads(path.read_text())
     config["base_model_name_or_path"] = str(base_dir.resolve())
@@ -433,8 +458,8 @@ def _since(started: float) -> str:
 
 @contextmanager
 def _training_threads() -> Iterator[None]:
-    """Two intra-op threads (the target machine's cores), restored afterwards since the
-    setting is process-wide and the caller may be a server."""
+    """``TRAIN_THREADS`` intra-op threads, restored afterwards: the setting is
+    process-wide and the caller may be a server."""
     import torch
 
     before = torch.get_num_threads()
@@ -447,22 +472,28 @@ def _training_threads() -> Iterator[None]:
 
 @contextmanager
 def _quiet_hf() -> Iterator[None]:
-    """Hide the progress bars transformers draws while saving and loading (noise in the
-    ``inferd serve`` console) and peft 0.21's call of a property transformers 5
-    deprecated; both are restored or scoped to this block."""
+    """No progress bars from transformers while saving and loading (noise in the
+    ``inferd serve`` console); the process-wide switch is restored afterwards."""
     from transformers.utils import logging as hf_logging
 
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings(
-                "ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning
-            )
-            yield
+        yield
     finally:
         if bars:
             hf_logging.enable_progress_bar()
+
+
+@contextmanager
+def _peft_on_transformers_5() -> Iterator[None]:
+    """peft 0.21 wraps a model by reading a property transformers 5 deprecated; the
+    FutureWarning is theirs and says nothing about this build."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning
+        )
+        yield
 
 
 @contextmanager
