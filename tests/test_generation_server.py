@@ -293,3 +293,27 @@ def test_registered_adapter_is_its_own_model_name(llm_with_registered_adapter: I
     )
     assert reply.status_code == 200, reply.text
     assert reply.json()["choices"][0]["text"] == peft_greedy(src / "tiny", src / "style", PROMPT, 8)
+
+
+def test_full_engine_queue_answers_503_with_retry_after(tmp_path: Path):
+    folder = build_tiny_gpt2(tmp_path / "src" / "tiny")
+    run_cli("models", "push", "tiny", str(folder), "--version", "v1", data_dir=tmp_path)
+    env = {"INFERD_LLM__MAX_NUM_SEQS": "1", "INFERD_LLM__MAX_WAITING": "1"}
+    server = InferdServer(tmp_path, workers=1, env=env)
+    try:
+        server.wait_ready(timeout_s=120)
+        from concurrent.futures import ThreadPoolExecutor
+
+        body = {"prompt": PROMPT, "max_tokens": 40, "ignore_eos": True, "temperature": 0}
+        with ThreadPoolExecutor(8) as pool, httpx.Client(base_url=server.url, timeout=60) as c:
+            replies = list(
+                pool.map(lambda _: c.post("/api/v1/models/tiny/generate", json=body), range(8))
+            )
+        codes = sorted(r.status_code for r in replies)
+        assert 200 in codes and 503 in codes, codes
+        assert set(codes) <= {200, 503}
+        refused = next(r for r in replies if r.status_code == 503)
+        assert refused.headers["retry-after"]
+        assert refused.json()["error"]["code"] == "overloaded"
+    finally:
+        assert server.stop() == 0, server.log()[-3000:]
