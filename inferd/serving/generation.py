@@ -23,6 +23,7 @@ from typing import Any
 from inferd.errors import BadRequest, InvalidInput, ModelNotFound, ModelNotReady, Overloaded
 from inferd.llm.engine import EngineFull, LLMEngine, PromptTooLong, TokenOutput
 from inferd.llm.sequence import SamplingParams
+from inferd.serving.replica import load_off_loop, mark_ready
 from inferd.serving.spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)
@@ -67,23 +68,10 @@ class GenerationCore:
 
     async def load(self) -> None:
         self._loop = asyncio.get_running_loop()
-        try:
-            self.engine = await self._loop.run_in_executor(None, self._load_and_warm_up)
-        except Exception as exc:
-            self.state, self.message = "failed", f"{type(exc).__name__}: {exc}"
-            logger.exception("loading %s:%s failed", self.spec.model, self.spec.version)
-            raise
+        self.engine = await load_off_loop(self, self._load_and_warm_up)
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self._thread.start()
-        self.state = "ready"
-        logger.info(
-            "replica %s ready: %s:%s (%s) in %.2fs",
-            self.spec.replica_id,
-            self.spec.model,
-            self.spec.version,
-            self.spec.framework,
-            time.monotonic() - self.started,
-        )
+        mark_ready(self)
 
     def _load_and_warm_up(self) -> LLMEngine:
         engine = self._build(self.spec)

@@ -15,9 +15,10 @@ import logging
 import os
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from inferd.config import BatchingConfig
 from inferd.errors import InferdError, InvalidInput, ModelNotReady
@@ -46,28 +47,14 @@ class ReplicaCore:
         self._queue_timeout_s = BatchingConfig().queue_timeout_ms / 1000
 
     async def load(self) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            runtime = await loop.run_in_executor(self._executor, self._load_and_warm_up)
-        except Exception as exc:
-            self.state, self.message = "failed", f"{type(exc).__name__}: {exc}"
-            logger.exception("loading %s:%s failed", self.spec.model, self.spec.version)
-            raise
+        runtime = await load_off_loop(self, self._load_and_warm_up, self._executor)
         self.runtime = runtime
         self.signature = runtime.signature
         config = BatchingConfig(**self.spec.batching)
         self._queue_timeout_s = config.queue_timeout_ms / 1000
         self.batcher = DynamicBatcher(runtime.predict_batch, config, self._executor)
         self.batcher.start()
-        self.state = "ready"
-        logger.info(
-            "replica %s ready: %s:%s (%s) in %.2fs",
-            self.spec.replica_id,
-            self.spec.model,
-            self.spec.version,
-            self.spec.framework,
-            time.monotonic() - self.started,
-        )
+        mark_ready(self)
 
     def _load_and_warm_up(self) -> Runtime:
         declared = Signature.from_dict(self.spec.signature) if self.spec.signature else None
@@ -135,6 +122,32 @@ def rss_bytes() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except OSError:
         return 0
+
+
+T = TypeVar("T")
+
+
+async def load_off_loop(core: Any, load: Callable[[], T], executor: Executor | None = None) -> T:
+    """Run a core's load and warm-up in a thread; a failure marks the core failed."""
+    try:
+        return await asyncio.get_running_loop().run_in_executor(executor, load)
+    except Exception as exc:
+        core.state, core.message = "failed", f"{type(exc).__name__}: {exc}"
+        logger.exception("loading %s:%s failed", core.spec.model, core.spec.version)
+        raise
+
+
+def mark_ready(core: Any) -> None:
+    core.state = "ready"
+    spec = core.spec
+    logger.info(
+        "replica %s ready: %s:%s (%s) in %.2fs",
+        spec.replica_id,
+        spec.model,
+        spec.version,
+        spec.framework,
+        time.monotonic() - core.started,
+    )
 
 
 def error_status(exc: BaseException) -> tuple[str, str, int]:
