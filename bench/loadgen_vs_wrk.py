@@ -14,7 +14,6 @@ import json
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -23,15 +22,10 @@ import time
 from pathlib import Path
 
 import httpx
+from servers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 BODY = '{"x": 1}'
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wrk(url: str, threads: int, connections: int, duration: int) -> float:

@@ -14,11 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,6 +24,7 @@ import time
 from pathlib import Path
 
 import httpx
+from servers import free_port, start, stop
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -63,12 +61,6 @@ ROW = [
     0.35,
 ]
 BODY = json.dumps({"inputs": [{"features": ROW}]})
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def tree_rss_mb(pid: int) -> float:
@@ -160,26 +152,6 @@ def parse_wrk(out: str) -> dict[str, float]:
     result["requests"] = total
     result["errors"] = errors
     return result
-
-
-def start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        cmd,
-        env={**os.environ, **env},
-        cwd=ROOT,
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 def prepare(work: Path) -> Path:
