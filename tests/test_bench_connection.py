@@ -86,6 +86,26 @@ def test_whole_response_in_one_read_takes_the_fast_path():
     assert samples[0].status == 200 and samples[0].error is None and not conn.busy
 
 
+def test_fast_path_remembers_the_answer_but_never_misreads_a_different_one():
+    """After a plain 200, answers of the same length are taken by byte comparison; one
+    that differs in status, Content-Length or content type must still be read right."""
+    conn, samples = connection()
+    same_length_503 = PLAIN.replace(b"200 OK", b"503 OK")
+    other_length = PLAIN.replace(b"Length: 11", b"Length: 12") + b" "
+    # Same total length, but the body length moved into the headers.
+    shifted = PLAIN.replace(b"Content-Length: 11", b"Content-Length: 10X").replace(b"e}", b"}")
+    as_stream = PLAIN.replace(b"application/json", b"text/event-stream")
+    for response in (PLAIN, PLAIN, same_length_503, other_length, PLAIN, as_stream):
+        conn.send(b"x", time.perf_counter())
+        conn.data_received(response)
+    assert [s.status for s in samples[:5]] == [200, 200, 503, 200, 200]
+    assert [s.error for s in samples[:5]] == [None, None, "http_503", None, None]
+    assert samples[5].error == "malformed_sse"  # a stream with no events is not a success
+    conn.send(b"x", time.perf_counter())
+    conn.data_received(shifted)  # never taken for the cached answer
+    assert samples[6].error == "malformed_response" and conn.transport is None
+
+
 def test_malformed_and_error_streams():
     conn, samples = connection()
     conn.send(b"x", time.perf_counter())

@@ -54,6 +54,9 @@ def test_closed_loop_counts_add_up(trivial: str):
     assert level["errors_by_kind"] == {"http_500": 100}
     assert level["status_counts"] == {"200": 200, "500": 100}
     assert "throughput" in result.stdout and "http_500" in result.stdout
+    # The generator reports its own CPU: a share of one core, and in the table.
+    assert 0 < level["client_cpu"] <= 1.5
+    assert "load generator" in result.stdout and "of a core" in result.stdout
 
 
 def test_open_loop_sends_about_rate_times_duration(trivial: str):

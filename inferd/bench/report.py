@@ -63,6 +63,13 @@ def render_summary(summary: Summary, title: str) -> Table:
         table.add_row("itl ms", _dist(s.itl))
     if s.output_tokens is not None:
         table.add_row("output tokens", f"{s.output_tokens:,}  ({s.output_tokens_per_s:,.1f} tok/s)")
+    if s.client_cpu is not None:
+        per_request = (
+            f", {s.client_cpu * s.duration_s / s.requests * 1e6:.1f} µs/request"
+            if s.requests
+            else ""
+        )
+        table.add_row("load generator", f"{s.client_cpu:.0%} of a core{per_request}")
     if s.goodput_requests is not None:
         slo = ", ".join(f"{k}<={v * 1000:g}ms" for k, v in (s.slo_s or {}).items())
         table.add_row(

@@ -33,6 +33,9 @@ from inferd.bench.report import plot_sweep, plot_timeline, render_summary, rende
 from inferd.bench.stats import Summary, summarize, timeline
 from inferd.bench.targets import preset, split_url
 
+CLIENT_CPU_WARN = 0.9
+"""Above this share of one core, the load generator warns that it may be the bottleneck."""
+
 
 @dataclass
 class BenchOptions:
@@ -127,9 +130,17 @@ def run(opts: BenchOptions, console: Console) -> list[tuple[str, Summary]]:
         )
         result = _run_level(spec, label, console)
         summary = summarize(result.samples, result.duration_s, opts.slo)
+        if result.wall_s > 0:
+            summary.client_cpu = round(result.cpu_s / result.wall_s, 3)
         results.append((label, summary))
         timelines[label] = timeline(result.samples)
         console.print(render_summary(summary, f"{opts.url} {label}"))
+        if (summary.client_cpu or 0) > CLIENT_CPU_WARN:
+            console.print(
+                f"[yellow]the load generator kept {summary.client_cpu:.0%} of a core busy: "
+                "it may be what limits these figures (run it on other cores or another "
+                "machine)[/yellow]"
+            )
         if result.connect_errors:
             console.print(f"[yellow]{result.connect_errors} connection attempts failed[/yellow]")
         if result.unsent_arrivals:

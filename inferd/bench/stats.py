@@ -191,6 +191,9 @@ class Summary:
     goodput_requests: int | None = None
     """Successful requests meeting every SLO."""
     goodput_rps: float | None = None
+    client_cpu: float | None = None
+    """Cores' worth of CPU the load generator used while it ran (1.0 = one core busy):
+    near 1.0 the generator, not the server, may be what limits the figures."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready figures; the stream and goodput keys are left out when not set."""
