@@ -46,6 +46,10 @@ class LLMConfig(BaseModel):
     """Tokens (prefill chunks + decodes) per step; bounds how long a step takes."""
     max_waiting: int = Field(1024, ge=1)
     """Requests queued in a replica beyond which new ones get 503."""
+    queue_timeout_s: float = Field(600.0, gt=0)
+    """How long a request may wait in a replica's queue for a free sequence slot before
+    it gets 503 (Retry-After). Waiting is not idleness: the gateway's
+    ``request_timeout_s`` counts only between tokens once a request runs."""
     dtype: str = Field("float32", pattern="^(float32|bfloat16|float16)$")
     """Weights and KV-cache dtype."""
     max_adapters: int = Field(4, ge=0, le=64)

@@ -317,3 +317,55 @@ def test_full_engine_queue_answers_503_with_retry_after(tmp_path: Path):
         assert refused.json()["error"]["code"] == "overloaded"
     finally:
         assert server.stop() == 0, server.log()[-3000:]
+
+
+def test_queued_requests_wait_past_the_idle_timeout_then_get_503_at_the_queue_timeout(
+    tmp_path: Path,
+):
+    """A request waiting for a sequence slot is not idle: it may wait longer than the
+    gateway's request timeout (which counts between tokens) and completes; past the LLM
+    queue timeout the replica gives up on it with 503 + Retry-After, never a 504."""
+    import math
+    from concurrent.futures import ThreadPoolExecutor
+
+    folder = build_tiny_gpt2(tmp_path / "src" / "tiny")
+    run_cli("models", "push", "tiny", str(folder), "--version", "v1", data_dir=tmp_path)
+    idle_s, queue_s = 0.5, 2.0
+    env = {
+        "INFERD_LLM__MAX_NUM_SEQS": "1",
+        "INFERD_REQUEST_TIMEOUT_S": str(idle_s),
+        "INFERD_LLM__QUEUE_TIMEOUT_S": str(queue_s),
+    }
+    server = InferdServer(tmp_path, workers=1, env=env)
+    body = {"prompt": PROMPT, "max_tokens": 120, "ignore_eos": True, "temperature": 0}
+
+    def first_byte(client: httpx.Client) -> tuple[int, float, dict]:
+        started = time.perf_counter()
+        with client.stream(
+            "POST", "/api/v1/models/tiny/generate", json={**body, "stream": True}
+        ) as reply:
+            waited = time.perf_counter() - started
+            reply.read()
+            error = reply.json() if reply.status_code != 200 else {}
+        return reply.status_code, waited, error
+
+    try:
+        server.wait_ready(timeout_s=120)
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            started = time.perf_counter()
+            assert first_byte(client)[0] == 200
+            one = time.perf_counter() - started  # one request alone, start to finish
+            # Request k waits about k * one: enough of them that some wait between the
+            # two timeouts and some beyond the queue timeout, whatever this machine's speed.
+            count = min(200, math.ceil((queue_s + 1.0) / one) + 2)
+            with ThreadPoolExecutor(count) as pool:
+                replies = list(pool.map(lambda _: first_byte(client), range(count)))
+        codes = {code for code, _, _ in replies}
+        assert codes <= {200, 503}, replies
+        assert any(code == 200 and waited > idle_s for code, waited, _ in replies), replies
+        refused = [error for code, _, error in replies if code == 503]
+        assert refused, replies
+        assert refused[0]["error"]["code"] == "overloaded"
+        assert "queue timeout" in refused[0]["error"]["message"]
+    finally:
+        assert server.stop() == 0, server.log()[-3000:]

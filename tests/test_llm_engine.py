@@ -7,6 +7,8 @@ mistakes fail loudly here without a real network.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -68,6 +70,7 @@ def engine(
     max_num_seqs: int = 16,
     max_waiting: int = 64,
     model: PlusOneModel | None = None,
+    queue_timeout_s: float | None = None,
 ) -> LLMEngine:
     config = EngineConfig(
         block_size=block_size,
@@ -75,6 +78,7 @@ def engine(
         max_num_seqs=max_num_seqs,
         max_batched_tokens=max_batched_tokens,
         max_waiting=max_waiting,
+        queue_timeout_s=queue_timeout_s,
     )
     return LLMEngine(model or PlusOneModel(), CharTokenizer(), config)  # type: ignore[arg-type]
 
@@ -149,6 +153,37 @@ def test_abort_frees_blocks_at_once():
     outputs = run_all(eng)
     assert "a" not in outputs
     assert len([o for o in first if o.request_id == "b"]) + len(outputs["b"]) == 50
+
+
+def test_a_request_waiting_past_the_queue_timeout_leaves_the_queue():
+    eng = engine(max_num_seqs=1, queue_timeout_s=0.05)
+    eng.add_request("running", [1], greedy(30))
+    eng.add_request("queued", [2], greedy(3))
+    eng.step()
+    assert [s.request_id for s in eng.scheduler.waiting] == ["queued"]
+    time.sleep(0.06)
+    outputs = run_all(eng)
+    (expired,) = outputs["queued"]
+    assert expired.finished and expired.finish_reason == "queue_timeout"
+    assert expired.completion_tokens == 0 and expired.prompt_tokens == 1
+    assert len(outputs["running"]) == 29  # the running one is never cut short
+    assert "queued" not in eng.requests and eng.scheduler.allocator.used_count == 0
+
+
+def test_a_preempted_request_is_never_expired():
+    """Preempted sequences go back to the queue with tokens already streamed: they
+    must finish, however long they wait there."""
+    eng = engine(num_blocks=4, block_size=2, max_batched_tokens=16, queue_timeout_s=0.02)
+    for i in range(3):
+        eng.add_request(f"r{i}", [10 * (i + 1)] * 2, greedy(5))
+    outputs: dict[str, list] = {}
+    while eng.has_work():
+        for out in eng.step():
+            outputs.setdefault(out.request_id, []).append(out)
+        time.sleep(0.03)  # every wait in the queue outlasts the timeout
+    assert eng.scheduler.preemptions > 0
+    for i in range(3):
+        assert tokens(outputs[f"r{i}"]) == list(range(10 * (i + 1) + 1, 10 * (i + 1) + 6))
 
 
 def test_eos_stops_unless_ignored():

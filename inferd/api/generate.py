@@ -112,8 +112,12 @@ async def start(
     adapter = explicit or adapter
     params = sampling_params(body)
     settings = request.app.state.settings
+    timeout_s = settings.request_timeout_s
+    # Before its first token a request may be queued in the replica for up to the LLM
+    # queue timeout (the replica answers 503 then); this bound only catches a hung replica.
+    first_s = settings.llm.queue_timeout_s + timeout_s
     stream = request.app.state.router.generate(
-        target, prompt_of(body), params, adapter, settings.request_timeout_s, rid
+        target, prompt_of(body), params, adapter, timeout_s, rid, first_s
     )
     return await _first_then_rest(stream), target, rid, started
 

@@ -52,6 +52,9 @@ class EngineConfig:
     max_batched_tokens: int = 512
     max_waiting: int = 1024
     dtype: torch.dtype = torch.float32
+    queue_timeout_s: float | None = None
+    """A request that waited this long without being scheduled leaves the queue with
+    ``finish_reason="queue_timeout"`` (None: it waits as long as it takes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,15 +185,35 @@ class LLMEngine:
 
     # -- one step -----------------------------------------------------------------
     def step(self) -> list[TokenOutput]:
+        expired = self._expire_waiting()
         scheduled = self.scheduler.schedule()
         if not scheduled:
-            return []
+            return expired
         sampled = self.execute(scheduled)
         self.scheduler.update(scheduled, {seq: tok for seq, (tok, _) in sampled.items()})
         self.steps += 1
-        return [self._output(seq, tok, lp) for seq, (tok, lp) in sampled.items()]
+        return expired + [self._output(seq, tok, lp) for seq, (tok, lp) in sampled.items()]
 
-    def execute(self, scheduled: list[Scheduled]) -> dict[Sequence, tuple[int, float]]:
+    def _expire_waiting(self) -> list[TokenOutput]:
+        """Requests that waited longer than ``queue_timeout_s`` and never started (a
+        preempted one that already streamed tokens stays, to be finished)."""
+        limit = self.config.queue_timeout_s
+        if limit is None or not self.scheduler.waiting:
+            return []
+        now = time.monotonic()
+        out = []
+        for seq in list(self.scheduler.waiting):
+            request = self.requests[seq.request_id]
+            if seq.output_ids or now - request.started < limit:
+                continue
+            self.scheduler.finish(seq, "queue_timeout")
+            del self.requests[seq.request_id]
+            out.append(
+                TokenOutput(seq.request_id, "", None, True, "queue_timeout", len(seq.prompt_ids), 0)
+            )
+        return out
+
+    def execute(self, scheduled: list[Scheduled]) -> dict[Sequence, tuple[int, float | None]]:
         inp, sampling = self._model_input(scheduled)
         with torch.inference_mode():
             logits = self.model.forward(inp, self.cache, self.lora)
@@ -224,9 +247,9 @@ class LLMEngine:
         )
         return inp, sampling
 
-    def _output(self, seq: Sequence, token: int, logprob: float) -> TokenOutput:
+    def _output(self, seq: Sequence, token: int, logprob: float | None) -> TokenOutput:
         request = self.requests[seq.request_id]
-        if seq.params.logprobs:
+        if logprob is not None:
             seq.logprobs.append(logprob)
         text = "" if token == self.tokenizer.eos_token_id else request.detok.add(token)
         if seq.finished:
@@ -239,7 +262,7 @@ class LLMEngine:
         return TokenOutput(
             seq.request_id, text, token, seq.finished, seq.finish_reason,
             len(seq.prompt_ids), len(seq.output_ids),
-            logprob if seq.params.logprobs else None,
+            logprob,
         )  # fmt: skip
 
     def stats(self) -> dict[str, float]:

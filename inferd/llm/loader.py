@@ -37,6 +37,7 @@ def build_engine(spec: Any) -> LLMEngine:
         max_batched_tokens=int(llm.get("max_batched_tokens", 512)),
         max_waiting=int(llm.get("max_waiting", 1024)),
         dtype=dtype,
+        queue_timeout_s=float(llm.get("queue_timeout_s", 600.0)),
     )
     lora = LoRABank(
         cfg, int(llm.get("max_adapters", 4)), int(llm.get("max_lora_rank", 16)), dtype=dtype

@@ -13,18 +13,27 @@ import torch
 from inferd.llm.sequence import Sequence
 
 
-def sample(logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[float]]:
-    """Tokens and their log-probabilities (under the unmodified distribution)."""
+def sample(logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[float | None]]:
+    """Tokens, and the log-probability of each (under the unmodified distribution) for
+    the sequences that asked for logprobs (None for the others: a full-vocabulary
+    log-softmax per row is not free at a large batch)."""
     if not seqs:
         return [], []
-    logprobs_all = torch.log_softmax(logits.float(), dim=-1)
-    greedy = logits.argmax(dim=-1)
-    tokens = greedy.tolist()
+    tokens = logits.argmax(dim=-1).tolist()
+    wanted = []
     for row, seq in enumerate(seqs):
         if not seq.params.greedy:
             tokens[row] = _draw(logits[row].float(), seq)
-    chosen = logprobs_all[torch.arange(len(seqs)), torch.tensor(tokens)]
-    return tokens, chosen.tolist()
+        if seq.params.logprobs:
+            wanted.append(row)
+    chosen: list[float | None] = [None] * len(seqs)
+    if wanted:
+        rows = torch.tensor(wanted)
+        picked = logits[rows].float()
+        values = picked[torch.arange(len(wanted)), torch.tensor([tokens[r] for r in wanted])]
+        for row, value in zip(wanted, (values - picked.logsumexp(dim=-1)).tolist(), strict=True):
+            chosen[row] = value
+    return tokens, chosen
 
 
 def _draw(row: torch.Tensor, seq: Sequence) -> int:

@@ -178,13 +178,16 @@ class Router:
         adapter: str | None,
         idle_timeout_s: float,
         request_id: str = "",
+        first_timeout_s: float | None = None,
     ) -> AsyncGenerator[p.TokenChunk, None]:
         """Stream a generation; a replica that died before the first token is retried."""
         tried: set[str] = set()
         while True:
             client = self._pick(target, tried)
             async with contextlib.aclosing(
-                client.generate(prompt, params, adapter, idle_timeout_s, request_id)
+                client.generate(
+                    prompt, params, adapter, idle_timeout_s, request_id, first_timeout_s
+                )
             ) as stream:
                 try:
                     first = await anext(stream)

@@ -141,9 +141,14 @@ class ReplicaClient:
         adapter: str | None,
         idle_timeout_s: float,
         request_id: str = "",
+        first_timeout_s: float | None = None,
     ) -> AsyncGenerator[p.TokenChunk, None]:
         """Token chunks as the replica makes them. Closing the iterator early (the client
-        went away) cancels the generation in the replica, freeing its KV blocks."""
+        went away) cancels the generation in the replica, freeing its KV blocks.
+
+        The first chunk may take ``first_timeout_s`` (a request can wait in the replica's
+        queue; the replica itself ends a wait that is too long); after it, each chunk
+        must come within ``idle_timeout_s``."""
         transport = self._transport
         if transport is None or transport.is_closing():
             raise ReplicaGone(f"replica {self.replica_id} is not connected")
@@ -153,14 +158,14 @@ class ReplicaClient:
         self.outstanding += 1
         finished = False
         transport.write(p.encode(p.Generate(mid, prompt, params, adapter, request_id)))
+        wait_s = idle_timeout_s if first_timeout_s is None else first_timeout_s
         try:
             while not finished:
                 try:
-                    item = await asyncio.wait_for(queue.get(), idle_timeout_s)
+                    item = await asyncio.wait_for(queue.get(), wait_s)
                 except TimeoutError:
-                    raise RequestTimeout(
-                        f"no token from the model for {idle_timeout_s:.0f}s"
-                    ) from None
+                    raise RequestTimeout(f"no token from the model for {wait_s:.0f}s") from None
+                wait_s = idle_timeout_s
                 if isinstance(item, Exception):
                     raise item
                 if isinstance(item, p.Error):

@@ -15,6 +15,7 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from inferd.errors import Overloaded
 from inferd.serving import protocol as p
 from inferd.serving.batcher import Columns
 from inferd.serving.replica import ReplicaCore, error_status
@@ -122,6 +123,13 @@ class ReplicaProtocol(asyncio.Protocol):
         def sink(out: TokenOutput) -> None:
             if out.finished:
                 self.generations.pop(message.id, None)
+            if out.finish_reason == "queue_timeout":
+                limit = getattr(self.core, "queue_timeout_s", "the")
+                busy = Overloaded(
+                    f"no free sequence slot within the queue timeout ({limit}s); retry later"
+                )
+                self._send(p.Error(message.id, *error_status(busy)))
+                return
             self._send(p.TokenChunk(
                 message.id, out.text, [] if out.token_id is None else [out.token_id],
                 out.finished, out.finish_reason, out.prompt_tokens, out.completion_tokens,
