@@ -138,7 +138,6 @@ def main() -> None:
         "INFERD_LOG_LEVEL": "WARNING",
         "INFERD_REPLICA_THREADS": "2",
         "INFERD_LLM__DTYPE": args.dtype,
-        "INFERD_LLM__MAX_NUM_SEQS": "256",
         "INFERD_LLM__KV_CACHE_MB": "2048",
         "INFERD_GATEWAY_WORKERS": "1",
     }

@@ -163,6 +163,19 @@ def test_one_prefill_matches_hf(hf_model, model):
     torch.testing.assert_close(logits, reference(hf_model[0], tokens), atol=1e-4, rtol=1e-4)
 
 
+def test_packed_lm_head_is_used_and_agrees_with_f_linear(hf_model):
+    """float32 on CPU packs the head for oneDNN; the logits equal the unpacked head's."""
+    packed = GPT2.load(hf_model[1])
+    assert packed._packed_head is not None  # oneDNN ships with the CPU torch wheel
+    plain = GPT2.load(hf_model[1])
+    plain._packed_head = None
+    tokens = prompt(3, 24)
+    torch.testing.assert_close(
+        prefill_all(packed, tokens), prefill_all(plain, tokens), atol=1e-5, rtol=1e-5
+    )
+    assert GPT2.load(hf_model[1], dtype=torch.bfloat16)._packed_head is None
+
+
 def test_chunked_paged_greedy_decode_matches_generate(hf_model, model):
     tokens = prompt(2, 11)
     table = list(range(16))

@@ -33,7 +33,7 @@ def build_engine(spec: Any) -> LLMEngine:
     config = EngineConfig(
         block_size=block_size,
         num_blocks=num_blocks,
-        max_num_seqs=int(llm.get("max_num_seqs", 256)),
+        max_num_seqs=int(llm.get("max_num_seqs", 128)),
         max_batched_tokens=int(llm.get("max_batched_tokens", 512)),
         max_waiting=int(llm.get("max_waiting", 1024)),
         dtype=dtype,
