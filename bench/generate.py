@@ -34,15 +34,26 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 NEW_TOKENS = 64
 PROMPT_TOKENS = 32
-TEMPLATE = json.dumps(
-    {
-        "prompt": "{{prompt}}",
-        "max_tokens": NEW_TOKENS,
-        "stream": True,
-        "temperature": 0,
-        "ignore_eos": True,
-    }
-)
+
+
+def write_payloads(path: Path, count: int, seed: int = 1) -> Path:
+    """``count`` request bodies whose prompts are exactly PROMPT_TOKENS random token ids
+    (as HF's static batches get), so every server does the same prefill work; a text
+    prompt would tokenize to a different length per tokenizer."""
+    import random
+
+    rng = random.Random(seed)
+    with path.open("w") as out:
+        for _ in range(count):
+            body = {
+                "prompt": [rng.randrange(50000) for _ in range(PROMPT_TOKENS)],
+                "max_tokens": NEW_TOKENS,
+                "stream": True,
+                "temperature": 0,
+                "ignore_eos": True,
+            }
+            out.write(json.dumps(body) + "\n")
+    return path
 
 
 def wait_ready(url: str, timeout_s: float = 300) -> None:
@@ -57,7 +68,7 @@ def wait_ready(url: str, timeout_s: float = 300) -> None:
     raise RuntimeError(f"{url} not ready in {timeout_s}s")
 
 
-def bench(url: str, path: str, *args: str) -> dict[str, Any]:
+def bench(url: str, path: str, payloads: Path, *args: str) -> dict[str, Any]:
     out = Path(tempfile.mkdtemp()) / "r.json"
     subprocess.run(
         [
@@ -68,10 +79,8 @@ def bench(url: str, path: str, *args: str) -> dict[str, Any]:
             url,
             "--path",
             path,
-            "--template",
-            TEMPLATE,
-            "--prompt-tokens",
-            str(PROMPT_TOKENS),
+            "--payloads",
+            str(payloads),
             "--warmup",
             "0s",
             "--timeout",
@@ -126,6 +135,7 @@ def main() -> None:
     from inferd.runtimes.base import Signature, TensorSpec
 
     work = Path(tempfile.mkdtemp(prefix="inferd-gen-bench-"))
+    payloads = write_payloads(work / "payloads.jsonl", max(args.requests, 1000))
     model_dir = random_gpt2_small(work)
     registry = Registry(f"sqlite:///{work / 'data' / 'inferd.db'}", work / "data" / "artifacts")
     signature = Signature((TensorSpec("prompt", "BYTES"),), (TensorSpec("text", "BYTES"),))
@@ -160,9 +170,9 @@ def main() -> None:
         wait_ready(f"{url}/health/ready")
         path = "/api/v1/models/gpt2s/generate"
         n = str(args.requests)
-        results["inferd_closed"] = bench(url, path, "-c", n, "-n", n)
+        results["inferd_closed"] = bench(url, path, payloads, "-c", n, "-n", n)
         results["inferd_rate2"] = bench(
-            url, path, "--rate", "2", "-d", f"{args.rate_seconds}s", "--slo", "ttft=500ms"
+            url, path, payloads, "--rate", "2", "-d", f"{args.rate_seconds}s", "--slo", "ttft=500ms"
         )
     finally:
         stop(proc)
@@ -185,7 +195,9 @@ def main() -> None:
     try:
         url = f"http://127.0.0.1:{port}"
         wait_ready(f"{url}/health")
-        results["naive"] = bench(url, "/generate", "-c", "4", "-d", f"{args.naive_seconds}s")
+        results["naive"] = bench(
+            url, "/generate", payloads, "-c", "4", "-d", f"{args.naive_seconds}s"
+        )
     finally:
         stop(proc)
     results["static_batch_32_tokens_per_s"] = static_batches(model_dir, 32, args.dtype)

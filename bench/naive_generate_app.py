@@ -28,8 +28,8 @@ tokenizer = Tokenizer.from_file(f"{FOLDER}/tokenizer.json")
 lock = threading.Lock()
 
 
-def _generate(prompt: str, max_tokens: int) -> tuple[str, int]:
-    ids = torch.tensor([tokenizer.encode(prompt).ids])
+def _generate(prompt: str | list[int], max_tokens: int) -> tuple[str, int]:
+    ids = torch.tensor([prompt if isinstance(prompt, list) else tokenizer.encode(prompt).ids])
     with lock, torch.inference_mode():
         out = model.generate(
             ids,

@@ -167,6 +167,8 @@ def test_client_disconnect_cancels_the_sequence(llm: InferdServer):
         ({"prompt": PROMPT, "top_p": 0}, 422, "top_p"),
         ({"prompt": ""}, 422, "prompt"),
         ({"prompt": PROMPT, "adapter": "nope"}, 404, "nope"),
+        ({"prompt": [1, 2, 10**6], "max_tokens": 2}, 422, "outside the vocabulary"),
+        ({"prompt": [1, -5], "max_tokens": 2}, 422, "outside the vocabulary"),
     ],
 )
 def test_bad_generation_requests(llm: InferdServer, body: dict, status: int, says: str):

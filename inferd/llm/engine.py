@@ -95,6 +95,7 @@ class LLMEngine:
         self.lora = lora
         shape = model.config
         self.max_positions = shape.n_positions
+        self.vocab_size: int | None = getattr(shape, "vocab_size", None)
         self.cache = KVCache(
             shape.n_layer, shape.n_head, shape.head_dim, config.num_blocks, config.block_size,
             config.dtype,
@@ -120,6 +121,12 @@ class LLMEngine:
         limit = self.max_positions
         if not ids:
             raise ValueError("the prompt is empty")
+        vocab = self.vocab_size
+        if vocab is not None and not all(0 <= t < vocab for t in ids):
+            bad = next(t for t in ids if not 0 <= t < vocab)
+            raise ValueError(
+                f"token id {bad} in the prompt is outside the vocabulary (0..{vocab - 1})"
+            )
         if len(ids) >= limit:
             raise PromptTooLong(
                 f"the prompt has {len(ids)} tokens; the model's context is {limit} tokens"
