@@ -177,6 +177,23 @@ def test_bad_generation_requests(llm: InferdServer, body: dict, status: int, say
     assert says in reply.json()["error"]["message"]
 
 
+def test_replica_reports_generation_metrics(llm: InferdServer):
+    def metrics() -> dict:
+        detail = llm.client.get("/api/v1/models/tiny").json()
+        (replica,) = detail["versions"][0]["replicas"]
+        return replica["metrics"]
+
+    before = metrics()
+    body = {"prompt": PROMPT, "max_tokens": 5, "ignore_eos": True, "temperature": 0}
+    assert llm.client.post("/api/v1/models/tiny/generate", json=body).status_code == 200
+    after = metrics()
+    assert after["ttft_s"]["count"] == before["ttft_s"]["count"] + 1
+    assert after["itl_s"]["count"] == before["itl_s"]["count"] + 4
+    assert after["generation_tokens_total"] == before["generation_tokens_total"] + 5
+    assert after["finished"]["length"] == before["finished"].get("length", 0) + 1
+    assert 0 < after["ttft_s"]["p50"] < 60  # seconds, from the request's arrival
+
+
 def test_predict_on_a_generative_model_says_use_generate(llm: InferdServer):
     reply = llm.client.post("/api/v1/models/tiny/predict", json={"inputs": [{"prompt": "x"}]})
     assert reply.status_code == 422

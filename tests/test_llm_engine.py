@@ -186,6 +186,26 @@ def test_a_preempted_request_is_never_expired():
         assert tokens(outputs[f"r{i}"]) == list(range(10 * (i + 1) + 1, 10 * (i + 1) + 6))
 
 
+def test_metrics_count_every_request_and_token():
+    eng = engine(max_num_seqs=1)
+    eng.add_request("a", [5, 6, 7], greedy(4), arrived=time.monotonic() - 2.0, adapter_name="x")
+    eng.add_request("b", [9], greedy(3))
+    eng.add_request("c", [1], greedy(50))
+    eng.step()
+    eng.abort("c")
+    run_all(eng)
+    m = eng.metrics.snapshot()
+    assert m["ttft_s"]["count"] == 2  # a and b produced tokens; c never started
+    assert m["itl_s"]["count"] == (4 - 1) + (3 - 1)
+    assert m["e2e_s"]["count"] == 2
+    assert m["queue_time_s"]["count"] == 2
+    # "a" arrived 2 s before the engine got it: its TTFT counts from the arrival.
+    assert m["ttft_s"]["sum"] >= 2.0 and m["ttft_s"]["cumulative"][-1] == 2
+    assert m["finished"] == {"length": 2, "abort": 1}
+    assert m["requests_by_adapter"] == {"x": 1, "": 2}
+    assert m["prompt_tokens_total"] == 5 and m["generation_tokens_total"] == 7
+
+
 def test_eos_stops_unless_ignored():
     eng = engine()
     eng.add_request("eos", [VOCAB - 2], greedy(10))

@@ -103,6 +103,7 @@ async def start(
     """Resolve ``name`` (a model, an adapter, or ``base:adapter``), check the body, and
     start streaming; returns once the first chunk is there."""
     started = time.perf_counter()
+    arrived_at = time.time()
     rid = request_id_of(request)
     request_id_var.set(rid)
     target, adapter = request.app.state.router.resolve(name, version)
@@ -117,7 +118,7 @@ async def start(
     # queue timeout (the replica answers 503 then); this bound only catches a hung replica.
     first_s = settings.llm.queue_timeout_s + timeout_s
     stream = request.app.state.router.generate(
-        target, prompt_of(body), params, adapter, timeout_s, rid, first_s
+        target, prompt_of(body), params, adapter, timeout_s, rid, first_s, arrived_at
     )
     return await _first_then_rest(stream), target, rid, started
 

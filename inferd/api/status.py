@@ -69,6 +69,9 @@ class StatusView:
             if client is not None and not client.closed:
                 # A replica that cannot answer shows without stats.
                 with contextlib.suppress(Exception):
-                    entry["stats"] = (await client.status(timeout_s=2.0)).stats
+                    status = await client.status(timeout_s=2.0)
+                    entry["stats"] = status.stats
+                    if status.metrics:
+                        entry["metrics"] = status.metrics
             out.append(entry)
         return out

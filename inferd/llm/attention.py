@@ -220,7 +220,9 @@ def _prefill_attention(
     cd: torch.dtype,
     scale: float,
 ) -> torch.Tensor:
-    qs = q[chunk.rows].transpose(0, 1).to(cd)
+    # 4-D ([1, H, T, D]) inputs: PyTorch's CPU flash kernel takes only those; 3-D ones
+    # fall back to the unfused math path (a bmm, softmax and bmm per call).
+    qs = q[chunk.rows].transpose(0, 1)[None].to(cd)
     if chunk.key_slots is None:
         keys, vals = k[chunk.rows], v[chunk.rows]
     else:
@@ -228,10 +230,10 @@ def _prefill_attention(
         vals = kv_layer[1].index_select(0, chunk.key_slots)
     res = F.scaled_dot_product_attention(
         qs,
-        keys.transpose(0, 1).to(cd),
-        vals.transpose(0, 1).to(cd),
+        keys.transpose(0, 1)[None].to(cd),
+        vals.transpose(0, 1)[None].to(cd),
         attn_mask=chunk.mask,
         is_causal=chunk.key_slots is None,
         scale=scale,
     )
-    return res.transpose(0, 1)
+    return res[0].transpose(0, 1)

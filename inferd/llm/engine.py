@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import torch
 
 from inferd.llm.batch import KVCache, ModelInput
+from inferd.llm.metrics import GenerationMetrics
 from inferd.llm.sampling import sample
 from inferd.llm.scheduler import Scheduled, Scheduler, SchedulerConfig
 from inferd.llm.sequence import SamplingParams, Sequence
@@ -75,6 +76,9 @@ class _Request:
     detok: Detokenizer
     stops: StopChecker
     started: float = field(default_factory=time.monotonic)
+    """Arrival (monotonic clock): at the gateway when known."""
+    scheduled: bool = False
+    last_token: float | None = None
 
 
 class PromptTooLong(ValueError):
@@ -108,6 +112,7 @@ class LLMEngine:
         self.requests: dict[str, _Request] = {}
         self.steps = 0
         self._adapters: dict[str, int] = {}
+        self.metrics = GenerationMetrics()
 
     # -- requests -----------------------------------------------------------------
     def add_request(
@@ -116,7 +121,12 @@ class LLMEngine:
         prompt: str | list[int],
         params: SamplingParams,
         adapter_slot: int = -1,
+        arrived: float | None = None,
+        adapter_name: str | None = None,
     ) -> Sequence:
+        """``arrived``: when the request arrived (``time.monotonic()``; default now), the
+        origin of its queue time, TTFT and latency metrics. ``adapter_name`` labels it
+        in :attr:`metrics`."""
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         limit = self.max_positions
         if not ids:
@@ -136,18 +146,25 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already running")
         seq = Sequence(request_id, ids, params, adapter_slot)
+        now = time.monotonic()
         self.requests[request_id] = _Request(
-            seq, Detokenizer(self.tokenizer, ids), StopChecker(params.stop)
+            seq,
+            Detokenizer(self.tokenizer, ids),
+            StopChecker(params.stop),
+            now if arrived is None else min(arrived, now),
         )
+        self.metrics.requests_by_adapter.inc(adapter_name or "")
+        self.metrics.prompt_tokens.observe(len(ids))
         self.scheduler.add(seq)
         return seq
 
-    def abort(self, request_id: str) -> bool:
+    def abort(self, request_id: str, reason: str = "abort") -> bool:
         """Cancel a request; its blocks are free before the next step."""
         request = self.requests.pop(request_id, None)
         if request is None:
             return False
-        self.scheduler.finish(request.seq, "abort")
+        self.scheduler.finish(request.seq, reason)
+        self.metrics.finished.inc(reason)
         return True
 
     # -- LoRA adapters ----------------------------------------------------------------
@@ -196,10 +213,20 @@ class LLMEngine:
         scheduled = self.scheduler.schedule()
         if not scheduled:
             return expired
+        self._note_scheduled(scheduled)
         sampled = self.execute(scheduled)
         self.scheduler.update(scheduled, {seq: tok for seq, (tok, _) in sampled.items()})
         self.steps += 1
         return expired + [self._output(seq, tok, lp) for seq, (tok, lp) in sampled.items()]
+
+    def _note_scheduled(self, scheduled: list[Scheduled]) -> None:
+        now = time.monotonic()
+        for item in scheduled:
+            if item.seq.num_computed == 0:  # a first prefill chunk (or a recompute)
+                request = self.requests[item.seq.request_id]
+                if not request.scheduled:
+                    request.scheduled = True
+                    self.metrics.queue_time_s.observe(now - request.started)
 
     def _expire_waiting(self) -> list[TokenOutput]:
         """Requests that waited longer than ``queue_timeout_s`` and never started (a
@@ -214,6 +241,7 @@ class LLMEngine:
             if seq.output_ids or now - request.started < limit:
                 continue
             self.scheduler.finish(seq, "queue_timeout")
+            self.metrics.finished.inc("queue_timeout")
             del self.requests[seq.request_id]
             out.append(
                 TokenOutput(seq.request_id, "", None, True, "queue_timeout", len(seq.prompt_ids), 0)
@@ -264,8 +292,17 @@ class LLMEngine:
         text, stopped = request.stops.feed(text, final=seq.finished)
         if stopped and not seq.finished:
             self.scheduler.finish(seq, "stop")
+        now, metrics = time.monotonic(), self.metrics
+        if request.last_token is None:
+            metrics.ttft_s.observe(now - request.started)
+        else:
+            metrics.itl_s.observe(now - request.last_token)
+        request.last_token = now
         if seq.finished:
             del self.requests[seq.request_id]
+            metrics.e2e_s.observe(now - request.started)
+            metrics.generation_tokens.observe(len(seq.output_ids))
+            metrics.finished.inc(seq.finish_reason or "")
         return TokenOutput(
             seq.request_id, text, token, seq.finished, seq.finish_reason,
             len(seq.prompt_ids), len(seq.output_ids),

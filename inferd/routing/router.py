@@ -179,6 +179,7 @@ class Router:
         idle_timeout_s: float,
         request_id: str = "",
         first_timeout_s: float | None = None,
+        arrived_at: float = 0.0,
     ) -> AsyncGenerator[p.TokenChunk, None]:
         """Stream a generation; a replica that died before the first token is retried."""
         tried: set[str] = set()
@@ -186,7 +187,7 @@ class Router:
             client = self._pick(target, tried)
             async with contextlib.aclosing(
                 client.generate(
-                    prompt, params, adapter, idle_timeout_s, request_id, first_timeout_s
+                    prompt, params, adapter, idle_timeout_s, request_id, first_timeout_s, arrived_at
                 )
             ) as stream:
                 try:

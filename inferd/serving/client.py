@@ -142,6 +142,7 @@ class ReplicaClient:
         idle_timeout_s: float,
         request_id: str = "",
         first_timeout_s: float | None = None,
+        arrived_at: float = 0.0,
     ) -> AsyncGenerator[p.TokenChunk, None]:
         """Token chunks as the replica makes them. Closing the iterator early (the client
         went away) cancels the generation in the replica, freeing its KV blocks.
@@ -157,7 +158,7 @@ class ReplicaClient:
         self._streams[mid] = queue
         self.outstanding += 1
         finished = False
-        transport.write(p.encode(p.Generate(mid, prompt, params, adapter, request_id)))
+        transport.write(p.encode(p.Generate(mid, prompt, params, adapter, request_id, arrived_at)))
         wait_s = idle_timeout_s if first_timeout_s is None else first_timeout_s
         try:
             while not finished:

@@ -38,6 +38,7 @@ class _Add:
     adapter: str | None
     sink: Sink
     accepted: Future[None]
+    arrived: float | None = None
 
 
 @dataclass
@@ -89,6 +90,7 @@ class GenerationCore:
         params: dict[str, Any],
         adapter: str | None,
         sink: Sink,
+        arrived: float | None = None,
     ) -> Future[None]:
         """Queue a generation; the future resolves once the engine accepted it."""
         if self.state not in ("ready", "draining"):
@@ -99,7 +101,7 @@ class GenerationCore:
             raise InvalidInput(f"invalid sampling parameters: {exc}") from None
         accepted: Future[None] = Future()
         self._sinks[request_id] = sink
-        self._commands.put(_Add(request_id, prompt, sampling, adapter, sink, accepted))
+        self._commands.put(_Add(request_id, prompt, sampling, adapter, sink, accepted, arrived))
         return accepted
 
     def submit(self, *args: Any, **kwargs: Any) -> Any:
@@ -157,7 +159,9 @@ class GenerationCore:
         assert engine is not None
         try:
             slot = engine.adapter_slot(cmd.adapter)
-            engine.add_request(cmd.request_id, cmd.prompt, cmd.params, slot)
+            engine.add_request(
+                cmd.request_id, cmd.prompt, cmd.params, slot, cmd.arrived, cmd.adapter
+            )
         except KeyError:
             cmd.accepted.set_exception(ModelNotFound(f"adapter {cmd.adapter!r} is not loaded"))
         except EngineFull as exc:
@@ -188,7 +192,7 @@ class GenerationCore:
     def _fail_all(self, engine: LLMEngine) -> list[TokenOutput]:
         outputs = []
         for rid in list(engine.requests):
-            engine.abort(rid)
+            engine.abort(rid, "error")
             outputs.append(TokenOutput(rid, "", None, True, "error", 0, 0))
         return outputs
 
@@ -200,6 +204,11 @@ class GenerationCore:
         if self.engine is not None:
             stats.update(self.engine.stats())
         return stats
+
+    def metrics(self) -> dict[str, Any]:
+        """The engine's request histograms and counters (read from the event loop while
+        the engine thread may be adding to them: a snapshot may be a step behind)."""
+        return self.engine.metrics.snapshot() if self.engine is not None else {}
 
     def idle(self) -> bool:
         return not self._sinks

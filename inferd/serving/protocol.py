@@ -74,6 +74,8 @@ class Status(msgspec.Struct, tag="status", array_like=True):
     version: str
     stats: dict[str, float] = {}
     message: str = ""
+    metrics: dict[str, Any] = {}
+    """Histograms and counters of the replica (generation models: see inferd.llm.metrics)."""
 
 
 class Drain(msgspec.Struct, tag="drain", array_like=True):
@@ -89,6 +91,9 @@ class Generate(msgspec.Struct, tag="generate", array_like=True):
     params: dict[str, Any]
     adapter: str | None = None
     request_id: str = ""
+    arrived_at: float = 0.0
+    """Wall-clock time (``time.time()``) the request reached the gateway; 0 = unknown.
+    The origin of the replica's queue-time, TTFT and latency metrics."""
 
 
 class TokenChunk(msgspec.Struct, tag="tokens", array_like=True):

@@ -12,6 +12,7 @@ import functools
 import logging
 import os
 import signal
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -87,6 +88,7 @@ class ReplicaProtocol(asyncio.Protocol):
             core.spec.version,
             core.stats(),
             core.message,
+            core.metrics() if hasattr(core, "metrics") else {},
         )
 
     def _infer(self, message: p.Infer) -> None:
@@ -137,8 +139,11 @@ class ReplicaProtocol(asyncio.Protocol):
             ))  # fmt: skip
 
         try:
+            arrived = None
+            if message.arrived_at > 0:  # the gateway's wall clock on this replica's monotonic one
+                arrived = time.monotonic() - max(0.0, time.time() - message.arrived_at)
             accepted = self.core.generate(
-                rid, message.prompt, message.params, message.adapter, sink
+                rid, message.prompt, message.params, message.adapter, sink, arrived
             )
         except Exception as exc:
             self._send(p.Error(message.id, *error_status(exc)))
