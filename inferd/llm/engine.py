@@ -209,6 +209,7 @@ class LLMEngine:
 
     # -- one step -----------------------------------------------------------------
     def step(self) -> list[TokenOutput]:
+        started = time.perf_counter()
         expired = self._expire_waiting()
         scheduled = self.scheduler.schedule()
         if not scheduled:
@@ -217,7 +218,10 @@ class LLMEngine:
         sampled = self.execute(scheduled)
         self.scheduler.update(scheduled, {seq: tok for seq, (tok, _) in sampled.items()})
         self.steps += 1
-        return expired + [self._output(seq, tok, lp) for seq, (tok, lp) in sampled.items()]
+        out = [self._output(seq, tok, lp) for seq, (tok, lp) in sampled.items()]
+        self.metrics.step_s.observe(time.perf_counter() - started)
+        self.metrics.step_tokens.observe(sum(item.num_tokens for item in scheduled))
+        return expired + out
 
     def _note_scheduled(self, scheduled: list[Scheduled]) -> None:
         now = time.monotonic()

@@ -33,6 +33,10 @@ class GenerationMetrics:
         """Requests that ended, by finish reason: stop, length, abort, queue_timeout, error."""
         self.requests_by_adapter = LabeledCounter()
         """Requests accepted, by adapter name ("" for the base model)."""
+        self.step_s = Histogram(LATENCY_BUCKETS_S)
+        """Duration of each engine step (schedule, forward pass, sampling, outputs)."""
+        self.step_tokens = Histogram(TOKEN_BUCKETS)
+        """Tokens (prefill chunks + decodes) computed per step."""
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -44,6 +48,8 @@ class GenerationMetrics:
             "generation_tokens": self.generation_tokens.snapshot(),
             "finished": self.finished.snapshot(),
             "requests_by_adapter": self.requests_by_adapter.snapshot(),
+            "step_s": self.step_s.snapshot(),
+            "step_tokens": self.step_tokens.snapshot(),
             "prompt_tokens_total": self.prompt_tokens.sum,
             "generation_tokens_total": self.generation_tokens.sum,
         }

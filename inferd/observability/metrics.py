@@ -62,7 +62,8 @@ class Histogram:
         for n in self.counts:
             total += n
             cumulative.append(total)
-        p50, p99 = self.quantile(0.5), self.quantile(0.99)
+        p50, p99 = (self.quantile(q) for q in (0.5, 0.99))
+        p50, p99 = (None if v is None else round(v, 6) for v in (p50, p99))
         return {
             "le": list(self.bounds),
             "cumulative": cumulative,

@@ -22,6 +22,7 @@ from typing import Any
 
 from inferd.errors import BadRequest, InvalidInput, ModelNotFound, ModelNotReady, Overloaded
 from inferd.llm.engine import EngineFull, LLMEngine, PromptTooLong, TokenOutput
+from inferd.llm.metrics import GenerationMetrics
 from inferd.llm.sequence import SamplingParams
 from inferd.serving.replica import load_off_loop, mark_ready
 from inferd.serving.spec import ReplicaSpec
@@ -80,6 +81,7 @@ class GenerationCore:
         engine.add_request("warm-up", "Hello", SamplingParams(max_tokens=2, temperature=0))
         while engine.has_work():
             engine.step()
+        engine.metrics = GenerationMetrics()  # the warm-up is not a request to report
         return engine
 
     # -- called on the event loop ------------------------------------------------------
