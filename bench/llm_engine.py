@@ -11,9 +11,13 @@ difference to bench/generate.py's inferd figure is what the serving path costs.
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from pathlib import Path
+
+# As in a replica (inferd/control/backend.py): OpenMP threads sleep between ops.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 

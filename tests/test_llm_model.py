@@ -251,6 +251,30 @@ def test_decode_batch_with_one_long_context(hf_model, model):
         )
 
 
+def test_native_decode_kernel_equals_the_pytorch_path(model, monkeypatch):
+    """The C paged-attention kernel (compiled here with the system's cc) and the
+    gather + SDPA path give the same logits for a decode batch of scattered blocks,
+    mixed context lengths and more sequences than threads."""
+    from inferd.llm import attention, native
+
+    assert native.kernel() is not None  # this machine has a compiler: the kernel is used
+
+    def decode_logits() -> torch.Tensor:
+        cache = new_cache(model, num_blocks=64)
+        blocks = iter(torch.randperm(64, generator=torch.Generator().manual_seed(7)).tolist())
+        seqs = []
+        for i, n in enumerate([3, 17, 1, 40, 8, 9, 25]):
+            seqs.append(Seq(prompt(70 + i, n), [next(blocks) for _ in range(n // 4 + 1)]))
+        for seq in seqs:
+            step(model, cache, [(seq, len(seq.tokens))])
+            seq.tokens.append(int(seq.logits[-1].argmax()))
+        return step(model, cache, [(seq, 1) for seq in seqs])
+
+    with_kernel = decode_logits()
+    monkeypatch.setattr(attention.native, "kernel", lambda: None)
+    torch.testing.assert_close(with_kernel, decode_logits(), atol=1e-5, rtol=1e-5)
+
+
 @peft_warning
 def test_lora_matches_peft(model, adapters):
     bank = LoRABank(model.config, max_adapters=2, max_rank=8)

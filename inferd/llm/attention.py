@@ -25,11 +25,14 @@ accurate; the cache itself stays in the model dtype.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from inferd.llm import native
 from inferd.llm.batch import ModelInput
 
 Rows = slice | torch.Tensor
@@ -43,6 +46,8 @@ class DecodeGroup:
     rows: Rows
     blocks: torch.Tensor
     """Flattened ``[B * n_blocks]`` cache blocks (padding reads block 0)."""
+    lens: torch.Tensor
+    """``[B]`` int64: each sequence's length, the new token included."""
     mask: torch.Tensor | None
     """Additive ``[B, 1, 1, n_blocks * block_size]`` mask of the positions past each
     sequence's length; None when every sequence fills its blocks exactly."""
@@ -140,7 +145,7 @@ def _decode_group(
         if contiguous
         else torch.tensor(rows, dtype=torch.int64, device=device)
     )
-    return DecodeGroup(index, blocks.to(device), mask)
+    return DecodeGroup(index, blocks.to(device), torch.tensor(lens, dtype=torch.int64), mask)
 
 
 def _prefill_chunk(
@@ -195,6 +200,14 @@ def _decode_attention(
     rows = group.rows
     qd = q[rows] if isinstance(rows, slice) else q.index_select(0, rows)
     batch, heads, dim = qd.shape
+    lib = native.kernel() if _native_fits(q, kv_layer, cd) else None
+    if lib is not None:
+        res = _native_decode(lib, qd, kv_layer, group, block_size, scale)
+        if isinstance(rows, slice):
+            out[rows] = res
+        else:
+            out.index_copy_(0, rows, res)
+        return
     by_block = kv_layer.view(2, -1, block_size * heads * dim)
     keys = by_block[0].index_select(0, group.blocks).view(batch, -1, heads, dim)
     vals = by_block[1].index_select(0, group.blocks).view(batch, -1, heads, dim)
@@ -209,6 +222,55 @@ def _decode_attention(
         out[rows] = res
     else:
         out.index_copy_(0, rows, res.to(out.dtype))
+
+
+def _native_fits(q: torch.Tensor, kv_layer: torch.Tensor, cd: torch.dtype) -> bool:
+    return (
+        q.device.type == "cpu"
+        and q.dtype == kv_layer.dtype == cd == torch.float32
+        and kv_layer.is_contiguous()
+    )
+
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _native_decode(
+    lib: Any,
+    qd: torch.Tensor,
+    kv_layer: torch.Tensor,
+    group: DecodeGroup,
+    block_size: int,
+    scale: float,
+) -> torch.Tensor:
+    """The C kernel over the group, the batch split over torch's intra-op thread count."""
+    global _POOL
+    qd = qd.contiguous()
+    batch, heads, dim = qd.shape
+    res = torch.empty_like(qd)
+    lens = group.lens
+    stride = group.blocks.numel() // batch
+    threads = max(1, min(torch.get_num_threads(), batch))
+    scratch = torch.empty((threads, int(lens.max())), dtype=torch.float32)
+    keys, vals = kv_layer[0], kv_layer[1]
+    args = (qd.data_ptr(), keys.data_ptr(), vals.data_ptr(), res.data_ptr(),
+            group.blocks.data_ptr(), stride, lens.data_ptr())  # fmt: skip
+
+    def run(part: int) -> None:
+        b0, b1 = batch * part // threads, batch * (part + 1) // threads
+        lib.paged_decode_f32(*args, b0, b1, heads, dim, block_size, scale,
+                             scratch[part].data_ptr())  # fmt: skip
+
+    if threads == 1:
+        run(0)
+        return res
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="paged-attention")
+    others = [_POOL.submit(run, part) for part in range(1, threads)]
+    run(0)  # this thread takes the first share
+    for future in others:
+        future.result()
+    return res
 
 
 def _prefill_attention(
