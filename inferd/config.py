@@ -42,8 +42,8 @@ class LLMConfig(BaseModel):
     """Tokens per KV-cache block."""
     max_num_seqs: int = Field(128, ge=1)
     """Sequences decoding together in one step. On a 2-core CPU, GPT-2 small's output
-    tokens/s is flat from 64 to 128 and falls at 256 (measured: 233, 237, 148 tok/s for
-    500 requests); a GPU wants more."""
+    tokens/s was flat from 64 to 128 and fell at 256 (233, 237, 148 tok/s for 500
+    requests, measured with PyTorch attention, before the C decode kernel); a GPU wants more."""
     max_batched_tokens: int = Field(512, ge=16)
     """Tokens (prefill chunks + decodes) per step; bounds how long a step takes."""
     max_waiting: int = Field(1024, ge=1)

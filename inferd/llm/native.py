@@ -21,6 +21,7 @@ import functools
 import hashlib
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -81,6 +82,14 @@ _FLAGS = [
 ]  # fmt: skip
 
 
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as info:
+            return next((line for line in info if line.startswith("flags")), "")
+    except OSError:
+        return platform.processor()
+
+
 @functools.cache
 def kernel() -> ctypes.CDLL | None:
     """The compiled library, or None where it cannot be built or is switched off."""
@@ -90,7 +99,10 @@ def kernel() -> ctypes.CDLL | None:
     if compiler is None:
         logger.info("no C compiler: paged decode attention stays on PyTorch ops")
         return None
-    digest = hashlib.sha256((SOURCE + " ".join(_FLAGS)).encode()).hexdigest()[:16]
+    # -march=native code must not be loaded on another CPU (a shared home directory):
+    # the CPU's feature flags are part of the library's name.
+    identity = SOURCE + " ".join(_FLAGS) + platform.machine() + _cpu_flags()
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "inferd"
     library = cache / f"paged_attention_{digest}.so"
     try:
