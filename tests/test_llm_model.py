@@ -255,9 +255,13 @@ def test_native_decode_kernel_equals_the_pytorch_path(model, monkeypatch):
     """The C paged-attention kernel (compiled here with the system's cc) and the
     gather + SDPA path give the same logits for a decode batch of scattered blocks,
     mixed context lengths and more sequences than threads."""
+    import shutil
+
     from inferd.llm import attention, native
 
-    assert native.kernel() is not None  # this machine has a compiler: the kernel is used
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler here: only the PyTorch path exists")
+    assert native.kernel() is not None  # a compiler is here: the kernel must build
 
     def decode_logits() -> torch.Tensor:
         cache = new_cache(model, num_blocks=64)
