@@ -1,0 +1,257 @@
+"""The Open Inference Protocol (KServe V2) over REST: health, metadata and JSON inference.
+
+Same models, routing and replicas as ``/api/v1``; only the wire format differs. Tensors
+arrive as ``{"name", "shape", "datatype", "data"}`` (data flat or nested, row-major),
+are checked against the model's signature (name, datatype, per-row shape, element
+count) and go to the data plane as columns; the batch dimension is ``shape[0]``.
+Errors use the protocol's body, ``{"error": "..."}``: bad input 400, unknown model or
+version 404, not ready 503.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from inferd import __version__
+from inferd.api.http import json_response, read_json, request_id_of
+from inferd.errors import BadRequest, InferdError, InvalidInput, ModelNotReady
+from inferd.observability.logging import request_id_var
+from inferd.routing.dataplane import DataPlane
+from inferd.routing.router import Target
+from inferd.runtimes.base import DATATYPES, Signature, TensorSpec, datatype_of
+
+router = APIRouter(prefix="/v2", tags=["open inference protocol"])
+EXTENSIONS: list[str] = []
+"""Protocol extensions implemented so far (binary tensors, repository, ... come later)."""
+
+Handler = Callable[..., Awaitable[Response]]
+
+
+def _protocol_errors(handler: Handler) -> Handler:
+    """Every failure as ``{"error": message}``; input problems are 400 in this protocol."""
+
+    @functools.wraps(handler)
+    async def wrapped(*args: Any, **kwargs: Any) -> Response:
+        try:
+            return await handler(*args, **kwargs)
+        except InferdError as exc:
+            status = 400 if isinstance(exc, InvalidInput) else exc.status_code
+            return json_response({"error": exc.message}, status_code=status, headers=exc.headers())
+
+    return wrapped
+
+
+# -- server -------------------------------------------------------------------------------
+
+
+@router.get("")
+async def server_metadata() -> Response:
+    return json_response({"name": "inferd", "version": __version__, "extensions": EXTENSIONS})
+
+
+@router.get("/health/live")
+async def server_live() -> Response:
+    return json_response({"live": True})
+
+
+@router.get("/health/ready")
+async def server_ready(request: Request) -> Response:
+    table = request.app.state.router.table
+    ready = table.generation > 0 and all(
+        route.default_version is not None for route in table.models.values()
+    )
+    return json_response({"ready": ready}, status_code=200 if ready else 503)
+
+
+# -- models -------------------------------------------------------------------------------
+
+
+def _target(request: Request, model: str, version: str | None) -> Target:
+    return request.app.state.router.target(model, version)  # type: ignore[no-any-return]
+
+
+@router.get("/models/{model}")
+@router.get("/models/{model}/versions/{version}")
+@_protocol_errors
+async def model_metadata(request: Request, model: str, version: str | None = None) -> Response:
+    target = _target(request, model, version)
+    route = request.app.state.router.model(model)
+    return json_response(
+        {
+            "name": model,
+            "versions": sorted(route.versions),
+            "platform": target.framework,
+            "inputs": [_spec(s) for s in target.signature.inputs],
+            "outputs": [_spec(s) for s in target.signature.outputs],
+        }
+    )
+
+
+def _spec(spec: TensorSpec) -> dict[str, Any]:
+    return {"name": spec.name, "datatype": spec.datatype, "shape": list(spec.shape)}
+
+
+@router.get("/models/{model}/ready")
+@router.get("/models/{model}/versions/{version}/ready")
+@_protocol_errors
+async def model_ready(request: Request, model: str, version: str | None = None) -> Response:
+    try:
+        _target(request, model, version)
+    except ModelNotReady:
+        return json_response({"name": model, "ready": False}, status_code=503)
+    return json_response({"name": model, "ready": True})
+
+
+# -- inference -----------------------------------------------------------------------------
+
+
+@router.post("/models/{model}/infer")
+@router.post("/models/{model}/versions/{version}/infer")
+@_protocol_errors
+async def infer(request: Request, model: str, version: str | None = None) -> Response:
+    started = time.perf_counter()
+    rid = request_id_of(request)
+    request_id_var.set(rid)
+    body = await read_json(request, request.app.state.settings.max_body_bytes)
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    plane: DataPlane = request.app.state.dataplane
+    target = plane.target(model, version)
+    columns, rows = decode_inputs(body.get("inputs"), target.signature)
+    wanted = requested_outputs(body.get("outputs"), target.signature)
+    outcome = await plane.infer(target, columns, rows, rid, started)
+    reply: dict[str, Any] = {
+        "model_name": target.model,
+        "model_version": target.version,
+        "outputs": [
+            encode_output(name, array)
+            for name, array in outcome.outputs.items()
+            if wanted is None or name in wanted
+        ],
+    }
+    if isinstance(body.get("id"), str):
+        reply["id"] = body["id"]
+    return json_response(reply, headers={"x-request-id": rid})
+
+
+def decode_inputs(inputs: Any, signature: Signature) -> tuple[dict[str, np.ndarray], int]:
+    """Protocol input tensors -> columns named as the signature's inputs, and the row count."""
+    if not isinstance(inputs, list) or not inputs:
+        raise InvalidInput("'inputs' must be a non-empty list of tensors")
+    specs = {s.name: s for s in signature.inputs}
+    columns: dict[str, np.ndarray] = {}
+    rows: int | None = None
+    for i, tensor in enumerate(inputs):
+        if not isinstance(tensor, dict):
+            raise InvalidInput(f"inputs[{i}] must be an object with name, shape, datatype, data")
+        name = tensor.get("name")
+        if name not in specs:
+            raise InvalidInput(f"unknown input {name!r}; the model takes {sorted(specs)}", got=name)
+        if name in columns:
+            raise InvalidInput(f"input {name!r} is given twice")
+        array = _tensor(tensor, specs[name])
+        if rows is not None and array.shape[0] != rows:
+            raise InvalidInput(
+                f"input {name!r} has {array.shape[0]} rows (shape[0]); the others have {rows}"
+            )
+        rows = array.shape[0]
+        columns[name] = array
+    missing = sorted(specs.keys() - columns.keys())
+    if missing:
+        raise InvalidInput(f"missing input(s) {missing}; the model takes {sorted(specs)}")
+    assert rows is not None
+    if rows == 0:
+        raise InvalidInput("inputs have no rows (shape[0] is 0)")
+    return columns, rows
+
+
+def _tensor(tensor: dict[str, Any], spec: TensorSpec) -> np.ndarray:
+    name, shape, datatype = spec.name, tensor.get("shape"), tensor.get("datatype")
+    if (
+        not isinstance(shape, list)
+        or not shape
+        or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+    ):
+        raise InvalidInput(f"input {name!r}: 'shape' must be a non-empty list of sizes >= 0")
+    if datatype not in DATATYPES:
+        raise InvalidInput(f"input {name!r}: unknown datatype {datatype!r}")
+    if datatype != spec.datatype:
+        raise InvalidInput(
+            f"input {name!r}: datatype {datatype} does not match the model's {spec.datatype}"
+        )
+    want = spec.shape[1:]
+    if len(shape) != len(spec.shape) or any(
+        w not in (-1, g) for w, g in zip(want, shape[1:], strict=True)
+    ):
+        raise InvalidInput(
+            f"input {name!r}: shape {shape} does not match the model's {list(spec.shape)}",
+            expected=list(spec.shape),
+            got=shape,
+        )
+    if "data" not in tensor:
+        raise InvalidInput(f"input {name!r}: no 'data'")
+    data = tensor["data"]
+    try:
+        if datatype == "BYTES":
+            flat = _flat_text(data, name)
+        else:
+            flat = np.asarray(data, dtype=spec.numpy_dtype).reshape(-1)
+    except (ValueError, TypeError):
+        raise InvalidInput(f"input {name!r}: data is not a list of {datatype} values") from None
+    needed = math.prod(shape)
+    if flat.size != needed:
+        raise InvalidInput(
+            f"input {name!r}: data has {flat.size} elements; shape {shape} needs {needed}"
+        )
+    return flat.reshape(shape)
+
+
+def _flat_text(data: Any, name: str) -> np.ndarray:
+    values: list[Any] = []
+
+    def walk(item: Any) -> None:
+        if isinstance(item, list):
+            for x in item:
+                walk(x)
+        elif isinstance(item, str):
+            values.append(item)
+        else:
+            raise InvalidInput(f"input {name!r}: BYTES data must be strings")
+
+    walk(data)
+    array = np.empty(len(values), dtype=object)
+    array[:] = values
+    return array
+
+
+def requested_outputs(outputs: Any, signature: Signature) -> set[str] | None:
+    if outputs is None:
+        return None
+    known = {s.name for s in signature.outputs}
+    if not isinstance(outputs, list) or not all(
+        isinstance(o, dict) and isinstance(o.get("name"), str) for o in outputs
+    ):
+        raise InvalidInput("'outputs' must be a list of objects with a 'name'")
+    names = {o["name"] for o in outputs}
+    unknown = sorted(names - known)
+    if unknown:
+        raise InvalidInput(f"unknown output(s) {unknown}; the model gives {sorted(known)}")
+    return names
+
+
+def encode_output(name: str, array: np.ndarray) -> dict[str, Any]:
+    datatype = datatype_of(array)
+    flat = array.reshape(-1)
+    if datatype == "BYTES":
+        data = [x.decode() if isinstance(x, bytes) else str(x) for x in flat.tolist()]
+    else:
+        data = flat.tolist()
+    return {"name": name, "datatype": datatype, "shape": list(array.shape), "data": data}
