@@ -3,6 +3,8 @@ raw HTTP for the wire format and the errors, and Triton's own ``tritonclient.htt
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -146,3 +148,64 @@ def test_tritonclient_http_with_json_tensors(demo_server: InferdServer):
         assert result.get_response()["id"] == "t-1"
     finally:
         client.close()
+
+
+def test_tritonclient_http_default_binary_tensors(demo_server: InferdServer):
+    """tritonclient's defaults: binary input and output tensors (the binary extension)."""
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(url=demo_server.url.removeprefix("http://"))
+    try:
+        batch = np.asarray([ROW, ROW[::-1], ROW], dtype=np.float32)
+        tensor = httpclient.InferInput("features", list(batch.shape), "FP32")
+        tensor.set_data_from_numpy(batch)  # binary_data=True by default
+        result = client.infer("fraud", [tensor], outputs=[
+            httpclient.InferRequestedOutput("probabilities"),  # binary by default
+        ])  # fmt: skip
+        probs = result.as_numpy("probabilities")
+        json_probs = client.infer(
+            "fraud",
+            [tensor],
+            outputs=[httpclient.InferRequestedOutput("probabilities", binary_data=False)],
+        ).as_numpy("probabilities")
+        assert probs is not None and probs.shape[0] == 3
+        np.testing.assert_array_equal(probs, json_probs)
+        np.testing.assert_array_equal(probs[0], probs[2])
+        # BYTES travel length-prefixed in the binary extension.
+        text = np.asarray([b"This product is amazing!", b"Awful."], dtype=object)
+        name = features(demo_server, "sentiment")["name"]
+        words = httpclient.InferInput(name, [2], "BYTES")
+        words.set_data_from_numpy(text)
+        reply = client.infer("sentiment", [words])  # no outputs named: all, as JSON
+        assert all(o["shape"][0] == 2 for o in reply.get_response()["outputs"])
+    finally:
+        client.close()
+
+
+def test_binary_extension_errors(demo_server: InferdServer):
+    c = demo_server.client
+    data = np.asarray([ROW], dtype=np.float32).tobytes()
+
+    def send(header: dict, blob: bytes, length: int | None = None) -> tuple[int, str]:
+        head = json.dumps({"inputs": [header]}).encode()
+        reply = c.post(
+            "/v2/models/fraud/infer",
+            content=head + blob,
+            headers={
+                "Inference-Header-Content-Length": str(len(head) if length is None else length)
+            },
+        )
+        return reply.status_code, reply.json()["error"] if reply.status_code != 200 else ""
+
+    tensor = {"name": "features", "shape": [1, 30], "datatype": "FP32"}
+    ok = {**tensor, "parameters": {"binary_data_size": len(data)}}
+    assert send(ok, data) == (200, "")
+    code, error = send({**tensor, "parameters": {"binary_data_size": len(data) - 4}}, data[:-4])
+    assert code == 400 and "needs 120" in error
+    code, error = send(ok, data[:-4])
+    assert code == 400 and "runs past" in error
+    code, error = send(ok, data + b"xx")
+    assert code == 400 and "not claimed" in error
+    code, error = send(ok, data, length=10**6)
+    assert code == 400 and "Inference-Header-Content-Length" in error
+    assert "binary_tensor_data" in c.get("/v2").json()["extensions"]

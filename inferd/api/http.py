@@ -31,6 +31,20 @@ def request_id_of(request: Request) -> str:
 
 
 async def read_json(request: Request, limit: int) -> Any:
+    return parse_json(await read_body(request, limit))
+
+
+def parse_json(body: bytes) -> Any:
+    if not body:
+        raise BadRequest("request body is empty; expected a JSON object")
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"invalid JSON: {exc}") from None
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body, refused with 413 past ``limit`` bytes (declared or streamed)."""
     length = request.headers.get("content-length")
     if length is not None:
         if not length.isdigit():
@@ -49,12 +63,7 @@ async def read_json(request: Request, limit: int) -> Any:
                     f"request body exceeds the limit of {limit} bytes", limit_bytes=limit
                 )
         body = bytes(chunks)
-    if not body:
-        raise BadRequest("request body is empty; expected a JSON object")
-    try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"invalid JSON: {exc}") from None
+    return body
 
 
 def json_response(

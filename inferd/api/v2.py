@@ -17,11 +17,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
+import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from inferd import __version__
-from inferd.api.http import json_response, read_json, request_id_of
+from inferd.api.http import json_response, parse_json, read_body, request_id_of
 from inferd.errors import BadRequest, InferdError, InvalidInput, ModelNotReady
 from inferd.observability.logging import request_id_var
 from inferd.routing.dataplane import DataPlane
@@ -29,8 +30,10 @@ from inferd.routing.router import Target
 from inferd.runtimes.base import DATATYPES, Signature, TensorSpec, datatype_of
 
 router = APIRouter(prefix="/v2", tags=["open inference protocol"])
-EXTENSIONS: list[str] = []
-"""Protocol extensions implemented so far (binary tensors, repository, ... come later)."""
+EXTENSIONS: list[str] = ["binary_tensor_data"]
+"""Protocol extensions implemented so far."""
+HEADER_LENGTH = "inference-header-content-length"
+"""Binary tensor extension: the body is this many bytes of JSON, then the tensors' bytes."""
 
 Handler = Callable[..., Awaitable[Response]]
 
@@ -120,30 +123,73 @@ async def infer(request: Request, model: str, version: str | None = None) -> Res
     started = time.perf_counter()
     rid = request_id_of(request)
     request_id_var.set(rid)
-    body = await read_json(request, request.app.state.settings.max_body_bytes)
+    raw = await read_body(request, request.app.state.settings.max_body_bytes)
+    body, binary = _split_body(raw, request.headers.get(HEADER_LENGTH))
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     plane: DataPlane = request.app.state.dataplane
     target = plane.target(model, version)
-    columns, rows = decode_inputs(body.get("inputs"), target.signature)
+    columns, rows = decode_inputs(body.get("inputs"), target.signature, binary)
     wanted = requested_outputs(body.get("outputs"), target.signature)
+    binary_default = bool(_parameters(body).get("binary_data_output", False))
     outcome = await plane.infer(target, columns, rows, rid, started)
+    outputs, blobs = [], []
+    for name, array in outcome.outputs.items():
+        if wanted is not None and name not in wanted:
+            continue
+        as_binary = wanted.get(name, binary_default) if wanted is not None else binary_default
+        if as_binary:
+            blob = to_binary(array)
+            blobs.append(blob)
+            outputs.append(
+                {"name": name, "datatype": datatype_of(array), "shape": list(array.shape),
+                 "parameters": {"binary_data_size": len(blob)}}
+            )  # fmt: skip
+        else:
+            outputs.append(encode_output(name, array))
     reply: dict[str, Any] = {
         "model_name": target.model,
         "model_version": target.version,
-        "outputs": [
-            encode_output(name, array)
-            for name, array in outcome.outputs.items()
-            if wanted is None or name in wanted
-        ],
+        "outputs": outputs,
     }
     if isinstance(body.get("id"), str):
         reply["id"] = body["id"]
-    return json_response(reply, headers={"x-request-id": rid})
+    if not blobs:
+        return json_response(reply, headers={"x-request-id": rid})
+    head = orjson.dumps(reply)
+    return Response(
+        b"".join([head, *blobs]),
+        media_type="application/octet-stream",
+        headers={"x-request-id": rid, HEADER_LENGTH: str(len(head))},
+    )
 
 
-def decode_inputs(inputs: Any, signature: Signature) -> tuple[dict[str, np.ndarray], int]:
-    """Protocol input tensors -> columns named as the signature's inputs, and the row count."""
+def _split_body(raw: bytes, header: str | None) -> tuple[Any, memoryview]:
+    if header is None:
+        return parse_json(raw), memoryview(b"")
+    if not header.isdigit() or int(header) > len(raw):
+        raise BadRequest(
+            f"Inference-Header-Content-Length {header!r} must be a byte count within the "
+            f"body's {len(raw)} bytes"
+        )
+    size = int(header)
+    return parse_json(raw[:size]), memoryview(raw)[size:]
+
+
+def _parameters(item: dict[str, Any]) -> dict[str, Any]:
+    params = item.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise InvalidInput("'parameters' must be an object")
+    return params
+
+
+def decode_inputs(
+    inputs: Any, signature: Signature, binary: memoryview | None = None
+) -> tuple[dict[str, np.ndarray], int]:
+    """Protocol input tensors -> columns named as the signature's inputs, and the row count.
+    Tensors with a ``binary_data_size`` parameter take their bytes from ``binary``, in order."""
+    binary = binary if binary is not None else memoryview(b"")
+    offset = 0
     if not isinstance(inputs, list) or not inputs:
         raise InvalidInput("'inputs' must be a non-empty list of tensors")
     specs = {s.name: s for s in signature.inputs}
@@ -157,13 +203,18 @@ def decode_inputs(inputs: Any, signature: Signature) -> tuple[dict[str, np.ndarr
             raise InvalidInput(f"unknown input {name!r}; the model takes {sorted(specs)}", got=name)
         if name in columns:
             raise InvalidInput(f"input {name!r} is given twice")
-        array = _tensor(tensor, specs[name])
+        array, offset = _decode_tensor(tensor, specs[name], binary, offset)
         if rows is not None and array.shape[0] != rows:
             raise InvalidInput(
                 f"input {name!r} has {array.shape[0]} rows (shape[0]); the others have {rows}"
             )
         rows = array.shape[0]
         columns[name] = array
+    if offset != len(binary):
+        raise InvalidInput(
+            f"{len(binary) - offset} bytes of binary data are not claimed by any input's "
+            "binary_data_size"
+        )
     missing = sorted(specs.keys() - columns.keys())
     if missing:
         raise InvalidInput(f"missing input(s) {missing}; the model takes {sorted(specs)}")
@@ -173,7 +224,76 @@ def decode_inputs(inputs: Any, signature: Signature) -> tuple[dict[str, np.ndarr
     return columns, rows
 
 
-def _tensor(tensor: dict[str, Any], spec: TensorSpec) -> np.ndarray:
+def _decode_tensor(
+    tensor: dict[str, Any], spec: TensorSpec, binary: memoryview, offset: int
+) -> tuple[np.ndarray, int]:
+    """One input, from its JSON ``data`` or from ``binary`` at ``offset``; the next offset."""
+    size = _parameters(tensor).get("binary_data_size")
+    if size is None:
+        return _tensor(tensor, spec), offset
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise InvalidInput(f"input {spec.name!r}: binary_data_size must be a byte count")
+    if offset + size > len(binary):
+        raise InvalidInput(
+            f"input {spec.name!r}: binary_data_size {size} runs past the "
+            f"{len(binary)} bytes of binary data after the JSON header"
+        )
+    return _binary_tensor(tensor, spec, binary[offset : offset + size]), offset + size
+
+
+def _binary_tensor(tensor: dict[str, Any], spec: TensorSpec, data: memoryview) -> np.ndarray:
+    shape = _check_header(tensor, spec)
+    count = math.prod(shape)
+    if spec.datatype == "BYTES":
+        flat = _from_length_prefixed(data, spec.name)
+    else:
+        dtype = spec.numpy_dtype.newbyteorder("<")
+        if len(data) != count * dtype.itemsize:
+            raise InvalidInput(
+                f"input {spec.name!r}: binary_data_size is {len(data)} bytes; shape {shape} "
+                f"of {spec.datatype} needs {count * dtype.itemsize}"
+            )
+        flat = np.frombuffer(data, dtype=dtype)
+    if flat.size != count:
+        raise InvalidInput(
+            f"input {spec.name!r}: binary data has {flat.size} elements; shape {shape} "
+            f"needs {count}"
+        )
+    return flat.reshape(shape)
+
+
+def _from_length_prefixed(data: memoryview, name: str) -> np.ndarray:
+    """BYTES in the binary extension: each element a 4-byte little-endian length + bytes."""
+    values, pos, raw = [], 0, bytes(data)
+    while pos < len(raw):
+        if pos + 4 > len(raw):
+            raise InvalidInput(f"input {name!r}: truncated BYTES element length")
+        n = int.from_bytes(raw[pos : pos + 4], "little")
+        if pos + 4 + n > len(raw):
+            raise InvalidInput(f"input {name!r}: BYTES element runs past binary_data_size")
+        try:
+            values.append(raw[pos + 4 : pos + 4 + n].decode())
+        except UnicodeDecodeError:
+            raise InvalidInput(f"input {name!r}: BYTES elements must be UTF-8 text") from None
+        pos += 4 + n
+    array = np.empty(len(values), dtype=object)
+    array[:] = values
+    return array
+
+
+def to_binary(array: np.ndarray) -> bytes:
+    """An output tensor's bytes in the binary extension's layout."""
+    if datatype_of(array) == "BYTES":
+        parts = []
+        for x in array.reshape(-1).tolist():
+            b = x if isinstance(x, bytes) else str(x).encode()
+            parts += [len(b).to_bytes(4, "little"), b]
+        return b"".join(parts)
+    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+
+
+def _check_header(tensor: dict[str, Any], spec: TensorSpec) -> list[int]:
+    """The tensor's shape, after checking shape and datatype against the signature."""
     name, shape, datatype = spec.name, tensor.get("shape"), tensor.get("datatype")
     if (
         not isinstance(shape, list)
@@ -196,6 +316,12 @@ def _tensor(tensor: dict[str, Any], spec: TensorSpec) -> np.ndarray:
             expected=list(spec.shape),
             got=shape,
         )
+    return shape
+
+
+def _tensor(tensor: dict[str, Any], spec: TensorSpec) -> np.ndarray:
+    shape = _check_header(tensor, spec)
+    name, datatype = spec.name, spec.datatype
     if "data" not in tensor:
         raise InvalidInput(f"input {name!r}: no 'data'")
     data = tensor["data"]
@@ -232,7 +358,8 @@ def _flat_text(data: Any, name: str) -> np.ndarray:
     return array
 
 
-def requested_outputs(outputs: Any, signature: Signature) -> set[str] | None:
+def requested_outputs(outputs: Any, signature: Signature) -> dict[str, bool] | None:
+    """Requested output names -> whether each wants binary data (None: all, as default)."""
     if outputs is None:
         return None
     known = {s.name for s in signature.outputs}
@@ -240,8 +367,8 @@ def requested_outputs(outputs: Any, signature: Signature) -> set[str] | None:
         isinstance(o, dict) and isinstance(o.get("name"), str) for o in outputs
     ):
         raise InvalidInput("'outputs' must be a list of objects with a 'name'")
-    names = {o["name"] for o in outputs}
-    unknown = sorted(names - known)
+    names = {o["name"]: bool(_parameters(o).get("binary_data", False)) for o in outputs}
+    unknown = sorted(names.keys() - known)
     if unknown:
         raise InvalidInput(f"unknown output(s) {unknown}; the model gives {sorted(known)}")
     return names
