@@ -209,3 +209,23 @@ def test_binary_extension_errors(demo_server: InferdServer):
     code, error = send(ok, data, length=10**6)
     assert code == 400 and "Inference-Header-Content-Length" in error
     assert "binary_tensor_data" in c.get("/v2").json()["extensions"]
+
+
+def test_binary_data_output_is_the_default_for_outputs_that_do_not_say(demo_server: InferdServer):
+    good = {"name": "features", "shape": [1, 30], "datatype": "FP32", "data": ROW}
+    body = {
+        "inputs": [good],
+        "outputs": [
+            {"name": "probabilities"},
+            {"name": "label", "parameters": {"binary_data": False}},
+        ],
+        "parameters": {"binary_data_output": True},
+    }
+    reply = demo_server.client.post("/v2/models/fraud/infer", json=body)
+    assert reply.status_code == 200, reply.text
+    size = int(reply.headers["inference-header-content-length"])
+    head = json.loads(reply.content[:size])
+    outputs = {o["name"]: o for o in head["outputs"]}
+    blob = outputs["probabilities"]["parameters"]["binary_data_size"]
+    assert "data" not in outputs["probabilities"] and len(reply.content) == size + blob
+    assert "data" in outputs["label"]  # its own binary_data: false wins

@@ -57,6 +57,8 @@ def create_app(settings: Settings, router: Router, registry: Registry) -> FastPa
         {
             ("POST", "/api/v1/models/{model}/predict"): v1.predict,
             ("POST", "/api/v1/predict"): v1.predict_one,
+            ("POST", "/v2/models/{model}/infer"): v2.infer,
+            ("POST", "/v2/models/{model}/versions/{version}/infer"): v2.infer,
         },
     )
 

@@ -137,8 +137,8 @@ async def infer(request: Request, model: str, version: str | None = None) -> Res
     for name, array in outcome.outputs.items():
         if wanted is not None and name not in wanted:
             continue
-        as_binary = wanted.get(name, binary_default) if wanted is not None else binary_default
-        if as_binary:
+        flag = wanted.get(name) if wanted is not None else None
+        if binary_default if flag is None else flag:
             blob = to_binary(array)
             blobs.append(blob)
             outputs.append(
@@ -358,8 +358,9 @@ def _flat_text(data: Any, name: str) -> np.ndarray:
     return array
 
 
-def requested_outputs(outputs: Any, signature: Signature) -> dict[str, bool] | None:
-    """Requested output names -> whether each wants binary data (None: all, as default)."""
+def requested_outputs(outputs: Any, signature: Signature) -> dict[str, bool | None] | None:
+    """Requested output names -> whether each wants binary data (None: the request's
+    ``binary_data_output`` decides); None when no outputs are named (all of them)."""
     if outputs is None:
         return None
     known = {s.name for s in signature.outputs}
@@ -367,7 +368,10 @@ def requested_outputs(outputs: Any, signature: Signature) -> dict[str, bool] | N
         isinstance(o, dict) and isinstance(o.get("name"), str) for o in outputs
     ):
         raise InvalidInput("'outputs' must be a list of objects with a 'name'")
-    names = {o["name"]: bool(_parameters(o).get("binary_data", False)) for o in outputs}
+    names: dict[str, bool | None] = {}
+    for o in outputs:
+        flag = _parameters(o).get("binary_data")
+        names[o["name"]] = None if flag is None else bool(flag)
     unknown = sorted(names.keys() - known)
     if unknown:
         raise InvalidInput(f"unknown output(s) {unknown}; the model gives {sorted(known)}")

@@ -48,6 +48,7 @@ class DecodeGroup:
     """Flattened ``[B * n_blocks]`` cache blocks (padding reads block 0)."""
     lens: torch.Tensor
     """``[B]`` int64: each sequence's length, the new token included."""
+    max_len: int
     mask: torch.Tensor | None
     """Additive ``[B, 1, 1, n_blocks * block_size]`` mask of the positions past each
     sequence's length; None when every sequence fills its blocks exactly."""
@@ -145,7 +146,9 @@ def _decode_group(
         if contiguous
         else torch.tensor(rows, dtype=torch.int64, device=device)
     )
-    return DecodeGroup(index, blocks.to(device), torch.tensor(lens, dtype=torch.int64), mask)
+    return DecodeGroup(
+        index, blocks.to(device), torch.tensor(lens, dtype=torch.int64), max(lens), mask
+    )
 
 
 def _prefill_chunk(
@@ -251,7 +254,7 @@ def _native_decode(
     lens = group.lens
     stride = group.blocks.numel() // batch
     threads = max(1, min(torch.get_num_threads(), batch))
-    scratch = torch.empty((threads, int(lens.max())), dtype=torch.float32)
+    scratch = torch.empty((threads, group.max_len), dtype=torch.float32)
     keys, vals = kv_layer[0], kv_layer[1]
     args = (qd.data_ptr(), keys.data_ptr(), vals.data_ptr(), res.data_ptr(),
             group.blocks.data_ptr(), stride, lens.data_ptr())  # fmt: skip

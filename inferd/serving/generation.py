@@ -20,7 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inferd.errors import BadRequest, InvalidInput, ModelNotFound, ModelNotReady, Overloaded
+from inferd.errors import (
+    BadRequest,
+    InferdError,
+    InvalidInput,
+    ModelNotFound,
+    ModelNotReady,
+    Overloaded,
+)
 from inferd.llm.engine import EngineFull, LLMEngine, PromptTooLong, TokenOutput
 from inferd.llm.metrics import GenerationMetrics
 from inferd.llm.sequence import SamplingParams
@@ -28,7 +35,8 @@ from inferd.serving.replica import load_off_loop, mark_ready
 from inferd.serving.spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)
-Sink = Callable[[TokenOutput], None]
+Sink = Callable[[TokenOutput | InferdError], None]
+"""Receives a request's token outputs, or the error that ended it before any token."""
 
 
 @dataclass
@@ -123,7 +131,12 @@ class GenerationCore:
             sink = self._sinks.get(out.request_id)
             if out.finished:
                 self._sinks.pop(out.request_id, None)
-            if sink is not None:
+            if sink is None:
+                continue
+            if out.finish_reason == "queue_timeout":
+                sink(Overloaded(f"no free sequence slot within the queue timeout "
+                                f"({self.queue_timeout_s:g}s); retry later"))  # fmt: skip
+            else:
                 sink(out)
 
     # -- the engine thread ---------------------------------------------------------

@@ -104,6 +104,10 @@ class ReplicaCore:
         stats["rss_bytes"] = rss_bytes()
         return stats
 
+    def metrics(self) -> dict[str, Any]:
+        """Histograms and counters for the status frame (none for predict replicas yet)."""
+        return {}
+
     def idle(self) -> bool:
         return self.inflight == 0 and (self.batcher is None or self.batcher.idle())
 

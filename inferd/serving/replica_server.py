@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from inferd.errors import Overloaded
+from inferd.errors import InferdError
 from inferd.serving import protocol as p
 from inferd.serving.batcher import Columns
 from inferd.serving.replica import ReplicaCore, error_status
@@ -88,7 +88,7 @@ class ReplicaProtocol(asyncio.Protocol):
             core.spec.version,
             core.stats(),
             core.message,
-            core.metrics() if hasattr(core, "metrics") else {},
+            core.metrics(),
         )
 
     def _infer(self, message: p.Infer) -> None:
@@ -122,16 +122,13 @@ class ReplicaProtocol(asyncio.Protocol):
     def _generate(self, message: p.Generate) -> None:
         rid = f"{id(self):x}-{message.id}"
 
-        def sink(out: TokenOutput) -> None:
+        def sink(out: TokenOutput | InferdError) -> None:
+            if isinstance(out, InferdError):  # refused after it was accepted (queue timeout)
+                self.generations.pop(message.id, None)
+                self._send(p.Error(message.id, *error_status(out)))
+                return
             if out.finished:
                 self.generations.pop(message.id, None)
-            if out.finish_reason == "queue_timeout":
-                limit = getattr(self.core, "queue_timeout_s", "the")
-                busy = Overloaded(
-                    f"no free sequence slot within the queue timeout ({limit}s); retry later"
-                )
-                self._send(p.Error(message.id, *error_status(busy)))
-                return
             self._send(p.TokenChunk(
                 message.id, out.text, [] if out.token_id is None else [out.token_id],
                 out.finished, out.finish_reason, out.prompt_tokens, out.completion_tokens,
