@@ -159,6 +159,8 @@ def main() -> None:
             "serve",
             "--port",
             str(port),
+            "--grpc-port",
+            "-1",
             "--data-dir",
             str(work / "data"),
         ],

@@ -215,7 +215,7 @@ def main() -> None:
     servers = {
         "inferd": (
             [sys.executable, "-m", "inferd", "serve", "--workers", str(args.workers),
-             "--data-dir", str(work / "data"), "--port"],
+             "--data-dir", str(work / "data"), "--grpc-port", "-1", "--port"],
             {"INFERD_LOG_LEVEL": "WARNING"},
         ),
         "plain": (

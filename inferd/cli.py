@@ -23,7 +23,9 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-models_app = typer.Typer(help="The model registry: push, list, show.", no_args_is_help=True)
+models_app = typer.Typer(
+    help="The model registry: push, list, show, load, unload.", no_args_is_help=True
+)
 app.add_typer(models_app, name="models")
 console = Console(stderr=True)
 
@@ -64,17 +66,28 @@ def serve(
     demo: Annotated[bool, typer.Option(help="Build, register and serve the demo models.")] = False,
     host: Annotated[str | None, typer.Option(help="Address to bind (default 127.0.0.1).")] = None,
     port: Annotated[int | None, typer.Option(help="HTTP port (default 8000).")] = None,
+    grpc_port: Annotated[
+        int | None, typer.Option(help="gRPC port (default 8001; -1: no gRPC).")
+    ] = None,
     workers: Annotated[int | None, typer.Option(help="Gateway processes.")] = None,
     config: ConfigOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
-    """Start the server: gateway processes on HOST:PORT and one replica per model."""
+    """Start the server: gateway processes on HOST:PORT (HTTP) and HOST:GRPC_PORT (the
+    Open Inference Protocol's gRPC service), and one replica per model."""
     import asyncio
 
     from inferd.observability.logging import configure_logging
     from inferd.server import serve as run_server
 
-    settings = _settings(config, host=host, port=port, gateway_workers=workers, data_dir=data_dir)
+    settings = _settings(
+        config,
+        host=host,
+        port=port,
+        grpc_port=grpc_port,
+        gateway_workers=workers,
+        data_dir=data_dir,
+    )
     configure_logging(settings.log_level, settings.log_json, "server")
     try:
         import uvloop
@@ -219,11 +232,36 @@ def models_show(
                         "description": model.description,
                         "framework": model.framework,
                         "owner": model.owner,
+                        "loaded": model.loaded,
                         "versions": [v.to_dict() for v in model.versions],
                     },
                     indent=2,
                 )
             )
+
+
+def _set_loaded(name: str, loaded: bool, config: Path | None, data_dir: Path | None) -> None:
+    registry = _registry(config, data_dir)
+    with _errors():
+        registry.set_loaded(name, loaded)
+    action = "serves its newest version" if loaded else "stops its replicas"
+    console.print(
+        f"[bold]{name}[/bold] marked {'loaded' if loaded else 'unloaded'}; a running server "
+        f"{action} on its next reconcile (POST /v2/repository/models/{name}/"
+        f"{'load' if loaded else 'unload'} also waits for it)"
+    )
+
+
+@models_app.command("load")
+def models_load(name: str, config: ConfigOpt = None, data_dir: DataDirOpt = None) -> None:
+    """Mark a model loaded: the server serves its newest version (the default)."""
+    _set_loaded(name, True, config, data_dir)
+
+
+@models_app.command("unload")
+def models_unload(name: str, config: ConfigOpt = None, data_dir: DataDirOpt = None) -> None:
+    """Mark a model unloaded: the server stops its replicas and keeps it so (restarts too)."""
+    _set_loaded(name, False, config, data_dir)
 
 
 @app.command()

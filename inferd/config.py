@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -31,6 +31,21 @@ class BatchingConfig(BaseModel):
     """Rows queued in the replica beyond which new requests get 503."""
     queue_timeout_ms: float = Field(10_000, gt=0)
     """A request still queued after this long fails with 504 without running."""
+    priority_levels: int = Field(3, ge=1, le=100)
+    """Request priorities: 1 is served first, ``priority_levels`` last (strictly: a level
+    waits while a better one has requests). Requests name theirs with the Open Inference
+    Protocol's ``priority`` parameter; by default 1 is urgent, 2 normal, 3 background."""
+    default_priority: int = Field(2, ge=1, le=100)
+    """The level of requests that name no priority (or 0)."""
+
+    @model_validator(mode="after")
+    def _default_priority_is_a_level(self) -> BatchingConfig:
+        if self.default_priority > self.priority_levels:
+            raise ValueError(
+                f"default_priority {self.default_priority} is above priority_levels "
+                f"{self.priority_levels}"
+            )
+        return self
 
 
 class LLMConfig(BaseModel):
@@ -73,6 +88,9 @@ class Settings(BaseSettings):
     """Address the HTTP gateway binds."""
     port: int = Field(8000, ge=0, le=65535)
     """Port of the HTTP gateway (0 picks a free one)."""
+    grpc_port: int = Field(8001, ge=-1, le=65535)
+    """Port of the Open Inference Protocol's gRPC service (0 picks a free one, -1: no
+    gRPC). Same host and gateway processes as HTTP."""
     gateway_workers: int = Field(default_factory=lambda: min(os.cpu_count() or 1, 4), ge=1, le=64)
     """HTTP gateway processes sharing the port (SO_REUSEPORT)."""
     replicas: int = Field(1, ge=1, le=64)

@@ -27,24 +27,38 @@ from inferd.registry import Registry
 logger = logging.getLogger(__name__)
 
 
-def _resolve_port(settings: Settings) -> socket.socket:
+def _reserve_port(host: str, port: int) -> socket.socket:
     """Fail early on a taken port; for port 0, reserve a free one for all gateways."""
-    sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     if hasattr(socket, "SO_REUSEPORT"):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
-        if settings.port:
+        if port:
             # Without SO_REUSEPORT this bind fails if anything holds the port, even
             # another inferd: fail with a clear message instead of sharing its traffic.
             with socket.socket(sock.family) as probe:
-                probe.bind((settings.host, settings.port))
-        sock.bind((settings.host, settings.port))
+                probe.bind((host, port))
+        sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise SystemExit(f"cannot bind {settings.host}:{settings.port}: {exc.strerror}") from None
-    settings.port = sock.getsockname()[1]
+        raise SystemExit(f"cannot bind {host}:{port}: {exc.strerror}") from None
     return sock  # held (bound, not listening) until the gateways listen
+
+
+def _resolve_ports(settings: Settings) -> list[socket.socket]:
+    """Reserve the HTTP port and the gRPC port (unless disabled); 0 becomes a real port."""
+    http = _reserve_port(settings.host, settings.port)
+    settings.port = http.getsockname()[1]
+    if settings.grpc_port < 0:
+        return [http]
+    try:
+        grpc = _reserve_port(settings.host, settings.grpc_port)
+    except SystemExit:
+        http.close()
+        raise
+    settings.grpc_port = grpc.getsockname()[1]
+    return [http, grpc]
 
 
 async def serve(
@@ -59,12 +73,13 @@ async def serve(
         await asyncio.to_thread(
             install_demo, registry, settings.data_dir / "demo-src", progress, settings.demo_llm
         )
-    reserved = _resolve_port(settings)
+    reserved = _resolve_ports(settings)
     run_dir = settings.run_dir or Path(tempfile.mkdtemp(prefix="inferd-"))
     run_dir.mkdir(parents=True, exist_ok=True)
     publisher = TablePublisher(run_dir / "control.sock")
     await publisher.start()
     controller = Controller(settings, registry, run_dir, publisher.publish)
+    publisher.on_reconcile = controller.reconcile  # a gateway changed a model's desired state
     gateways = GatewayPool(settings, publisher.path)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -73,11 +88,13 @@ async def serve(
     try:
         await controller.start()
         await gateways.start()
-        reserved.close()
+        for sock in reserved:
+            sock.close()
         models = ", ".join(sorted(controller.models)) or "none yet"
+        grpc = f", gRPC on {settings.host}:{settings.grpc_port}" if settings.grpc_port >= 0 else ""
         progress(
-            f"inferd {inferd.__version__} serving on http://{settings.host}:{settings.port} "
-            f"({settings.gateway_workers} gateway process(es)); models: {models}"
+            f"inferd {inferd.__version__} serving on http://{settings.host}:{settings.port}"
+            f"{grpc} ({settings.gateway_workers} gateway process(es)); models: {models}"
         )
         await stop.wait()
         progress("shutting down: draining gateways, then replicas")

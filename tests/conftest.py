@@ -38,6 +38,7 @@ class InferdServer:
     ) -> None:
         self.data_dir = data_dir
         self.port = free_port()
+        self.grpc_port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = data_dir / f"server-{self.port}.log"
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -48,6 +49,8 @@ class InferdServer:
             "serve",
             "--port",
             str(self.port),
+            "--grpc-port",
+            str(self.grpc_port),
             "--workers",
             str(workers),
             "--data-dir",

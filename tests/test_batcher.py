@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from inferd.config import BatchingConfig
-from inferd.errors import Overloaded, RequestTimeout
+from inferd.errors import InvalidInput, Overloaded, RequestTimeout
 from inferd.serving.batcher import DynamicBatcher
 
 
@@ -188,3 +188,39 @@ def test_wrong_output_rows_fail_the_batch():
     (result,) = run(_with_batcher(bad, BatchingConfig(max_wait_ms=0), body))
     assert isinstance(result, ValueError)
     assert "expected 3 rows" in str(result)
+
+
+def test_priority_levels_are_served_best_first_and_fifo_within_a_level():
+    """While one batch computes, requests of levels 3, 2 (default) and 1 queue up; the
+    next batches take level 1, then the default level, then level 3."""
+    seen: list[float] = []
+
+    def predict(inputs):
+        seen.extend(inputs["x"][:, 0].tolist())
+        time.sleep(0.05)
+        return {"y": inputs["x"].sum(axis=1)}
+
+    async def body(b):
+        first = b.submit(rows(1, 0), 1, 5.0)
+        await asyncio.sleep(0.01)  # the first batch is computing now
+        order = [(3, 31), (0, 21), (1, 11), (3, 32), (2, 22), (1, 12)]
+        futures = [b.submit(rows(1, value), 1, 5.0, priority) for priority, value in order]
+        await asyncio.gather(first, *futures)
+
+    run(_with_batcher(predict, BatchingConfig(max_batch_size=2, max_wait_ms=0), body))
+    assert seen == [0, 11, 12, 21, 22, 31, 32]
+
+
+def test_priority_outside_the_levels_is_refused():
+    async def body(b):
+        with pytest.raises(InvalidInput, match="priority 4 is not a level"):
+            b.submit(rows(1), 1, 1.0, 4)
+        return await b.submit(rows(1), 1, 1.0, 3)
+
+    out = run(_with_batcher(Recorder(), BatchingConfig(max_wait_ms=0), body))
+    assert out["y"].tolist() == [3.0]
+
+
+def test_default_priority_must_be_a_level():
+    with pytest.raises(ValueError, match="default_priority 4 is above priority_levels 3"):
+        BatchingConfig(default_priority=4)

@@ -139,6 +139,58 @@ def _running(llm: InferdServer) -> float:
     return detail["versions"][0]["replicas"][0]["stats"]["running"]
 
 
+def _grpc_generate(
+    server: InferdServer, prompt: str, sampling: dict | None = None, **parameters
+) -> list:
+    """Responses of one ModelStreamInfer generation with Triton's client, to the final one;
+    ``sampling`` goes as a ``sampling_parameters`` JSON input (Triton's vLLM backend)."""
+    import queue
+
+    import numpy as np
+    import tritonclient.grpc as triton
+
+    results: queue.Queue = queue.Queue()
+    text = triton.InferInput("text_input", [1], "BYTES")
+    text.set_data_from_numpy(np.array([prompt.encode()], dtype=object))
+    inputs = [text]
+    if sampling is not None:
+        options = triton.InferInput("sampling_parameters", [1], "BYTES")
+        options.set_data_from_numpy(np.array([json.dumps(sampling).encode()], dtype=object))
+        inputs.append(options)
+    responses = []
+    with triton.InferenceServerClient(f"127.0.0.1:{server.grpc_port}") as client:
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        client.async_stream_infer("tiny", inputs, request_id="g1", parameters=parameters)
+        while True:
+            result, error = results.get(timeout=60)
+            if error is not None:
+                client.stop_stream()
+                return [error]
+            responses.append(result)
+            params = result.get_response().parameters
+            if "triton_final_response" in params:
+                break
+        client.stop_stream()
+    return responses
+
+
+def test_grpc_stream_generation_matches_the_rest_api(llm: InferdServer):
+    body = {"prompt": PROMPT, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    rest = llm.client.post("/api/v1/models/tiny/generate", json=body).json()
+    responses = _grpc_generate(llm, PROMPT, max_tokens=12, temperature=0, ignore_eos=True)
+    chunks = [r.as_numpy("text_output")[0].decode() for r in responses]
+    assert len(chunks) > 1  # streamed, not one reply
+    assert "".join(chunks) == rest["text"]
+    final = responses[-1].get_response()
+    assert final.id == "g1" and final.model_name == "tiny"
+    assert final.parameters["finish_reason"].string_param == "length"
+    assert final.parameters["completion_tokens"].int64_param == 12
+    error = _grpc_generate(llm, PROMPT, max_tokens=0)[0]
+    assert "max_tokens" in error.message()
+    vllm_style = _grpc_generate(llm, PROMPT, {"max_tokens": 5, "temperature": 0.0})
+    assert vllm_style[-1].get_response().parameters["completion_tokens"].int64_param == 5
+
+
 def test_client_disconnect_cancels_the_sequence(llm: InferdServer):
     with (
         httpx.Client(base_url=llm.url, timeout=30) as c,

@@ -15,14 +15,16 @@ from datetime import UTC
 from pathlib import Path
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import inspect, text
+from sqlalchemy import column, insert, inspect, table, text
 
 from inferd.errors import InvalidInput, ModelNotFound, VersionExists
 from inferd.registry import ArtifactStore, Registry
+from inferd.registry.registry import _alembic_config
 from inferd.registry.store import StagedArtifact
-from inferd.registry.tables import Base
+from inferd.registry.tables import Base, UTCDateTime, utcnow
 from inferd.runtimes.base import Signature, TensorSpec
 
 SIGNATURE = Signature(
@@ -102,9 +104,28 @@ def test_migrate_creates_tables_and_is_idempotent(registry: Registry) -> None:
     registry.migrate()  # already at head: nothing to do, nothing fails
     registry.migrate()
     with registry.engine.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).all() == [("0001",)]
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).all() == [("0002",)]
         # The declarative classes describe exactly what the migrations built.
         assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
+
+
+def test_upgrade_from_0001_keeps_existing_models_loaded(
+    database_url: str, artifact_root: Path
+) -> None:
+    with Registry(database_url, artifact_root, migrate=False) as reg:
+        with reg._write_engine.begin() as conn:
+            command.upgrade(_alembic_config(conn), "0001")
+            models = table(
+                "models",
+                column("model_name"),
+                column("framework"),
+                column("created_at", UTCDateTime()),
+            )
+            conn.execute(
+                insert(models).values(model_name="old", framework="sklearn", created_at=utcnow())
+            )
+        reg.migrate()
+        assert reg.get_model("old").loaded is True
 
 
 def test_sqlite_connections_use_wal_foreign_keys_and_busy_timeout(tmp_path: Path) -> None:
@@ -276,6 +297,24 @@ def test_unknown_model_and_version(registry: Registry, model_file: Path) -> None
     with pytest.raises(ModelNotFound, match=r"'v9'.*'fraud'") as info:
         registry.get_version("fraud", "v9")
     assert info.value.details == {"model": "fraud", "version": "v9"}
+
+
+def test_set_loaded_is_persisted_and_kept_across_pushes(
+    database_url: str, artifact_root: Path, model_file: Path
+) -> None:
+    with Registry(database_url, artifact_root) as first:
+        push(first, "fraud", model_file, "v1")
+        assert first.get_model("fraud").loaded is True  # the default: served
+        first.set_loaded("fraud", False)
+        first.set_loaded("fraud", False)  # idempotent
+        assert first.get_model("fraud").to_dict()["loaded"] is False
+        push(first, "fraud", model_file, "v2")  # a new version does not load it
+        with pytest.raises(ModelNotFound, match="'ghost'"):
+            first.set_loaded("ghost", True)
+    with Registry(database_url, artifact_root) as second:
+        assert [(m.name, m.loaded) for m in second.list_models()] == [("fraud", False)]
+        second.set_loaded("fraud", True)
+        assert second.get_model("fraud").loaded is True
 
 
 def test_new_registry_sees_the_data(

@@ -229,3 +229,20 @@ def test_binary_data_output_is_the_default_for_outputs_that_do_not_say(demo_serv
     blob = outputs["probabilities"]["parameters"]["binary_data_size"]
     assert "data" not in outputs["probabilities"] and len(reply.content) == size + blob
     assert "data" in outputs["label"]  # its own binary_data: false wins
+
+
+def test_schedule_policy_parameters(demo_server: InferdServer):
+    c = demo_server.client
+    tensor = {"name": "features", "shape": [1, 30], "datatype": "FP32", "data": ROW}
+
+    def infer(parameters: dict):
+        return c.post("/v2/models/fraud/infer", json={"inputs": [tensor], "parameters": parameters})
+
+    assert infer({"priority": 1, "timeout": 10_000_000}).status_code == 200
+    assert infer({"priority": 3}).status_code == 200
+    too_low = infer({"priority": 4})
+    assert too_low.status_code == 400 and "priority 4 is not a level" in too_low.json()["error"]
+    assert infer({"timeout": -5}).status_code == 400
+    expired = infer({"timeout": 1})  # 1 µs: the deadline passes before any reply
+    assert expired.status_code == 504, expired.text
+    assert "schedule_policy" in c.get("/v2").json()["extensions"]

@@ -3,13 +3,17 @@
 ``stream: true`` answers Server-Sent Events: ``data: {"token": "..."}`` per token, then
 one final ``data: {"finish_reason": ..., "usage": {...}}``. Without ``stream`` the reply is
 one JSON object. The client disconnecting cancels the sequence in the replica.
+
+Every transport that generates text (this API, OpenAI's, the Open Inference Protocol's
+generate extension, gRPC) starts through :func:`start_generation`, which needs no HTTP
+request: it resolves the model, checks the options and waits for the first chunk.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import orjson
@@ -17,9 +21,11 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
 from inferd.api.http import json_response, read_json, request_id_of
+from inferd.config import Settings
 from inferd.errors import BadRequest, InferdError, InvalidInput
 from inferd.observability.logging import request_id_var
-from inferd.routing.router import Target
+from inferd.routing.router import Router, Target
+from inferd.runtimes import GENERATIVE
 from inferd.serving import protocol as p
 
 router = APIRouter(prefix="/api/v1", tags=["generation"])
@@ -82,6 +88,8 @@ def prompt_of(body: dict[str, Any]) -> str | list[int]:
 
 
 Chunks = AsyncGenerator[p.TokenChunk, None]
+Events = Callable[[p.TokenChunk], list[dict[str, Any]]]
+"""What a stream sends for one chunk: zero or more ``data:`` objects."""
 
 
 async def _first_then_rest(stream: Chunks) -> Chunks:
@@ -90,37 +98,76 @@ async def _first_then_rest(stream: Chunks) -> Chunks:
     first = await anext(stream)
 
     async def rest() -> AsyncGenerator[p.TokenChunk, None]:
-        yield first
-        async for chunk in stream:
-            yield chunk
+        async with contextlib.aclosing(stream):  # closing ``rest`` cancels at once, not at GC
+            yield first
+            async for chunk in stream:
+                yield chunk
 
     return rest()
+
+
+async def start_generation(
+    router: Router,
+    settings: Settings,
+    name: str,
+    body: dict[str, Any],
+    version: str | None = None,
+    request_id: str = "",
+) -> tuple[Chunks, Target, float]:
+    """Resolve ``name`` (a model, an adapter, or ``base:adapter``), check ``body`` (its
+    ``prompt``, ``adapter`` and sampling fields) and start streaming; returns the chunks,
+    the target and the ``time.perf_counter()`` start once the first chunk is there.
+
+    Raises :class:`InferdError`: ``ModelNotFound`` for an unknown name or version,
+    ``InvalidInput`` for bad options or a model that does not generate text, and whatever
+    the replica answers before its first token (overloaded, prompt too long, ...)."""
+    started = time.perf_counter()
+    arrived_at = time.time()
+    request_id_var.set(request_id)
+    target, adapter = router.resolve(name, version)
+    if target.framework not in GENERATIVE:
+        raise InvalidInput(
+            f"model {target.model!r} is a {target.framework} model and does not generate "
+            "text; call predict (V2: infer) instead"
+        )
+    explicit = body.get("adapter")
+    if explicit is not None and not isinstance(explicit, str):
+        raise InvalidInput("'adapter' must be a string")
+    params = sampling_params(body)
+    prompt = prompt_of(body)
+    timeout_s = settings.request_timeout_s
+    # Before its first token a request may be queued in the replica for up to the LLM
+    # queue timeout (the replica answers 503 then); this bound only catches a hung replica.
+    first_s = settings.llm.queue_timeout_s + timeout_s
+    stream = router.generate(
+        target, prompt, params, explicit or adapter, timeout_s, request_id, first_s, arrived_at
+    )
+    return await _first_then_rest(stream), target, started
 
 
 async def start(
     request: Request, name: str, body: dict[str, Any], version: str | None = None
 ) -> tuple[Chunks, Target, str, float]:
-    """Resolve ``name`` (a model, an adapter, or ``base:adapter``), check the body, and
-    start streaming; returns once the first chunk is there."""
-    started = time.perf_counter()
-    arrived_at = time.time()
+    """:func:`start_generation` for an HTTP request: its app's router and settings, and
+    its request id (returned too)."""
     rid = request_id_of(request)
-    request_id_var.set(rid)
-    target, adapter = request.app.state.router.resolve(name, version)
-    explicit = body.get("adapter")
-    if explicit is not None and not isinstance(explicit, str):
-        raise InvalidInput("'adapter' must be a string")
-    adapter = explicit or adapter
-    params = sampling_params(body)
-    settings = request.app.state.settings
-    timeout_s = settings.request_timeout_s
-    # Before its first token a request may be queued in the replica for up to the LLM
-    # queue timeout (the replica answers 503 then); this bound only catches a hung replica.
-    first_s = settings.llm.queue_timeout_s + timeout_s
-    stream = request.app.state.router.generate(
-        target, prompt_of(body), params, adapter, timeout_s, rid, first_s, arrived_at
+    state = request.app.state
+    chunks, target, started = await start_generation(
+        state.router, state.settings, name, body, version, rid
     )
-    return await _first_then_rest(stream), target, rid, started
+    return chunks, target, rid, started
+
+
+async def collect(chunks: Chunks) -> tuple[str, p.TokenChunk]:
+    """The whole text of a generation and its last (finished) chunk."""
+    text: list[str] = []
+    last: p.TokenChunk | None = None
+    async with contextlib.aclosing(chunks):
+        async for chunk in chunks:
+            text.append(chunk.text)
+            last = chunk
+    assert last is not None
+    return "".join(text), last
 
 
 def usage(chunk: p.TokenChunk) -> dict[str, int]:
@@ -129,6 +176,37 @@ def usage(chunk: p.TokenChunk) -> dict[str, int]:
         "completion_tokens": chunk.completion_tokens,
         "total_tokens": chunk.prompt_tokens + chunk.completion_tokens,
     }
+
+
+def sse_response(
+    chunks: Chunks,
+    events: Events,
+    error: Callable[[InferdError], dict[str, Any]],
+    headers: dict[str, str],
+) -> StreamingResponse:
+    """Server-Sent Events of ``events(chunk)`` for each chunk; a failure after the first
+    chunk (the status line is long gone) is a last ``data: error(exc)`` event. The client
+    going away closes the chunks, which cancels the sequence in the replica."""
+
+    async def body() -> AsyncGenerator[bytes, None]:
+        async with contextlib.aclosing(chunks):
+            try:
+                async for chunk in chunks:
+                    for event in events(chunk):
+                        yield b"data: " + orjson.dumps(event) + b"\n\n"
+            except InferdError as exc:
+                yield b"data: " + orjson.dumps(error(exc)) + b"\n\n"
+
+    return StreamingResponse(
+        body(), media_type="text/event-stream", headers={**headers, "cache-control": "no-cache"}
+    )
+
+
+def _events(chunk: p.TokenChunk) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = [{"token": chunk.text}] if chunk.text else []
+    if chunk.finished:
+        events.append({"finish_reason": chunk.finish_reason, "usage": usage(chunk)})
+    return events
 
 
 async def _generate(request: Request, model: str, body: Any) -> Response:
@@ -140,40 +218,13 @@ async def _generate(request: Request, model: str, body: Any) -> Response:
     chunks, target, rid, started = await start(request, model, body, version)
     headers = {"x-request-id": rid, "x-inferd-model-version": target.version}
     if body.get("stream"):
-        return StreamingResponse(
-            _sse(chunks),
-            media_type="text/event-stream",
-            headers={**headers, "cache-control": "no-cache"},
-        )
-    text: list[str] = []
-    last: p.TokenChunk | None = None
-    async for chunk in chunks:
-        text.append(chunk.text)
-        last = chunk
-    assert last is not None
+        return sse_response(chunks, _events, InferdError.to_dict, headers)
+    text, last = await collect(chunks)
     return json_response({
-        "model": model, "version": target.version, "text": "".join(text),
+        "model": model, "version": target.version, "text": text,
         "finish_reason": last.finish_reason, "usage": usage(last),
         "latency_ms": round((time.perf_counter() - started) * 1000, 3), "request_id": rid,
     }, headers=headers)  # fmt: skip
-
-
-async def _sse(chunks: AsyncGenerator[p.TokenChunk, None]) -> AsyncGenerator[bytes, None]:
-    async with contextlib.aclosing(chunks):
-        try:
-            async for chunk in chunks:
-                if chunk.text:
-                    yield b"data: " + orjson.dumps({"token": chunk.text}) + b"\n\n"
-                if chunk.finished:
-                    yield (
-                        b"data: "
-                        + orjson.dumps(
-                            {"finish_reason": chunk.finish_reason, "usage": usage(chunk)}
-                        )
-                        + b"\n\n"
-                    )
-        except InferdError as exc:  # mid-stream: the status line is long gone
-            yield b"data: " + orjson.dumps(exc.to_dict()) + b"\n\n"
 
 
 @router.post("/models/{model}/generate")

@@ -1,4 +1,5 @@
-"""Kubernetes-style probes: live = the process answers; ready = every model serves."""
+"""Kubernetes-style probes: live = the process answers; ready = every loaded model
+serves (a model unloaded on purpose is not waited for)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ async def live() -> Response:
 async def ready(request: Request) -> Response:
     table = request.app.state.router.table
     models = {name: route.default_version for name, route in table.models.items()}
-    not_ready = sorted(name for name, version in models.items() if version is None)
+    not_ready = request.app.state.router.waiting_for()
     if table.generation == 0 or not_ready:
         return json_response(
             {"status": "not_ready", "models": models, "waiting_for": not_ready},

@@ -19,12 +19,12 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
-from inferd.api.generate import Chunks, start, usage
+from inferd.api.generate import Chunks, collect, start, usage
 from inferd.api.http import json_response, read_json
 from inferd.errors import BadRequest, InferdError, InvalidInput, ModelNotReady
+from inferd.runtimes import GENERATIVE
 
 router = APIRouter(prefix="/v1", tags=["openai"])
-GENERATIVE = ("gpt2",)
 
 
 def openai_error(exc: InferdError) -> Response:
@@ -90,19 +90,15 @@ async def _complete(request: Request, chat: bool) -> Response:
             media_type="text/event-stream",
             headers={"x-request-id": rid, "cache-control": "no-cache"},
         )
-    text, last = [], None
     try:
-        async for chunk in chunks:
-            text.append(chunk.text)
-            last = chunk
+        text, last = await collect(chunks)
     except InferdError as exc:
         return openai_error(exc)
-    assert last is not None
     choice: dict[str, Any] = {"index": 0, "finish_reason": last.finish_reason, "logprobs": None}
     if chat:
-        choice["message"] = {"role": "assistant", "content": "".join(text)}
+        choice["message"] = {"role": "assistant", "content": text}
     else:
-        choice["text"] = "".join(text)
+        choice["text"] = text
     obj = "chat.completion" if chat else "text_completion"
     return json_response(
         {**meta, "object": obj, "choices": [choice], "usage": usage(last)},

@@ -32,6 +32,7 @@ class StatusView:
             "framework": record.framework,
             "owner": record.owner,
             "versions": [v.version for v in record.versions],
+            "loaded": record.loaded,
             "serving_version": route.default_version if route else None,
             "ready": bool(route and route.default_version),
         }

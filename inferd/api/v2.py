@@ -26,11 +26,11 @@ from inferd.api.http import json_response, parse_json, read_body, request_id_of
 from inferd.errors import BadRequest, InferdError, InvalidInput, ModelNotReady
 from inferd.observability.logging import request_id_var
 from inferd.routing.dataplane import DataPlane
-from inferd.routing.router import Target
+from inferd.routing.router import Router, Target
 from inferd.runtimes.base import DATATYPES, Signature, TensorSpec, datatype_of
 
 router = APIRouter(prefix="/v2", tags=["open inference protocol"])
-EXTENSIONS: list[str] = ["binary_tensor_data"]
+EXTENSIONS: list[str] = ["binary_tensor_data", "schedule_policy", "generate", "model_repository"]
 """Protocol extensions implemented so far."""
 HEADER_LENGTH = "inference-header-content-length"
 """Binary tensor extension: the body is this many bytes of JSON, then the tensors' bytes."""
@@ -38,7 +38,7 @@ HEADER_LENGTH = "inference-header-content-length"
 Handler = Callable[..., Awaitable[Response]]
 
 
-def _protocol_errors(handler: Handler) -> Handler:
+def protocol_errors(handler: Handler) -> Handler:
     """Every failure as ``{"error": message}``; input problems are 400 in this protocol."""
 
     @functools.wraps(handler)
@@ -67,11 +67,14 @@ async def server_live() -> Response:
 
 @router.get("/health/ready")
 async def server_ready(request: Request) -> Response:
-    table = request.app.state.router.table
-    ready = table.generation > 0 and all(
-        route.default_version is not None for route in table.models.values()
-    )
+    ready = is_server_ready(request.app.state.router)
     return json_response({"ready": ready}, status_code=200 if ready else 503)
+
+
+def is_server_ready(router: Router) -> bool:
+    """Ready once the controller's table arrived and every model has a serving version
+    (a model unloaded on purpose does not count)."""
+    return router.table.generation > 0 and not router.waiting_for()
 
 
 # -- models -------------------------------------------------------------------------------
@@ -83,19 +86,21 @@ def _target(request: Request, model: str, version: str | None) -> Target:
 
 @router.get("/models/{model}")
 @router.get("/models/{model}/versions/{version}")
-@_protocol_errors
+@protocol_errors
 async def model_metadata(request: Request, model: str, version: str | None = None) -> Response:
-    target = _target(request, model, version)
-    route = request.app.state.router.model(model)
-    return json_response(
-        {
-            "name": model,
-            "versions": sorted(route.versions),
-            "platform": target.framework,
-            "inputs": [_spec(s) for s in target.signature.inputs],
-            "outputs": [_spec(s) for s in target.signature.outputs],
-        }
-    )
+    return json_response(metadata_of(request.app.state.router, model, version))
+
+
+def metadata_of(router: Router, model: str, version: str | None) -> dict[str, Any]:
+    """The protocol's model metadata: versions, platform (the runtime) and signature."""
+    target = router.target(model, version)
+    return {
+        "name": model,
+        "versions": sorted(router.model(model).versions),
+        "platform": target.framework,
+        "inputs": [_spec(s) for s in target.signature.inputs],
+        "outputs": [_spec(s) for s in target.signature.outputs],
+    }
 
 
 def _spec(spec: TensorSpec) -> dict[str, Any]:
@@ -104,7 +109,7 @@ def _spec(spec: TensorSpec) -> dict[str, Any]:
 
 @router.get("/models/{model}/ready")
 @router.get("/models/{model}/versions/{version}/ready")
-@_protocol_errors
+@protocol_errors
 async def model_ready(request: Request, model: str, version: str | None = None) -> Response:
     try:
         _target(request, model, version)
@@ -118,7 +123,7 @@ async def model_ready(request: Request, model: str, version: str | None = None) 
 
 @router.post("/models/{model}/infer")
 @router.post("/models/{model}/versions/{version}/infer")
-@_protocol_errors
+@protocol_errors
 async def infer(request: Request, model: str, version: str | None = None) -> Response:
     started = time.perf_counter()
     rid = request_id_of(request)
@@ -131,8 +136,10 @@ async def infer(request: Request, model: str, version: str | None = None) -> Res
     target = plane.target(model, version)
     columns, rows = decode_inputs(body.get("inputs"), target.signature, binary)
     wanted = requested_outputs(body.get("outputs"), target.signature)
-    binary_default = bool(_parameters(body).get("binary_data_output", False))
-    outcome = await plane.infer(target, columns, rows, rid, started)
+    params = _parameters(body)
+    binary_default = bool(params.get("binary_data_output", False))
+    priority, timeout_s = schedule_policy(params)
+    outcome = await plane.infer(target, columns, rows, rid, started, timeout_s, priority)
     outputs, blobs = [], []
     for name, array in outcome.outputs.items():
         if wanted is not None and name not in wanted:
@@ -183,6 +190,59 @@ def _parameters(item: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
+def schedule_policy(params: dict[str, Any]) -> tuple[int, float | None]:
+    """The schedule-policy parameters of a request: ``priority`` (a queue level, 0 for the
+    model's default) and ``timeout`` (microseconds, 0 for the server's request timeout),
+    as (priority, timeout in seconds or None)."""
+    values = []
+    for name in ("priority", "timeout"):
+        value = params.get(name, 0)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise InvalidInput(f"parameter {name!r} must be an integer >= 0, not {value!r}")
+        values.append(value)
+    priority, timeout_us = values
+    return priority, timeout_us / 1e6 if timeout_us else None
+
+
+class InputSet:
+    """The input tensors of one request, checked against the model's signature as they
+    are added (known names, each once, one row count); :meth:`columns` checks that none
+    is missing. Shared by every wire format of the protocol."""
+
+    def __init__(self, signature: Signature) -> None:
+        self._specs = {s.name: s for s in signature.inputs}
+        self._columns: dict[str, np.ndarray] = {}
+        self._rows: int | None = None
+
+    def spec(self, name: Any) -> TensorSpec:
+        spec = self._specs.get(name) if isinstance(name, str) else None
+        if spec is None:
+            raise InvalidInput(
+                f"unknown input {name!r}; the model takes {sorted(self._specs)}", got=name
+            )
+        if name in self._columns:
+            raise InvalidInput(f"input {name!r} is given twice")
+        return spec
+
+    def add(self, name: str, array: np.ndarray) -> None:
+        rows = self._rows
+        if rows is not None and array.shape[0] != rows:
+            raise InvalidInput(
+                f"input {name!r} has {array.shape[0]} rows (shape[0]); the others have {rows}"
+            )
+        self._rows = array.shape[0]
+        self._columns[name] = array
+
+    def columns(self) -> tuple[dict[str, np.ndarray], int]:
+        """Columns named as the signature's inputs, and the row count."""
+        missing = sorted(self._specs.keys() - self._columns.keys())
+        if missing:
+            raise InvalidInput(f"missing input(s) {missing}; the model takes {sorted(self._specs)}")
+        if not self._rows:
+            raise InvalidInput("inputs have no rows (shape[0] is 0)")
+        return self._columns, self._rows
+
+
 def decode_inputs(
     inputs: Any, signature: Signature, binary: memoryview | None = None
 ) -> tuple[dict[str, np.ndarray], int]:
@@ -192,36 +252,19 @@ def decode_inputs(
     offset = 0
     if not isinstance(inputs, list) or not inputs:
         raise InvalidInput("'inputs' must be a non-empty list of tensors")
-    specs = {s.name: s for s in signature.inputs}
-    columns: dict[str, np.ndarray] = {}
-    rows: int | None = None
+    found = InputSet(signature)
     for i, tensor in enumerate(inputs):
         if not isinstance(tensor, dict):
             raise InvalidInput(f"inputs[{i}] must be an object with name, shape, datatype, data")
-        name = tensor.get("name")
-        if name not in specs:
-            raise InvalidInput(f"unknown input {name!r}; the model takes {sorted(specs)}", got=name)
-        if name in columns:
-            raise InvalidInput(f"input {name!r} is given twice")
-        array, offset = _decode_tensor(tensor, specs[name], binary, offset)
-        if rows is not None and array.shape[0] != rows:
-            raise InvalidInput(
-                f"input {name!r} has {array.shape[0]} rows (shape[0]); the others have {rows}"
-            )
-        rows = array.shape[0]
-        columns[name] = array
+        spec = found.spec(tensor.get("name"))
+        array, offset = _decode_tensor(tensor, spec, binary, offset)
+        found.add(spec.name, array)
     if offset != len(binary):
         raise InvalidInput(
             f"{len(binary) - offset} bytes of binary data are not claimed by any input's "
             "binary_data_size"
         )
-    missing = sorted(specs.keys() - columns.keys())
-    if missing:
-        raise InvalidInput(f"missing input(s) {missing}; the model takes {sorted(specs)}")
-    assert rows is not None
-    if rows == 0:
-        raise InvalidInput("inputs have no rows (shape[0] is 0)")
-    return columns, rows
+    return found.columns()
 
 
 def _decode_tensor(
@@ -238,14 +281,16 @@ def _decode_tensor(
             f"input {spec.name!r}: binary_data_size {size} runs past the "
             f"{len(binary)} bytes of binary data after the JSON header"
         )
-    return _binary_tensor(tensor, spec, binary[offset : offset + size]), offset + size
+    shape = check_header(spec, tensor.get("shape"), tensor.get("datatype"))
+    return from_bytes(spec, shape, binary[offset : offset + size]), offset + size
 
 
-def _binary_tensor(tensor: dict[str, Any], spec: TensorSpec, data: memoryview) -> np.ndarray:
-    shape = _check_header(tensor, spec)
+def from_bytes(spec: TensorSpec, shape: list[int], data: memoryview | bytes) -> np.ndarray:
+    """A tensor from its bytes in the binary layout (little-endian elements, or BYTES as
+    length-prefixed items); numeric data is not copied."""
     count = math.prod(shape)
     if spec.datatype == "BYTES":
-        flat = _from_length_prefixed(data, spec.name)
+        flat = from_length_prefixed(data, spec.name)
     else:
         dtype = spec.numpy_dtype.newbyteorder("<")
         if len(data) != count * dtype.itemsize:
@@ -262,7 +307,7 @@ def _binary_tensor(tensor: dict[str, Any], spec: TensorSpec, data: memoryview) -
     return flat.reshape(shape)
 
 
-def _from_length_prefixed(data: memoryview, name: str) -> np.ndarray:
+def from_length_prefixed(data: memoryview | bytes, name: str) -> np.ndarray:
     """BYTES in the binary extension: each element a 4-byte little-endian length + bytes."""
     values, pos, raw = [], 0, bytes(data)
     while pos < len(raw):
@@ -292,9 +337,9 @@ def to_binary(array: np.ndarray) -> bytes:
     return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
 
 
-def _check_header(tensor: dict[str, Any], spec: TensorSpec) -> list[int]:
+def check_header(spec: TensorSpec, shape: Any, datatype: Any) -> list[int]:
     """The tensor's shape, after checking shape and datatype against the signature."""
-    name, shape, datatype = spec.name, tensor.get("shape"), tensor.get("datatype")
+    name = spec.name
     if (
         not isinstance(shape, list)
         or not shape
@@ -320,7 +365,7 @@ def _check_header(tensor: dict[str, Any], spec: TensorSpec) -> list[int]:
 
 
 def _tensor(tensor: dict[str, Any], spec: TensorSpec) -> np.ndarray:
-    shape = _check_header(tensor, spec)
+    shape = check_header(spec, tensor.get("shape"), tensor.get("datatype"))
     name, datatype = spec.name, spec.datatype
     if "data" not in tensor:
         raise InvalidInput(f"input {name!r}: no 'data'")

@@ -12,6 +12,7 @@ import asyncio
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 
@@ -59,13 +60,31 @@ async def run_gateway(settings: Settings, control_socket: Path) -> None:
     router.on_lost = stop_serving
     sock = bind_socket(settings.host, settings.port)
     sock.listen(config.backlog)
+    grpc_server = None
+    if settings.grpc_port >= 0:
+        from inferd.grpc.service import start_server
+
+        grpc_server = await start_server(router, registry, settings)
     loop = asyncio.get_running_loop()
     loop.call_soon(lambda: print("LISTENING", flush=True))
+    stopping = None
+    if grpc_server is not None:
+        stopping = loop.create_task(_stop_grpc_with(server, grpc_server, settings))
     try:
         await server.serve(sockets=[sock])
     finally:
+        if stopping is not None:
+            await stopping
         router.close()
         registry.close()
+
+
+async def _stop_grpc_with(server: uvicorn.Server, grpc_server: Any, settings: Settings) -> None:
+    """When the HTTP server starts its graceful shutdown, gRPC does too: new calls are
+    refused, running ones get the same grace, then are cancelled."""
+    while not server.should_exit:
+        await asyncio.sleep(0.1)
+    await grpc_server.stop(settings.shutdown_grace_s)
 
 
 def main() -> None:

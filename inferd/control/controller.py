@@ -1,8 +1,11 @@
 """The controller: makes the running replicas match the registry.
 
-Desired state (for now): every registered model serves its most recently registered
-version with ``replicas`` processes. Reconciliation is level-triggered: each pass
+Desired state (for now): every registered model that is *loaded* (the registry's
+desired state, see the model repository API) serves its most recently registered
+version with ``replicas`` processes; an unloaded model runs none, and stays in the
+routing table with no serving version. Reconciliation is level-triggered: each pass
 compares desired with actual and acts, so a missed event is repaired by the next pass.
+Passes run one at a time: periodically, and when a gateway asks (after a load/unload).
 
 Version updates are zero-downtime: the new version's replicas start beside the old
 ones; traffic switches only when all of them are ready (loaded and warmed up); then the
@@ -13,6 +16,7 @@ its death is published at once so gateways stop routing to it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 from collections.abc import Callable
@@ -40,6 +44,8 @@ class Replica:
     stopping: bool = False
     process: asyncio.subprocess.Process | None = None
     task: asyncio.Task[None] | None = None
+    stop_requested: asyncio.Event = field(default_factory=asyncio.Event)
+    """Cuts short a restart backoff, so a crash-looping replica stops at once."""
 
     def route(self) -> ReplicaRoute:
         return ReplicaRoute(
@@ -52,6 +58,8 @@ class VersionSet:
     record: VersionRecord
     desired: int
     replicas: list[Replica] = field(default_factory=list)
+    retiring: bool = False
+    """Its replicas are being stopped; the set goes away once they are."""
 
     def all_ready(self) -> bool:
         ready = sum(r.state == "ready" for r in self.replicas)
@@ -63,6 +71,8 @@ class ModelState:
     name: str
     serving: str | None = None
     versions: dict[str, VersionSet] = field(default_factory=dict)
+    loaded: bool = True
+    """Desired state, as of the last pass."""
 
 
 class Controller:
@@ -83,6 +93,9 @@ class Controller:
         self._generation = itertools.count(1)
         self._ids = itertools.count(1)
         self._task: asyncio.Task[None] | None = None
+        self._pass = asyncio.Lock()
+        self._background: set[asyncio.Task[None]] = set()
+        self._stopping = False
 
     async def start(self) -> None:
         await self.reconcile()
@@ -99,16 +112,27 @@ class Controller:
                 )
 
     async def reconcile(self) -> None:
-        records = await asyncio.to_thread(self.registry.list_models)
-        for record in records:
-            if record.versions:
-                self._reconcile_model(record)
-        self.publish()
+        """One pass. Passes are serialised: each acts on the registry as it read it, so
+        an older read can never undo a newer one (a load right after an unload)."""
+        async with self._pass:
+            if self._stopping:
+                return
+            records = await asyncio.to_thread(self.registry.list_models)
+            for record in records:
+                if record.versions:
+                    self._reconcile_model(record)
+            self.publish()
 
     def _reconcile_model(self, record: ModelRecord) -> None:
         model = self.models.setdefault(record.name, ModelState(record.name))
+        model.loaded = record.loaded
+        if not record.loaded:
+            self._unload(model)
+            return
         target = record.versions[-1]
         vset = model.versions.get(target.version)
+        if vset is not None and vset.retiring:
+            return  # an unload is still stopping it; _retire asks for a new pass
         if vset is None:
             desired = int((target.batching or {}).get("replicas") or self.settings.replicas)
             vset = model.versions[target.version] = VersionSet(target, desired)
@@ -118,16 +142,34 @@ class Controller:
             self._start_replica(vset)
         self._switch_when_ready(model)
 
+    def _unload(self, model: ModelState) -> None:
+        """Stop serving at once, then drain and stop every replica of the model."""
+        if model.serving is not None:
+            logger.info("%s unloaded; stopping its replicas", model.name)
+            model.serving = None
+            self.publish()
+        for version, vset in model.versions.items():
+            if not vset.retiring:
+                self._retire_soon(model, version)
+
     def _switch_when_ready(self, model: ModelState) -> None:
         """Send traffic to the newest version once all its replicas are ready."""
+        if not model.loaded or not model.versions:
+            return
         newest = max(model.versions.values(), key=lambda v: v.record.created_at)
-        if model.serving == newest.record.version or not newest.all_ready():
+        if newest.retiring or model.serving == newest.record.version or not newest.all_ready():
             return
         previous, model.serving = model.serving, newest.record.version
         logger.info("%s now serves version %s", model.name, model.serving)
         self.publish()
         if previous is not None:
-            asyncio.get_running_loop().create_task(self._retire(model, previous))
+            self._retire_soon(model, previous)
+
+    def _retire_soon(self, model: ModelState, version: str) -> None:
+        model.versions[version].retiring = True  # at once: the next pass must not retire twice
+        task = asyncio.get_running_loop().create_task(self._retire(model, version))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _start_replica(self, vset: VersionSet) -> None:
         n = next(self._ids)
@@ -173,7 +215,8 @@ class Controller:
             replica.message = replica.message or f"exited with code {code}"
             logger.error("replica %s %s; restarting in %.1fs", replica.id, replica.message, backoff)
             self.publish()
-            await asyncio.sleep(backoff)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(replica.stop_requested.wait(), backoff)
             backoff = min(backoff * 2, self.settings.restart_backoff_max_s)
         replica.state = "stopped"
         self.publish()
@@ -214,9 +257,13 @@ class Controller:
         model.versions.pop(version, None)
         logger.info("%s:%s retired", model.name, version)
         self.publish()
+        if model.loaded and model.serving is None and not self._stopping:
+            # Loaded again while this version was stopping: start it afresh now.
+            await self.reconcile()
 
     async def _stop_replica(self, replica: Replica) -> None:
         replica.stopping = True
+        replica.stop_requested.set()
         replica.state = "draining"
         self.publish()
         if replica.process is not None:
@@ -238,13 +285,15 @@ class Controller:
                 )
                 for v, s in state.versions.items()
             }
-            models[name] = ModelRoute(name, state.serving, versions)
+            models[name] = ModelRoute(name, state.serving, versions, state.loaded)
         self.on_change(RoutingTable(next(self._generation), models))
 
     async def stop(self) -> None:
+        self._stopping = True
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        await asyncio.gather(*self._background, return_exceptions=True)
         replicas = [
             r for m in self.models.values() for v in m.versions.values() for r in v.replicas
         ]

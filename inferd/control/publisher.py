@@ -1,12 +1,16 @@
-"""Pushes routing-table snapshots to gateway processes over a Unix socket."""
+"""Pushes routing-table snapshots to gateway processes over a Unix socket, and hands
+the requests gateways send back on the same connection to the controller."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from inferd.routing.table import RoutingTable, encode_table
+import msgspec
+
+from inferd.routing.table import RoutingTable, decode_request, encode_table
 
 logger = logging.getLogger(__name__)
 
@@ -14,6 +18,9 @@ logger = logging.getLogger(__name__)
 class TablePublisher:
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.on_reconcile: Callable[[], Awaitable[None]] | None = None
+        """Called for each :class:`ReconcileRequest` a gateway sends (the controller's
+        ``reconcile``); one gateway's requests are handled one at a time."""
         self._frame: bytes | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._server: asyncio.Server | None = None
@@ -27,10 +34,28 @@ class TablePublisher:
         if self._frame is not None:
             writer.write(self._frame)
         try:
-            await reader.read()  # gateways never send; EOF means they left
+            await self._serve_requests(reader)  # returns at EOF: the gateway left
         finally:
             self._writers.discard(writer)
             writer.close()
+
+    async def _serve_requests(self, reader: asyncio.StreamReader) -> None:
+        while True:
+            try:
+                size = int.from_bytes(await reader.readexactly(4), "little")
+                request = decode_request(await reader.readexactly(size))
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return
+            except msgspec.DecodeError as exc:
+                logger.error("dropping a gateway that sent a bad control frame: %s", exc)
+                return
+            logger.debug("gateway asks to reconcile (model %s)", request.model or "-")
+            if self.on_reconcile is None:
+                continue
+            try:
+                await self.on_reconcile()
+            except Exception:
+                logger.exception("reconcile requested by a gateway failed")
 
     def publish(self, table: RoutingTable) -> None:
         self._frame = encode_table(table)

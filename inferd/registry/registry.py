@@ -99,6 +99,8 @@ class ModelRecord:
     created_at: datetime
     versions: tuple[VersionRecord, ...]
     """Oldest first."""
+    loaded: bool = True
+    """Desired state: serve the newest version (True) or run no replicas (False)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -107,6 +109,7 @@ class ModelRecord:
             "framework": self.framework,
             "owner": self.owner,
             "created_at": self.created_at.isoformat(),
+            "loaded": self.loaded,
             "versions": [v.to_dict() for v in self.versions],
         }
 
@@ -135,6 +138,7 @@ def _model_record(row: Model) -> ModelRecord:
         owner=row.owner,
         created_at=row.created_at,
         versions=tuple(_version_record(v) for v in row.versions),
+        loaded=row.loaded,
     )
 
 
@@ -355,6 +359,18 @@ class Registry:
                 raise _version_exists_error(name, version) from None
             raise
         return record
+
+    def set_loaded(self, name: str, loaded: bool) -> None:
+        """Set whether ``name`` should be served; the controller acts on its next pass.
+
+        Raises ModelNotFound for an unknown model. Idempotent.
+        """
+        with Session(self._write_engine) as session, session.begin():
+            row = session.get(Model, name)
+            if row is None:
+                raise ModelNotFound(f"model {name!r} not found", model=name)
+            row.loaded = loaded
+        logger.info("model %s marked %s", name, "loaded" if loaded else "unloaded")
 
     # -- reads ----------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     DateTime,
     Dialect,
     ForeignKey,
@@ -23,6 +24,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    true,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -80,6 +82,8 @@ class Model(Base):
     framework: Mapped[str] = mapped_column(String(64))
     owner: Mapped[str | None] = mapped_column(String(256))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # Desired state: an unloaded model keeps its versions but runs no replicas.
+    loaded: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
 
     versions: Mapped[list[ModelVersion]] = relationship(
         back_populates="model",

@@ -39,10 +39,13 @@ class DataPlane:
         request_id: str = "",
         started: float | None = None,
         timeout_s: float | None = None,
+        priority: int = 0,
     ) -> InferOutcome:
+        """Run one request; ``timeout_s`` (default the server's request timeout) bounds it
+        from ``started``, ``priority`` is its level in the replica's queue (0: default)."""
         started = time.perf_counter() if started is None else started
         tensors = {name: p.to_tensor(array) for name, array in inputs.items()}
         outputs = await self.router.infer(
-            target, tensors, rows, timeout_s or self.request_timeout_s, request_id
+            target, tensors, rows, timeout_s or self.request_timeout_s, request_id, priority
         )
         return InferOutcome(target, outputs, (time.perf_counter() - started) * 1000)

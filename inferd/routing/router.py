@@ -4,6 +4,9 @@ The router follows the controller's routing table (pushed over a Unix socket), k
 one multiplexed :class:`ReplicaClient` per replica, and sends each request to the
 ready replica of the chosen version with the fewest outstanding requests. Predict is
 idempotent, so a request whose replica dies mid-flight is retried once on another one.
+
+Callers that wait for the controller to act (load, unload) await :meth:`Router.wait_for`,
+which re-checks on every applied table instead of polling.
 """
 
 from __future__ import annotations
@@ -14,16 +17,24 @@ import logging
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from inferd.errors import ModelNotFound, ModelNotReady
-from inferd.routing.table import ModelRoute, RoutingTable, VersionRoute, decode_table
+from inferd.routing.table import (
+    ModelRoute,
+    ReconcileRequest,
+    RoutingTable,
+    VersionRoute,
+    decode_table,
+    encode_request,
+)
 from inferd.runtimes.base import Signature
 from inferd.serving import protocol as p
 from inferd.serving.batcher import Columns
 from inferd.serving.client import ReplicaClient, ReplicaGone
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +57,7 @@ class Router:
         self.received = asyncio.Event()
         self.on_lost: Callable[[], None] | None = None
         self._control: asyncio.StreamWriter | None = None
+        self._applied = asyncio.Event()  # replaced after each table; set = "look again"
 
     async def follow(self, control_socket: Path) -> None:
         """Subscribe to the controller's table; returns once the first one arrived."""
@@ -101,6 +113,39 @@ class Router:
         # Swapped together, with no await between, so lookups always see one table.
         self._ready, self._targets, self.table = ready, targets, table
         self.received.set()
+        self._applied.set()
+        self._applied = asyncio.Event()
+
+    async def wait_for(
+        self, check: Callable[[RoutingTable], T | None], timeout_s: float
+    ) -> T | None:
+        """The first result of ``check`` that is not None, on the current table or one
+        applied later; None if none came within ``timeout_s``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while (result := check(self.table)) is None:
+            applied = self._applied
+            try:
+                await asyncio.wait_for(applied.wait(), deadline - loop.time())
+            except TimeoutError:
+                return check(self.table)
+        return result
+
+    async def request_reconcile(self, model: str = "") -> None:
+        """Ask the controller to reconcile now (the registry changed), instead of on its
+        next periodic pass. A no-op for a router that follows no controller."""
+        if self._control is None or self._control.is_closing():
+            return
+        self._control.write(encode_request(ReconcileRequest(model)))
+        await self._control.drain()
+
+    def waiting_for(self) -> list[str]:
+        """Loaded models that have no serving version yet (what readiness waits for)."""
+        return sorted(
+            name
+            for name, route in self.table.models.items()
+            if route.loaded and route.default_version is None
+        )
 
     async def _connect(self, rid: str, address: str) -> None:
         client = ReplicaClient(address, rid)
@@ -159,12 +204,13 @@ class Router:
         rows: int,
         timeout_s: float,
         request_id: str = "",
+        priority: int = 0,
     ) -> Columns:
         tried: set[str] = set()
         while True:
             client = self._pick(target, tried)
             try:
-                return await client.infer(inputs, rows, timeout_s, request_id)
+                return await client.infer(inputs, rows, timeout_s, request_id, priority)
             except ReplicaGone:
                 tried.add(client.replica_id)
                 if len(tried) >= 2:

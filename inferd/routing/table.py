@@ -1,7 +1,11 @@
-"""The routing table: what the controller tells every gateway process.
+"""The control channel: routing tables down to the gateways, requests back up.
 
 A full snapshot is sent on connect and after every change (it is small: models x
 versions x replicas), so a gateway never has to merge deltas. ``generation`` only grows.
+The other way, a gateway may send a :class:`ReconcileRequest` (after changing a model's
+desired state in the registry) so the controller acts now instead of on its next
+periodic pass. Both directions use the same frame: a 4-byte little-endian length, then
+msgpack; new fields get defaults so either side may be older.
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ class ModelRoute(msgspec.Struct, frozen=True):
     default_version: str | None
     """The version unpinned requests go to; None until one is ready."""
     versions: dict[str, VersionRoute]
+    loaded: bool = True
+    """The controller's desired state; an unloaded model has no serving version and its
+    replicas drain away (an unloaded model is not waited for by readiness probes)."""
 
 
 class RoutingTable(msgspec.Struct, frozen=True):
@@ -43,14 +50,32 @@ class RoutingTable(msgspec.Struct, frozen=True):
     models: dict[str, ModelRoute]
 
 
+class ReconcileRequest(msgspec.Struct, frozen=True, tag="reconcile"):
+    """Gateway -> controller: reconcile now, the registry changed for ``model``."""
+
+    model: str = ""
+
+
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(RoutingTable)
+_request_decoder = msgspec.msgpack.Decoder(ReconcileRequest)
+
+
+def _frame(body: bytes) -> bytes:
+    return len(body).to_bytes(4, "little") + body
 
 
 def encode_table(table: RoutingTable) -> bytes:
-    body = _encoder.encode(table)
-    return len(body).to_bytes(4, "little") + body
+    return _frame(_encoder.encode(table))
 
 
 def decode_table(body: bytes | memoryview) -> RoutingTable:
     return _decoder.decode(body)
+
+
+def encode_request(request: ReconcileRequest) -> bytes:
+    return _frame(_encoder.encode(request))
+
+
+def decode_request(body: bytes | memoryview) -> ReconcileRequest:
+    return _request_decoder.decode(body)

@@ -32,6 +32,8 @@ RUNTIMES: dict[str, str] = {
     "python": "inferd.runtimes.python:PythonRuntime",
     "gpt2": "inferd.runtimes.gpt2:GPT2Runtime",
 }
+GENERATIVE = ("gpt2",)
+"""Frameworks whose replicas run the LLM engine and generate text (the others predict)."""
 # framework -> the frameworks it overrules when both detect the same folder
 _OVERRULES: dict[str, set[str]] = {
     "python": set(RUNTIMES) - {"python"},

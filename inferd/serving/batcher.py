@@ -11,6 +11,11 @@ Rules: sizes count rows, not requests; a request larger than ``max_batch_size`` 
 alone; a request that waited past its deadline, or was cancelled, is dropped before it
 is computed; a failure is set on every request of its batch; at most
 ``max_queue_rows`` rows wait, beyond that ``submit`` raises :class:`Overloaded`.
+
+Priorities (the Open Inference Protocol's schedule policy): each request has a level
+from 1 (first) to ``priority_levels``; 0 means ``default_priority``. Batches take
+requests level by level, first in first out within a level, so a level waits while a
+better one has requests (a starved request still ends at its deadline).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from inferd.config import BatchingConfig
-from inferd.errors import Overloaded, RequestTimeout
+from inferd.errors import InvalidInput, Overloaded, RequestTimeout
 
 Columns = dict[str, np.ndarray]
 PredictFn = Callable[[Columns], Columns]
@@ -38,6 +43,7 @@ class _Pending:
     deadline: float
     future: asyncio.Future[Columns]
     arrived: float = field(default_factory=time.monotonic)
+    priority: int = 0
 
 
 @dataclass(slots=True)
@@ -65,7 +71,8 @@ class DynamicBatcher:
         self._predict = predict
         self._config = config
         self._executor = executor
-        self._queue: deque[_Pending] = deque()
+        self._levels: dict[int, deque[_Pending]] = {}
+        """Waiting requests by priority level; only levels with requests are present."""
         self._queued_rows = 0
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -90,17 +97,29 @@ class DynamicBatcher:
         self._wakeup.set()
 
     def idle(self) -> bool:
-        return not self._queue and not self.busy
+        return not self._levels and not self.busy
 
-    def submit(self, inputs: Columns, rows: int, timeout_s: float) -> asyncio.Future[Columns]:
-        limit = self._config.max_queue_rows
-        if self._queued_rows + rows > limit and self._queue:
+    def submit(
+        self, inputs: Columns, rows: int, timeout_s: float, priority: int = 0
+    ) -> asyncio.Future[Columns]:
+        config = self._config
+        if not 0 <= priority <= config.priority_levels:
+            raise InvalidInput(
+                f"priority {priority} is not a level of this model: use 1 (first) to "
+                f"{config.priority_levels}, or 0 for the default ({config.default_priority})"
+            )
+        limit = config.max_queue_rows
+        if self._queued_rows + rows > limit and self._levels:
             self.stats.rejected += 1
             raise Overloaded(
                 "replica queue is full", queued_rows=self._queued_rows, max_queue_rows=limit
             )
+        level = priority or config.default_priority
         future: asyncio.Future[Columns] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Pending(inputs, rows, time.monotonic() + timeout_s, future))
+        queue = self._levels.get(level)
+        if queue is None:
+            queue = self._levels[level] = deque()
+        queue.append(_Pending(inputs, rows, time.monotonic() + timeout_s, future, priority=level))
         self._queued_rows += rows
         self._wakeup.set()
         return future
@@ -118,11 +137,12 @@ class DynamicBatcher:
                 self.busy = False
 
     async def _collect(self) -> list[_Pending]:
-        while not self._queue:
+        while not self._levels:
             self._wakeup.clear()
             await self._wakeup.wait()
         max_rows = self._config.max_batch_size
-        remaining = self._queue[0].arrived + self._config.max_wait_ms / 1000 - time.monotonic()
+        first = min(queue[0].arrived for queue in self._levels.values())
+        remaining = first + self._config.max_wait_ms / 1000 - time.monotonic()
         if self._queued_rows < max_rows and remaining > 0:
             # One timer per batch (not per wake-up) ends the wait.
             timer = asyncio.get_running_loop().call_later(remaining, self._flush)
@@ -137,7 +157,18 @@ class DynamicBatcher:
         batch: list[_Pending] = []
         rows = 0
         now = time.monotonic()
-        queue = self._queue
+        levels = self._levels
+        for level in sorted(levels) if len(levels) > 1 else list(levels):
+            queue = levels[level]
+            rows = self._take_level(queue, batch, rows, max_rows, now)
+            if queue:
+                break  # the batch is full
+            del levels[level]
+        return batch
+
+    def _take_level(
+        self, queue: deque[_Pending], batch: list[_Pending], rows: int, max_rows: int, now: float
+    ) -> int:
         while queue:
             item = queue[0]
             if batch and rows + item.rows > max_rows:
@@ -152,7 +183,7 @@ class DynamicBatcher:
                 continue
             batch.append(item)
             rows += item.rows
-        return batch
+        return rows
 
     async def _execute(self, loop: asyncio.AbstractEventLoop, batch: list[_Pending]) -> None:
         if len(batch) == 1:

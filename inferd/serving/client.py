@@ -122,9 +122,14 @@ class ReplicaClient:
             timer.cancel()
 
     async def infer(
-        self, inputs: dict[str, p.Tensor], rows: int, timeout_s: float, request_id: str = ""
+        self,
+        inputs: dict[str, p.Tensor],
+        rows: int,
+        timeout_s: float,
+        request_id: str = "",
+        priority: int = 0,
     ) -> Columns:
-        message = p.Infer(next(self._ids), inputs, rows, timeout_s * 1000, request_id)
+        message = p.Infer(next(self._ids), inputs, rows, timeout_s * 1000, request_id, priority)
         self.outstanding += 1
         try:
             reply = await self._call(message, timeout_s)

@@ -63,11 +63,13 @@ class ReplicaCore:
         runtime.predict_batch(runtime.warmup_inputs())
         return runtime
 
-    def submit(self, inputs: Columns, rows: int, timeout_s: float) -> asyncio.Future[Columns]:
+    def submit(
+        self, inputs: Columns, rows: int, timeout_s: float, priority: int = 0
+    ) -> asyncio.Future[Columns]:
         if self.batcher is None or self.state not in ("ready", "draining"):
             raise ModelNotReady(f"replica is {self.state}")
         self._check_inputs(inputs, rows)
-        future = self.batcher.submit(inputs, rows, min(timeout_s, self._queue_timeout_s))
+        future = self.batcher.submit(inputs, rows, min(timeout_s, self._queue_timeout_s), priority)
         self.inflight += 1
         future.add_done_callback(self._done)
         return future

@@ -8,6 +8,7 @@ cost of the replica to decoding, one future and encoding.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -94,7 +95,9 @@ class ReplicaProtocol(asyncio.Protocol):
     def _infer(self, message: p.Infer) -> None:
         try:
             inputs = {name: p.from_tensor(t) for name, t in message.inputs.items()}
-            future = self.core.submit(inputs, message.rows, message.timeout_ms / 1000)
+            future = self.core.submit(
+                inputs, message.rows, message.timeout_ms / 1000, message.priority
+            )
         except Exception as exc:
             self._send(p.Error(message.id, *error_status(exc)))
             return
@@ -188,10 +191,9 @@ async def start_listening(
     return await loop.create_server(lambda: ReplicaProtocol(core, drain), host, int(port))
 
 
-GENERATIVE = ("gpt2",)
-
-
 def make_core(spec: ReplicaSpec) -> ReplicaCore | GenerationCore:
+    from inferd.runtimes import GENERATIVE
+
     if spec.framework in GENERATIVE:
         from inferd.llm.loader import build_engine
         from inferd.serving.generation import GenerationCore
@@ -211,6 +213,10 @@ async def run_replica(spec: ReplicaSpec, grace_s: float) -> None:
     drained = loop.create_task(drain.wait())
     await asyncio.wait([loader, drained], return_when=asyncio.FIRST_COMPLETED)
     if loader.done() and loader.exception() is not None:
+        # Answer "failed" with the reason for a moment, so the controller (polling every
+        # 50 ms) reads why before it sees the exit code.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(drain.wait(), 1.0)
         server.close()
         raise SystemExit(3)
     await drained

@@ -1,0 +1,247 @@
+"""Wire formats side by side: /api/v1 JSON, Open Inference Protocol REST with the binary
+tensor extension, and Open Inference Protocol gRPC, on the same server and model.
+
+    .venv/bin/python bench/v2_protocols.py [--duration 8] [--rounds 3] [--concurrency 32]
+
+Builds the demo fraud model (XGBoost, 30 FP32 features), registers it in a scratch data
+folder and starts one ``inferd serve`` (2 gateway processes, HTTP and gRPC). Each round
+runs every protocol at 1 and at 64 rows per request, in shuffled order, closed loop with
+``--concurrency`` requests in flight, for ``--duration`` seconds after a 1 s warm-up:
+
+- HTTP (v1 JSON, V2 binary) with inferd's own load generator (pre-encoded requests over
+  ``--concurrency`` keep-alive connections);
+- gRPC with grpcio's asyncio client: the same number of calls in flight over 4
+  channels (separate HTTP/2 connections, so both gateway processes get traffic), one
+  pre-built ModelInferRequest with ``raw_input_contents``.
+
+The clients run in this process, on the same 2 cores as the server: the table reports
+each client's CPU per request, because a heavier client leaves less CPU to the server.
+Writes bench/results/v2_protocols.json and .md (medians over rounds). Traffic stays on
+127.0.0.1; the server is stopped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import numpy as np
+import orjson
+from servers import free_port, start, stop
+from tabular import ROW, prepare
+
+from inferd.bench.connection import encode_request, request_head
+from inferd.bench.loadgen import LoadGenerator, LoadSpec
+from inferd.bench.stats import summarize
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+PROTOCOLS = ("v1 JSON", "V2 REST binary", "V2 gRPC")
+_OWN_CONNECTION = ("grpc.use_local_subchannel_pool", 1)
+"""Each gRPC channel opens its own connection instead of sharing one per target."""
+
+
+def v1_request(host: str, rows: int) -> bytes:
+    head = request_head(
+        "POST", "/api/v1/models/fraud/predict", host, {"Content-Type": "application/json"}
+    )
+    return encode_request(head, orjson.dumps({"inputs": [{"features": ROW}] * rows}))
+
+
+def v2_binary_request(host: str, rows: int) -> bytes:
+    data = np.tile(np.asarray(ROW, dtype="<f4"), (rows, 1)).tobytes()
+    header = orjson.dumps({
+        "inputs": [{"name": "features", "shape": [rows, 30], "datatype": "FP32",
+                    "parameters": {"binary_data_size": len(data)}}],
+        "parameters": {"binary_data_output": True},
+    })  # fmt: skip
+    head = request_head(
+        "POST",
+        "/v2/models/fraud/infer",
+        host,
+        {
+            "Content-Type": "application/octet-stream",
+            "Inference-Header-Content-Length": str(len(header)),
+        },
+    )
+    return encode_request(head, header + data)
+
+
+def run_http(port: int, request: bytes, args: argparse.Namespace) -> dict[str, float]:
+    spec = LoadSpec(
+        "127.0.0.1",
+        port,
+        lambda: request,
+        concurrency=args.concurrency,
+        duration_s=args.duration,
+        warmup_s=1.0,
+    )
+    result = asyncio.run(LoadGenerator(spec).run())
+    s = summarize(result.samples, result.duration_s)
+    return {
+        "rps": s.success_rps,
+        "p50_ms": s.latency["p50"],
+        "p99_ms": s.latency["p99"],
+        "errors": float(s.errors),
+        "client_us_per_request": 1e6 * result.cpu_s / max(s.requests, 1),
+    }
+
+
+def run_grpc(port: int, rows: int, args: argparse.Namespace) -> dict[str, float]:
+    return asyncio.run(_grpc_load(port, rows, args))
+
+
+async def _grpc_load(port: int, rows: int, args: argparse.Namespace) -> dict[str, float]:
+    import grpc
+
+    from inferd.grpc import grpc_service_pb2 as pb
+    from inferd.grpc import grpc_service_pb2_grpc as pb_grpc
+
+    request = pb.ModelInferRequest(model_name="fraud")
+    request.inputs.add(name="features", datatype="FP32", shape=[rows, 30])
+    request.raw_input_contents.append(np.tile(np.asarray(ROW, dtype="<f4"), (rows, 1)).tobytes())
+    channels = [
+        grpc.aio.insecure_channel(
+            f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)]
+        )
+        for _ in range(4)
+    ]
+    stubs = [pb_grpc.GRPCInferenceServiceStub(c) for c in channels]
+    latencies: list[float] = []
+    errors = 0
+    measuring = False
+    stop_at = time.perf_counter() + 1.0 + args.duration
+
+    async def worker(stub: Callable[..., object]) -> None:
+        nonlocal errors
+        while (now := time.perf_counter()) < stop_at:
+            try:
+                await stub.ModelInfer(request)  # type: ignore[attr-defined]
+            except grpc.RpcError:
+                errors += measuring
+                continue
+            if measuring:
+                latencies.append(time.perf_counter() - now)
+
+    async def measure_window() -> tuple[float, float]:
+        nonlocal measuring
+        await asyncio.sleep(1.0)  # warm-up, discarded
+        measuring = True
+        started, cpu = time.perf_counter(), time.process_time()
+        await asyncio.sleep(stop_at - time.perf_counter())
+        measuring = False
+        return time.perf_counter() - started, time.process_time() - cpu
+
+    tasks = [worker(stubs[i % len(stubs)]) for i in range(args.concurrency)]
+    window, *_ = await asyncio.gather(measure_window(), *tasks)
+    for channel in channels:
+        await channel.close()
+    wall, cpu = window
+    ms = sorted(x * 1000 for x in latencies)
+    return {
+        "rps": len(ms) / wall,
+        "p50_ms": ms[len(ms) // 2],
+        "p99_ms": ms[min(len(ms) - 1, int(len(ms) * 0.99))],
+        "errors": float(errors),
+        "client_us_per_request": 1e6 * cpu / max(len(ms), 1),
+    }
+
+
+def wait_ready(url: str, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    sys.exit(f"server not ready: {url}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--duration", type=float, default=8)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="inferd-bench-v2-"))
+    prepare(work)
+    port, grpc_port = free_port(), free_port()
+    cmd = [sys.executable, "-m", "inferd", "serve", "--workers", "2", "--data-dir",
+           str(work / "data"), "--port", str(port), "--grpc-port", str(grpc_port)]  # fmt: skip
+    proc = start(cmd, {"INFERD_LOG_LEVEL": "WARNING"}, work / "inferd.log")
+    host = f"127.0.0.1:{port}"
+    runs: dict[tuple[str, int], Callable[[], dict[str, float]]] = {}
+    for rows in (1, 64):
+        v1, v2 = v1_request(host, rows), v2_binary_request(host, rows)
+        runs[("v1 JSON", rows)] = lambda r=v1: run_http(port, r, args)
+        runs[("V2 REST binary", rows)] = lambda r=v2: run_http(port, r, args)
+        runs[("V2 gRPC", rows)] = lambda n=rows: run_grpc(grpc_port, n, args)
+    results: dict[tuple[str, int], list[dict[str, float]]] = {key: [] for key in runs}
+    rng = random.Random(args.seed)
+    try:
+        wait_ready(f"http://{host}/health/ready")
+        time.sleep(2)
+        for round_ in range(args.rounds):
+            order = list(runs)
+            rng.shuffle(order)
+            for key in order:
+                r = runs[key]()
+                results[key].append(r)
+                print(
+                    f"round {round_ + 1}  {key[0]:>15} rows={key[1]:<3} {r['rps']:8.0f} req/s  "
+                    f"p50 {r['p50_ms']:6.2f} ms  p99 {r['p99_ms']:6.2f} ms  "
+                    f"errors {r['errors']:.0f}  client {r['client_us_per_request']:.0f} µs/req",
+                    flush=True,
+                )
+    finally:
+        stop(proc)
+        shutil.rmtree(work, ignore_errors=True)
+    write_results(results, args)
+
+
+def write_results(
+    results: dict[tuple[str, int], list[dict[str, float]]], args: argparse.Namespace
+) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for (protocol, n), runs in results.items():
+        median = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        rows.append({"protocol": protocol, "rows_per_request": n, "rounds": runs, **median})
+    (RESULTS / "v2_protocols.json").write_text(
+        json.dumps({"args": vars(args), "results": rows}, indent=2)
+    )
+    lines = [
+        f"Medians of {args.rounds} rounds of {args.duration:g} s, {args.concurrency} requests "
+        "in flight, one inferd server (2 gateway processes), demo fraud model (XGBoost).",
+        "",
+        "| protocol | rows/request | req/s | rows/s | vs v1 JSON | p50 ms | p99 ms | errors "
+        "| client µs/request |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    base = {r["rows_per_request"]: r["rps"] for r in rows if r["protocol"] == "v1 JSON"}
+    for r in sorted(rows, key=lambda r: (r["rows_per_request"], PROTOCOLS.index(r["protocol"]))):
+        n = r["rows_per_request"]
+        lines.append(
+            f"| {r['protocol']} | {n} | {r['rps']:,.0f} | {r['rps'] * n:,.0f} | "
+            f"{r['rps'] / base[n]:.2f}x | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
+            f"{r['errors']:.0f} | {r['client_us_per_request']:.0f} |"
+        )
+    (RESULTS / "v2_protocols.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

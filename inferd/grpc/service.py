@@ -1,0 +1,407 @@
+"""``inference.GRPCInferenceService``: the Open Inference Protocol over gRPC.
+
+Served by every gateway process (grpcio's asyncio server on ``grpc_port``, shared with
+SO_REUSEPORT like the HTTP port) on the same router and data plane as the REST APIs, so
+versions, batching and replicas behave the same whichever protocol a request used. The
+checks of inputs against the model's signature are the REST protocol's (:mod:`inferd.api.v2`);
+only the wire format differs.
+
+Tensors: inputs come either as ``raw_input_contents`` (one little-endian byte string per
+input, read without copying) or as typed ``contents``; outputs always go back as
+``raw_output_contents``, as Triton does. Errors map to gRPC status codes (bad input
+INVALID_ARGUMENT, unknown model NOT_FOUND, not ready or overloaded UNAVAILABLE, deadline
+DEADLINE_EXCEEDED). ``ModelStreamInfer`` serves a stream of requests concurrently; a
+generative model answers a request with one response per chunk of text (``text_output``)
+and marks the last with the ``triton_final_response`` parameter, the way Triton's
+decoupled models do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import numpy as np
+import orjson
+
+from inferd import __version__
+from inferd.api import v2
+from inferd.api.generate import start_generation
+from inferd.config import Settings
+from inferd.errors import InferdError, InvalidInput, ModelNotReady
+from inferd.grpc import grpc_service_pb2 as pb
+from inferd.grpc import grpc_service_pb2_grpc as pb_grpc
+from inferd.observability.logging import request_id_var
+from inferd.registry import Registry
+from inferd.routing.dataplane import DataPlane
+from inferd.routing.router import Router, Target
+from inferd.runtimes import GENERATIVE
+from inferd.runtimes.base import TensorSpec, datatype_of
+
+logger = logging.getLogger(__name__)
+
+_CODES = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    404: grpc.StatusCode.NOT_FOUND,
+    409: grpc.StatusCode.ALREADY_EXISTS,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    422: grpc.StatusCode.INVALID_ARGUMENT,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+
+_CONTENTS = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+"""The typed field of ``InferTensorContents`` for each datatype (FP16 has none: raw only)."""
+
+Unary = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Any]]
+
+
+def status_code(exc: InferdError) -> grpc.StatusCode:
+    return _CODES.get(exc.status_code, grpc.StatusCode.INTERNAL)
+
+
+def _errors(handler: Unary) -> Unary:
+    """An :class:`InferdError` ends the call with its status code and message."""
+
+    @functools.wraps(handler)
+    async def wrapped(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await handler(self, request, context)
+        except InferdError as exc:
+            await context.abort(status_code(exc), exc.message)
+
+    return wrapped
+
+
+def parameters(params: Any) -> dict[str, Any]:
+    """A protocol parameter map -> plain Python values."""
+    out = {}
+    for key, value in params.items():
+        choice = value.WhichOneof("parameter_choice")
+        out[key] = None if choice is None else getattr(value, choice)
+    return out
+
+
+class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+    def __init__(self, router: Router, registry: Registry, settings: Settings) -> None:
+        self.router = router
+        self.registry = registry
+        self.settings = settings
+        self.plane = DataPlane(router, settings.request_timeout_s)
+
+    # -- health and metadata -----------------------------------------------------------
+
+    async def ServerLive(self, request: Any, context: Any) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: Any, context: Any) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=v2.is_server_ready(self.router))
+
+    @_errors
+    async def ModelReady(self, request: Any, context: Any) -> pb.ModelReadyResponse:
+        try:
+            self.router.target(request.name, request.version or None)
+        except ModelNotReady:
+            return pb.ModelReadyResponse(ready=False)
+        return pb.ModelReadyResponse(ready=True)
+
+    async def ServerMetadata(self, request: Any, context: Any) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(
+            name="inferd", version=__version__, extensions=v2.EXTENSIONS
+        )
+
+    @_errors
+    async def ModelMetadata(self, request: Any, context: Any) -> pb.ModelMetadataResponse:
+        meta = v2.metadata_of(self.router, request.name, request.version or None)
+        return pb.ModelMetadataResponse(
+            name=meta["name"],
+            versions=meta["versions"],
+            platform=meta["platform"],
+            inputs=[pb.ModelMetadataResponse.TensorMetadata(**t) for t in meta["inputs"]],
+            outputs=[pb.ModelMetadataResponse.TensorMetadata(**t) for t in meta["outputs"]],
+        )
+
+    # -- inference ---------------------------------------------------------------------
+
+    @_errors
+    async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
+        return await self._infer(request)
+
+    async def _infer(self, request: Any) -> pb.ModelInferResponse:
+        started = time.perf_counter()
+        rid = request.id or uuid.uuid4().hex
+        request_id_var.set(rid)
+        target = self.plane.target(request.model_name, request.model_version or None)
+        if target.framework in GENERATIVE:
+            raise InvalidInput(
+                f"model {target.model!r} generates text: call ModelStreamInfer with a "
+                "'text_input' BYTES input"
+            )
+        columns, rows = decode_inputs(request, target)
+        wanted = v2.requested_outputs(
+            [{"name": o.name} for o in request.outputs] or None, target.signature
+        )
+        priority, timeout_s = v2.schedule_policy(parameters(request.parameters))
+        outcome = await self.plane.infer(target, columns, rows, rid, started, timeout_s, priority)
+        response = pb.ModelInferResponse(
+            model_name=target.model, model_version=target.version, id=request.id
+        )
+        for name, array in outcome.outputs.items():
+            if wanted is None or name in wanted:
+                output = response.outputs.add()
+                output.name = name
+                output.datatype = datatype_of(array)
+                output.shape.extend(array.shape)
+                response.raw_output_contents.append(v2.to_binary(array))
+        return response
+
+    async def ModelStreamInfer(
+        self, requests: AsyncIterator[Any], context: Any
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """Each request runs as its own task; responses go out as they are ready (match
+        them by ``id``). A failed request answers ``error_message``; the stream goes on."""
+        out: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def read() -> None:
+            try:
+                async for request in requests:
+                    task = asyncio.create_task(self._stream_one(request, out.put_nowait))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                if tasks:
+                    await asyncio.gather(*tasks, return_exceptions=True)
+            finally:
+                out.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (response := await out.get()) is not None:
+                yield response
+        finally:
+            reader.cancel()
+            for task in list(tasks):
+                task.cancel()
+            await asyncio.gather(reader, *tasks, return_exceptions=True)
+
+    async def _stream_one(
+        self, request: Any, send: Callable[[pb.ModelStreamInferResponse], None]
+    ) -> None:
+        try:
+            target = self.plane.target(request.model_name, request.model_version or None)
+            if target.framework in GENERATIVE:
+                await self._generate(request, target, send)
+            else:
+                send(pb.ModelStreamInferResponse(infer_response=await self._infer(request)))
+        except InferdError as exc:
+            send(pb.ModelStreamInferResponse(error_message=exc.message))
+        except Exception:
+            logger.exception("stream request %r failed", request.id)
+            send(pb.ModelStreamInferResponse(error_message="internal error; see the server log"))
+
+    async def _generate(
+        self, request: Any, target: Target, send: Callable[[pb.ModelStreamInferResponse], None]
+    ) -> None:
+        """Text generation: ``text_input`` (BYTES, one element) and sampling options as
+        request parameters (or a ``sampling_parameters`` JSON input, like Triton's vLLM
+        backend) -> a response per chunk of text, the last one final."""
+        body = generation_body(request)
+        rid = request.id or uuid.uuid4().hex
+        chunks, target, _ = await start_generation(
+            self.router, self.settings, request.model_name, body, target.version, rid
+        )
+        stream = bool(body.get("stream", True))
+        text: list[str] = []
+        async with contextlib.aclosing(chunks):
+            async for chunk in chunks:
+                if not stream:
+                    text.append(chunk.text)
+                    if not chunk.finished:
+                        continue
+                response = pb.ModelInferResponse(
+                    model_name=target.model, model_version=target.version, id=request.id
+                )
+                output = response.outputs.add()
+                output.name, output.datatype = "text_output", "BYTES"
+                output.shape.append(1)
+                data = ("".join(text) if not stream else chunk.text).encode()
+                response.raw_output_contents.append(len(data).to_bytes(4, "little") + data)
+                if chunk.finished:
+                    response.parameters["triton_final_response"].bool_param = True
+                    response.parameters["finish_reason"].string_param = chunk.finish_reason
+                    response.parameters["prompt_tokens"].int64_param = chunk.prompt_tokens
+                    response.parameters["completion_tokens"].int64_param = chunk.completion_tokens
+                send(pb.ModelStreamInferResponse(infer_response=response))
+
+    # -- model repository ----------------------------------------------------------------
+
+    @_errors
+    async def RepositoryIndex(self, request: Any, context: Any) -> pb.RepositoryIndexResponse:
+        from inferd.api import v2_repository as repo
+
+        models = await repo.repository_index(self.registry, self.router, request.ready)
+        return pb.RepositoryIndexResponse(
+            models=[
+                pb.RepositoryIndexResponse.ModelIndex(
+                    name=m.name, version=m.version, state=m.state, reason=m.reason
+                )
+                for m in models
+            ]
+        )
+
+    @_errors
+    async def RepositoryModelLoad(
+        self, request: Any, context: Any
+    ) -> pb.RepositoryModelLoadResponse:
+        from inferd.api import v2_repository as repo
+
+        if request.parameters:  # Triton's "config" / "file:" overrides: not for inferd
+            raise InvalidInput(f"load parameters are not supported: {sorted(request.parameters)}")
+        await repo.load_model(self.registry, self.router, self.settings, request.model_name)
+        return pb.RepositoryModelLoadResponse()
+
+    @_errors
+    async def RepositoryModelUnload(
+        self, request: Any, context: Any
+    ) -> pb.RepositoryModelUnloadResponse:
+        from inferd.api import v2_repository as repo
+
+        await repo.unload_model(self.registry, self.router, self.settings, request.model_name)
+        return pb.RepositoryModelUnloadResponse()
+
+
+def decode_inputs(request: Any, target: Target) -> tuple[dict[str, np.ndarray], int]:
+    """The request's input tensors -> columns and row count, checked like REST inputs."""
+    raw = request.raw_input_contents
+    if not request.inputs:
+        raise InvalidInput("the request has no inputs")
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidInput(
+            f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs; "
+            "give one per input, in order, or none"
+        )
+    found = v2.InputSet(target.signature)
+    for i, tensor in enumerate(request.inputs):
+        spec = found.spec(tensor.name)
+        shape = v2.check_header(spec, list(tensor.shape), tensor.datatype)
+        if raw:
+            array = v2.from_bytes(spec, shape, raw[i])
+        else:
+            array = from_contents(spec, shape, tensor.contents)
+        found.add(spec.name, array)
+    return found.columns()
+
+
+def from_contents(spec: TensorSpec, shape: list[int], contents: Any) -> np.ndarray:
+    """A tensor from the typed lists of ``InferTensorContents``."""
+    field = _CONTENTS.get(spec.datatype)
+    if field is None:
+        raise InvalidInput(
+            f"input {spec.name!r}: {spec.datatype} has no typed contents; send it in "
+            "raw_input_contents"
+        )
+    values = getattr(contents, field)
+    if spec.datatype == "BYTES":
+        try:
+            texts = [v.decode() for v in values]
+        except UnicodeDecodeError:
+            raise InvalidInput(f"input {spec.name!r}: BYTES elements must be UTF-8 text") from None
+        flat = np.empty(len(texts), dtype=object)
+        flat[:] = texts
+    else:
+        try:
+            flat = np.array(values, dtype=spec.numpy_dtype)
+        except (OverflowError, ValueError):
+            raise InvalidInput(
+                f"input {spec.name!r}: contents out of the range of {spec.datatype}"
+            ) from None
+    count = math.prod(shape)
+    if flat.size != count:
+        raise InvalidInput(
+            f"input {spec.name!r}: contents has {flat.size} elements; shape {shape} needs {count}"
+        )
+    return flat.reshape(shape)
+
+
+_SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
+
+
+def generation_body(request: Any) -> dict[str, Any]:
+    """A streaming request to a generative model -> the body :func:`start_generation`
+    takes: the prompt from ``text_input``, options from the request's parameters, a
+    ``sampling_parameters`` JSON input, and an optional ``stream`` BOOL input."""
+    raw = request.raw_input_contents
+    tensors: dict[str, tuple[Any, bytes | None]] = {
+        tensor.name: (tensor, raw[i] if raw else None) for i, tensor in enumerate(request.inputs)
+    }
+    if "text_input" not in tensors:
+        raise InvalidInput(
+            f"a generative model takes a 'text_input' BYTES input; got {sorted(tensors)}"
+        )
+    body: dict[str, Any] = {"prompt": _one_text(tensors, "text_input")}
+    if "sampling_parameters" in tensors:
+        try:
+            options = orjson.loads(_one_text(tensors, "sampling_parameters"))
+        except orjson.JSONDecodeError:
+            raise InvalidInput("'sampling_parameters' must be a JSON object") from None
+        if not isinstance(options, dict):
+            raise InvalidInput("'sampling_parameters' must be a JSON object")
+        body.update({k: v for k, v in options.items() if k in _SAMPLING})
+    params = parameters(request.parameters)
+    body.update({k: v for k, v in params.items() if k in _SAMPLING})
+    if "stream" in tensors:
+        tensor, data = tensors["stream"]
+        body["stream"] = bool(data[0]) if data else bool(tensor.contents.bool_contents[0])
+    return body
+
+
+def _one_text(tensors: dict[str, tuple[Any, bytes | None]], name: str) -> str:
+    tensor, data = tensors[name]
+    if data is not None:
+        values = v2.from_length_prefixed(data, name).tolist()
+    else:
+        values = [v.decode(errors="replace") for v in tensor.contents.bytes_contents]
+    if len(values) != 1 or not isinstance(values[0], str):
+        raise InvalidInput(f"{name!r} must hold exactly one string")
+    return str(values[0])
+
+
+async def start_server(router: Router, registry: Registry, settings: Settings) -> grpc.aio.Server:
+    """Listen on ``settings.host:settings.grpc_port`` (port shared across gateway
+    processes with SO_REUSEPORT)."""
+    server = grpc.aio.server(
+        options=[
+            ("grpc.so_reuseport", 1),
+            ("grpc.max_receive_message_length", settings.max_body_bytes),
+            ("grpc.max_send_message_length", -1),
+        ]
+    )
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(
+        InferenceService(router, registry, settings), server
+    )
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    server.add_insecure_port(f"{host}:{settings.grpc_port}")
+    await server.start()
+    return server
