@@ -15,7 +15,8 @@ runs every protocol at 1 and at 64 rows per request, in shuffled order, closed l
   pre-built ModelInferRequest with ``raw_input_contents``.
 
 The clients run in this process, on the same 2 cores as the server: the table reports
-each client's CPU per request, because a heavier client leaves less CPU to the server.
+each client's CPU per request (a heavier client leaves less CPU to the server) and the
+server's (all its processes: gateways and replica) per request.
 Writes bench/results/v2_protocols.json and .md (medians over rounds). Traffic stays on
 127.0.0.1; the server is stopped at the end.
 """
@@ -25,9 +26,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -77,16 +80,35 @@ def v2_binary_request(host: str, rows: int) -> bytes:
     return encode_request(head, header + data)
 
 
-def run_http(port: int, request: bytes, args: argparse.Namespace) -> dict[str, float]:
-    spec = LoadSpec(
-        "127.0.0.1",
-        port,
-        lambda: request,
-        concurrency=args.concurrency,
-        duration_s=args.duration,
-        warmup_s=1.0,
-    )
-    result = asyncio.run(LoadGenerator(spec).run())
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by a process and all its descendants."""
+    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True)
+    children: dict[int, list[int]] = {}
+    for line in out.stdout.splitlines():
+        p, pp = (int(x) for x in line.split())
+        children.setdefault(pp, []).append(p)
+    total, stack, tick = 0.0, [pid], os.sysconf("SC_CLK_TCK")
+    while stack:
+        p = stack.pop()
+        stack.extend(children.get(p, []))
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
+
+
+def run_http(port: int, request: bytes, args: argparse.Namespace, server: int) -> dict[str, float]:
+    def spec(duration_s: float) -> LoadSpec:
+        return LoadSpec(
+            "127.0.0.1", port, lambda: request, concurrency=args.concurrency, duration_s=duration_s
+        )
+
+    asyncio.run(LoadGenerator(spec(1.0)).run())  # warm-up, discarded
+    cpu = tree_cpu_s(server)
+    result = asyncio.run(LoadGenerator(spec(args.duration)).run())
+    server_s = tree_cpu_s(server) - cpu
     s = summarize(result.samples, result.duration_s)
     return {
         "rps": s.success_rps,
@@ -94,14 +116,17 @@ def run_http(port: int, request: bytes, args: argparse.Namespace) -> dict[str, f
         "p99_ms": s.latency["p99"],
         "errors": float(s.errors),
         "client_us_per_request": 1e6 * result.cpu_s / max(s.requests, 1),
+        "server_us_per_request": 1e6 * server_s / max(s.requests, 1),
     }
 
 
-def run_grpc(port: int, rows: int, args: argparse.Namespace) -> dict[str, float]:
-    return asyncio.run(_grpc_load(port, rows, args))
+def run_grpc(port: int, rows: int, args: argparse.Namespace, server: int) -> dict[str, float]:
+    return asyncio.run(_grpc_load(port, rows, args, server))
 
 
-async def _grpc_load(port: int, rows: int, args: argparse.Namespace) -> dict[str, float]:
+async def _grpc_load(
+    port: int, rows: int, args: argparse.Namespace, server: int
+) -> dict[str, float]:
     import grpc
 
     from inferd.grpc import grpc_service_pb2 as pb
@@ -133,20 +158,21 @@ async def _grpc_load(port: int, rows: int, args: argparse.Namespace) -> dict[str
             if measuring:
                 latencies.append(time.perf_counter() - now)
 
-    async def measure_window() -> tuple[float, float]:
+    async def measure_window() -> tuple[float, float, float]:
         nonlocal measuring
         await asyncio.sleep(1.0)  # warm-up, discarded
         measuring = True
-        started, cpu = time.perf_counter(), time.process_time()
+        started, cpu, server_cpu = time.perf_counter(), time.process_time(), tree_cpu_s(server)
         await asyncio.sleep(stop_at - time.perf_counter())
         measuring = False
-        return time.perf_counter() - started, time.process_time() - cpu
+        wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+        return wall, cpu, tree_cpu_s(server) - server_cpu
 
     tasks = [worker(stubs[i % len(stubs)]) for i in range(args.concurrency)]
     window, *_ = await asyncio.gather(measure_window(), *tasks)
     for channel in channels:
         await channel.close()
-    wall, cpu = window
+    wall, cpu, server_s = window
     ms = sorted(x * 1000 for x in latencies)
     return {
         "rps": len(ms) / wall,
@@ -154,6 +180,7 @@ async def _grpc_load(port: int, rows: int, args: argparse.Namespace) -> dict[str
         "p99_ms": ms[min(len(ms) - 1, int(len(ms) * 0.99))],
         "errors": float(errors),
         "client_us_per_request": 1e6 * cpu / max(len(ms), 1),
+        "server_us_per_request": 1e6 * server_s / max(len(ms), 1),
     }
 
 
@@ -186,9 +213,9 @@ def main() -> None:
     runs: dict[tuple[str, int], Callable[[], dict[str, float]]] = {}
     for rows in (1, 64):
         v1, v2 = v1_request(host, rows), v2_binary_request(host, rows)
-        runs[("v1 JSON", rows)] = lambda r=v1: run_http(port, r, args)
-        runs[("V2 REST binary", rows)] = lambda r=v2: run_http(port, r, args)
-        runs[("V2 gRPC", rows)] = lambda n=rows: run_grpc(grpc_port, n, args)
+        runs[("v1 JSON", rows)] = lambda r=v1: run_http(port, r, args, proc.pid)
+        runs[("V2 REST binary", rows)] = lambda r=v2: run_http(port, r, args, proc.pid)
+        runs[("V2 gRPC", rows)] = lambda n=rows: run_grpc(grpc_port, n, args, proc.pid)
     results: dict[tuple[str, int], list[dict[str, float]]] = {key: [] for key in runs}
     rng = random.Random(args.seed)
     try:
@@ -203,7 +230,8 @@ def main() -> None:
                 print(
                     f"round {round_ + 1}  {key[0]:>15} rows={key[1]:<3} {r['rps']:8.0f} req/s  "
                     f"p50 {r['p50_ms']:6.2f} ms  p99 {r['p99_ms']:6.2f} ms  "
-                    f"errors {r['errors']:.0f}  client {r['client_us_per_request']:.0f} µs/req",
+                    f"errors {r['errors']:.0f}  client {r['client_us_per_request']:.0f} µs/req  "
+                    f"server {r['server_us_per_request']:.0f} µs/req",
                     flush=True,
                 )
     finally:
@@ -228,8 +256,8 @@ def write_results(
         "in flight, one inferd server (2 gateway processes), demo fraud model (XGBoost).",
         "",
         "| protocol | rows/request | req/s | rows/s | vs v1 JSON | p50 ms | p99 ms | errors "
-        "| client µs/request |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| client CPU µs/request | server CPU µs/request |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     base = {r["rows_per_request"]: r["rps"] for r in rows if r["protocol"] == "v1 JSON"}
     for r in sorted(rows, key=lambda r: (r["rows_per_request"], PROTOCOLS.index(r["protocol"]))):
@@ -237,7 +265,8 @@ def write_results(
         lines.append(
             f"| {r['protocol']} | {n} | {r['rps']:,.0f} | {r['rps'] * n:,.0f} | "
             f"{r['rps'] / base[n]:.2f}x | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
-            f"{r['errors']:.0f} | {r['client_us_per_request']:.0f} |"
+            f"{r['errors']:.0f} | {r['client_us_per_request']:.0f} | "
+            f"{r['server_us_per_request']:.0f} |"
         )
     (RESULTS / "v2_protocols.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

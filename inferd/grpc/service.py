@@ -24,7 +24,6 @@ import functools
 import logging
 import math
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -35,6 +34,7 @@ import orjson
 from inferd import __version__
 from inferd.api import v2
 from inferd.api.generate import start_generation
+from inferd.api.http import new_request_id
 from inferd.config import Settings
 from inferd.errors import InferdError, InvalidInput, ModelNotReady
 from inferd.grpc import grpc_service_pb2 as pb
@@ -151,7 +151,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
 
     async def _infer(self, request: Any) -> pb.ModelInferResponse:
         started = time.perf_counter()
-        rid = request.id or uuid.uuid4().hex
+        rid = request.id or new_request_id()
         request_id_var.set(rid)
         target = self.plane.target(request.model_name, request.model_version or None)
         if target.framework in GENERATIVE:
@@ -228,7 +228,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         request parameters (or a ``sampling_parameters`` JSON input, like Triton's vLLM
         backend) -> a response per chunk of text, the last one final."""
         body = generation_body(request)
-        rid = request.id or uuid.uuid4().hex
+        rid = request.id or new_request_id()
         chunks, target, _ = await start_generation(
             self.router, self.settings, request.model_name, body, target.version, rid
         )
