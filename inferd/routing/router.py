@@ -169,6 +169,12 @@ class Router:
         route = self.model(model)
         if version is None:
             version = route.default_version
+            if version is None and not route.loaded:
+                raise ModelNotReady(
+                    f"model {model!r} is unloaded; load it with "
+                    f"POST /v2/repository/models/{model}/load",
+                    model=model,
+                )
             if version is None:
                 raise ModelNotReady(f"model {model!r} has no ready version yet", model=model)
         elif version not in route.versions:
