@@ -6,6 +6,7 @@
     ├── InvalidInput (422)             input does not match the model signature
     ├── ModelNotFound (404)            unknown model or version
     ├── VersionExists (409)            a registered version is immutable
+    ├── Conflict (409)                 a change contradicts the current state, or raced one
     ├── ModelNotReady (503)            no ready replica; carries ``retry_after_s``
     ├── Overloaded (503)               a replica queue is full; carries depth and limit
     ├── RequestTimeout (504)           the request's deadline passed
@@ -59,6 +60,13 @@ class ModelNotFound(InferdError):
 class VersionExists(InferdError):
     status_code = 409
     code = "version_exists"
+
+
+class Conflict(InferdError):
+    """The change was computed from a state that changed meanwhile, or contradicts it."""
+
+    status_code = 409
+    code = "conflict"
 
 
 class ModelNotReady(InferdError):

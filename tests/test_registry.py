@@ -104,7 +104,7 @@ def test_migrate_creates_tables_and_is_idempotent(registry: Registry) -> None:
     registry.migrate()  # already at head: nothing to do, nothing fails
     registry.migrate()
     with registry.engine.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).all() == [("0002",)]
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).all() == [("0003",)]
         # The declarative classes describe exactly what the migrations built.
         assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
 

@@ -24,17 +24,22 @@ def _plane(request: Request) -> DataPlane:
     return request.app.state.dataplane  # type: ignore[no-any-return]
 
 
-def _params(body: dict[str, Any]) -> tuple[str | None, float | None]:
+def _params(body: dict[str, Any]) -> tuple[str | None, float | None, str | None]:
+    """``params``: the pinned version, the timeout in seconds, the user (for sticky
+    traffic splits; the ``X-User-Id`` header does the same)."""
     params = body.get("params") or {}
     if not isinstance(params, dict):
         raise InvalidInput("'params' must be an object")
     version = params.get("version")
     if version is not None and not isinstance(version, str):
         raise InvalidInput("'params.version' must be a string")
+    user = params.get("user")
+    if user is not None and not isinstance(user, str):
+        raise InvalidInput("'params.user' must be a string")
     timeout_ms = params.get("timeout_ms")
     if timeout_ms is not None and (not isinstance(timeout_ms, int | float) or timeout_ms <= 0):
         raise InvalidInput("'params.timeout_ms' must be a positive number")
-    return version, timeout_ms / 1000 if timeout_ms else None
+    return version, timeout_ms / 1000 if timeout_ms else None, user
 
 
 async def _run(request: Request, model: str, body: Any, rows_key: str) -> tuple[InferOutcome, str]:
@@ -43,9 +48,9 @@ async def _run(request: Request, model: str, body: Any, rows_key: str) -> tuple[
     request_id_var.set(rid)
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
-    version, timeout_s = _params(body)
+    version, timeout_s, user = _params(body)
     plane = _plane(request)
-    target = plane.target(model, version)
+    target = plane.target(model, version, user or request.headers.get("x-user-id"))
     rows = body.get(rows_key)
     if rows_key == "input":
         if rows is None:

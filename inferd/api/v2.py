@@ -133,10 +133,10 @@ async def infer(request: Request, model: str, version: str | None = None) -> Res
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     plane: DataPlane = request.app.state.dataplane
-    target = plane.target(model, version)
+    params = _parameters(body)
+    target = plane.target(model, version, user_of(params) or request.headers.get("x-user-id"))
     columns, rows = decode_inputs(body.get("inputs"), target.signature, binary)
     wanted = requested_outputs(body.get("outputs"), target.signature)
-    params = _parameters(body)
     binary_default = bool(params.get("binary_data_output", False))
     priority, timeout_s = schedule_policy(params)
     outcome = await plane.infer(target, columns, rows, rid, started, timeout_s, priority)
@@ -161,13 +161,14 @@ async def infer(request: Request, model: str, version: str | None = None) -> Res
     }
     if isinstance(body.get("id"), str):
         reply["id"] = body["id"]
+    headers = {"x-request-id": rid, "x-inferd-model-version": target.version}
     if not blobs:
-        return json_response(reply, headers={"x-request-id": rid})
+        return json_response(reply, headers=headers)
     head = orjson.dumps(reply)
     return Response(
         b"".join([head, *blobs]),
         media_type="application/octet-stream",
-        headers={"x-request-id": rid, HEADER_LENGTH: str(len(head))},
+        headers={**headers, HEADER_LENGTH: str(len(head))},
     )
 
 
@@ -188,6 +189,15 @@ def _parameters(item: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(params, dict):
         raise InvalidInput("'parameters' must be an object")
     return params
+
+
+def user_of(params: dict[str, Any]) -> str | None:
+    """The ``user`` request parameter: requests with the same one get the same version
+    of a model whose traffic is split (inferd's addition to the protocol)."""
+    user = params.get("user")
+    if user is not None and not isinstance(user, str):
+        raise InvalidInput(f"parameter 'user' must be a string, not {user!r}")
+    return user
 
 
 def schedule_policy(params: dict[str, Any]) -> tuple[int, float | None]:

@@ -7,6 +7,12 @@ routing table with no serving version. Reconciliation is level-triggered: each p
 compares desired with actual and acts, so a missed event is repaired by the next pass.
 Passes run one at a time: periodically, and when a gateway asks (after a load/unload).
 
+A model with deployments (``registry.deployments``) runs exactly its deployed versions,
+each with its replica count, and publishes their traffic split; gateways send a version
+its share only while it has ready replicas, so a new version takes traffic once it is
+loaded and warm, and a removed (draining) one stops taking it before its replicas stop.
+Its serving (default) version is the ready one with the largest share.
+
 Version updates are zero-downtime: the new version's replicas start beside the old
 ones; traffic switches only when all of them are ready (loaded and warmed up); then the
 old replicas drain and stop. A replica that dies is restarted with exponential backoff;
@@ -19,13 +25,15 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from inferd.config import Settings
 from inferd.control.backend import LocalBackend
 from inferd.registry import ModelRecord, Registry, VersionRecord
+from inferd.registry.deployments import DeploymentRecord
 from inferd.routing.table import ModelRoute, ReplicaRoute, RoutingTable, VersionRoute
 from inferd.serving.client import ReplicaClient
 from inferd.serving.spec import ReplicaSpec
@@ -60,6 +68,22 @@ class VersionSet:
     replicas: list[Replica] = field(default_factory=list)
     retiring: bool = False
     """Its replicas are being stopped; the set goes away once they are."""
+    batching: dict[str, Any] | None = None
+    """The deployment's batching overrides (over the version's own)."""
+    status: str = ""
+    """deploying | active | failed, as last written to the registry (deployments only)."""
+
+    def ready_count(self) -> int:
+        return sum(r.state == "ready" for r in self.replicas)
+
+    def state(self) -> str:
+        live = [r for r in self.replicas if not r.stopping]
+        ready = sum(r.state == "ready" for r in live)
+        if ready >= self.desired:
+            return "active"
+        if ready == 0 and any(r.state == "failed" for r in live):
+            return "failed"
+        return "deploying"
 
     def all_ready(self) -> bool:
         ready = sum(r.state == "ready" for r in self.replicas)
@@ -73,6 +97,8 @@ class ModelState:
     versions: dict[str, VersionSet] = field(default_factory=dict)
     loaded: bool = True
     """Desired state, as of the last pass."""
+    traffic: dict[str, int] = field(default_factory=dict)
+    """Deployed versions -> percent, newest first; empty in automatic mode."""
 
 
 class Controller:
@@ -117,18 +143,30 @@ class Controller:
         async with self._pass:
             if self._stopping:
                 return
-            records = await asyncio.to_thread(self.registry.list_models)
+            records, deployments = await asyncio.to_thread(self._read_registry)
             for record in records:
                 if record.versions:
-                    self._reconcile_model(record)
+                    self._reconcile_model(record, deployments.get(record.name, []))
             self.publish()
+            await self._write_statuses()
 
-    def _reconcile_model(self, record: ModelRecord) -> None:
+    def _read_registry(self) -> tuple[list[ModelRecord], dict[str, list[DeploymentRecord]]]:
+        deployments: dict[str, list[DeploymentRecord]] = {}
+        for row in self.registry.deployments.list_all():
+            deployments.setdefault(row.model_name, []).append(row)
+        return self.registry.list_models(), deployments
+
+    def _reconcile_model(self, record: ModelRecord, deployments: list[DeploymentRecord]) -> None:
         model = self.models.setdefault(record.name, ModelState(record.name))
         model.loaded = record.loaded
         if not record.loaded:
+            model.traffic = {}
             self._unload(model)
             return
+        if deployments:
+            self._reconcile_deployments(model, record, deployments)
+            return
+        model.traffic = {}
         target = record.versions[-1]
         vset = model.versions.get(target.version)
         if vset is not None and vset.retiring:
@@ -141,6 +179,93 @@ class Controller:
         for _ in range(vset.desired - len(live)):
             self._start_replica(vset)
         self._switch_when_ready(model)
+
+    def _reconcile_deployments(
+        self, model: ModelState, record: ModelRecord, rows: list[DeploymentRecord]
+    ) -> None:
+        """Run exactly the deployed versions with their replica counts; drain the rest."""
+        registered = {v.version: v for v in record.versions}
+        model.traffic = {r.version: r.traffic_pct for r in rows if r.status != "draining"}
+        wanted = set(model.traffic)
+        for version, running in model.versions.items():
+            if version not in wanted and not running.retiring:
+                self._retire_soon(model, version, remove=True)
+        for row in rows:
+            if row.status == "draining" and row.version not in model.versions:
+                self._spawn(self._remove_deployment(model, row.version))  # nothing runs
+            if row.status == "draining" or row.version not in registered:
+                continue
+            vset = model.versions.get(row.version)
+            if vset is not None and vset.retiring:
+                continue  # still stopping from an unload or removal; a later pass restarts it
+            spec = registered[row.version]
+            desired = row.replicas or int(
+                (spec.batching or {}).get("replicas") or self.settings.replicas
+            )
+            if vset is None:
+                vset = VersionSet(spec, desired, batching=row.batching, status=row.status)
+                model.versions[row.version] = vset
+                logger.info("deploying %s:%s with %d replica(s)", model.name, row.version, desired)
+            vset.desired = desired
+            self._scale(vset)
+        self._pick_serving(model)
+
+    def _scale(self, vset: VersionSet) -> None:
+        """Start or stop replicas until ``desired`` run; extra ones drain (not-ready and
+        newest first) and only then leave the set."""
+        live = [r for r in vset.replicas if not r.stopping]
+        for _ in range(vset.desired - len(live)):
+            self._start_replica(vset)
+        extra = len(live) - vset.desired
+        if extra > 0:
+            victims = sorted(live, key=lambda r: (r.state == "ready", -live.index(r)))
+            for replica in victims[:extra]:
+                self._spawn(self._scale_down(vset, replica))
+
+    async def _scale_down(self, vset: VersionSet, replica: Replica) -> None:
+        logger.info("scaling down %s: stopping %s", vset.record.version, replica.id)
+        await self._stop_replica(replica)
+        if replica in vset.replicas:
+            vset.replicas.remove(replica)
+        self.publish()
+
+    def _pick_serving(self, model: ModelState) -> None:
+        """Deployments: the serving version is the ready one with the largest share (the
+        newest on a tie); a version at 0 % still serves while nothing else is ready."""
+        ready = [
+            v
+            for v, s in model.versions.items()
+            if not s.retiring and s.ready_count() > 0 and (v in model.traffic)
+        ]
+        order = list(model.traffic)  # newest first: wins a tie
+        best = max(ready, key=lambda v: (model.traffic[v], -order.index(v)), default=None)
+        if best != model.serving:
+            logger.info("%s now serves version %s by default", model.name, best)
+            model.serving = best
+            self.publish()
+
+    async def _remove_deployment(self, model: ModelState, version: str) -> None:
+        await asyncio.to_thread(self.registry.deployments.remove, model.name, version)
+        logger.info("%s:%s undeployed", model.name, version)
+
+    async def _write_statuses(self) -> None:
+        """Record each deployed version's state (deploying/active/failed) when it changed."""
+        changes = []
+        for model in self.models.values():
+            if not model.traffic:
+                continue
+            for version, vset in model.versions.items():
+                state = vset.state()
+                if version in model.traffic and not vset.retiring and state != vset.status:
+                    vset.status = state
+                    changes.append((model.name, version, state))
+        for change in changes:
+            await asyncio.to_thread(self.registry.deployments.set_status, *change)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _unload(self, model: ModelState) -> None:
         """Stop serving at once, then drain and stop every replica of the model."""
@@ -156,6 +281,9 @@ class Controller:
         """Send traffic to the newest version once all its replicas are ready."""
         if not model.loaded or not model.versions:
             return
+        if model.traffic:
+            self._pick_serving(model)
+            return
         newest = max(model.versions.values(), key=lambda v: v.record.created_at)
         if newest.retiring or model.serving == newest.record.version or not newest.all_ready():
             return
@@ -165,17 +293,18 @@ class Controller:
         if previous is not None:
             self._retire_soon(model, previous)
 
-    def _retire_soon(self, model: ModelState, version: str) -> None:
+    def _retire_soon(self, model: ModelState, version: str, remove: bool = False) -> None:
+        """Drain and stop a version's replicas in the background; ``remove``: then delete
+        its (draining) deployment."""
         model.versions[version].retiring = True  # at once: the next pass must not retire twice
-        task = asyncio.get_running_loop().create_task(self._retire(model, version))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._spawn(self._retire(model, version, remove))
 
     def _start_replica(self, vset: VersionSet) -> None:
         n = next(self._ids)
         rid = f"{vset.record.model_name}-{vset.record.version}-{n}"
         batching = self.settings.batching.model_dump()
         batching.update({k: v for k, v in (vset.record.batching or {}).items() if k in batching})
+        batching.update({k: v for k, v in (vset.batching or {}).items() if k in batching})
         spec = ReplicaSpec(
             replica_id=rid,
             model=vset.record.model_name,
@@ -247,7 +376,7 @@ class Controller:
         finally:
             client.close()
 
-    async def _retire(self, model: ModelState, version: str) -> None:
+    async def _retire(self, model: ModelState, version: str, remove: bool = False) -> None:
         vset = model.versions.get(version)
         if vset is None:
             return
@@ -257,6 +386,8 @@ class Controller:
         model.versions.pop(version, None)
         logger.info("%s:%s retired", model.name, version)
         self.publish()
+        if remove:
+            await self._remove_deployment(model, version)
         if model.loaded and model.serving is None and not self._stopping:
             # Loaded again while this version was stopping: start it afresh now.
             await self.reconcile()
@@ -285,7 +416,7 @@ class Controller:
                 )
                 for v, s in state.versions.items()
             }
-            models[name] = ModelRoute(name, state.serving, versions, state.loaded)
+            models[name] = ModelRoute(name, state.serving, versions, state.loaded, state.traffic)
         self.on_change(RoutingTable(next(self._generation), models))
 
     async def stop(self) -> None:

@@ -153,7 +153,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         started = time.perf_counter()
         rid = request.id or new_request_id()
         request_id_var.set(rid)
-        target = self.plane.target(request.model_name, request.model_version or None)
+        params = parameters(request.parameters)
+        target = self.plane.target(
+            request.model_name, request.model_version or None, v2.user_of(params)
+        )
         if target.framework in GENERATIVE:
             raise InvalidInput(
                 f"model {target.model!r} generates text: call ModelStreamInfer with a "
@@ -163,7 +166,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         wanted = v2.requested_outputs(
             [{"name": o.name} for o in request.outputs] or None, target.signature
         )
-        priority, timeout_s = v2.schedule_policy(parameters(request.parameters))
+        priority, timeout_s = v2.schedule_policy(params)
         outcome = await self.plane.infer(target, columns, rows, rid, started, timeout_s, priority)
         response = pb.ModelInferResponse(
             model_name=target.model, model_version=target.version, id=request.id

@@ -109,3 +109,40 @@ class ModelVersion(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
     model: Mapped[Model] = relationship(back_populates="versions")
+
+
+class Deployment(Base):
+    """A version that runs: its replicas and its share of the model's traffic."""
+
+    __tablename__ = "deployments"
+    __table_args__ = (UniqueConstraint("model_name", "version"),)
+
+    deployment_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    model_name: Mapped[str] = mapped_column(String(128), ForeignKey("models.model_name"))
+    version: Mapped[str] = mapped_column(String(128))
+    # deploying, active, failed (the controller's view), draining (being removed)
+    status: Mapped[str] = mapped_column(String(16))
+    replicas: Mapped[int | None] = mapped_column(Integer)  # None: the server's default
+    gpu_type: Mapped[str | None] = mapped_column(String(64))
+    traffic_pct: Mapped[int] = mapped_column(Integer)
+    strategy: Mapped[str] = mapped_column(String(16))
+    batching: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class TrafficChange(Base):
+    """One change of a model's traffic split: the split after it, who made it and why."""
+
+    __tablename__ = "traffic_history"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    model_name: Mapped[str] = mapped_column(
+        String(128), ForeignKey("models.model_name"), index=True
+    )
+    split: Mapped[dict[str, int]] = mapped_column(JSON)
+    # deploy, manual, rollback, undeploy, canary_step, auto_rollback, promote
+    reason: Mapped[str] = mapped_column(String(32))
+    actor: Mapped[str] = mapped_column(String(128))
+    detail: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

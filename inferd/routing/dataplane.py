@@ -28,8 +28,10 @@ class DataPlane:
         self.router = router
         self.request_timeout_s = request_timeout_s
 
-    def target(self, model: str, version: str | None) -> Target:
-        return self.router.target(model, version)
+    def target(self, model: str, version: str | None, user: str | None = None) -> Target:
+        """``version`` if pinned, else the model's traffic split decides (sticky per
+        ``user`` when given)."""
+        return self.router.target(model, version, user)
 
     async def infer(
         self,

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
+import random
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +39,54 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+class Split:
+    """A traffic split over versions with ready replicas: cumulative shares in a fixed
+    order (newest version first). A request falls at a point in [0, total): a random one,
+    or, with a user key, a hash of it, so a user keeps a version, and moving the split
+    by x % moves only the users in that x % (the ranges grow or shrink at their ends)."""
+
+    __slots__ = ("bounds", "targets", "total")
+
+    def __init__(self, shares: list[tuple[int, Target]]) -> None:
+        bounds, total = [], 0
+        for pct, _ in shares:
+            total += pct
+            bounds.append(total)
+        self.bounds = bounds
+        self.targets = [t for _, t in shares]
+        self.total = total
+
+    def choose(self, user: str | None = None) -> Target:
+        point = (random.random() if user is None else user_point(user)) * self.total
+        for bound, target in zip(self.bounds, self.targets, strict=True):
+            if point < bound:
+                return target
+        return self.targets[-1]
+
+
+def user_point(user: str) -> float:
+    """A user's fixed point in [0, 1)."""
+    digest = hashlib.blake2b(user.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+def _split(
+    route: ModelRoute,
+    ready: dict[tuple[str, str], list[ReplicaClient]],
+    targets: dict[tuple[str, str], Target],
+) -> Split | None:
+    """The model's split over its versions that have ready replicas (None: no split,
+    requests go to the serving version)."""
+    shares = [
+        (pct, targets[(route.name, version)])
+        for version, pct in route.traffic.items()
+        if pct > 0 and ready.get((route.name, version)) and (route.name, version) in targets
+    ]
+    if len(shares) < 2:
+        return None
+    return Split(shares)
+
+
 @dataclass(frozen=True, slots=True)
 class Target:
     """A model version that can receive a request, with its decoded signature."""
@@ -53,6 +103,8 @@ class Router:
         self._clients: dict[str, ReplicaClient] = {}
         self._ready: dict[tuple[str, str], list[ReplicaClient]] = {}
         self._targets: dict[tuple[str, str], Target] = {}
+        self._splits: dict[str, Split] = {}
+        """Models whose unpinned requests are split between versions."""
         self._task: asyncio.Task[None] | None = None
         self.received = asyncio.Event()
         self.on_lost: Callable[[], None] | None = None
@@ -110,8 +162,13 @@ class Router:
                     for r in vroute.replicas
                     if r.state == "ready" and r.id in self._clients
                 ]
+        splits = {
+            model.name: split
+            for model in table.models.values()
+            if (split := _split(model, ready, targets)) is not None
+        }
         # Swapped together, with no await between, so lookups always see one table.
-        self._ready, self._targets, self.table = ready, targets, table
+        self._ready, self._targets, self._splits, self.table = ready, targets, splits, table
         self.received.set()
         self._applied.set()
         self._applied = asyncio.Event()
@@ -165,7 +222,12 @@ class Router:
             raise ModelNotFound(f"model {name!r} not found", model=name)
         return route
 
-    def target(self, model: str, version: str | None = None) -> Target:
+    def target(self, model: str, version: str | None = None, user: str | None = None) -> Target:
+        """The version a request goes to: ``version`` when pinned, else by the model's
+        traffic split (the same ``user`` always lands on the same version while the split
+        holds), else the serving version."""
+        if version is None and (split := self._splits.get(model)) is not None:
+            return split.choose(user)
         route = self.model(model)
         if version is None:
             version = route.default_version

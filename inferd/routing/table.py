@@ -38,11 +38,15 @@ class VersionRoute(msgspec.Struct, frozen=True):
 class ModelRoute(msgspec.Struct, frozen=True):
     name: str
     default_version: str | None
-    """The version unpinned requests go to; None until one is ready."""
+    """The version unpinned requests go to without a split; None until one is ready."""
     versions: dict[str, VersionRoute]
     loaded: bool = True
     """The controller's desired state; an unloaded model has no serving version and its
     replicas drain away (an unloaded model is not waited for by readiness probes)."""
+    traffic: dict[str, int] = {}
+    """Deployed versions -> percent of unpinned requests, newest version first (empty:
+    all to ``default_version``). Gateways split among the versions that have ready
+    replicas; ``default_version`` is the ready version with the largest share."""
 
 
 class RoutingTable(msgspec.Struct, frozen=True):

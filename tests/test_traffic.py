@@ -1,0 +1,219 @@
+"""Traffic splits between deployed versions: the split itself (unit), then the real
+server: proportions, sticky users, and zero failed requests while versions switch, roll
+back, scale down and go away."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from inferd.registry import Registry
+from inferd.routing.router import Split, Target, user_point
+from inferd.runtimes.base import Signature
+from tests.conftest import InferdServer, run_cli
+
+SIG = Signature.from_dict({"inputs": [], "outputs": []})
+MODEL = '''
+import numpy as np
+
+
+class Fast:
+    signature = {
+        "inputs": [{"name": "features", "datatype": "FP32", "shape": [-1, 4]}],
+        "outputs": [{"name": "prediction", "datatype": "FP32", "shape": [-1]}],
+    }
+
+    def predict(self, batch):
+        return {"prediction": batch["features"].sum(axis=1).astype(np.float32)}
+'''
+BODY = {"inputs": [{"features": [1, 2, 3, 4]}]}
+
+
+def _targets(*versions: str) -> list[Target]:
+    return [Target("m", v, SIG, "python") for v in versions]
+
+
+# -- the split ------------------------------------------------------------------------
+
+
+def test_split_proportions_and_sticky_users():
+    new, old = _targets("v2", "v1")
+    split = Split([(30, new), (70, old)])
+    picks = Counter(split.choose().version for _ in range(20_000))
+    assert abs(picks["v2"] / 20_000 - 0.30) < 0.02
+    users = [f"user-{i}" for i in range(5_000)]
+    first = {u: split.choose(u).version for u in users}
+    assert all(split.choose(u).version == first[u] for u in users)  # sticky
+    assert abs(sum(v == "v2" for v in first.values()) / len(users) - 0.30) < 0.03
+    assert 0 <= user_point("x") < 1 and user_point("x") == user_point("x")
+
+
+def test_moving_the_split_moves_only_that_share_of_users():
+    new, old = _targets("v2", "v1")
+    before = Split([(10, new), (90, old)])
+    after = Split([(20, new), (80, old)])
+    users = [f"user-{i}" for i in range(10_000)]
+    moved = [u for u in users if before.choose(u).version != after.choose(u).version]
+    assert abs(len(moved) / len(users) - 0.10) < 0.015
+    assert all(after.choose(u).version == "v2" for u in moved)  # only old -> new
+
+
+# -- the real server ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    data = tmp_path_factory.mktemp("traffic")
+    src = data / "src"
+    src.mkdir()
+    (src / "model.py").write_text(MODEL)
+    for version in ("v1", "v2", "v3"):
+        run_cli("models", "push", "fast", str(src), "--version", version, data_dir=data)
+    return data
+
+
+@pytest.fixture(scope="module")
+def server(data: Path) -> Iterator[InferdServer]:
+    srv = InferdServer(data, workers=2)
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        assert srv.stop() == 0, srv.log()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def registry(data: Path) -> Iterator[Registry]:
+    with Registry(f"sqlite:///{data / 'inferd.db'}", data / "artifacts", migrate=False) as reg:
+        yield reg
+
+
+def _version(client: httpx.Client, user: str | None = None) -> str:
+    headers = {"x-user-id": user} if user else {}
+    reply = client.post("/api/v1/models/fast/predict", json=BODY, headers=headers)
+    assert reply.status_code == 200, reply.text
+    assert reply.headers["x-inferd-model-version"] == reply.json()["version"]
+    return str(reply.json()["version"])
+
+
+def _ready(server: InferdServer, *versions: str) -> None:
+    def all_ready() -> bool:
+        detail = server.client.get("/api/v1/models/fast").json()
+        states = {v["version"]: v for v in detail["versions"]}
+        return all(
+            any(r["state"] == "ready" for r in states.get(v, {}).get("replicas", []))
+            for v in versions
+        )
+
+    server.wait_for(all_ready, timeout_s=60, what=f"versions {versions} ready")
+    time.sleep(0.5)  # both gateway processes have the table
+
+
+def test_split_proportions_and_stickiness_on_the_server(server, registry):
+    # v3 is the newest: automatic mode serves it; the first deployment adopts it.
+    assert _version(server.client) == "v3"
+    registry.deployments.deploy("fast", "v2", traffic_pct=30, actor="test")
+    _ready(server, "v2", "v3")
+    counts = Counter(_version(server.client) for _ in range(1500))
+    assert set(counts) == {"v2", "v3"}
+    assert abs(counts["v2"] / 1500 - 0.30) < 0.05, counts
+
+    users = [f"u{i}" for i in range(300)]
+    first = {u: _version(server.client, u) for u in users}
+    assert all(_version(server.client, u) == first[u] for u in users[:100])
+    registry.deployments.set_traffic("fast", {"v2": 40, "v3": 60}, actor="test")
+    time.sleep(1.5)  # the controller's next pass publishes it (0.3 s in tests)
+    second = {u: _version(server.client, u) for u in users}
+    moved = [u for u in users if first[u] != second[u]]
+    assert 0.03 < len(moved) / len(users) < 0.18, len(moved)
+    assert all(second[u] == "v2" for u in moved)
+    pinned = server.client.post(
+        "/api/v1/models/fast/predict", json={**BODY, "params": {"version": "v3"}}
+    )
+    assert pinned.json()["version"] == "v3"
+
+
+class Load:
+    """Steady requests from a few threads until stopped; counts answers and failures."""
+
+    def __init__(self, url: str, threads: int = 3) -> None:
+        self.url = url
+        self.stop = threading.Event()
+        self.versions: Counter[str] = Counter()
+        self.failures: list[str] = []
+        self._threads = [threading.Thread(target=self._run) for _ in range(threads)]
+
+    def _run(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=30) as client:
+            while not self.stop.is_set():
+                try:
+                    reply = client.post("/api/v1/models/fast/predict", json=BODY)
+                except httpx.HTTPError as exc:
+                    self.failures.append(repr(exc))
+                    continue
+                if reply.status_code != 200:
+                    self.failures.append(f"{reply.status_code} {reply.text}")
+                else:
+                    self.versions[reply.json()["version"]] += 1
+
+    def __enter__(self) -> Load:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self._threads:
+            t.join(30)
+
+
+def test_zero_failed_requests_through_switch_rollback_scale_down_and_removal(server, registry):
+    deployments = registry.deployments
+    with Load(server.url) as load:
+        time.sleep(1)
+        # Switch: v1 takes all traffic once its replicas are ready, not before.
+        deployments.deploy("fast", "v1", traffic_pct=100, replicas=2, actor="test")
+        server.wait_for(lambda: load.versions["v1"] > 50, timeout_s=60, what="v1 serving")
+        # Instant rollback to the last stable split (v3 at 100 %).
+        before = load.versions["v3"]
+        deployments.rollback("fast", actor="test")
+        server.wait_for(lambda: load.versions["v3"] > before + 50, timeout_s=30, what="rollback")
+        # Scale v3 up, then down: the extra replica drains before it stops.
+        deployments.scale("fast", "v3", 2)
+        server.wait_for(lambda: _ready_count(server, "v3") == 2, timeout_s=60, what="v3 x2")
+        deployments.scale("fast", "v3", 1)
+        server.wait_for(lambda: _running(server, "v3") == 1, timeout_s=60, what="v3 x1")
+        # Remove the versions without traffic: they drain and their rows go away.
+        deployments.undeploy("fast", "v1", actor="test")
+        deployments.set_traffic("fast", {"v3": 100}, actor="test")
+        deployments.undeploy("fast", "v2", actor="test")
+        server.wait_for(
+            lambda: {d.version for d in deployments.list_all("fast")} == {"v3"},
+            timeout_s=60,
+            what="v1 and v2 removed",
+        )
+        time.sleep(1)
+    assert load.failures == [], load.failures[:5]
+    assert sum(load.versions.values()) > 300
+    history = deployments.history("fast")
+    assert [h.reason for h in history[:4]] == ["undeploy", "manual", "undeploy", "rollback"]
+
+
+def _replicas(server: InferdServer, version: str) -> list[dict]:
+    detail = server.client.get("/api/v1/models/fast").json()
+    found = next((v for v in detail["versions"] if v["version"] == version), None)
+    return found["replicas"] if found else []
+
+
+def _ready_count(server: InferdServer, version: str) -> int:
+    return sum(r["state"] == "ready" for r in _replicas(server, version))
+
+
+def _running(server: InferdServer, version: str) -> int:
+    return sum(r["state"] in ("ready", "loading", "starting") for r in _replicas(server, version))
