@@ -8,7 +8,7 @@ import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -17,6 +17,9 @@ from rich.table import Table
 import inferd
 from inferd.config import Settings, load_settings
 from inferd.errors import InferdError
+
+if TYPE_CHECKING:
+    from inferd.registry.deployments import TrafficRecord
 
 app = typer.Typer(
     help="inferd: serve any model fast, versioned and observable.",
@@ -262,6 +265,144 @@ def models_load(name: str, config: ConfigOpt = None, data_dir: DataDirOpt = None
 def models_unload(name: str, config: ConfigOpt = None, data_dir: DataDirOpt = None) -> None:
     """Mark a model unloaded: the server stops its replicas and keeps it so (restarts too)."""
     _set_loaded(name, False, config, data_dir)
+
+
+# -- deployments: written to the registry; a running server acts on its next reconcile ----
+
+_ACTOR = "cli"
+_PICKED_UP = "a running server acts on it at its next reconcile"
+
+
+def _split_text(split: dict[str, int]) -> str:
+    return " ".join(f"{v}={pct}%" for v, pct in split.items()) or "-"
+
+
+def _parse_split(items: list[str]) -> dict[str, int]:
+    """``["v1=90", "v2=10"]`` -> ``{"v1": 90, "v2": 10}``; the registry checks the values."""
+    split: dict[str, int] = {}
+    for item in items:
+        version, _, pct = item.rpartition("=")
+        if not version or not pct.removeprefix("-").isdigit():
+            raise typer.BadParameter(f"expected VERSION=PERCENT, e.g. v3.1=10, got {item!r}")
+        split[version] = int(pct)
+    return split
+
+
+@app.command()
+def deploy(
+    model: Annotated[str, typer.Argument(help="Model name.")],
+    version: Annotated[str, typer.Argument(help="A registered version.")],
+    traffic: Annotated[int, typer.Option(help="Its percent of the traffic.")] = 100,
+    replicas: Annotated[int | None, typer.Option(help="Replica processes.")] = None,
+    gpu: Annotated[str | None, typer.Option(help="GPU type, e.g. A100.")] = None,
+    strategy: Annotated[str, typer.Option(help="How to roll out: rolling.")] = "rolling",
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Deploy a registered version with TRAFFIC % of the model's requests; the other
+    deployed versions share the rest in proportion."""
+    with _errors(), _registry(config, data_dir) as registry:
+        registry.deployments.deploy(
+            model,
+            version,
+            traffic_pct=traffic,
+            replicas=replicas,
+            gpu_type=gpu,
+            strategy=strategy,
+            actor=_ACTOR,
+        )
+        change = registry.deployments.history(model, 1)[0]
+    console.print(
+        f"deployed [bold]{model}:{version}[/bold]; traffic {_split_text(change.split)} "
+        f"(revision {change.revision}); {_PICKED_UP}"
+    )
+
+
+@app.command("traffic")
+def traffic_cmd(
+    model: Annotated[str, typer.Argument(help="Model name.")],
+    weights: Annotated[list[str], typer.Argument(help="VERSION=PERCENT ..., summing to 100.")],
+    revision: Annotated[
+        int | None, typer.Option(help="Refuse if the split changed since this revision.")
+    ] = None,
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Set a model's traffic split; deployed versions left out get 0 %."""
+    split = _parse_split(weights)
+    with _errors(), _registry(config, data_dir) as registry:
+        change = registry.deployments.set_traffic(model, split, actor=_ACTOR, revision=revision)
+    console.print(
+        f"[bold]{model}[/bold] traffic {_split_text(change.split)} "
+        f"(revision {change.revision}); {_PICKED_UP}"
+    )
+
+
+@app.command()
+def rollback(
+    model: Annotated[str, typer.Argument(help="Model name.")],
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Back to the last stable split: one still-deployed version at 100 %."""
+    with _errors(), _registry(config, data_dir) as registry:
+        change = registry.deployments.rollback(model, actor=_ACTOR)
+    console.print(
+        f"[bold]{model}[/bold] rolled back ({change.detail}): traffic "
+        f"{_split_text(change.split)} (revision {change.revision}); {_PICKED_UP}"
+    )
+
+
+@app.command()
+def undeploy(
+    model: Annotated[str, typer.Argument(help="Model name.")],
+    version: Annotated[str, typer.Argument(help="A deployed version taking no traffic.")],
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Remove a deployment: it drains, then the server stops its replicas."""
+    with _errors(), _registry(config, data_dir) as registry:
+        registry.deployments.undeploy(model, version, actor=_ACTOR)
+    console.print(f"[bold]{model}:{version}[/bold] draining; {_PICKED_UP}")
+
+
+@app.command()
+def deployments(
+    model: Annotated[str | None, typer.Argument(help="One model, with its history.")] = None,
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Deployed versions with their status, replicas and traffic (models without
+    deployments: automatic, their newest version takes all traffic)."""
+    with _errors(), _registry(config, data_dir) as registry:
+        records = [registry.get_model(model)] if model else registry.list_models()
+        rows = registry.deployments.list_all(model)
+        history = registry.deployments.history(model) if model else []
+    table = Table("model", "version", "status", "replicas", "gpu", "traffic")
+    deployed = {r.model_name for r in rows}
+    for r in rows:
+        replicas = str(r.replicas) if r.replicas is not None else "default"
+        table.add_row(
+            r.model_name, r.version, r.status, replicas, r.gpu_type or "-", f"{r.traffic_pct}%"
+        )
+    for m in records:
+        if m.name not in deployed and m.versions:
+            status, share = ("automatic", "100%") if m.loaded else ("unloaded", "-")
+            table.add_row(m.name, m.versions[-1].version, status, "default", "-", share)
+    out = Console()
+    out.print(table)
+    if history:
+        out.print(_history_table(history))
+
+
+def _history_table(history: list[TrafficRecord]) -> Table:
+    table = Table("revision", "when (UTC)", "reason", "actor", "traffic", "detail", title="history")
+    for h in history:
+        when = h.created_at.strftime("%Y-%m-%d %H:%M:%S")
+        table.add_row(
+            str(h.revision), when, h.reason, h.actor, _split_text(h.split), h.detail or ""
+        )
+    return table
 
 
 @app.command()

@@ -19,7 +19,7 @@ from inferd.runtimes.base import Signature
 from tests.conftest import InferdServer, run_cli
 
 SIG = Signature.from_dict({"inputs": [], "outputs": []})
-MODEL = '''
+MODEL = """
 import numpy as np
 
 
@@ -31,7 +31,7 @@ class Fast:
 
     def predict(self, batch):
         return {"prediction": batch["features"].sum(axis=1).astype(np.float32)}
-'''
+"""
 BODY = {"inputs": [{"features": [1, 2, 3, 4]}]}
 
 
@@ -185,7 +185,16 @@ def test_zero_failed_requests_through_switch_rollback_scale_down_and_removal(ser
         deployments.rollback("fast", actor="test")
         server.wait_for(lambda: load.versions["v3"] > before + 50, timeout_s=30, what="rollback")
         # Scale v3 up, then down: the extra replica drains before it stops.
-        deployments.scale("fast", "v3", 2)
+        scaled = server.client.patch(
+            "/api/v1/deployments/fast/v3", json={"resources": {"replicas": 2}}
+        )
+        assert scaled.status_code == 200 and scaled.json()["deployment"]["replicas"] == 2
+        bad = server.client.patch("/api/v1/deployments/fast/v3", json={"replicas": -1})
+        assert bad.status_code == 422
+        negative = server.client.patch(
+            "/api/v1/deployments/fast/v3", json={"resources": {"replicas": -1}}
+        )
+        assert negative.status_code == 422 and "replicas" in negative.json()["error"]["message"]
         server.wait_for(lambda: _ready_count(server, "v3") == 2, timeout_s=60, what="v3 x2")
         deployments.scale("fast", "v3", 1)
         server.wait_for(lambda: _running(server, "v3") == 1, timeout_s=60, what="v3 x1")

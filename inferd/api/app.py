@@ -22,7 +22,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 import inferd
-from inferd.api import generate, health, openai, v1, v2, v2_generate, v2_repository
+from inferd.api import deployments, generate, health, openai, v1, v2, v2_generate, v2_repository
 from inferd.api.http import json_response, request_id_of
 from inferd.api.status import StatusView
 from inferd.config import Settings
@@ -53,6 +53,7 @@ def create_app(settings: Settings, router: Router, registry: Registry) -> FastPa
     app.include_router(v2.router)
     app.include_router(v2_repository.router)
     app.include_router(v2_generate.router)
+    app.include_router(deployments.router)
     _install_error_handlers(app)
     return FastPath(
         app,

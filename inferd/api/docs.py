@@ -1,9 +1,10 @@
-"""OpenAPI descriptions of the data-plane bodies.
+"""OpenAPI descriptions of the bodies that routes parse themselves.
 
 The hot routes parse bodies with orjson against the model signature instead of a
 pydantic model (a signature is only known at run time, and per-request model
 validation would cost more than the inference it wraps), so their request bodies are
-documented here for ``/docs``.
+documented here for ``/docs``. The deployment routes do the same: the registry checks
+the values, the route only the JSON shape, so there is no model to derive a schema from.
 """
 
 PREDICT = {
@@ -52,6 +53,72 @@ PREDICT_ONE = {
                     },
                 },
                 "example": {"model": "sentiment", "input": {"text": "This product is amazing!"}},
+            }
+        },
+    }
+}
+
+DEPLOY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["model_name", "version"],
+                    "properties": {
+                        "model_name": {"type": "string"},
+                        "version": {"type": "string", "description": "A registered version."},
+                        "traffic_percent": {
+                            "type": "integer",
+                            "minimum": 0,
+                            "maximum": 100,
+                            "default": 100,
+                            "description": "Its share; the other deployed versions share "
+                            "the rest in proportion.",
+                        },
+                        "resources": {
+                            "type": "object",
+                            "properties": {
+                                "replicas": {
+                                    "type": ["integer", "null"],
+                                    "minimum": 1,
+                                    "description": "null: the server's default.",
+                                },
+                                "gpu": {"type": ["string", "null"]},
+                            },
+                        },
+                        "strategy": {"type": "string", "enum": ["rolling"], "default": "rolling"},
+                        "batching": {
+                            "type": ["object", "null"],
+                            "description": "max_batch_size, max_wait_ms, ... for this version.",
+                        },
+                    },
+                },
+                "example": {
+                    "model_name": "fraud_detector",
+                    "version": "v3.1",
+                    "traffic_percent": 10,
+                    "resources": {"replicas": 2, "gpu": None},
+                    "strategy": "rolling",
+                },
+            }
+        },
+    }
+}
+
+TRAFFIC = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "description": "Deployed version -> percent; the percents sum to 100 and "
+                    "versions left out get 0.",
+                    "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 100},
+                },
+                "example": {"v3.0": 50, "v3.1": 50},
             }
         },
     }

@@ -207,7 +207,7 @@ class Deployments:
     ) -> DeploymentRecord:
         """Run ``version`` with ``replicas`` and give it ``traffic_pct`` % of the traffic
         (the other deployed versions share the rest in proportion)."""
-        _check_deploy(traffic_pct, replicas, gpu_type, strategy)
+        _check_deploy(traffic_pct, replicas, strategy, gpu_type)
         from inferd.registry.registry import _check_batching
 
         batching = _check_batching(batching)
@@ -399,7 +399,7 @@ class _Transaction:
             self.session.close()
 
 
-def _check_deploy(traffic_pct: Any, replicas: Any, gpu_type: Any, strategy: Any) -> None:
+def _check_deploy(traffic_pct: Any, replicas: Any, strategy: Any, gpu_type: Any = None) -> None:
     if not isinstance(traffic_pct, int) or isinstance(traffic_pct, bool):
         raise InvalidInput("traffic_percent must be an integer from 0 to 100")
     if not 0 <= traffic_pct <= 100:

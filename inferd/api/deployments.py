@@ -1,0 +1,324 @@
+"""Deployments over REST (``/api/v1/deployments``): which versions of a model run, and
+the traffic split between them.
+
+The registry (:mod:`inferd.registry.deployments`) holds the desired state and checks
+every value; the routes here only check JSON shapes, call it in a thread, and then ask
+the controller to act now instead of on its next periodic pass. Reads join the
+registry's rows with this gateway's routing table: each version's live ``state`` and
+replicas. A model without deployments is in *automatic* mode: its serving version takes
+all the traffic.
+
+Optimistic concurrency: reads return the model's traffic ``revision`` (also as the
+``ETag`` of ``GET /{model}``); ``PUT /{model}/traffic`` with ``If-Match: <revision>``
+(or ``?revision=``) is refused with 409 when the split changed since. Reads fetch the
+revision *before* the rows, so a client never pairs a stale split with a fresh revision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query, Request
+from starlette.responses import Response
+
+from inferd.api import docs
+from inferd.api.http import json_response, read_json
+from inferd.errors import BadRequest, InvalidInput
+from inferd.registry import Registry
+from inferd.registry.deployments import DeploymentRecord, TrafficRecord
+from inferd.routing.table import ModelRoute, ReplicaRoute, VersionRoute
+
+HISTORY_LIMIT = 20
+"""Traffic changes shown by ``GET /{model}``."""
+_DEPLOY_FIELDS = frozenset(
+    {"model_name", "version", "traffic_percent", "resources", "strategy", "batching"}
+)
+_RESOURCE_FIELDS = frozenset({"replicas", "gpu"})
+
+router = APIRouter(prefix="/api/v1/deployments", tags=["deployments"])
+
+Actor = Annotated[
+    str | None,
+    Header(
+        alias="X-Inferd-Actor",
+        max_length=128,
+        description='Who makes the change, for the audit history (default "api").',
+    ),
+]
+
+
+# -- what the registry has, joined with what runs -----------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ModelDeployments:
+    """One model's deployments as the registry has them."""
+
+    name: str
+    revision: int
+    rows: list[DeploymentRecord]
+    history: list[TrafficRecord] = field(default_factory=list)
+
+
+def read_all(registry: Registry) -> list[ModelDeployments]:
+    """Every registered model with its deployments (none: automatic mode)."""
+    models = registry.list_models()
+    revisions = {m.name: registry.deployments.revision(m.name) for m in models}
+    rows: dict[str, list[DeploymentRecord]] = {}
+    for row in registry.deployments.list_all():
+        rows.setdefault(row.model_name, []).append(row)
+    return [ModelDeployments(m.name, revisions[m.name], rows.get(m.name, [])) for m in models]
+
+
+def read_one(registry: Registry, model: str) -> ModelDeployments:
+    """``model``'s deployments and its latest traffic changes; ModelNotFound if unknown."""
+    registry.get_model(model)
+    d = registry.deployments
+    revision = d.revision(model)
+    return ModelDeployments(model, revision, d.list_all(model), d.history(model, HISTORY_LIMIT))
+
+
+def version_state(status: str | None, replicas: list[ReplicaRoute], desired: int | None) -> str:
+    """deploying | active | draining | failed: a draining deployment (or one whose
+    replicas all stop) is draining; all desired replicas ready is active; a failed replica
+    and none ready is failed; anything else is still deploying."""
+    states = [r.state for r in replicas]
+    ready = states.count("ready")
+    if status == "draining" or (states and all(s in ("draining", "stopped") for s in states)):
+        return "draining"
+    if desired is not None and ready >= desired:
+        return "active"
+    if ready == 0 and "failed" in states:
+        return "failed"
+    return "deploying"
+
+
+def live_fields(status: str | None, vroute: VersionRoute | None) -> dict[str, Any]:
+    """A version's state and replicas as the routing table has them; ``replicas_desired``
+    is null until the controller has picked the version up."""
+    replicas = vroute.replicas if vroute is not None else []
+    desired = vroute.desired_replicas if vroute is not None else None
+    return {
+        "state": version_state(status, replicas, desired),
+        "replicas_ready": sum(r.state == "ready" for r in replicas),
+        "replicas_desired": desired,
+        "replicas": [
+            {
+                "id": r.id,
+                "state": r.state,
+                "pid": r.pid,
+                "restarts": r.restarts,
+                "message": r.message,
+            }
+            for r in replicas
+        ],
+    }
+
+
+def _deployed_version(record: DeploymentRecord, vroute: VersionRoute | None) -> dict[str, Any]:
+    """The record with its live fields; the record's replica count is renamed
+    ``replicas_requested`` (null: the server's default), as ``replicas`` lists the
+    running replicas, like ``GET /api/v1/models/{model}`` does."""
+    view = record.to_dict()
+    view["replicas_requested"] = view.pop("replicas")
+    return {**view, **live_fields(record.status, vroute)}
+
+
+def model_view(model: ModelDeployments, route: ModelRoute | None) -> dict[str, Any]:
+    """The JSON of one model: mode, revision, split and versions (newest first)."""
+    vroutes = route.versions if route is not None else {}
+    if model.rows:
+        mode = "deployments"
+        traffic = {r.version: r.traffic_pct for r in model.rows}
+        versions = [_deployed_version(r, vroutes.get(r.version)) for r in model.rows]
+    else:
+        mode = "automatic"
+        serving = route.default_version if route is not None else None
+        traffic = {serving: 100} if serving is not None else {}
+        versions = [
+            {"version": v, "traffic_pct": traffic.get(v, 0), **live_fields(None, vroutes[v])}
+            for v in reversed(vroutes)
+        ]
+    return {
+        "model": model.name,
+        "mode": mode,
+        "revision": model.revision,
+        "traffic": traffic,
+        "versions": versions,
+    }
+
+
+# -- request shapes -------------------------------------------------------------------------
+
+
+def _known_fields(value: dict[str, Any], what: str, known: frozenset[str]) -> dict[str, Any]:
+    """``value``, refused when it has fields outside ``known`` (a typo, usually)."""
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise InvalidInput(f"unknown field(s) {unknown} in {what}; known: {sorted(known)}")
+    return value
+
+
+def _deploy_args(body: Any) -> tuple[str, str, dict[str, Any]]:
+    """(model, version, keyword arguments of ``deploy``) from a POST body. Only shapes
+    are checked here: values are the registry's to refuse."""
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    _known_fields(body, "the request body", _DEPLOY_FIELDS)
+    names = []
+    for key in ("model_name", "version"):
+        if not isinstance(body.get(key), str):
+            raise InvalidInput(f"'{key}' is required and must be a string", field=key)
+        names.append(body[key])
+    resources = body.get("resources")
+    resources = {} if resources is None else resources
+    if not isinstance(resources, dict):
+        raise InvalidInput("'resources' must be an object or null", field="resources")
+    _known_fields(resources, "'resources'", _RESOURCE_FIELDS)
+    batching = body.get("batching")
+    if batching is not None and not isinstance(batching, dict):
+        raise InvalidInput("'batching' must be an object or null", field="batching")
+    return (
+        names[0],
+        names[1],
+        {
+            "traffic_pct": body.get("traffic_percent", 100),
+            "replicas": resources.get("replicas"),
+            "gpu_type": resources.get("gpu"),
+            "strategy": body.get("strategy", "rolling"),
+            "batching": batching,
+        },
+    )
+
+
+def _expected_revision(if_match: str | None, query: int | None) -> int | None:
+    """The revision a change was computed from: ``If-Match`` (an ETag, quoted or not;
+    ``*`` means any) or ``?revision=``; None when neither is given."""
+    if if_match is None or if_match.strip() == "*":
+        return query
+    tag = if_match.strip().removeprefix('"').removesuffix('"')
+    if not tag.isdigit():
+        raise InvalidInput(
+            f'If-Match must be the revision the change is based on, e.g. "7"; got {if_match!r}'
+        )
+    if query is not None and query != int(tag):
+        raise InvalidInput(f"If-Match ({tag}) and ?revision= ({query}) disagree")
+    return int(tag)
+
+
+# -- routes -----------------------------------------------------------------------------------
+
+
+def _registry(request: Request) -> Registry:
+    return request.app.state.registry  # type: ignore[no-any-return]
+
+
+def _etag(revision: int) -> dict[str, str]:
+    return {"ETag": f'"{revision}"'}
+
+
+def _change_view(model: str, change: TrafficRecord) -> dict[str, Any]:
+    return {"model": model, "traffic": change.split, "revision": change.revision}
+
+
+@router.get("")
+async def list_deployments(request: Request) -> Response:
+    """Every model: its mode, traffic split, and each version's state and replicas."""
+    models = await asyncio.to_thread(read_all, _registry(request))
+    table = request.app.state.router.table
+    return json_response({"models": [model_view(m, table.models.get(m.name)) for m in models]})
+
+
+@router.get("/{model}")
+async def get_deployments(model: str, request: Request) -> Response:
+    """One model as in the list, with its latest traffic changes (``history``)."""
+    found = await asyncio.to_thread(read_one, _registry(request), model)
+    view = model_view(found, request.app.state.router.table.models.get(model))
+    view["history"] = [h.to_dict() for h in found.history]
+    return json_response(view, headers=_etag(found.revision))
+
+
+@router.post("", status_code=201, openapi_extra=docs.DEPLOY)
+async def deploy(request: Request, actor: Actor = None) -> Response:
+    """Run a registered version with ``traffic_percent`` % of the model's traffic; the
+    other deployed versions share the rest in proportion."""
+    body = await read_json(request, request.app.state.settings.max_body_bytes)
+    model, version, kwargs = _deploy_args(body)
+    deployments = _registry(request).deployments
+
+    def run() -> tuple[DeploymentRecord, TrafficRecord]:
+        record = deployments.deploy(model, version, actor=actor or "api", **kwargs)
+        return record, deployments.history(model, 1)[0]
+
+    record, change = await asyncio.to_thread(run)
+    await request.app.state.router.request_reconcile(model)
+    return json_response(
+        {"deployment": record.to_dict(), "traffic": change.split, "revision": change.revision},
+        status_code=201,
+        headers=_etag(change.revision),
+    )
+
+
+@router.put("/{model}/traffic", openapi_extra=docs.TRAFFIC)
+async def set_traffic(
+    model: str,
+    request: Request,
+    actor: Actor = None,
+    if_match: Annotated[
+        str | None,
+        Header(alias="If-Match", description="Refuse (409) unless the split is at this revision."),
+    ] = None,
+    revision: Annotated[int | None, Query(description="Same as If-Match.")] = None,
+) -> Response:
+    """Set the whole split (weights sum to 100; versions left out get 0)."""
+    split = await read_json(request, request.app.state.settings.max_body_bytes)
+    change = await asyncio.to_thread(
+        _registry(request).deployments.set_traffic,
+        model,
+        split,
+        actor=actor or "api",
+        revision=_expected_revision(if_match, revision),
+    )
+    await request.app.state.router.request_reconcile(model)
+    return json_response(_change_view(model, change), headers=_etag(change.revision))
+
+
+@router.post("/{model}/rollback")
+async def rollback(model: str, request: Request, actor: Actor = None) -> Response:
+    """Back to the last stable split (one still-deployed version at 100 %), at once."""
+    change = await asyncio.to_thread(
+        _registry(request).deployments.rollback, model, actor=actor or "api"
+    )
+    await request.app.state.router.request_reconcile(model)
+    view = {**_change_view(model, change), "detail": change.detail}
+    return json_response(view, headers=_etag(change.revision))
+
+
+@router.delete("/{model}/{version}", status_code=202)
+async def undeploy(model: str, version: str, request: Request, actor: Actor = None) -> Response:
+    """Remove a deployment that takes no traffic: it drains, then the controller stops
+    its replicas and deletes it (202: that happens after the reply)."""
+    record = await asyncio.to_thread(
+        _registry(request).deployments.undeploy, model, version, actor=actor or "api"
+    )
+    await request.app.state.router.request_reconcile(model)
+    return json_response(
+        {"model": model, "version": version, "status": record.status}, status_code=202
+    )
+
+
+@router.patch("/{model}/{version}")
+async def scale(model: str, version: str, request: Request) -> Response:
+    """Change a deployment's replica count: ``{"resources": {"replicas": 3}}``. New
+    replicas take traffic once ready; extra ones drain before they stop."""
+    body = await read_json(request, request.app.state.settings.max_body_bytes)
+    resources = body.get("resources") if isinstance(body, dict) else None
+    if not isinstance(resources, dict) or set(resources) != {"replicas"}:
+        raise InvalidInput('body must be {"resources": {"replicas": <count>}}')
+    record = await asyncio.to_thread(
+        _registry(request).deployments.scale, model, version, resources["replicas"]
+    )
+    await request.app.state.router.request_reconcile(model)
+    return json_response({"deployment": record.to_dict()})
