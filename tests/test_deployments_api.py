@@ -295,7 +295,16 @@ def test_listing_in_automatic_mode(server: InferdServer) -> None:
     (replica,) = version["replicas"]
     assert set(replica) == {"id", "state", "pid", "restarts", "message"}
     assert replica["state"] == "ready" and replica["pid"] > 0
-    assert "error_rate" not in version and "p99_ms" not in version  # not measured yet
+    live = version["live"]  # what the replica measured since it started
+    assert set(live) == {
+        "requests",
+        "errors",
+        "error_rate",
+        "p50_ms",
+        "p99_ms",
+        "replicas_measured",
+    }
+    assert live["errors"] == 0 and live["replicas_measured"] == 1
 
     one = _get(server.client, "auto")
     assert one["history"] == [] and one["versions"] == auto["versions"]

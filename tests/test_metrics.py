@@ -38,3 +38,18 @@ def test_bad_bounds_and_counters():
     c.inc("stop")
     c.inc("length", 3)
     assert c.snapshot() == {"stop": 2, "length": 3}
+
+
+def test_merged_snapshots_add_up_like_one_histogram():
+    one, two, both = (Histogram((0.01, 0.1, 1.0)) for _ in range(3))
+    for value in (0.005, 0.05, 0.05, 2.0):
+        one.observe(value)
+        both.observe(value)
+    for value in (0.5, 0.005):
+        two.observe(value)
+        both.observe(value)
+    merged = Histogram.merged([one.snapshot(), two.snapshot()])
+    assert merged is not None and merged.snapshot() == both.snapshot()
+    assert Histogram.merged([]) is None
+    with pytest.raises(ValueError, match="different buckets"):
+        Histogram.merged([one.snapshot(), Histogram((0.5,)).snapshot()])

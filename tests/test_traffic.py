@@ -30,6 +30,8 @@ class Fast:
     }
 
     def predict(self, batch):
+        if (batch["features"] == 666).any():
+            raise ValueError("the model refuses 666")
         return {"prediction": batch["features"].sum(axis=1).astype(np.float32)}
 """
 BODY = {"inputs": [{"features": [1, 2, 3, 4]}]}
@@ -210,6 +212,15 @@ def test_zero_failed_requests_through_switch_rollback_scale_down_and_removal(ser
         time.sleep(1)
     assert load.failures == [], load.failures[:5]
     assert sum(load.versions.values()) > 300
+    # What v3's replica measured: the steady load, and one request the model refused.
+    refused = server.client.post(
+        "/api/v1/models/fast/predict", json={"inputs": [{"features": [666, 0, 0, 0]}]}
+    )
+    assert refused.status_code == 500
+    (v3,) = server.client.get("/api/v1/deployments/fast").json()["versions"]
+    live = v3["live"]
+    assert live["requests"] > 100 and live["errors"] == 1
+    assert 0 < live["error_rate"] < 0.01 and 0 < live["p50_ms"] <= live["p99_ms"] < 1000
     history = deployments.history("fast")
     assert [h.reason for h in history[:4]] == ["undeploy", "manual", "undeploy", "rollback"]
 

@@ -26,8 +26,10 @@ from starlette.responses import Response
 from inferd.api import docs
 from inferd.api.http import json_response, read_json
 from inferd.errors import BadRequest, InvalidInput
+from inferd.observability.metrics import Histogram
 from inferd.registry import Registry
 from inferd.registry.deployments import DeploymentRecord, TrafficRecord
+from inferd.routing.router import Router
 from inferd.routing.table import ModelRoute, ReplicaRoute, VersionRoute
 
 HISTORY_LIMIT = 20
@@ -223,19 +225,62 @@ def _change_view(model: str, change: TrafficRecord) -> dict[str, Any]:
     return {"model": model, "traffic": change.split, "revision": change.revision}
 
 
+async def live_figures(router: Router, model: str, version: str) -> dict[str, Any] | None:
+    """What a version's replicas measured since they started: requests answered and
+    failed, the error rate, and p50/p99 of the time requests spent in them (queue +
+    compute). None for replicas that do not measure it (text generation has its own)."""
+    clients = [c for c in router.clients_of(model, version) if not c.closed]
+    statuses = await asyncio.gather(
+        *(c.status(timeout_s=2.0) for c in clients), return_exceptions=True
+    )
+    snapshots, failed = [], 0
+    for status in statuses:
+        if isinstance(status, BaseException) or "request_s" not in status.metrics:
+            continue  # a replica that cannot answer now, or one without these figures
+        snapshots.append(status.metrics["request_s"])
+        failed += int(status.metrics.get("requests_failed", 0))
+    merged = Histogram.merged(snapshots)
+    if merged is None:
+        return None
+    total = merged.count + failed
+    p50, p99 = (merged.quantile(q) for q in (0.5, 0.99))
+    return {
+        "requests": total,
+        "errors": failed,
+        "error_rate": round(failed / total, 6) if total else 0.0,
+        "p50_ms": None if p50 is None else round(p50 * 1000, 3),
+        "p99_ms": None if p99 is None else round(p99 * 1000, 3),
+        "replicas_measured": len(snapshots),
+    }
+
+
+async def _with_live_figures(router: Router, view: dict[str, Any]) -> dict[str, Any]:
+    entries = view["versions"]
+    figures = await asyncio.gather(
+        *(live_figures(router, view["model"], e["version"]) for e in entries)
+    )
+    for entry, live in zip(entries, figures, strict=True):
+        entry["live"] = live
+    return view
+
+
 @router.get("")
 async def list_deployments(request: Request) -> Response:
-    """Every model: its mode, traffic split, and each version's state and replicas."""
+    """Every model: its mode, traffic split, and each version's state, replicas and live
+    figures (``live``: requests, errors, error rate, p50/p99 since its replicas started)."""
     models = await asyncio.to_thread(read_all, _registry(request))
-    table = request.app.state.router.table
-    return json_response({"models": [model_view(m, table.models.get(m.name)) for m in models]})
+    router = request.app.state.router
+    views = [model_view(m, router.table.models.get(m.name)) for m in models]
+    await asyncio.gather(*(_with_live_figures(router, v) for v in views))
+    return json_response({"models": views})
 
 
 @router.get("/{model}")
 async def get_deployments(model: str, request: Request) -> Response:
     """One model as in the list, with its latest traffic changes (``history``)."""
     found = await asyncio.to_thread(read_one, _registry(request), model)
-    view = model_view(found, request.app.state.router.table.models.get(model))
+    router = request.app.state.router
+    view = await _with_live_figures(router, model_view(found, router.table.models.get(model)))
     view["history"] = [h.to_dict() for h in found.history]
     return json_response(view, headers=_etag(found.revision))
 

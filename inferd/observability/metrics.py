@@ -20,6 +20,13 @@ LATENCY_BUCKETS_S = (
 
 TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
+REQUEST_BUCKETS_S = (
+    0.0005, 0.001, 0.0015, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03,
+    0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0,
+)  # fmt: skip
+"""Seconds a predict request spends in a replica (queue + compute): tabular models answer
+in about a millisecond, so the buckets start below it and are dense up to ~50 ms."""
+
 
 class Histogram:
     """Counts of observations per upper bound, plus their sum (Prometheus semantics)."""
@@ -54,6 +61,24 @@ class Histogram:
                 return low + (self.bounds[i] - low) * (rank - seen) / n
             seen += n
         return self.bounds[-1]
+
+    @classmethod
+    def merged(cls, snapshots: list[dict[str, Any]]) -> Histogram | None:
+        """One histogram adding up snapshots with the same buckets (several replicas);
+        None when there are none."""
+        if not snapshots:
+            return None
+        merged = cls(tuple(snapshots[0]["le"]))
+        for snap in snapshots:
+            if tuple(snap["le"]) != merged.bounds:
+                raise ValueError("snapshots with different buckets cannot be merged")
+            previous = 0
+            for i, total in enumerate(snap["cumulative"]):
+                merged.counts[i] += total - previous
+                previous = total
+            merged.sum += snap["sum"]
+            merged.count += snap["count"]
+        return merged
 
     def snapshot(self) -> dict[str, Any]:
         """``cumulative[i]`` counts observations <= ``le[i]``; one more entry at the end

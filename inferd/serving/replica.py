@@ -11,6 +11,7 @@ warmed up", never just "process started".
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import sys
@@ -22,6 +23,7 @@ from typing import Any, TypeVar
 
 from inferd.config import BatchingConfig
 from inferd.errors import InferdError, InvalidInput, ModelNotReady
+from inferd.observability.metrics import REQUEST_BUCKETS_S, Histogram
 from inferd.process import die_with_parent
 from inferd.runtimes import load_runtime
 from inferd.runtimes.base import Runtime, RuntimeConfig, Signature
@@ -45,6 +47,8 @@ class ReplicaCore:
         self.started = time.monotonic()
         self.inflight = 0
         self._queue_timeout_s = BatchingConfig().queue_timeout_ms / 1000
+        self._request_s = Histogram(REQUEST_BUCKETS_S)
+        self._failed = 0
 
     async def load(self) -> None:
         runtime = await load_off_loop(self, self._load_and_warm_up, self._executor)
@@ -71,11 +75,17 @@ class ReplicaCore:
         self._check_inputs(inputs, rows)
         future = self.batcher.submit(inputs, rows, min(timeout_s, self._queue_timeout_s), priority)
         self.inflight += 1
-        future.add_done_callback(self._done)
+        future.add_done_callback(functools.partial(self._done, time.perf_counter()))
         return future
 
-    def _done(self, _: asyncio.Future[Columns]) -> None:
+    def _done(self, started: float, future: asyncio.Future[Columns]) -> None:
         self.inflight -= 1
+        if future.cancelled():
+            return
+        if future.exception() is None:
+            self._request_s.observe(time.perf_counter() - started)
+        else:
+            self._failed += 1
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
         raise InvalidInput(f"model {self.spec.model!r} does not generate text; use predict")
@@ -107,8 +117,9 @@ class ReplicaCore:
         return stats
 
     def metrics(self) -> dict[str, Any]:
-        """Histograms and counters for the status frame (none for predict replicas yet)."""
-        return {}
+        """Histograms and counters for the status frame: the time answered requests spent
+        here (queue + compute) and how many failed (the model raised, or expired)."""
+        return {"request_s": self._request_s.snapshot(), "requests_failed": self._failed}
 
     def idle(self) -> bool:
         return self.inflight == 0 and (self.batcher is None or self.batcher.idle())
