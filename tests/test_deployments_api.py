@@ -129,6 +129,7 @@ def test_deploy_body_defaults_and_passes_values_through() -> None:
             "gpu_type": None,
             "strategy": "rolling",
             "batching": None,
+            "fallback": True,
         },
     )
     body = {
@@ -138,6 +139,7 @@ def test_deploy_body_defaults_and_passes_values_through() -> None:
         "resources": {"replicas": -1, "gpu": "A100"},
         "strategy": "canary",
         "batching": {"max_batch_size": 8},
+        "fallback": "no",
     }
     assert _deploy_args(body)[2] == {
         "traffic_pct": "ten",
@@ -145,6 +147,7 @@ def test_deploy_body_defaults_and_passes_values_through() -> None:
         "gpu_type": "A100",
         "strategy": "canary",
         "batching": {"max_batch_size": 8},
+        "fallback": "no",
     }
 
 

@@ -171,6 +171,7 @@ def test_unknown_model_or_version_is_not_found(registry: Registry, source: Path)
         ({"traffic_pct": 100, "gpu_type": ""}, "gpu must be a GPU type name"),
         ({"traffic_pct": 100, "gpu_type": 100}, "gpu must be a GPU type name"),
         ({"traffic_pct": 100, "strategy": "canary"}, "strategy 'canary' is not available"),
+        ({"traffic_pct": 100, "fallback": "no"}, "fallback must be true or false"),
         ({"traffic_pct": 100, "strategy": "blue-green"}, "'blue-green' is not available"),
         ({"traffic_pct": 100, "batching": {"max_batch": 4}}, "unknown batching keys"),
     ],

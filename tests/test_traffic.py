@@ -35,6 +35,9 @@ class Fast:
         return {"prediction": batch["features"].sum(axis=1).astype(np.float32)}
 """
 BODY = {"inputs": [{"features": [1, 2, 3, 4]}]}
+BROKEN = MODEL.replace(
+    'if (batch["features"] == 666).any():', 'if (batch["features"] != 0).any():  # warm-up passes'
+)
 
 
 def _targets(*versions: str) -> list[Target]:
@@ -77,6 +80,11 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (src / "model.py").write_text(MODEL)
     for version in ("v1", "v2", "v3"):
         run_cli("models", "push", "fast", str(src), "--version", version, data_dir=data)
+    broken = data / "broken"
+    broken.mkdir()
+    (broken / "model.py").write_text(BROKEN)
+    run_cli("models", "push", "shaky", str(src), "--version", "v1", data_dir=data)
+    run_cli("models", "push", "shaky", str(broken), "--version", "v2", data_dir=data)
     return data
 
 
@@ -225,14 +233,48 @@ def test_zero_failed_requests_through_switch_rollback_scale_down_and_removal(ser
     assert [h.reason for h in history[:4]] == ["undeploy", "manual", "undeploy", "rollback"]
 
 
-def _replicas(server: InferdServer, version: str) -> list[dict]:
-    detail = server.client.get("/api/v1/models/fast").json()
+def test_failures_of_a_split_version_fall_back_to_the_serving_one(server, registry):
+    """shaky v2 raises on every real request; at 50 % with fallback every request is
+    still answered (by v1), a request pinned to v2 is not; without fallback half fail."""
+    deployments = registry.deployments
+    deployments.deploy("shaky", "v1", traffic_pct=100, actor="test")  # v2 (newest) kept at 0
+    deployments.set_traffic("shaky", {"v1": 50, "v2": 50}, actor="test")  # v1 serves: a tie
+
+    def shaky(pin: str | None = None) -> httpx.Response:
+        body = {**BODY, "params": {"version": pin}} if pin else BODY
+        return server.client.post("/api/v1/models/shaky/predict", json=body)
+
+    server.wait_for(lambda: _ready_count(server, "v2", "shaky") == 1, timeout_s=60, what="v2")
+    time.sleep(1)
+    replies = [shaky() for _ in range(60)]
+    assert all(r.status_code == 200 for r in replies), [r.text for r in replies][:3]
+    assert {r.json()["version"] for r in replies} == {"v1"}
+    fell_back = [r for r in replies if r.headers.get("x-inferd-fallback-from") == "v2"]
+    assert 10 < len(fell_back) < 50  # about half chose v2 first
+    assert shaky("v2").status_code == 500  # pinned: no fallback
+
+    deployments.set_traffic("shaky", {"v1": 100}, actor="test")
+    deployments.undeploy("shaky", "v2", actor="test")
+    server.wait_for(
+        lambda: {d.version for d in deployments.list_all("shaky")} == {"v1"},
+        timeout_s=60,
+        what="v2 removed",
+    )
+    deployments.deploy("shaky", "v2", traffic_pct=50, fallback=False, actor="test")
+    server.wait_for(lambda: _ready_count(server, "v2", "shaky") == 1, timeout_s=60, what="v2")
+    time.sleep(1)
+    codes = Counter(shaky().status_code for _ in range(60))
+    assert codes[500] > 10 and codes[200] > 10, codes
+
+
+def _replicas(server: InferdServer, version: str, model: str = "fast") -> list[dict]:
+    detail = server.client.get(f"/api/v1/models/{model}").json()
     found = next((v for v in detail["versions"] if v["version"] == version), None)
     return found["replicas"] if found else []
 
 
-def _ready_count(server: InferdServer, version: str) -> int:
-    return sum(r["state"] == "ready" for r in _replicas(server, version))
+def _ready_count(server: InferdServer, version: str, model: str = "fast") -> int:
+    return sum(r["state"] == "ready" for r in _replicas(server, version, model))
 
 
 def _running(server: InferdServer, version: str) -> int:

@@ -35,7 +35,7 @@ from inferd.routing.table import ModelRoute, ReplicaRoute, VersionRoute
 HISTORY_LIMIT = 20
 """Traffic changes shown by ``GET /{model}``."""
 _DEPLOY_FIELDS = frozenset(
-    {"model_name", "version", "traffic_percent", "resources", "strategy", "batching"}
+    {"model_name", "version", "traffic_percent", "resources", "strategy", "batching", "fallback"}
 )
 _RESOURCE_FIELDS = frozenset({"replicas", "gpu"})
 
@@ -191,6 +191,7 @@ def _deploy_args(body: Any) -> tuple[str, str, dict[str, Any]]:
             "gpu_type": resources.get("gpu"),
             "strategy": body.get("strategy", "rolling"),
             "batching": batching,
+            "fallback": body.get("fallback", True),
         },
     )
 

@@ -60,12 +60,17 @@ async def _run(request: Request, model: str, body: Any, rows_key: str) -> tuple[
     if isinstance(rows, list) and len(rows) > limit:
         raise PayloadTooLarge(f"{len(rows)} rows exceed the limit of {limit} per request")
     columns, n = rows_to_columns(rows, target.signature)
-    outcome = await plane.infer(target, columns, n, rid, started, timeout_s)
+    outcome = await plane.infer(
+        target, columns, n, rid, started, timeout_s, pinned=version is not None
+    )
     return outcome, rid
 
 
 def _headers(outcome: InferOutcome, rid: str) -> dict[str, str]:
-    return {"x-request-id": rid, "x-inferd-model-version": outcome.target.version}
+    headers = {"x-request-id": rid, "x-inferd-model-version": outcome.target.version}
+    if outcome.fallback_from is not None:
+        headers["x-inferd-fallback-from"] = outcome.fallback_from
+    return headers
 
 
 @router.post("/models/{model}/predict", openapi_extra=docs.PREDICT)

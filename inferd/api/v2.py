@@ -139,7 +139,10 @@ async def infer(request: Request, model: str, version: str | None = None) -> Res
     wanted = requested_outputs(body.get("outputs"), target.signature)
     binary_default = bool(params.get("binary_data_output", False))
     priority, timeout_s = schedule_policy(params)
-    outcome = await plane.infer(target, columns, rows, rid, started, timeout_s, priority)
+    outcome = await plane.infer(
+        target, columns, rows, rid, started, timeout_s, priority, pinned=version is not None
+    )
+    target = outcome.target  # the fallback version, if the chosen one failed
     outputs, blobs = [], []
     for name, array in outcome.outputs.items():
         if wanted is not None and name not in wanted:

@@ -72,6 +72,8 @@ class VersionSet:
     """The deployment's batching overrides (over the version's own)."""
     status: str = ""
     """deploying | active | failed, as last written to the registry (deployments only)."""
+    fallback: bool = True
+    """Failed requests (not pinned here) are retried on the serving version."""
 
     def ready_count(self) -> int:
         return sum(r.state == "ready" for r in self.replicas)
@@ -206,7 +208,7 @@ class Controller:
                 vset = VersionSet(spec, desired, batching=row.batching, status=row.status)
                 model.versions[row.version] = vset
                 logger.info("deploying %s:%s with %d replica(s)", model.name, row.version, desired)
-            vset.desired = desired
+            vset.desired, vset.fallback = desired, row.fallback
             self._scale(vset)
         self._pick_serving(model)
 
@@ -231,14 +233,15 @@ class Controller:
 
     def _pick_serving(self, model: ModelState) -> None:
         """Deployments: the serving version is the ready one with the largest share (the
-        newest on a tie); a version at 0 % still serves while nothing else is ready."""
+        older on a tie: the established one is the stable one, and what failed requests
+        fall back to); a version at 0 % still serves while nothing else is ready."""
         ready = [
             v
             for v, s in model.versions.items()
             if not s.retiring and s.ready_count() > 0 and (v in model.traffic)
         ]
-        order = list(model.traffic)  # newest first: wins a tie
-        best = max(ready, key=lambda v: (model.traffic[v], -order.index(v)), default=None)
+        order = list(model.traffic)  # newest first: the older version wins a tie
+        best = max(ready, key=lambda v: (model.traffic[v], order.index(v)), default=None)
         if best != model.serving:
             logger.info("%s now serves version %s by default", model.name, best)
             model.serving = best
@@ -413,6 +416,7 @@ class Controller:
                     [r.route() for r in s.replicas],
                     s.desired,
                     sorted(_adapters(s.record).get("adapters", {})),
+                    s.fallback,
                 )
                 for v, s in state.versions.items()
             }

@@ -167,7 +167,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             [{"name": o.name} for o in request.outputs] or None, target.signature
         )
         priority, timeout_s = v2.schedule_policy(params)
-        outcome = await self.plane.infer(target, columns, rows, rid, started, timeout_s, priority)
+        outcome = await self.plane.infer(
+            target, columns, rows, rid, started, timeout_s, priority, bool(request.model_version)
+        )
+        target = outcome.target  # the fallback version, if the chosen one failed
         response = pb.ModelInferResponse(
             model_name=target.model, model_version=target.version, id=request.id
         )

@@ -53,6 +53,8 @@ class DeploymentRecord:
     batching: dict[str, Any] | None
     created_at: datetime
     updated_at: datetime
+    fallback: bool = True
+    """A request this version fails (not pinned to it) is retried on the serving version."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -65,6 +67,7 @@ class DeploymentRecord:
             "traffic_pct": self.traffic_pct,
             "strategy": self.strategy,
             "batching": self.batching,
+            "fallback": self.fallback,
             "created_at": self.created_at.isoformat(),
             "updated_at": self.updated_at.isoformat(),
         }
@@ -104,6 +107,7 @@ def _deployment(row: Deployment) -> DeploymentRecord:
         dict(row.batching) if row.batching is not None else None,
         row.created_at,
         row.updated_at,
+        row.fallback,
     )
 
 
@@ -203,11 +207,14 @@ class Deployments:
         gpu_type: str | None = None,
         strategy: str = "rolling",
         batching: dict[str, Any] | None = None,
+        fallback: bool = True,
         actor: str = "api",
     ) -> DeploymentRecord:
         """Run ``version`` with ``replicas`` and give it ``traffic_pct`` % of the traffic
         (the other deployed versions share the rest in proportion)."""
         _check_deploy(traffic_pct, replicas, strategy, gpu_type)
+        if not isinstance(fallback, bool):
+            raise InvalidInput(f"fallback must be true or false, not {fallback!r}")
         from inferd.registry.registry import _check_batching
 
         batching = _check_batching(batching)
@@ -246,6 +253,7 @@ class Deployments:
                 traffic_pct=traffic_pct,
                 strategy=strategy,
                 batching=batching,
+                fallback=fallback,
                 created_at=now,
                 updated_at=now,
             )
@@ -487,6 +495,7 @@ def _adopt_newest(session: Session, model: str, deploying: str) -> Deployment | 
         traffic_pct=100,
         strategy="rolling",
         batching=None,
+        fallback=True,
         created_at=now,
         updated_at=now,
     )

@@ -127,6 +127,9 @@ class Deployment(Base):
     traffic_pct: Mapped[int] = mapped_column(Integer)
     strategy: Mapped[str] = mapped_column(String(16))
     batching: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # A request this version fails (not ready, overloaded, the model raised) is retried
+    # on the model's serving version, unless the request pinned this version.
+    fallback: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 

@@ -247,6 +247,18 @@ class Router:
             )
         return self._targets[(model, version)]
 
+    def fallback_for(self, target: Target) -> Target | None:
+        """Where a request ``target`` failed goes next: the model's serving version, if
+        it is another one, has ready replicas, and ``target``'s deployment allows it."""
+        route = self.table.models.get(target.model)
+        if route is None or route.default_version in (None, target.version):
+            return None
+        failed = route.versions.get(target.version)
+        if failed is None or not failed.fallback:
+            return None
+        key = (target.model, route.default_version)
+        return self._targets.get(key) if self._ready.get(key) else None
+
     def resolve(self, name: str, version: str | None = None) -> tuple[Target, str | None]:
         """A model name, an adapter name registered with a model, or ``base:adapter``
         (an adapter loaded at run time) -> the serving target and the adapter."""

@@ -33,6 +33,8 @@ class VersionRoute(msgspec.Struct, frozen=True):
     desired_replicas: int = 1
     adapters: list[str] = []
     """LoRA adapters registered with this (generative) version; each is also a model name."""
+    fallback: bool = True
+    """A request this version fails, unless pinned to it, is retried on the serving one."""
 
 
 class ModelRoute(msgspec.Struct, frozen=True):
