@@ -172,8 +172,15 @@ def test_pushing_a_new_version_switches_traffic_without_errors(server: InferdSer
             versions.add(reply.headers.get("x-inferd-model-version", "?"))
     assert "v2" in versions
     assert set(statuses) == {200}, f"failed requests during the update: {statuses}"
+    # v1 drains, then is retired: pinned requests get 503 meanwhile, then 404.
+    server.wait_for(
+        lambda: (
+            _predict(server.client, "slow_sum", [[1, 1, 1, 1]], version="v1").status_code == 404
+        ),
+        timeout_s=30,
+        what="v1 retired",
+    )
     pinned = _predict(server.client, "slow_sum", [[1, 1, 1, 1]], version="v1")
-    assert pinned.status_code == 404  # v1 was retired after the switch
     assert "not deployed" in pinned.json()["error"]["message"]
 
 
