@@ -295,7 +295,13 @@ def deploy(
     traffic: Annotated[int, typer.Option(help="Its percent of the traffic.")] = 100,
     replicas: Annotated[int | None, typer.Option(help="Replica processes.")] = None,
     gpu: Annotated[str | None, typer.Option(help="GPU type, e.g. A100.")] = None,
-    strategy: Annotated[str, typer.Option(help="How to roll out: rolling.")] = "rolling",
+    strategy: Annotated[
+        str, typer.Option(help="How to roll out: rolling or blue-green.")
+    ] = "rolling",
+    keep_old_s: Annotated[
+        float | None,
+        typer.Option(help="blue-green: seconds the replaced versions stay (default 300)."),
+    ] = None,
     config: ConfigOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
@@ -309,6 +315,7 @@ def deploy(
             replicas=replicas,
             gpu_type=gpu,
             strategy=strategy,
+            rollout=None if keep_old_s is None else {"keep_old_s": keep_old_s},
             actor=_ACTOR,
         )
         change = registry.deployments.history(model, 1)[0]

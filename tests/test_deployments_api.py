@@ -130,6 +130,7 @@ def test_deploy_body_defaults_and_passes_values_through() -> None:
             "strategy": "rolling",
             "batching": None,
             "fallback": True,
+            "rollout": None,
         },
     )
     body = {
@@ -140,6 +141,7 @@ def test_deploy_body_defaults_and_passes_values_through() -> None:
         "strategy": "canary",
         "batching": {"max_batch_size": 8},
         "fallback": "no",
+        "rollout": None,
     }
     assert _deploy_args(body)[2] == {
         "traffic_pct": "ten",
@@ -148,6 +150,7 @@ def test_deploy_body_defaults_and_passes_values_through() -> None:
         "strategy": "canary",
         "batching": {"max_batch_size": 8},
         "fallback": "no",
+        "rollout": None,
     }
 
 

@@ -172,7 +172,17 @@ def test_unknown_model_or_version_is_not_found(registry: Registry, source: Path)
         ({"traffic_pct": 100, "gpu_type": 100}, "gpu must be a GPU type name"),
         ({"traffic_pct": 100, "strategy": "canary"}, "strategy 'canary' is not available"),
         ({"traffic_pct": 100, "fallback": "no"}, "fallback must be true or false"),
-        ({"traffic_pct": 100, "strategy": "blue-green"}, "'blue-green' is not available"),
+        ({"traffic_pct": 100, "strategy": "shadow"}, "'shadow' is not available"),
+        ({"traffic_pct": 10, "strategy": "blue-green"}, "traffic_percent must be 100"),
+        (
+            {"traffic_pct": 100, "strategy": "blue-green", "rollout": {"keep": 1}},
+            "unknown blue-green rollout setting",
+        ),
+        (
+            {"traffic_pct": 100, "strategy": "blue-green", "rollout": {"keep_old_s": -1}},
+            "keep_old_s must be a number of seconds",
+        ),
+        ({"traffic_pct": 100, "rollout": {"keep_old_s": 5}}, "takes no rollout settings"),
         ({"traffic_pct": 100, "batching": {"max_batch": 4}}, "unknown batching keys"),
     ],
 )

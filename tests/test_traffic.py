@@ -233,6 +233,41 @@ def test_zero_failed_requests_through_switch_rollback_scale_down_and_removal(ser
     assert [h.reason for h in history[:4]] == ["undeploy", "manual", "undeploy", "rollback"]
 
 
+def test_blue_green_switches_at_once_when_all_replicas_are_ready_then_removes_the_old(
+    server, registry
+):
+    deployments = registry.deployments
+    assert {d.version for d in deployments.list_all("fast")} == {"v3"}  # after the test above
+    with Load(server.url) as load:
+        time.sleep(0.5)
+        record = deployments.deploy(
+            "fast",
+            "v1",
+            traffic_pct=100,
+            replicas=2,
+            strategy="blue-green",
+            rollout={"keep_old_s": 3},
+            actor="test",
+        )
+        assert record.traffic_pct == 0  # held until both replicas are ready
+        server.wait_for(lambda: load.versions["v1"] > 0, timeout_s=60, what="the switch")
+        # The first v1 answer came after the switch, which needs both replicas ready.
+        assert _ready_count(server, "v1") == 2
+        switched = time.monotonic()
+        time.sleep(0.5)  # requests already sent to v3 land
+        served_v3 = load.versions["v3"]
+        server.wait_for(
+            lambda: {d.version for d in deployments.list_all("fast")} == {"v1"},
+            timeout_s=60,
+            what="v3 removed after the keep window",
+        )
+        assert time.monotonic() - switched > 1.5  # kept (warm) for the window first
+        assert load.versions["v3"] == served_v3  # but took no traffic after the switch
+    assert load.failures == [], load.failures[:5]
+    reasons = [h.reason for h in deployments.history("fast", 3)]
+    assert reasons[:2] == ["blue_green_done", "blue_green_switch"]
+
+
 def test_failures_of_a_split_version_fall_back_to_the_serving_one(server, registry):
     """shaky v2 raises on every real request; at 50 % with fallback every request is
     still answered (by v1), a request pinned to v2 is not; without fallback half fail."""

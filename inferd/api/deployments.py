@@ -35,7 +35,16 @@ from inferd.routing.table import ModelRoute, ReplicaRoute, VersionRoute
 HISTORY_LIMIT = 20
 """Traffic changes shown by ``GET /{model}``."""
 _DEPLOY_FIELDS = frozenset(
-    {"model_name", "version", "traffic_percent", "resources", "strategy", "batching", "fallback"}
+    {
+        "model_name",
+        "version",
+        "traffic_percent",
+        "resources",
+        "strategy",
+        "batching",
+        "fallback",
+        "rollout",
+    }
 )
 _RESOURCE_FIELDS = frozenset({"replicas", "gpu"})
 
@@ -192,6 +201,7 @@ def _deploy_args(body: Any) -> tuple[str, str, dict[str, Any]]:
             "strategy": body.get("strategy", "rolling"),
             "batching": batching,
             "fallback": body.get("fallback", True),
+            "rollout": body.get("rollout"),
         },
     )
 

@@ -27,6 +27,7 @@ import itertools
 import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from inferd.config import Settings
 from inferd.control.backend import LocalBackend
 from inferd.registry import ModelRecord, Registry, VersionRecord
 from inferd.registry.deployments import DeploymentRecord
+from inferd.registry.tables import utcnow
 from inferd.routing.table import ModelRoute, ReplicaRoute, RoutingTable, VersionRoute
 from inferd.serving.client import ReplicaClient
 from inferd.serving.spec import ReplicaSpec
@@ -123,6 +125,8 @@ class Controller:
         self._task: asyncio.Task[None] | None = None
         self._pass = asyncio.Lock()
         self._background: set[asyncio.Task[None]] = set()
+        self._steps: set[tuple[str, str, str]] = set()
+        """Rollout steps running now (model, version, step): each runs once at a time."""
         self._stopping = False
 
     async def start(self) -> None:
@@ -210,7 +214,63 @@ class Controller:
                 logger.info("deploying %s:%s with %d replica(s)", model.name, row.version, desired)
             vset.desired, vset.fallback = desired, row.fallback
             self._scale(vset)
+            if row.strategy == "blue-green":
+                self._blue_green(model, row, vset)
         self._pick_serving(model)
+
+    def _blue_green(self, model: ModelState, row: DeploymentRecord, vset: VersionSet) -> None:
+        """Switch all traffic once every replica is ready; after the keep window, remove
+        the versions it replaced (unless traffic went back to them)."""
+        rollout = row.rollout or {}
+        if rollout.get("done"):
+            return
+        switched = rollout.get("switched_at")
+        if switched is None:
+            if vset.state() == "active":
+                self._once(model.name, row.version, "switch", self._switch_blue_green)
+            return
+        kept = (utcnow() - datetime.fromisoformat(switched)).total_seconds()
+        if kept >= float(rollout.get("keep_old_s", 0)):
+            self._once(model.name, row.version, "finish", self._finish_blue_green)
+
+    def _once(
+        self,
+        model: str,
+        version: str,
+        step: str,
+        action: Callable[[str, str], Coroutine[Any, Any, None]],
+    ) -> None:
+        """Run a rollout step in the background unless the same one is still running."""
+        key = (model, version, step)
+        if key in self._steps:
+            return
+        self._steps.add(key)
+
+        async def run() -> None:
+            try:
+                await action(model, version)
+            except Exception:
+                logger.exception("%s of %s:%s failed; the next pass retries", step, model, version)
+            finally:
+                self._steps.discard(key)
+
+        self._spawn(run())
+
+    async def _switch_blue_green(self, model: str, version: str) -> None:
+        change = await asyncio.to_thread(
+            self.registry.deployments.switch_blue_green, model, version
+        )
+        if change is not None:
+            logger.info("%s: all replicas of %s ready; switched all traffic to it", model, version)
+            self._spawn(self.reconcile())
+
+    async def _finish_blue_green(self, model: str, version: str) -> None:
+        removed = await asyncio.to_thread(
+            self.registry.deployments.finish_blue_green, model, version
+        )
+        if removed:
+            logger.info("%s: keep window over; removing %s", model, ", ".join(removed))
+        self._spawn(self.reconcile())
 
     def _scale(self, vset: VersionSet) -> None:
         """Start or stop replicas until ``desired`` run; extra ones drain (not-ready and

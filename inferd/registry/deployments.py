@@ -33,9 +33,14 @@ from inferd.registry.tables import Deployment, Model, ModelVersion, TrafficChang
 if TYPE_CHECKING:
     from inferd.registry.registry import Registry
 
-STRATEGIES = ("rolling",)
-"""Strategies that work today; canary, blue-green and shadow come with their controllers."""
-REASONS = ("deploy", "manual", "rollback", "undeploy")
+STRATEGIES = ("rolling", "blue-green")
+"""rolling: the version takes its share as soon as it has ready replicas. blue-green: it
+takes none until all its replicas are ready, then all of it at once; the versions it
+replaced stay deployed (warm, at 0 %) for ``keep_old_s`` for an instant rollback, then
+are removed. Canary and shadow come with their controllers."""
+REASONS = ("deploy", "manual", "rollback", "undeploy", "blue_green_switch", "blue_green_done")
+KEEP_OLD_S = 300.0
+"""Blue-green: how long the replaced versions stay deployed after the switch."""
 MAX_REPLICAS = 64
 
 
@@ -55,6 +60,8 @@ class DeploymentRecord:
     updated_at: datetime
     fallback: bool = True
     """A request this version fails (not pinned to it) is retried on the serving version."""
+    rollout: dict[str, Any] | None = None
+    """The strategy's settings and progress (blue-green: keep_old_s, switched_at, done)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -68,6 +75,7 @@ class DeploymentRecord:
             "strategy": self.strategy,
             "batching": self.batching,
             "fallback": self.fallback,
+            "rollout": self.rollout,
             "created_at": self.created_at.isoformat(),
             "updated_at": self.updated_at.isoformat(),
         }
@@ -108,6 +116,7 @@ def _deployment(row: Deployment) -> DeploymentRecord:
         row.created_at,
         row.updated_at,
         row.fallback,
+        dict(row.rollout) if row.rollout is not None else None,
     )
 
 
@@ -208,13 +217,16 @@ class Deployments:
         strategy: str = "rolling",
         batching: dict[str, Any] | None = None,
         fallback: bool = True,
+        rollout: dict[str, Any] | None = None,
         actor: str = "api",
     ) -> DeploymentRecord:
         """Run ``version`` with ``replicas`` and give it ``traffic_pct`` % of the traffic
-        (the other deployed versions share the rest in proportion)."""
+        (the other deployed versions share the rest in proportion). Blue-green takes
+        ``traffic_pct`` 100 and holds it at 0 % until the controller switches it."""
         _check_deploy(traffic_pct, replicas, strategy, gpu_type)
         if not isinstance(fallback, bool):
             raise InvalidInput(f"fallback must be true or false, not {fallback!r}")
+        rollout = _check_rollout(strategy, traffic_pct, rollout)
         from inferd.registry.registry import _check_batching
 
         batching = _check_batching(batching)
@@ -234,6 +246,8 @@ class Deployments:
                 # (warm, for rollback) even at 0 % until it is undeployed.
                 rows = [adopted]
             live = [r for r in rows if r.status != "draining"]
+            if strategy == "blue-green" and any(r.traffic_pct for r in live):
+                traffic_pct = 0  # until all its replicas are ready; then all at once
             if traffic_pct < 100 and not any(r.traffic_pct for r in live):
                 raise InvalidInput(
                     f"{model!r} has no other version taking traffic: deploy {version!r} "
@@ -254,6 +268,7 @@ class Deployments:
                 strategy=strategy,
                 batching=batching,
                 fallback=fallback,
+                rollout=rollout,
                 created_at=now,
                 updated_at=now,
             )
@@ -300,6 +315,52 @@ class Deployments:
                 row.traffic_pct, row.updated_at = split.get(version, 0), now
             full = {v: r.traffic_pct for v, r in rows.items()}
             return _record(session, model, full, reason, actor, detail)
+
+    def switch_blue_green(self, model: str, version: str) -> TrafficRecord | None:
+        """All traffic to a blue-green deployment at once (the controller, once all its
+        replicas are ready); the others stay deployed at 0 %. None if already done."""
+        with self._write() as session:
+            _lock_model(session, model)
+            row = _row(session, model, version)
+            rollout = dict(row.rollout or {})
+            if (
+                row.strategy != "blue-green"
+                or rollout.get("switched_at")
+                or row.status == "draining"
+            ):
+                return None
+            now = utcnow()
+            rows = _rows(session, model)
+            for other in rows:
+                other.traffic_pct, other.updated_at = (100 if other is row else 0), now
+            row.rollout = {**rollout, "switched_at": now.isoformat()}
+            split = {r.version: r.traffic_pct for r in rows}
+            detail = f"all replicas of {version} ready"
+            return _record(session, model, split, "blue_green_switch", "inferd", detail)
+
+    def finish_blue_green(self, model: str, version: str) -> list[str]:
+        """After the keep window: remove the versions the switch replaced (those still at
+        0 %), unless traffic went back to them (a rollback). Returns what it removes."""
+        with self._write() as session:
+            _lock_model(session, model)
+            row = _row(session, model, version)
+            rollout = dict(row.rollout or {})
+            if not rollout.get("switched_at") or rollout.get("done"):
+                return []
+            row.rollout = {**rollout, "done": True}
+            if row.traffic_pct != 100:
+                return []  # rolled back meanwhile: keep what serves
+            now = utcnow()
+            removed = []
+            for other in _rows(session, model):
+                if other is not row and other.traffic_pct == 0 and other.status != "draining":
+                    other.status, other.updated_at = "draining", now
+                    removed.append(other.version)
+            if removed:
+                split = {r.version: r.traffic_pct for r in _rows(session, model)}
+                detail = f"removing {', '.join(removed)} after the keep window"
+                _record(session, model, split, "blue_green_done", "inferd", detail)
+            return removed
 
     def scale(self, model: str, version: str, replicas: int) -> DeploymentRecord:
         """Change a deployment's replica count (the controller starts new ones, or drains
@@ -422,6 +483,26 @@ def _check_deploy(traffic_pct: Any, replicas: Any, strategy: Any, gpu_type: Any 
         raise InvalidInput(f"gpu must be a GPU type name of 1 to 64 characters, not {gpu_type!r}")
     if strategy not in STRATEGIES:
         raise InvalidInput(f"strategy {strategy!r} is not available; use one of {list(STRATEGIES)}")
+
+
+def _check_rollout(strategy: str, traffic_pct: int, rollout: Any) -> dict[str, Any] | None:
+    """The strategy's settings, checked, with defaults filled in."""
+    if rollout is not None and not isinstance(rollout, dict):
+        raise InvalidInput("rollout must be an object")
+    rollout = dict(rollout or {})
+    if strategy != "blue-green":
+        if rollout:
+            raise InvalidInput(f"strategy {strategy!r} takes no rollout settings")
+        return None
+    if traffic_pct != 100:
+        raise InvalidInput("blue-green moves all traffic at once: traffic_percent must be 100")
+    unknown = sorted(set(rollout) - {"keep_old_s"})
+    if unknown:
+        raise InvalidInput(f"unknown blue-green rollout setting(s) {unknown}; known: keep_old_s")
+    keep = rollout.get("keep_old_s", KEEP_OLD_S)
+    if not isinstance(keep, int | float) or isinstance(keep, bool) or not 0 <= keep <= 86400:
+        raise InvalidInput(f"keep_old_s must be a number of seconds from 0 to 86400, not {keep!r}")
+    return {"keep_old_s": float(keep), "switched_at": None, "done": False}
 
 
 def _lock_model(session: Session, model: str) -> Model:

@@ -130,6 +130,8 @@ class Deployment(Base):
     # A request this version fails (not ready, overloaded, the model raised) is retried
     # on the model's serving version, unless the request pinned this version.
     fallback: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
+    # The strategy's settings and progress, e.g. blue-green: keep_old_s, switched_at, done.
+    rollout: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 

@@ -33,6 +33,7 @@ def upgrade() -> None:
         sa.Column("strategy", sa.String(16), nullable=False),
         sa.Column("batching", sa.JSON(), nullable=True),
         sa.Column("fallback", sa.Boolean(), server_default=sa.true(), nullable=False),
+        sa.Column("rollout", sa.JSON(), nullable=True),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("deployment_id", name="pk_deployments"),
