@@ -27,8 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-from servers import free_port, start, stop
+from servers import free_port, start, stop, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -54,18 +53,6 @@ def write_payloads(path: Path, count: int, seed: int = 1) -> Path:
             }
             out.write(json.dumps(body) + "\n")
     return path
-
-
-def wait_ready(url: str, timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=5).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"{url} not ready in {timeout_s}s")
 
 
 def bench(url: str, path: str, payloads: Path, *args: str) -> dict[str, Any]:
@@ -169,7 +156,7 @@ def main() -> None:
     )
     try:
         url = f"http://127.0.0.1:{port}"
-        wait_ready(f"{url}/health/ready")
+        wait_ready(f"{url}/health/ready", timeout_s=300, poll_s=0.5)
         path = "/api/v1/models/gpt2s/generate"
         n = str(args.requests)
         results["inferd_closed"] = bench(url, path, payloads, "-c", n, "-n", n)
@@ -196,7 +183,7 @@ def main() -> None:
     )
     try:
         url = f"http://127.0.0.1:{port}"
-        wait_ready(f"{url}/health")
+        wait_ready(f"{url}/health", timeout_s=300, poll_s=0.5)
         results["naive"] = bench(
             url, "/generate", payloads, "-c", "4", "-d", f"{args.naive_seconds}s"
         )

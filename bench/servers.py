@@ -36,3 +36,61 @@ def stop(proc: subprocess.Popen[bytes], grace_s: float = 60) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def wait_ready(url: str, timeout_s: float = 180, poll_s: float = 0.2) -> None:
+    """Until GET ``url`` answers 200 (a server's readiness probe); RuntimeError past
+    ``timeout_s``."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(poll_s)
+    raise RuntimeError(f"{url} not ready in {timeout_s:.0f}s")
+
+
+def process_tree(pid: int) -> list[int]:
+    """A process and all its descendants (a server with its gateways and replicas)."""
+    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True)
+    children: dict[int, list[int]] = {}
+    for line in out.stdout.splitlines():
+        child, parent = (int(x) for x in line.split())
+        children.setdefault(parent, []).append(child)
+    tree, stack = [], [pid]
+    while stack:
+        p = stack.pop()
+        tree.append(p)
+        stack.extend(children.get(p, []))
+    return tree
+
+
+def tree_rss_mb(pid: int) -> float:
+    """Resident memory of a process and all its descendants, in MiB."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = 0
+    for p in process_tree(pid):
+        try:
+            total += int(Path(f"/proc/{p}/statm").read_text().split()[1]) * page
+        except OSError:
+            continue  # exited meanwhile
+    return total / 2**20
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by a process and all its descendants."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for p in process_tree(pid):
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import httpx
-from servers import free_port, start, stop
+from servers import free_port, start, stop, tree_rss_mb
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -61,23 +61,6 @@ ROW = [
     0.35,
 ]
 BODY = json.dumps({"inputs": [{"features": ROW}]})
-
-
-def tree_rss_mb(pid: int) -> float:
-    """RSS of a process and all its descendants, in MiB."""
-    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid=,rss="], capture_output=True, text=True)
-    children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
-    for line in out.stdout.splitlines():
-        p, pp, r = (int(x) for x in line.split())
-        children.setdefault(pp, []).append(p)
-        rss[p] = r
-    total, stack = 0, [pid]
-    while stack:
-        p = stack.pop()
-        total += rss.get(p, 0)
-        stack.extend(children.get(p, []))
-    return total / 1024
 
 
 def wait_http(url: str, timeout_s: float = 180) -> None:

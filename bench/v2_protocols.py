@@ -26,21 +26,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 import numpy as np
 import orjson
-from servers import free_port, start, stop
+from servers import free_port, start, stop, tree_cpu_s, wait_ready
 from tabular import ROW, prepare
 
 from inferd.bench.connection import encode_request, request_head
@@ -78,25 +75,6 @@ def v2_binary_request(host: str, rows: int) -> bytes:
         },
     )
     return encode_request(head, header + data)
-
-
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) used so far by a process and all its descendants."""
-    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True)
-    children: dict[int, list[int]] = {}
-    for line in out.stdout.splitlines():
-        p, pp = (int(x) for x in line.split())
-        children.setdefault(pp, []).append(p)
-    total, stack, tick = 0.0, [pid], os.sysconf("SC_CLK_TCK")
-    while stack:
-        p = stack.pop()
-        stack.extend(children.get(p, []))
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-    return total
 
 
 def run_http(port: int, request: bytes, args: argparse.Namespace, server: int) -> dict[str, float]:
@@ -182,18 +160,6 @@ async def _grpc_load(
         "client_us_per_request": 1e6 * cpu / max(len(ms), 1),
         "server_us_per_request": 1e6 * server_s / max(len(ms), 1),
     }
-
-
-def wait_ready(url: str, timeout_s: float = 180) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    sys.exit(f"server not ready: {url}")
 
 
 def main() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -16,6 +17,8 @@ import httpx
 import pytest
 from sqlalchemy import create_engine, make_url, text
 from sqlalchemy.exc import OperationalError
+
+from inferd.registry import Registry
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -190,6 +193,38 @@ def postgres_url() -> Iterator[str]:
         with admin.begin() as conn:
             conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
         admin.dispose()
+
+
+# Registry tests run on both backends: a fresh SQLite file, and a fresh PostgreSQL schema.
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'db' / 'registry.db'}"
+    return request.getfixturevalue("postgres_url")
+
+
+@pytest.fixture
+def artifact_root(tmp_path: Path) -> Path:
+    return tmp_path / "artifacts"
+
+
+@pytest.fixture
+def registry(database_url: str, artifact_root: Path) -> Iterator[Registry]:
+    with Registry(database_url, artifact_root) as reg:
+        yield reg
+
+
+@contextlib.contextmanager
+def served(
+    data_dir: Path, workers: int = 2, ready_timeout_s: float = 120
+) -> Iterator[InferdServer]:
+    """``inferd serve`` on ``data_dir``, ready; stopped (and checked to exit 0) after."""
+    server = InferdServer(data_dir, workers=workers)
+    try:
+        server.wait_ready(timeout_s=ready_timeout_s)
+        yield server
+    finally:
+        assert server.stop() == 0, server.log()[-3000:]
 
 
 TINY_TEXT = (

@@ -30,7 +30,7 @@ from inferd.registry import Registry
 from inferd.registry.deployments import DeploymentRecord
 from inferd.routing.table import ModelRoute, ReplicaRoute, VersionRoute
 from inferd.runtimes.base import Signature
-from tests.conftest import InferdServer, run_cli
+from tests.conftest import InferdServer, run_cli, served
 
 MODELS = Path(__file__).parent / "models"
 SIGNATURE = {
@@ -228,12 +228,8 @@ def _push(data: Path, model: str, *versions: str) -> None:
 
 @pytest.fixture(scope="module")
 def server(data: Path) -> Iterator[InferdServer]:
-    srv = InferdServer(data, workers=2)
-    try:
-        srv.wait_ready()
+    with served(data) as srv:
         yield srv
-    finally:
-        assert srv.stop() == 0, srv.log()[-3000:]
 
 
 @pytest.fixture

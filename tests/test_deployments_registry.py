@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,24 +28,6 @@ SIGNATURE = Signature(
 
 
 # -- fixtures ----------------------------------------------------------------------------
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'db' / 'registry.db'}"
-    return request.getfixturevalue("postgres_url")
-
-
-@pytest.fixture
-def artifact_root(tmp_path: Path) -> Path:
-    return tmp_path / "artifacts"
-
-
-@pytest.fixture
-def registry(database_url: str, artifact_root: Path) -> Iterator[Registry]:
-    with Registry(database_url, artifact_root) as reg:
-        yield reg
 
 
 @pytest.fixture

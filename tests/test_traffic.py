@@ -16,7 +16,7 @@ import pytest
 from inferd.registry import Registry
 from inferd.routing.router import Split, Target, user_point
 from inferd.runtimes.base import Signature
-from tests.conftest import InferdServer, run_cli
+from tests.conftest import InferdServer, run_cli, served
 
 SIG = Signature.from_dict({"inputs": [], "outputs": []})
 MODEL = """
@@ -90,12 +90,8 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(data: Path) -> Iterator[InferdServer]:
-    srv = InferdServer(data, workers=2)
-    try:
-        srv.wait_ready()
+    with served(data) as srv:
         yield srv
-    finally:
-        assert srv.stop() == 0, srv.log()[-3000:]
 
 
 @pytest.fixture(scope="module")
@@ -212,11 +208,7 @@ def test_zero_failed_requests_through_switch_rollback_scale_down_and_removal(ser
         deployments.undeploy("fast", "v1", actor="test")
         deployments.set_traffic("fast", {"v3": 100}, actor="test")
         deployments.undeploy("fast", "v2", actor="test")
-        server.wait_for(
-            lambda: {d.version for d in deployments.list_all("fast")} == {"v3"},
-            timeout_s=60,
-            what="v1 and v2 removed",
-        )
+        _wait_deployed(server, registry, "fast", {"v3"})
         time.sleep(1)
     assert load.failures == [], load.failures[:5]
     assert sum(load.versions.values()) > 300
@@ -256,11 +248,7 @@ def test_blue_green_switches_at_once_when_all_replicas_are_ready_then_removes_th
         switched = time.monotonic()
         time.sleep(0.5)  # requests already sent to v3 land
         served_v3 = load.versions["v3"]
-        server.wait_for(
-            lambda: {d.version for d in deployments.list_all("fast")} == {"v1"},
-            timeout_s=60,
-            what="v3 removed after the keep window",
-        )
+        _wait_deployed(server, registry, "fast", {"v1"})  # v3 gone after the keep window
         assert time.monotonic() - switched > 1.5  # kept (warm) for the window first
         assert load.versions["v3"] == served_v3  # but took no traffic after the switch
     assert load.failures == [], load.failures[:5]
@@ -290,16 +278,21 @@ def test_failures_of_a_split_version_fall_back_to_the_serving_one(server, regist
 
     deployments.set_traffic("shaky", {"v1": 100}, actor="test")
     deployments.undeploy("shaky", "v2", actor="test")
-    server.wait_for(
-        lambda: {d.version for d in deployments.list_all("shaky")} == {"v1"},
-        timeout_s=60,
-        what="v2 removed",
-    )
+    _wait_deployed(server, registry, "shaky", {"v1"})
     deployments.deploy("shaky", "v2", traffic_pct=50, fallback=False, actor="test")
     server.wait_for(lambda: _ready_count(server, "v2", "shaky") == 1, timeout_s=60, what="v2")
     time.sleep(1)
     codes = Counter(shaky().status_code for _ in range(60))
     assert codes[500] > 10 and codes[200] > 10, codes
+
+
+def _wait_deployed(server: InferdServer, registry: Registry, model: str, versions: set) -> None:
+    """Until exactly ``versions`` of ``model`` are deployed (removed ones have drained)."""
+    server.wait_for(
+        lambda: {d.version for d in registry.deployments.list_all(model)} == versions,
+        timeout_s=60,
+        what=f"deployments of {model} to be {sorted(versions)}",
+    )
 
 
 def _replicas(server: InferdServer, version: str, model: str = "fast") -> list[dict]:

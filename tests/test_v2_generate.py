@@ -15,7 +15,7 @@ from inferd.api.generate import sse_response
 from inferd.api.v2_generate import error_event, stream_events
 from inferd.errors import ModelNotReady
 from inferd.serving import protocol as p
-from tests.conftest import InferdServer, build_tiny_gpt2, run_cli
+from tests.conftest import InferdServer, build_tiny_gpt2, run_cli, served
 from tests.test_generation_server import sse_events
 
 pytestmark = pytest.mark.slow
@@ -32,12 +32,8 @@ def llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferdServer]:
     run_cli(
         "models", "push", "slow_sum", str(MODELS / "slow_sum"), "--version", "v1", data_dir=data
     )
-    server = InferdServer(data, workers=1)
-    try:
-        server.wait_ready(timeout_s=120)
+    with served(data, workers=1) as server:
         yield server
-    finally:
-        assert server.stop() == 0, server.log()[-3000:]
 
 
 def v1_text(server: InferdServer, **params: object) -> str:

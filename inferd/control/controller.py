@@ -90,8 +90,7 @@ class VersionSet:
         return "deploying"
 
     def all_ready(self) -> bool:
-        ready = sum(r.state == "ready" for r in self.replicas)
-        return ready >= self.desired
+        return self.ready_count() >= self.desired
 
 
 @dataclass

@@ -33,6 +33,7 @@ import orjson
 
 from inferd import __version__
 from inferd.api import v2
+from inferd.api import v2_repository as repo
 from inferd.api.generate import start_generation
 from inferd.api.http import new_request_id
 from inferd.config import Settings
@@ -265,8 +266,6 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
 
     @_errors
     async def RepositoryIndex(self, request: Any, context: Any) -> pb.RepositoryIndexResponse:
-        from inferd.api import v2_repository as repo
-
         models = await repo.repository_index(self.registry, self.router, request.ready)
         return pb.RepositoryIndexResponse(
             models=[
@@ -281,8 +280,6 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
     async def RepositoryModelLoad(
         self, request: Any, context: Any
     ) -> pb.RepositoryModelLoadResponse:
-        from inferd.api import v2_repository as repo
-
         if request.parameters:  # Triton's "config" / "file:" overrides: not for inferd
             raise InvalidInput(f"load parameters are not supported: {sorted(request.parameters)}")
         await repo.load_model(self.registry, self.router, self.settings, request.model_name)
@@ -292,8 +289,6 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
     async def RepositoryModelUnload(
         self, request: Any, context: Any
     ) -> pb.RepositoryModelUnloadResponse:
-        from inferd.api import v2_repository as repo
-
         await repo.unload_model(self.registry, self.router, self.settings, request.model_name)
         return pb.RepositoryModelUnloadResponse()
 

@@ -19,7 +19,9 @@ gateways route by the split it publishes. Rules:
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -446,26 +448,11 @@ class Deployments:
                 )
             )
 
-    def _write(self) -> Any:
-        return _Transaction(Session(self._registry._write_engine))
-
-
-class _Transaction:
-    """``with``: a session inside one transaction, committed on success."""
-
-    def __init__(self, session: Session) -> None:
-        self.session = session
-        self._begin = session.begin()
-
-    def __enter__(self) -> Session:
-        self._begin.__enter__()
-        return self.session
-
-    def __exit__(self, *exc: Any) -> None:
-        try:
-            self._begin.__exit__(*exc)
-        finally:
-            self.session.close()
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[Session]:
+        """A session in one write transaction (the registry's own way of writing)."""
+        with Session(self._registry._write_engine) as session, session.begin():
+            yield session
 
 
 def _check_deploy(traffic_pct: Any, replicas: Any, strategy: Any, gpu_type: Any = None) -> None:
