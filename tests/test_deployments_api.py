@@ -124,7 +124,7 @@ def test_deploy_body_defaults_and_passes_values_through() -> None:
         "m",
         "v1",
         {
-            "traffic_pct": 100,
+            "traffic_pct": None,
             "replicas": None,
             "gpu_type": None,
             "strategy": "rolling",
@@ -304,6 +304,9 @@ def test_listing_in_automatic_mode(server: InferdServer) -> None:
         "error_rate",
         "p50_ms",
         "p99_ms",
+        "mean_ms",
+        "compute_p99_ms",
+        "compute_mean_ms",
         "replicas_measured",
     }
     assert live["errors"] == 0 and live["replicas_measured"] == 1
@@ -458,9 +461,9 @@ def test_rollback_and_undeploy(server: InferdServer, model: str) -> None:
         (
             "POST",
             "",
-            {"model_name": "auto", "version": "v1", "strategy": "canary"},
+            {"model_name": "auto", "version": "v1", "strategy": "shadowy"},
             422,
-            "strategy 'canary' is not available",
+            "strategy 'shadowy' is not available",
         ),
         ("POST", "", [1, 2], 400, "must be a JSON object"),
         ("PUT", "/auto/traffic", {"v2": 100}, 404, "are not deployed"),  # automatic mode

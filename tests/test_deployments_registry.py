@@ -152,9 +152,24 @@ def test_unknown_model_or_version_is_not_found(registry: Registry, source: Path)
         ({"traffic_pct": 100, "gpu_type": "A" * 65}, "gpu must be a GPU type name"),
         ({"traffic_pct": 100, "gpu_type": ""}, "gpu must be a GPU type name"),
         ({"traffic_pct": 100, "gpu_type": 100}, "gpu must be a GPU type name"),
-        ({"traffic_pct": 100, "strategy": "canary"}, "strategy 'canary' is not available"),
+        ({"traffic_pct": 100, "strategy": "magic"}, "strategy 'magic' is not available"),
+        ({"traffic_pct": 100, "strategy": "canary"}, "a canary starts below 100"),
+        (
+            {"traffic_pct": 5, "strategy": "canary", "rollout": {"steps": [1, 50, 100]}},
+            "first step",
+        ),
+        ({"strategy": "canary", "rollout": {"steps": [10, 5, 100]}}, "steps must be increasing"),
+        ({"strategy": "canary", "rollout": {"steps": [10, 50]}}, "ending at 100"),
+        ({"strategy": "canary", "rollout": {"step_s": 0}}, "step_s must be seconds from 1"),
+        ({"strategy": "canary", "rollout": {"min_requests": 0}}, "min_requests must be"),
+        ({"strategy": "canary", "rollout": {"latency": "p99"}}, "latency must be 'compute'"),
+        ({"strategy": "canary", "rollout": {"quantile": 99}}, "quantile must be between"),
+        ({"strategy": "canary", "rollout": {"webhook": "ftp://x"}}, "webhook must be an http"),
+        ({"strategy": "canary", "rollout": {"steps_s": 5}}, "unknown canary rollout setting"),
+        ({"strategy": "canary", "rollout": {"max_error_rate_increase": 2}}, "from 0 to 1"),
+        ({"traffic_pct": 0, "strategy": "shadow"}, "a shadow mirrors traffic_percent 1 to 100"),
+        ({"strategy": "shadow", "rollout": {"tolerance": -1}}, "tolerance must be a number"),
         ({"traffic_pct": 100, "fallback": "no"}, "fallback must be true or false"),
-        ({"traffic_pct": 100, "strategy": "shadow"}, "'shadow' is not available"),
         ({"traffic_pct": 10, "strategy": "blue-green"}, "traffic_percent must be 100"),
         (
             {"traffic_pct": 100, "strategy": "blue-green", "rollout": {"keep": 1}},
@@ -162,7 +177,7 @@ def test_unknown_model_or_version_is_not_found(registry: Registry, source: Path)
         ),
         (
             {"traffic_pct": 100, "strategy": "blue-green", "rollout": {"keep_old_s": -1}},
-            "keep_old_s must be a number of seconds",
+            "keep_old_s must be seconds",
         ),
         ({"traffic_pct": 100, "rollout": {"keep_old_s": 5}}, "takes no rollout settings"),
         ({"traffic_pct": 100, "batching": {"max_batch": 4}}, "unknown batching keys"),
@@ -237,7 +252,7 @@ def test_registered_but_undeployed_version_gets_no_traffic(
 
 def test_a_draining_version_takes_no_traffic(deployed: Registry) -> None:
     deployed.deployments.undeploy("m", "v1")
-    with pytest.raises(InvalidInput, match=r"\['v1'\] are being removed"):
+    with pytest.raises(InvalidInput, match=r"\['v1'\] take no traffic \(being removed"):
         deployed.deployments.set_traffic("m", {"v3": 50, "v1": 50})
     deployed.deployments.set_traffic("m", {"v3": 50, "v2": 50, "v1": 0})  # 0 is fine
     assert split(deployed, "m") == {"v3": 50, "v2": 50, "v1": 0}

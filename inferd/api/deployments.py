@@ -25,8 +25,8 @@ from starlette.responses import Response
 
 from inferd.api import docs
 from inferd.api.http import json_response, read_json
+from inferd.control import canary
 from inferd.errors import BadRequest, InvalidInput
-from inferd.observability.metrics import Histogram
 from inferd.registry import Registry
 from inferd.registry.deployments import DeploymentRecord, TrafficRecord
 from inferd.routing.router import Router
@@ -195,7 +195,7 @@ def _deploy_args(body: Any) -> tuple[str, str, dict[str, Any]]:
         names[0],
         names[1],
         {
-            "traffic_pct": body.get("traffic_percent", 100),
+            "traffic_pct": body.get("traffic_percent"),
             "replicas": resources.get("replicas"),
             "gpu_type": resources.get("gpu"),
             "strategy": body.get("strategy", "rolling"),
@@ -238,31 +238,40 @@ def _change_view(model: str, change: TrafficRecord) -> dict[str, Any]:
 
 async def live_figures(router: Router, model: str, version: str) -> dict[str, Any] | None:
     """What a version's replicas measured since they started: requests answered and
-    failed, the error rate, and p50/p99 of the time requests spent in them (queue +
-    compute). None for replicas that do not measure it (text generation has its own)."""
+    failed, the error rate, p50/p99/mean of the time requests spent in them (queue +
+    compute) and of the time their batches computed; a shadow's comparisons with the
+    live answers. None for replicas that do not measure it (text generation)."""
     clients = [c for c in router.clients_of(model, version) if not c.closed]
     statuses = await asyncio.gather(
         *(c.status(timeout_s=2.0) for c in clients), return_exceptions=True
     )
-    snapshots, failed = [], 0
+    figures, shadow = canary.Figures(), {"compared": 0, "agreed": 0, "failed": 0}
     for status in statuses:
-        if isinstance(status, BaseException) or "request_s" not in status.metrics:
-            continue  # a replica that cannot answer now, or one without these figures
-        snapshots.append(status.metrics["request_s"])
-        failed += int(status.metrics.get("requests_failed", 0))
-    merged = Histogram.merged(snapshots)
-    if merged is None:
+        if isinstance(status, BaseException):
+            continue  # a replica that cannot answer now
+        found = canary.sample_of(status.metrics)
+        if found is None:
+            continue  # one without these figures
+        figures.replicas += 1
+        figures.requests += found.answered + found.failed
+        figures.errors += found.failed
+        figures.latency.add(found.latency)
+        figures.compute.add(found.compute)
+        for key in shadow:
+            shadow[key] += int(status.metrics.get("shadow", {}).get(key, 0))
+    if not figures.replicas:
         return None
-    total = merged.count + failed
-    p50, p99 = (merged.quantile(q) for q in (0.5, 0.99))
-    return {
-        "requests": total,
-        "errors": failed,
-        "error_rate": round(failed / total, 6) if total else 0.0,
-        "p50_ms": None if p50 is None else round(p50 * 1000, 3),
-        "p99_ms": None if p99 is None else round(p99 * 1000, 3),
-        "replicas_measured": len(snapshots),
-    }
+    view = figures.to_dict()
+    view.pop("crashes")
+    view["replicas_measured"] = view.pop("replicas")
+    if shadow["compared"] or shadow["failed"]:
+        view["shadow"] = {
+            **shadow,
+            "agreement": round(shadow["agreed"] / shadow["compared"], 6)
+            if shadow["compared"]
+            else None,
+        }
+    return view
 
 
 async def _with_live_figures(router: Router, view: dict[str, Any]) -> dict[str, Any]:

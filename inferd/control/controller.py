@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from inferd.config import Settings
+from inferd.control import canary
 from inferd.control.backend import LocalBackend
 from inferd.registry import ModelRecord, Registry, VersionRecord
 from inferd.registry.deployments import DeploymentRecord
@@ -102,6 +103,21 @@ class ModelState:
     """Desired state, as of the last pass."""
     traffic: dict[str, int] = field(default_factory=dict)
     """Deployed versions -> percent, newest first; empty in automatic mode."""
+    mirrors: dict[str, tuple[int, float]] = field(default_factory=dict)
+    """Shadow deployments: version -> (percent of requests mirrored, output tolerance)."""
+
+
+@dataclass
+class CanaryWatch:
+    """A canary step's analysis window: when it started and what every replica had
+    counted then (see :mod:`inferd.control.canary`)."""
+
+    step: int
+    started: float
+    canary_before: dict[canary.Key, canary.ReplicaSample]
+    stable_before: dict[canary.Key, canary.ReplicaSample]
+    restarts: int
+    waiting: str = ""
 
 
 class Controller:
@@ -126,6 +142,8 @@ class Controller:
         self._background: set[asyncio.Task[None]] = set()
         self._steps: set[tuple[str, str, str]] = set()
         """Rollout steps running now (model, version, step): each runs once at a time."""
+        self._watches: dict[tuple[str, str], CanaryWatch] = {}
+        """Canaries being analysed: (model, version) -> the current window."""
         self._stopping = False
 
     async def start(self) -> None:
@@ -165,13 +183,13 @@ class Controller:
         model = self.models.setdefault(record.name, ModelState(record.name))
         model.loaded = record.loaded
         if not record.loaded:
-            model.traffic = {}
+            model.traffic, model.mirrors = {}, {}
             self._unload(model)
             return
         if deployments:
             self._reconcile_deployments(model, record, deployments)
             return
-        model.traffic = {}
+        model.traffic, model.mirrors = {}, {}
         target = record.versions[-1]
         vset = model.versions.get(target.version)
         if vset is not None and vset.retiring:
@@ -190,15 +208,22 @@ class Controller:
     ) -> None:
         """Run exactly the deployed versions with their replica counts; drain the rest."""
         registered = {v.version: v for v in record.versions}
-        model.traffic = {r.version: r.traffic_pct for r in rows if r.status != "draining"}
-        wanted = set(model.traffic)
+        active = [r for r in rows if r.status not in ("draining", "rolled_back")]
+        model.traffic = {r.version: r.traffic_pct for r in active if r.strategy != "shadow"}
+        model.mirrors = {
+            r.version: (int(r.rollout["mirror_pct"]), float(r.rollout["tolerance"]))
+            for r in active
+            if r.strategy == "shadow" and r.rollout
+        }
+        wanted = {r.version for r in active}
         for version, running in model.versions.items():
             if version not in wanted and not running.retiring:
                 self._retire_soon(model, version, remove=True)
         for row in rows:
             if row.status == "draining" and row.version not in model.versions:
                 self._spawn(self._remove_deployment(model, row.version))  # nothing runs
-            if row.status == "draining" or row.version not in registered:
+            if row.status in ("draining", "rolled_back") or row.version not in registered:
+                self._watches.pop((model.name, row.version), None)
                 continue
             vset = model.versions.get(row.version)
             if vset is not None and vset.retiring:
@@ -215,6 +240,8 @@ class Controller:
             self._scale(vset)
             if row.strategy == "blue-green":
                 self._blue_green(model, row, vset)
+            elif row.strategy == "canary":
+                self._canary(model, row)
         self._pick_serving(model)
 
     def _blue_green(self, model: ModelState, row: DeploymentRecord, vset: VersionSet) -> None:
@@ -228,9 +255,140 @@ class Controller:
             if vset.state() == "active":
                 self._once(model.name, row.version, "switch", self._switch_blue_green)
             return
-        kept = (utcnow() - datetime.fromisoformat(switched)).total_seconds()
-        if kept >= float(rollout.get("keep_old_s", 0)):
-            self._once(model.name, row.version, "finish", self._finish_blue_green)
+        self._finish_after_keep(model, row, switched)
+
+    def _finish_after_keep(self, model: ModelState, row: DeploymentRecord, since: str) -> None:
+        """Once the keep window after a switch (or promotion) is over, remove what it
+        replaced."""
+        kept = (utcnow() - datetime.fromisoformat(since)).total_seconds()
+        if kept >= float((row.rollout or {}).get("keep_old_s", 0)):
+            self._once(model.name, row.version, "finish", self._finish_rollout)
+
+    def _canary(self, model: ModelState, row: DeploymentRecord) -> None:
+        """Analyse a progressing canary (in the background, one analysis at a time);
+        after a promotion, remove what it replaced once the keep window is over."""
+        rollout = row.rollout or {}
+        state = rollout.get("state")
+        if state == "promoted" and not rollout.get("done"):
+            self._finish_after_keep(model, row, rollout["promoted_at"])
+        if state != "progressing":
+            self._watches.pop((model.name, row.version), None)
+            return
+
+        async def analyse(name: str, version: str) -> None:
+            await self._analyse_canary(model, version, rollout)
+
+        self._once(model.name, row.version, "canary", analyse)
+
+    async def _analyse_canary(
+        self, model: ModelState, version: str, rollout: dict[str, Any]
+    ) -> None:
+        vset = model.versions.get(version)
+        if vset is None or vset.retiring:
+            return
+        step = int(rollout["step"])
+        key = (model.name, version)
+        loop = asyncio.get_running_loop()
+        if vset.state() == "failed":
+            why = next((r.message for r in vset.replicas if r.state == "failed" and r.message), "")
+            verdict = canary.Verdict("fail", f"canary replicas cannot serve: {why or 'failed'}")
+            await self._conclude_canary(model, version, rollout, verdict, None)
+            return
+        stable = [v for v, pct in model.traffic.items() if v != version and pct > 0]
+        watch = self._watches.get(key)
+        if watch is None or watch.step != step:
+            if not vset.all_ready():
+                return  # the window starts when every canary replica serves
+            before_canary, before_stable = await asyncio.gather(
+                canary.sample(self._addresses(model, [version])),
+                canary.sample(self._addresses(model, stable)),
+            )
+            restarts = sum(r.restarts for r in vset.replicas)
+            self._watches[key] = CanaryWatch(
+                step, loop.time(), before_canary, before_stable, restarts
+            )
+            logger.info(
+                "%s: canary %s at %d %%; analysis window of %.0fs starts",
+                model.name, version, rollout["steps"][step], rollout["step_s"],
+            )  # fmt: skip
+            return
+        now_canary, now_stable = await asyncio.gather(
+            canary.sample(self._addresses(model, [version])),
+            canary.sample(self._addresses(model, stable)),
+        )
+        mine = canary.window(watch.canary_before, now_canary)
+        theirs = canary.window(watch.stable_before, now_stable)
+        mine.crashes = max(0, sum(r.restarts for r in vset.replicas) - watch.restarts)
+        elapsed = loop.time() - watch.started
+        verdict = canary.judge(mine, theirs, rollout, final=elapsed >= rollout["step_s"])
+        if verdict.outcome == "wait":
+            if elapsed >= rollout["step_s"] and verdict.reason != watch.waiting:
+                logger.info("%s: canary %s %s", model.name, version, verdict.reason)
+            watch.waiting = verdict.reason
+            return
+        q = float(rollout["quantile"])
+        analysis = {
+            "step": step,
+            "traffic_pct": rollout["steps"][step],
+            "window_s": round(elapsed, 1),
+            "canary": mine.to_dict(q),
+            "stable": theirs.to_dict(q),
+            "stable_versions": stable,
+            "verdict": verdict.outcome,
+            "reason": verdict.reason,
+        }
+        if verdict.outcome == "pass" and rollout.get("webhook"):
+            payload = {"model": model.name, "version": version, **analysis}
+            hook = await canary.call_webhook(rollout["webhook"], payload)
+            if hook.outcome == "fail":
+                verdict = hook
+                analysis.update(verdict="fail", reason=hook.reason)
+        await self._conclude_canary(model, version, rollout, verdict, analysis)
+
+    async def _conclude_canary(
+        self,
+        model: ModelState,
+        version: str,
+        rollout: dict[str, Any],
+        verdict: canary.Verdict,
+        analysis: dict[str, Any] | None,
+    ) -> None:
+        """Move the canary to its next step, or roll it back (halt it, without
+        auto_rollback), recording why."""
+        step, steps = int(rollout["step"]), rollout["steps"]
+        self._watches.pop((model.name, version), None)
+        registry = self.registry.deployments
+        if verdict.outcome == "pass":
+            detail = f"step {step + 1} of {len(steps) - 1} passed: {verdict.reason}"
+            change = await asyncio.to_thread(
+                registry.advance_canary, model.name, version, step, analysis or {}, detail
+            )
+            if change is not None:
+                logger.info(
+                    "%s: canary %s passed %d %% (%s); now %d %%",
+                    model.name, version, steps[step], verdict.reason, steps[step + 1],
+                )  # fmt: skip
+        else:
+            rollback = bool(rollout.get("auto_rollback", True))
+            await asyncio.to_thread(
+                registry.end_canary, model.name, version, step, verdict.reason, analysis, rollback
+            )
+            logger.warning(
+                "%s: canary %s failed at %d %%: %s; %s",
+                model.name, version, steps[step], verdict.reason,
+                "rolled back" if rollback else "halted (auto_rollback is off)",
+            )  # fmt: skip
+        self._spawn(self.reconcile())
+
+    def _addresses(self, model: ModelState, versions: list[str]) -> list[tuple[str, int, str]]:
+        """(id, pid, address) of the serving replicas of ``versions``."""
+        return [
+            (r.id, r.pid, r.spec.address)
+            for v in versions
+            if (vset := model.versions.get(v)) is not None
+            for r in vset.replicas
+            if r.state == "ready" and not r.stopping
+        ]
 
     def _once(
         self,
@@ -263,10 +421,8 @@ class Controller:
             logger.info("%s: all replicas of %s ready; switched all traffic to it", model, version)
             self._spawn(self.reconcile())
 
-    async def _finish_blue_green(self, model: str, version: str) -> None:
-        removed = await asyncio.to_thread(
-            self.registry.deployments.finish_blue_green, model, version
-        )
+    async def _finish_rollout(self, model: str, version: str) -> None:
+        removed = await asyncio.to_thread(self.registry.deployments.finish_rollout, model, version)
         if removed:
             logger.info("%s: keep window over; removing %s", model, ", ".join(removed))
         self._spawn(self.reconcile())
@@ -318,9 +474,10 @@ class Controller:
                 continue
             for version, vset in model.versions.items():
                 state = vset.state()
-                if version in model.traffic and not vset.retiring and state != vset.status:
-                    vset.status = state
-                    changes.append((model.name, version, state))
+                deployed = version in model.traffic or version in model.mirrors
+            if deployed and not vset.retiring and state != vset.status:
+                vset.status = state
+                changes.append((model.name, version, state))
         for change in changes:
             await asyncio.to_thread(self.registry.deployments.set_status, *change)
 
@@ -476,6 +633,7 @@ class Controller:
                     s.desired,
                     sorted(_adapters(s.record).get("adapters", {})),
                     s.fallback,
+                    *state.mirrors.get(v, (0, 0.0)),
                 )
                 for v, s in state.versions.items()
             }

@@ -9,6 +9,7 @@ Recording is a bisect and two additions: cheap enough for every token.
 from __future__ import annotations
 
 import bisect
+import math
 from collections import Counter
 from typing import Any
 
@@ -112,3 +113,79 @@ class LabeledCounter:
 
     def snapshot(self) -> dict[str, int]:
         return dict(self.values)
+
+
+class Sketch:
+    """Quantiles within 2 % of the true value at any scale, from a few dozen counters.
+
+    Bucket ``i`` counts values in (g^(i-1), g^i] with g = GAMMA = 1.04 and reports its midpoint
+    2g^i/(g+1), so every estimate is within (g-1)/(g+1) ≈ 2 % of a value in the bucket
+    (the DDSketch construction). Fixed Prometheus buckets cannot tell 10 ms from 12 ms;
+    a canary analysis must. Only non-empty buckets are kept and sent, and two snapshots
+    subtract, so a window's quantiles come from snapshots taken at its two ends."""
+
+    GAMMA = 1.04
+    MIN_VALUE = 1e-7
+    __slots__ = ("buckets", "count", "sum")
+
+    def __init__(self) -> None:
+        self.buckets: dict[int, int] = {}
+        self.count = 0
+        self.sum = 0.0
+
+    def observe(self, value: float, n: int = 1) -> None:
+        """Record ``value`` ``n`` times (a batch's compute time, once per request in it)."""
+        i = math.ceil(math.log(max(value, self.MIN_VALUE)) / _LOG_GAMMA)
+        self.buckets[i] = self.buckets.get(i, 0) + n
+        self.count += n
+        self.sum += value * n
+
+    def quantile(self, q: float) -> float | None:
+        if not self.count:
+            return None
+        rank = q * (self.count - 1)
+        seen = 0
+        for i in sorted(self.buckets):
+            seen += self.buckets[i]
+            if seen > rank:
+                return 2 * self.GAMMA**i / (self.GAMMA + 1)
+        return None  # not reached: the counts sum to count
+
+    def mean(self) -> float | None:
+        return self.sum / self.count if self.count else None
+
+    def snapshot(self) -> dict[str, Any]:
+        index = sorted(self.buckets)
+        return {
+            "index": index,
+            "counts": [self.buckets[i] for i in index],
+            "sum": self.sum,
+            "count": self.count,
+        }
+
+    @classmethod
+    def of(cls, snapshot: dict[str, Any]) -> Sketch:
+        sketch = cls()
+        sketch.buckets = dict(zip(snapshot["index"], snapshot["counts"], strict=True))
+        sketch.count, sketch.sum = int(snapshot["count"]), float(snapshot["sum"])
+        return sketch
+
+    def add(self, other: Sketch) -> Sketch:
+        for i, n in other.buckets.items():
+            self.buckets[i] = self.buckets.get(i, 0) + n
+        self.count += other.count
+        self.sum += other.sum
+        return self
+
+    def minus(self, earlier: Sketch) -> Sketch:
+        """What was recorded after ``earlier`` (a snapshot of the same sketch)."""
+        out = Sketch()
+        for i, n in self.buckets.items():
+            if left := n - earlier.buckets.get(i, 0):
+                out.buckets[i] = left
+        out.count = self.count - earlier.count
+        out.sum = self.sum - earlier.sum
+        return out
+
+
+_LOG_GAMMA = math.log(Sketch.GAMMA)

@@ -35,14 +35,44 @@ from inferd.registry.tables import Deployment, Model, ModelVersion, TrafficChang
 if TYPE_CHECKING:
     from inferd.registry.registry import Registry
 
-STRATEGIES = ("rolling", "blue-green")
+STRATEGIES = ("rolling", "blue-green", "canary", "shadow")
 """rolling: the version takes its share as soon as it has ready replicas. blue-green: it
 takes none until all its replicas are ready, then all of it at once; the versions it
 replaced stay deployed (warm, at 0 %) for ``keep_old_s`` for an instant rollback, then
-are removed. Canary and shadow come with their controllers."""
-REASONS = ("deploy", "manual", "rollback", "undeploy", "blue_green_switch", "blue_green_done")
+are removed. canary: it takes the first of its ``steps`` and moves to the next one each
+time an analysis window finds it no worse than the stable versions (the controller,
+:mod:`inferd.control.canary`), or goes back to 0 % with the reason recorded. shadow: it
+takes no traffic; gateways mirror ``mirror_pct`` % of the model's requests to it and
+count how often it agrees with the live answer."""
+REASONS = (
+    "deploy",
+    "manual",
+    "rollback",
+    "undeploy",
+    "blue_green_switch",
+    "blue_green_done",
+    "canary_step",
+    "canary_promoted",
+    "canary_rollback",
+    "canary_done",
+)
 KEEP_OLD_S = 300.0
-"""Blue-green: how long the replaced versions stay deployed after the switch."""
+"""Blue-green and canary: how long the replaced versions stay deployed after the switch."""
+CANARY_STEPS = (1, 10, 50, 100)
+CANARY_DEFAULTS: dict[str, Any] = {
+    "step_s": 60.0,
+    "min_requests": 50,
+    "max_error_rate_increase": 0.01,
+    "max_latency_increase": 0.1,
+    "latency": "compute",
+    "quantile": 0.99,
+    "max_p99_ms": None,
+    "webhook": None,
+    "auto_rollback": True,
+    "keep_old_s": KEEP_OLD_S,
+}
+"""Canary analysis settings (``rollout`` of a canary deployment); see
+:mod:`inferd.control.canary` for what each one means."""
 MAX_REPLICAS = 64
 
 
@@ -213,7 +243,7 @@ class Deployments:
         model: str,
         version: str,
         *,
-        traffic_pct: int,
+        traffic_pct: int | None = None,
         replicas: int | None = None,
         gpu_type: str | None = None,
         strategy: str = "rolling",
@@ -223,12 +253,13 @@ class Deployments:
         actor: str = "api",
     ) -> DeploymentRecord:
         """Run ``version`` with ``replicas`` and give it ``traffic_pct`` % of the traffic
-        (the other deployed versions share the rest in proportion). Blue-green takes
-        ``traffic_pct`` 100 and holds it at 0 % until the controller switches it."""
-        _check_deploy(traffic_pct, replicas, strategy, gpu_type)
+        (default 100; the other deployed versions share the rest in proportion).
+        Blue-green takes 100 and holds it at 0 % until the controller switches it; a
+        canary takes its first step; a shadow takes none and mirrors ``traffic_pct`` %."""
+        _check_deploy(100 if traffic_pct is None else traffic_pct, replicas, strategy, gpu_type)
         if not isinstance(fallback, bool):
             raise InvalidInput(f"fallback must be true or false, not {fallback!r}")
-        rollout = _check_rollout(strategy, traffic_pct, rollout)
+        traffic_pct, rollout = _check_rollout(strategy, traffic_pct, rollout)
         from inferd.registry.registry import _check_batching
 
         batching = _check_batching(batching)
@@ -247,13 +278,23 @@ class Deployments:
                 # Automatic mode served the newest version: it becomes a deployment, kept
                 # (warm, for rollback) even at 0 % until it is undeployed.
                 rows = [adopted]
-            live = [r for r in rows if r.status != "draining"]
+            live = [r for r in rows if _live(r)]
             if strategy == "blue-green" and any(r.traffic_pct for r in live):
                 traffic_pct = 0  # until all its replicas are ready; then all at once
-            if traffic_pct < 100 and not any(r.traffic_pct for r in live):
+            if strategy == "canary" and _progressing(live):
+                raise Conflict(
+                    f"{model!r} already has a canary in progress; wait for it or roll back",
+                    model=model,
+                )
+            if strategy == "shadow" and any(
+                r.strategy == "shadow" and r.status != "draining" for r in rows
+            ):
+                raise Conflict(f"{model!r} already has a shadow deployment", model=model)
+            if not any(r.traffic_pct for r in live) and (traffic_pct < 100 or strategy == "shadow"):
+                what = "to mirror" if strategy == "shadow" else "taking traffic"
                 raise InvalidInput(
-                    f"{model!r} has no other version taking traffic: deploy {version!r} "
-                    "with traffic_percent 100"
+                    f"{model!r} has no other version {what}: deploy {version!r} with "
+                    "strategy rolling and traffic_percent 100 first"
                 )
             rest = scale_split({r.version: r.traffic_pct for r in live}, 100 - traffic_pct)
             now = utcnow()
@@ -309,12 +350,15 @@ class Deployments:
                     f"version(s) {unknown} of {model!r} are not deployed; deployed: {sorted(rows)}",
                     model=model,
                 )
-            draining = sorted(v for v, pct in split.items() if pct and rows[v].status == "draining")
-            if draining:
-                raise InvalidInput(f"version(s) {draining} are being removed and take no traffic")
+            idle = sorted(v for v, pct in split.items() if pct and not _live(rows[v]))
+            if idle:
+                raise InvalidInput(
+                    f"version(s) {idle} take no traffic (being removed, rolled back, or a shadow)"
+                )
             now = utcnow()
             for version, row in rows.items():
                 row.traffic_pct, row.updated_at = split.get(version, 0), now
+            _stop_canaries(rows.values(), "overridden", f"traffic set by {actor}")
             full = {v: r.traffic_pct for v, r in rows.items()}
             return _record(session, model, full, reason, actor, detail)
 
@@ -340,14 +384,82 @@ class Deployments:
             detail = f"all replicas of {version} ready"
             return _record(session, model, split, "blue_green_switch", "inferd", detail)
 
-    def finish_blue_green(self, model: str, version: str) -> list[str]:
-        """After the keep window: remove the versions the switch replaced (those still at
-        0 %), unless traffic went back to them (a rollback). Returns what it removes."""
+    def advance_canary(
+        self, model: str, version: str, step: int, analysis: dict[str, Any], detail: str
+    ) -> TrafficRecord | None:
+        """The canary passed the analysis of ``step``: give it the next step's share (the
+        other versions share the rest in proportion); at 100 % it is promoted. None when
+        the rollout moved on meanwhile (a manual change, another pass)."""
         with self._write() as session:
             _lock_model(session, model)
             row = _row(session, model, version)
             rollout = dict(row.rollout or {})
-            if not rollout.get("switched_at") or rollout.get("done"):
+            if row.strategy != "canary" or rollout.get("state") != "progressing":
+                return None
+            if rollout.get("step") != step or row.status in ("draining", "rolled_back"):
+                return None
+            steps = rollout["steps"]
+            pct = steps[step + 1]
+            others = [r for r in _rows(session, model) if r is not row and _live(r)]
+            rest = scale_split({r.version: r.traffic_pct for r in others}, 100 - pct)
+            now = utcnow()
+            for other in others:
+                other.traffic_pct, other.updated_at = rest[other.version], now
+            row.traffic_pct, row.updated_at = pct, now
+            rollout.update(step=step + 1, analysis=analysis)
+            reason = "canary_step"
+            if pct == 100:
+                rollout.update(state="promoted", promoted_at=now.isoformat())
+                reason = "canary_promoted"
+            row.rollout = rollout
+            split = {r.version: r.traffic_pct for r in _rows(session, model)}
+            return _record(session, model, split, reason, "inferd", detail)
+
+    def end_canary(
+        self,
+        model: str,
+        version: str,
+        step: int,
+        reason: str,
+        analysis: dict[str, Any] | None,
+        rollback: bool,
+    ) -> TrafficRecord | None:
+        """The canary failed the analysis of ``step``: back to 0 % (its traffic returns to
+        the other versions in proportion) with ``reason`` kept in its rollout and in the
+        history; or, without ``rollback`` (auto_rollback off), halt where it is for a
+        person to decide. None when the rollout moved on meanwhile."""
+        with self._write() as session:
+            _lock_model(session, model)
+            row = _row(session, model, version)
+            rollout = dict(row.rollout or {})
+            if row.strategy != "canary" or rollout.get("state") != "progressing":
+                return None
+            if rollout.get("step") != step or row.status in ("draining", "rolled_back"):
+                return None
+            now = utcnow()
+            rollout.update(reason=reason, analysis=analysis, ended_at=now.isoformat())
+            if not rollback:
+                row.rollout, row.updated_at = {**rollout, "state": "halted"}, now
+                return None
+            others = [r for r in _rows(session, model) if r is not row and _live(r)]
+            rest = scale_split({r.version: r.traffic_pct for r in others}, 100)
+            for other in others:
+                other.traffic_pct, other.updated_at = rest[other.version], now
+            row.traffic_pct, row.status, row.updated_at = 0, "rolled_back", now
+            row.rollout = {**rollout, "state": "rolled_back"}
+            split = {r.version: r.traffic_pct for r in _rows(session, model)}
+            return _record(session, model, split, "canary_rollback", "inferd", reason)
+
+    def finish_rollout(self, model: str, version: str) -> list[str]:
+        """After the keep window of a blue-green switch or a canary promotion: remove the
+        versions it replaced (those still at 0 %), unless traffic went back to them (a
+        rollback). Returns what it removes."""
+        with self._write() as session:
+            _lock_model(session, model)
+            row = _row(session, model, version)
+            rollout = dict(row.rollout or {})
+            completed = rollout.get("switched_at") or rollout.get("promoted_at")
+            if not completed or rollout.get("done"):
                 return []
             row.rollout = {**rollout, "done": True}
             if row.traffic_pct != 100:
@@ -355,13 +467,19 @@ class Deployments:
             now = utcnow()
             removed = []
             for other in _rows(session, model):
-                if other is not row and other.traffic_pct == 0 and other.status != "draining":
+                if (
+                    other is not row
+                    and other.traffic_pct == 0
+                    and other.status != "draining"
+                    and other.strategy != "shadow"
+                ):
                     other.status, other.updated_at = "draining", now
                     removed.append(other.version)
             if removed:
                 split = {r.version: r.traffic_pct for r in _rows(session, model)}
                 detail = f"removing {', '.join(removed)} after the keep window"
-                _record(session, model, split, "blue_green_done", "inferd", detail)
+                reason = "canary_done" if row.strategy == "canary" else "blue_green_done"
+                _record(session, model, split, reason, "inferd", detail)
             return removed
 
     def scale(self, model: str, version: str, replicas: int) -> DeploymentRecord:
@@ -381,7 +499,11 @@ class Deployments:
         still-deployed version all the traffic."""
         with self._write() as session:
             _lock_model(session, model)
-            rows = {r.version: r for r in _rows(session, model) if r.status != "draining"}
+            rows = {
+                r.version: r
+                for r in _rows(session, model)
+                if r.status not in ("draining", "rolled_back") and r.strategy != "shadow"
+            }
             if not rows:
                 raise InvalidInput(f"{model!r} has no deployments to roll back")
             current = {v: r.traffic_pct for v, r in rows.items()}
@@ -402,6 +524,9 @@ class Deployments:
             now = utcnow()
             for version, row in rows.items():
                 row.traffic_pct, row.updated_at = (100 if version == stable else 0), now
+            _stop_canaries(
+                [r for v, r in rows.items() if v != stable], "rolled_back", f"rollback by {actor}"
+            )
             split = {v: (100 if v == stable else 0) for v in rows}
             return _record(session, model, split, "rollback", actor, f"back to {stable}")
 
@@ -434,7 +559,7 @@ class Deployments:
                     Deployment.model_name == model, Deployment.version == version
                 )
             )
-            if row is not None and row.status not in ("draining", status):
+            if row is not None and row.status not in ("draining", "rolled_back", status):
                 row.status, row.updated_at = status, utcnow()
 
     def remove(self, model: str, version: str) -> None:
@@ -472,24 +597,109 @@ def _check_deploy(traffic_pct: Any, replicas: Any, strategy: Any, gpu_type: Any 
         raise InvalidInput(f"strategy {strategy!r} is not available; use one of {list(STRATEGIES)}")
 
 
-def _check_rollout(strategy: str, traffic_pct: int, rollout: Any) -> dict[str, Any] | None:
-    """The strategy's settings, checked, with defaults filled in."""
+def _check_rollout(
+    strategy: str, traffic_pct: int | None, rollout: Any
+) -> tuple[int, dict[str, Any] | None]:
+    """(the version's starting share, the strategy's settings checked and completed)."""
     if rollout is not None and not isinstance(rollout, dict):
         raise InvalidInput("rollout must be an object")
     rollout = dict(rollout or {})
-    if strategy != "blue-green":
-        if rollout:
-            raise InvalidInput(f"strategy {strategy!r} takes no rollout settings")
-        return None
-    if traffic_pct != 100:
-        raise InvalidInput("blue-green moves all traffic at once: traffic_percent must be 100")
-    unknown = sorted(set(rollout) - {"keep_old_s"})
+    if strategy == "blue-green":
+        if traffic_pct not in (None, 100):
+            raise InvalidInput("blue-green moves all traffic at once: traffic_percent must be 100")
+        _known_settings(strategy, rollout, {"keep_old_s"})
+        keep = _seconds(rollout, "keep_old_s", KEEP_OLD_S)
+        return 100, {"keep_old_s": keep, "switched_at": None, "done": False}
+    if strategy == "canary":
+        return _check_canary(traffic_pct, rollout)
+    if strategy == "shadow":
+        _known_settings(strategy, rollout, {"tolerance"})
+        mirror = 100 if traffic_pct is None else traffic_pct
+        if mirror < 1:
+            raise InvalidInput("a shadow mirrors traffic_percent 1 to 100 % of the requests")
+        tolerance = rollout.get("tolerance", 1e-5)
+        if not _number(tolerance) or not 0 <= tolerance <= 1e6:
+            raise InvalidInput(f"tolerance must be a number >= 0, not {tolerance!r}")
+        return 0, {"mirror_pct": mirror, "tolerance": float(tolerance)}
+    if rollout:
+        raise InvalidInput(f"strategy {strategy!r} takes no rollout settings")
+    return (100 if traffic_pct is None else traffic_pct), None
+
+
+def _check_canary(traffic_pct: int | None, rollout: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    _known_settings("canary", rollout, {"steps", *CANARY_DEFAULTS})
+    if traffic_pct == 100:
+        raise InvalidInput("a canary starts below 100 % of the traffic (its first step)")
+    steps = rollout.get("steps")
+    if steps is None:
+        first = CANARY_STEPS[0] if traffic_pct is None else traffic_pct
+        steps = [first, *(s for s in CANARY_STEPS if s > first)]
+    if (
+        not isinstance(steps, list)
+        or len(steps) < 2
+        or not all(isinstance(x, int) and not isinstance(x, bool) for x in steps)
+        or steps != sorted(set(steps))
+        or steps[0] < 1
+        or steps[-1] != 100
+    ):
+        raise InvalidInput(
+            f"steps must be increasing integer percents ending at 100, e.g. [1, 10, 50, 100]; "
+            f"got {steps!r}"
+        )
+    if traffic_pct is not None and traffic_pct != steps[0]:
+        raise InvalidInput(
+            f"a canary starts at its first step ({steps[0]} %); traffic_percent is {traffic_pct}"
+        )
+    out = {**CANARY_DEFAULTS, **rollout, "steps": steps}
+    out["step_s"] = _seconds(out, "step_s", CANARY_DEFAULTS["step_s"], low=1.0)
+    out["keep_old_s"] = _seconds(out, "keep_old_s", KEEP_OLD_S)
+    minimum = out["min_requests"]
+    if not isinstance(minimum, int) or isinstance(minimum, bool) or not 1 <= minimum <= 10**9:
+        raise InvalidInput(f"min_requests must be an integer >= 1, not {minimum!r}")
+    for key, high in (("max_error_rate_increase", 1.0), ("max_latency_increase", 100.0)):
+        value = out[key]
+        if not _number(value) or not 0 <= value <= high:
+            raise InvalidInput(f"{key} must be a number from 0 to {high:g}, not {value!r}")
+        out[key] = float(value)
+    quantile = out["quantile"]
+    if not _number(quantile) or not 0 < quantile < 1:
+        raise InvalidInput(f"quantile must be between 0 and 1, e.g. 0.99; not {quantile!r}")
+    if out["latency"] not in ("compute", "total"):
+        raise InvalidInput(f"latency must be 'compute' or 'total', not {out['latency']!r}")
+    limit = out["max_p99_ms"]
+    if limit is not None and (not _number(limit) or not limit > 0):
+        raise InvalidInput(f"max_p99_ms must be a positive number of milliseconds, not {limit!r}")
+    hook = out["webhook"]
+    if hook is not None and (
+        not isinstance(hook, str)
+        or not hook.startswith(("http://", "https://"))
+        or len(hook) > 2048
+    ):
+        raise InvalidInput(f"webhook must be an http(s) URL, not {hook!r}")
+    if not isinstance(out["auto_rollback"], bool):
+        raise InvalidInput(f"auto_rollback must be true or false, not {out['auto_rollback']!r}")
+    out.update(state="progressing", step=0, reason=None, analysis=None, promoted_at=None)
+    out["done"] = False
+    return steps[0], out
+
+
+def _known_settings(strategy: str, rollout: dict[str, Any], known: set[str]) -> None:
+    unknown = sorted(set(rollout) - known)
     if unknown:
-        raise InvalidInput(f"unknown blue-green rollout setting(s) {unknown}; known: keep_old_s")
-    keep = rollout.get("keep_old_s", KEEP_OLD_S)
-    if not isinstance(keep, int | float) or isinstance(keep, bool) or not 0 <= keep <= 86400:
-        raise InvalidInput(f"keep_old_s must be a number of seconds from 0 to 86400, not {keep!r}")
-    return {"keep_old_s": float(keep), "switched_at": None, "done": False}
+        raise InvalidInput(
+            f"unknown {strategy} rollout setting(s) {unknown}; known: {sorted(known)}"
+        )
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _seconds(rollout: dict[str, Any], key: str, default: float, low: float = 0.0) -> float:
+    value = rollout.get(key, default)
+    if not _number(value) or not low <= value <= 86400:
+        raise InvalidInput(f"{key} must be seconds from {low:g} to 86400, not {value!r}")
+    return float(value)
 
 
 def _lock_model(session: Session, model: str) -> Model:
@@ -570,6 +780,31 @@ def _adopt_newest(session: Session, model: str, deploying: str) -> Deployment | 
     session.add(row)
     _record(session, model, {newest.version: 100}, "deploy", "inferd", "serving before deployments")
     return row
+
+
+def _live(row: Deployment) -> bool:
+    """A deployment that takes (or may take) live traffic."""
+    return row.status not in ("draining", "rolled_back") and row.strategy != "shadow"
+
+
+def _progressing(rows: Any) -> list[Deployment]:
+    return [
+        r
+        for r in rows
+        if r.strategy == "canary" and (r.rollout or {}).get("state") == "progressing"
+    ]
+
+
+def _stop_canaries(rows: Any, state: str, reason: str) -> None:
+    """A person changed the traffic: canaries in progress stop moving on their own
+    (``rolled_back`` ones also stop running)."""
+    now = utcnow()
+    for row in _progressing(rows):
+        ended = {"state": state, "reason": reason, "ended_at": now.isoformat()}
+        row.rollout = {**(row.rollout or {}), **ended}
+        if state == "rolled_back":
+            row.status, row.traffic_pct = "rolled_back", 0
+        row.updated_at = now
 
 
 def _revision(session: Session, model: str) -> int:

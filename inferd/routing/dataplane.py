@@ -6,14 +6,16 @@ format into columnar numpy inputs, call :meth:`DataPlane.infer`, and encode the 
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import random
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from inferd.errors import ModelError, ModelNotReady, Overloaded
-from inferd.routing.router import Router, Target
+from inferd.routing.router import Router, Shadow, Target
 from inferd.serving import protocol as p
 from inferd.serving.batcher import Columns
 
@@ -35,10 +37,18 @@ FALLBACK_ON = (ModelNotReady, Overloaded, ModelError)
 a full queue, the model raised. Not bad input, and not timeouts (no time is left)."""
 
 
+MAX_SHADOW_INFLIGHT = 64
+"""Mirrored requests a gateway process keeps in flight; more are not mirrored (a slow
+shadow must never hold memory or sockets the live traffic needs)."""
+
+
 class DataPlane:
     def __init__(self, router: Router, request_timeout_s: float) -> None:
         self.router = router
         self.request_timeout_s = request_timeout_s
+        self._mirrored: set[asyncio.Task[None]] = set()
+        self.shadow_skipped = 0
+        """Requests not mirrored because ``MAX_SHADOW_INFLIGHT`` were in flight."""
 
     def target(self, model: str, version: str | None, user: str | None = None) -> Target:
         """``version`` if pinned, else the model's traffic split decides (sticky per
@@ -79,4 +89,39 @@ class DataPlane:
             outputs = await self.router.infer(fallback, tensors, rows, left, request_id, priority)
             elapsed = (time.perf_counter() - started) * 1000
             return InferOutcome(fallback, outputs, elapsed, fallback_from=target.version)
+        if not pinned and (shadow := self.router.shadow_of(target.model)) is not None:
+            self._mirror(shadow, target, tensors, rows, outputs, timeout_s, request_id)
         return InferOutcome(target, outputs, (time.perf_counter() - started) * 1000)
+
+    def _mirror(
+        self,
+        shadow: Shadow,
+        live: Target,
+        tensors: dict[str, p.Tensor],
+        rows: int,
+        outputs: Columns,
+        timeout_s: float,
+        request_id: str,
+    ) -> None:
+        """Send a share of the requests to the shadow version with the live answer, in
+        the background: the live reply never waits for it, and its outcome (latency,
+        errors, agreement) is counted by the shadow's replicas."""
+        if shadow.target.version == live.version or random.random() >= shadow.fraction:
+            return
+        if len(self._mirrored) >= MAX_SHADOW_INFLIGHT:
+            self.shadow_skipped += 1
+            return
+
+        async def send() -> None:
+            reference = {name: p.to_tensor(array) for name, array in outputs.items()}
+            try:
+                await self.router.infer(
+                    shadow.target, tensors, rows, timeout_s, request_id, 0, reference,
+                    shadow.tolerance,
+                )  # fmt: skip
+            except Exception as exc:  # the shadow's failure is the shadow's (its replicas count it)
+                logger.debug("shadow %s:%s: %s", live.model, shadow.target.version, exc)
+
+        task = asyncio.get_running_loop().create_task(send())
+        self._mirrored.add(task)
+        task.add_done_callback(self._mirrored.discard)

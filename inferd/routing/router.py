@@ -97,6 +97,16 @@ class Target:
     framework: str
 
 
+@dataclass(frozen=True, slots=True)
+class Shadow:
+    """Where a model's requests are mirrored: ``fraction`` of them, compared with the live
+    answers within ``tolerance``."""
+
+    target: Target
+    fraction: float
+    tolerance: float
+
+
 class Router:
     def __init__(self) -> None:
         self.table = RoutingTable(0, {})
@@ -105,6 +115,8 @@ class Router:
         self._targets: dict[tuple[str, str], Target] = {}
         self._splits: dict[str, Split] = {}
         """Models whose unpinned requests are split between versions."""
+        self._shadows: dict[str, Shadow] = {}
+        """Models with a shadow version that has ready replicas."""
         self._task: asyncio.Task[None] | None = None
         self.received = asyncio.Event()
         self.on_lost: Callable[[], None] | None = None
@@ -167,8 +179,15 @@ class Router:
             for model in table.models.values()
             if (split := _split(model, ready, targets)) is not None
         }
+        shadows = {
+            model.name: Shadow(targets[(model.name, v.version)], v.mirror_pct / 100, v.tolerance)
+            for model in table.models.values()
+            for v in model.versions.values()
+            if v.mirror_pct > 0 and ready.get((model.name, v.version))
+        }
         # Swapped together, with no await between, so lookups always see one table.
         self._ready, self._targets, self._splits, self.table = ready, targets, splits, table
+        self._shadows = shadows
         self.received.set()
         self._applied.set()
         self._applied = asyncio.Event()
@@ -247,6 +266,10 @@ class Router:
             )
         return self._targets[(model, version)]
 
+    def shadow_of(self, model: str) -> Shadow | None:
+        """The model's shadow version, when it has one that can take mirrored requests."""
+        return self._shadows.get(model) if self._shadows else None
+
     def fallback_for(self, target: Target) -> Target | None:
         """Where a request ``target`` failed goes next: the model's serving version, if
         it is another one, has ready replicas, and ``target``'s deployment allows it."""
@@ -285,12 +308,16 @@ class Router:
         timeout_s: float,
         request_id: str = "",
         priority: int = 0,
+        reference: dict[str, p.Tensor] | None = None,
+        tolerance: float = 0.0,
     ) -> Columns:
         tried: set[str] = set()
         while True:
             client = self._pick(target, tried)
             try:
-                return await client.infer(inputs, rows, timeout_s, request_id, priority)
+                return await client.infer(
+                    inputs, rows, timeout_s, request_id, priority, reference, tolerance
+                )
             except ReplicaGone:
                 tried.add(client.replica_id)
                 if len(tried) >= 2:

@@ -35,6 +35,12 @@ class VersionRoute(msgspec.Struct, frozen=True):
     """LoRA adapters registered with this (generative) version; each is also a model name."""
     fallback: bool = True
     """A request this version fails, unless pinned to it, is retried on the serving one."""
+    mirror_pct: int = 0
+    """A shadow deployment: the percent of the model's requests mirrored to it (their
+    answers are compared with the live ones, then dropped); it takes no live traffic."""
+    tolerance: float = 0.0
+    """A shadow's answer agrees with the live one when every number is within this
+    (absolute and relative) of it, and everything else is equal."""
 
 
 class ModelRoute(msgspec.Struct, frozen=True):

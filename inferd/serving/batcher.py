@@ -31,6 +31,7 @@ import numpy as np
 
 from inferd.config import BatchingConfig
 from inferd.errors import InvalidInput, Overloaded, RequestTimeout
+from inferd.observability.metrics import Sketch
 
 Columns = dict[str, np.ndarray]
 PredictFn = Callable[[Columns], Columns]
@@ -77,6 +78,9 @@ class DynamicBatcher:
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.stats = BatchStats()
+        self.compute = Sketch()
+        """Seconds each answered request's batch computed (a canary analysis compares it:
+        unlike queue time, it does not depend on how much traffic a version gets)."""
         self.busy = False
         self._flush_due = False
 
@@ -202,10 +206,12 @@ class DynamicBatcher:
                     p.future.set_exception(exc)
             return
         finally:
-            self.stats.compute_s += time.perf_counter() - started
+            elapsed = time.perf_counter() - started
+            self.stats.compute_s += elapsed
             self.stats.batches += 1
             self.stats.rows += rows
             self.stats.requests += len(batch)
+        self.compute.observe(elapsed, len(batch))
         start = 0
         for p in batch:
             end = start + p.rows

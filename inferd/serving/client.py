@@ -128,8 +128,15 @@ class ReplicaClient:
         timeout_s: float,
         request_id: str = "",
         priority: int = 0,
+        reference: dict[str, p.Tensor] | None = None,
+        tolerance: float = 0.0,
     ) -> Columns:
-        message = p.Infer(next(self._ids), inputs, rows, timeout_s * 1000, request_id, priority)
+        """One predict; with ``reference`` (a live answer) a shadow request, answered
+        with no outputs (the replica compares and counts)."""
+        message = p.Infer(
+            next(self._ids), inputs, rows, timeout_s * 1000, request_id, priority, reference,
+            tolerance,
+        )  # fmt: skip
         self.outstanding += 1
         try:
             reply = await self._call(message, timeout_s)

@@ -225,6 +225,10 @@ class GenerationCore:
         the engine thread may be adding to them: a snapshot may be a step behind)."""
         return self.engine.metrics.snapshot() if self.engine is not None else {}
 
+    def shadow_outcome(self, outputs: Any, message: Any) -> None:
+        """Never called: gateways mirror predict requests only, and ``submit`` refuses
+        them here before any outcome exists."""
+
     def idle(self) -> bool:
         return not self._sinks
 

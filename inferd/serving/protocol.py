@@ -41,6 +41,10 @@ class Infer(msgspec.Struct, tag="infer", array_like=True):
     timeout_ms: float
     request_id: str = ""
     priority: int = 0
+    reference: dict[str, Tensor] | None = None
+    """A mirrored (shadow) request: the live version's answer. The replica compares its
+    own with it (within ``tolerance``), counts the outcome, and answers no outputs."""
+    tolerance: float = 0.0
 
 
 class InferResult(msgspec.Struct, tag="result", array_like=True):

@@ -21,13 +21,16 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
+
 from inferd.config import BatchingConfig
 from inferd.errors import InferdError, InvalidInput, ModelNotReady
-from inferd.observability.metrics import REQUEST_BUCKETS_S, Histogram
+from inferd.observability.metrics import REQUEST_BUCKETS_S, Histogram, Sketch
 from inferd.process import die_with_parent
 from inferd.runtimes import load_runtime
 from inferd.runtimes.base import Runtime, RuntimeConfig, Signature
 from inferd.serving.batcher import Columns, DynamicBatcher
+from inferd.serving.protocol import from_tensor
 from inferd.serving.spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)
@@ -48,7 +51,9 @@ class ReplicaCore:
         self.inflight = 0
         self._queue_timeout_s = BatchingConfig().queue_timeout_ms / 1000
         self._request_s = Histogram(REQUEST_BUCKETS_S)
+        self._latency = Sketch()
         self._failed = 0
+        self._shadow = {"compared": 0, "agreed": 0, "failed": 0}
 
     async def load(self) -> None:
         runtime = await load_off_loop(self, self._load_and_warm_up, self._executor)
@@ -83,7 +88,9 @@ class ReplicaCore:
         if future.cancelled():
             return
         if future.exception() is None:
-            self._request_s.observe(time.perf_counter() - started)
+            elapsed = time.perf_counter() - started
+            self._request_s.observe(elapsed)
+            self._latency.observe(elapsed)
         else:
             self._failed += 1
 
@@ -118,8 +125,28 @@ class ReplicaCore:
 
     def metrics(self) -> dict[str, Any]:
         """Histograms and counters for the status frame: the time answered requests spent
-        here (queue + compute) and how many failed (the model raised, or expired)."""
-        return {"request_s": self._request_s.snapshot(), "requests_failed": self._failed}
+        here (queue + compute; Prometheus buckets, and a fine sketch), the time their
+        batches computed (sketch), and how many failed (the model raised, or expired)."""
+        metrics: dict[str, Any] = {
+            "request_s": self._request_s.snapshot(),
+            "latency_sketch": self._latency.snapshot(),
+            "requests_failed": self._failed,
+        }
+        if self.batcher is not None:
+            metrics["compute_sketch"] = self.batcher.compute.snapshot()
+        if any(self._shadow.values()):
+            metrics["shadow"] = dict(self._shadow)
+        return metrics
+
+    def shadow_outcome(self, outputs: Columns | None, message: Any) -> None:
+        """Count a mirrored request: it failed here (``outputs`` None), or its answer
+        agreed with the live version's (``message.reference``), or not."""
+        if outputs is None:
+            self._shadow["failed"] += 1
+            return
+        self._shadow["compared"] += 1
+        if agrees(outputs, message.reference, message.tolerance):
+            self._shadow["agreed"] += 1
 
     def idle(self) -> bool:
         return self.inflight == 0 and (self.batcher is None or self.batcher.idle())
@@ -130,6 +157,27 @@ class ReplicaCore:
         if self.runtime is not None:
             self.runtime.unload()
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def agrees(outputs: Columns, reference: dict[str, Any], tolerance: float) -> bool:
+    """The same outputs as ``reference`` (protocol tensors): same names and shapes, numbers
+    within ``tolerance`` (absolute, plus relative to the reference), the rest equal."""
+    if set(outputs) != set(reference):
+        return False
+    for name, mine in outputs.items():
+        theirs = from_tensor(reference[name])
+        if mine.shape != theirs.shape:
+            return False
+        if mine.dtype.kind in "fc" or theirs.dtype.kind in "fc":
+            try:
+                same = np.allclose(mine, theirs, rtol=tolerance, atol=tolerance, equal_nan=True)
+            except TypeError:
+                return False
+        else:
+            same = np.array_equal(mine, theirs)
+        if not same:
+            return False
+    return True
 
 
 def rss_bytes() -> int:

@@ -102,17 +102,22 @@ class ReplicaProtocol(asyncio.Protocol):
             self._send(p.Error(message.id, *error_status(exc)))
             return
         self.pending[message.id] = future
-        future.add_done_callback(functools.partial(self._reply, message.id))
+        future.add_done_callback(functools.partial(self._reply, message.id, message))
 
-    def _reply(self, request_id: int, future: asyncio.Future[Columns]) -> None:
+    def _reply(self, request_id: int, message: p.Infer, future: asyncio.Future[Columns]) -> None:
         self.pending.pop(request_id, None)
         if future.cancelled():
             return
         exc = future.exception()
+        if message.reference is not None:
+            self.core.shadow_outcome(future.result() if exc is None else None, message)
         if exc is not None:
             if not isinstance(exc, Exception) or error_status(exc)[2] >= 500:
                 logger.error("predict failed", exc_info=exc)
             self._send(p.Error(request_id, *error_status(exc)))
+            return
+        if message.reference is not None:
+            self._send(p.InferResult(request_id, {}))  # a shadow's answer goes nowhere
             return
         try:
             outputs = {n: p.to_tensor(a) for n, a in future.result().items()}
