@@ -305,6 +305,7 @@ def test_listing_in_automatic_mode(server: InferdServer) -> None:
         "p50_ms",
         "p99_ms",
         "mean_ms",
+        "compute_p50_ms",
         "compute_p99_ms",
         "compute_mean_ms",
         "replicas_measured",

@@ -148,8 +148,13 @@ def test_split_proportions_and_stickiness_on_the_server(server, registry):
 class Load:
     """Steady requests from a few threads until stopped; counts answers and failures."""
 
-    def __init__(self, url: str, threads: int = 3) -> None:
+    def __init__(
+        self, url: str, threads: int = 3, model: str = "fast", body: dict | None = None
+    ) -> None:
         self.url = url
+        self.path = f"/api/v1/models/{model}/predict"
+        self.body = BODY if body is None else body
+        self.latencies: list[float] = []
         self.stop = threading.Event()
         self.versions: Counter[str] = Counter()
         self.failures: list[str] = []
@@ -158,8 +163,9 @@ class Load:
     def _run(self) -> None:
         with httpx.Client(base_url=self.url, timeout=30) as client:
             while not self.stop.is_set():
+                started = time.perf_counter()
                 try:
-                    reply = client.post("/api/v1/models/fast/predict", json=BODY)
+                    reply = client.post(self.path, json=self.body)
                 except httpx.HTTPError as exc:
                     self.failures.append(repr(exc))
                     continue
@@ -167,6 +173,7 @@ class Load:
                     self.failures.append(f"{reply.status_code} {reply.text}")
                 else:
                     self.versions[reply.json()["version"]] += 1
+                    self.latencies.append(time.perf_counter() - started)
 
     def __enter__(self) -> Load:
         for t in self._threads:

@@ -105,6 +105,8 @@ class ModelState:
     """Deployed versions -> percent, newest first; empty in automatic mode."""
     mirrors: dict[str, tuple[int, float]] = field(default_factory=dict)
     """Shadow deployments: version -> (percent of requests mirrored, output tolerance)."""
+    canaries: set[str] = field(default_factory=set)
+    """Canaries in progress: never the serving version while another one is ready."""
 
 
 @dataclass
@@ -183,13 +185,13 @@ class Controller:
         model = self.models.setdefault(record.name, ModelState(record.name))
         model.loaded = record.loaded
         if not record.loaded:
-            model.traffic, model.mirrors = {}, {}
+            model.traffic, model.mirrors, model.canaries = {}, {}, set()
             self._unload(model)
             return
         if deployments:
             self._reconcile_deployments(model, record, deployments)
             return
-        model.traffic, model.mirrors = {}, {}
+        model.traffic, model.mirrors, model.canaries = {}, {}, set()
         target = record.versions[-1]
         vset = model.versions.get(target.version)
         if vset is not None and vset.retiring:
@@ -216,6 +218,11 @@ class Controller:
             if r.strategy == "shadow" and r.rollout
         }
         wanted = {r.version for r in active}
+        model.canaries = {
+            r.version
+            for r in active
+            if r.strategy == "canary" and (r.rollout or {}).get("state") == "progressing"
+        }
         for version, running in model.versions.items():
             if version not in wanted and not running.retiring:
                 self._retire_soon(model, version, remove=True)
@@ -449,14 +456,19 @@ class Controller:
     def _pick_serving(self, model: ModelState) -> None:
         """Deployments: the serving version is the ready one with the largest share (the
         older on a tie: the established one is the stable one, and what failed requests
-        fall back to); a version at 0 % still serves while nothing else is ready."""
+        fall back to), never a canary in progress while another version is ready; a
+        version at 0 % still serves while nothing else is ready."""
         ready = [
             v
             for v, s in model.versions.items()
             if not s.retiring and s.ready_count() > 0 and (v in model.traffic)
         ]
         order = list(model.traffic)  # newest first: the older version wins a tie
-        best = max(ready, key=lambda v: (model.traffic[v], order.index(v)), default=None)
+        best = max(
+            ready,
+            key=lambda v: (v not in model.canaries, model.traffic[v], order.index(v)),
+            default=None,
+        )
         if best != model.serving:
             logger.info("%s now serves version %s by default", model.name, best)
             model.serving = best

@@ -116,15 +116,15 @@ class LabeledCounter:
 
 
 class Sketch:
-    """Quantiles within 2 % of the true value at any scale, from a few dozen counters.
+    """Quantiles within 1 % of the true value at any scale, from a few dozen counters.
 
-    Bucket ``i`` counts values in (g^(i-1), g^i] with g = GAMMA = 1.04 and reports its midpoint
-    2g^i/(g+1), so every estimate is within (g-1)/(g+1) ≈ 2 % of a value in the bucket
+    Bucket ``i`` counts values in (g^(i-1), g^i] with g = GAMMA = 1.02 and reports its midpoint
+    2g^i/(g+1), so every estimate is within (g-1)/(g+1) ≈ 1 % of a value in the bucket
     (the DDSketch construction). Fixed Prometheus buckets cannot tell 10 ms from 12 ms;
     a canary analysis must. Only non-empty buckets are kept and sent, and two snapshots
     subtract, so a window's quantiles come from snapshots taken at its two ends."""
 
-    GAMMA = 1.04
+    GAMMA = 1.02
     MIN_VALUE = 1e-7
     __slots__ = ("buckets", "count", "sum")
 

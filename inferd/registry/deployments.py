@@ -626,8 +626,7 @@ def _check_rollout(
     return (100 if traffic_pct is None else traffic_pct), None
 
 
-def _check_canary(traffic_pct: int | None, rollout: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    _known_settings("canary", rollout, {"steps", *CANARY_DEFAULTS})
+def _canary_steps(traffic_pct: int | None, rollout: dict[str, Any]) -> list[int]:
     if traffic_pct == 100:
         raise InvalidInput("a canary starts below 100 % of the traffic (its first step)")
     steps = rollout.get("steps")
@@ -650,6 +649,12 @@ def _check_canary(traffic_pct: int | None, rollout: dict[str, Any]) -> tuple[int
         raise InvalidInput(
             f"a canary starts at its first step ({steps[0]} %); traffic_percent is {traffic_pct}"
         )
+    return steps
+
+
+def _check_canary(traffic_pct: int | None, rollout: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    _known_settings("canary", rollout, {"steps", *CANARY_DEFAULTS})
+    steps = _canary_steps(traffic_pct, rollout)
     out = {**CANARY_DEFAULTS, **rollout, "steps": steps}
     out["step_s"] = _seconds(out, "step_s", CANARY_DEFAULTS["step_s"], low=1.0)
     out["keep_old_s"] = _seconds(out, "keep_old_s", KEEP_OLD_S)
