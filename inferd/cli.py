@@ -19,7 +19,7 @@ from inferd.config import Settings, load_settings
 from inferd.errors import InferdError
 
 if TYPE_CHECKING:
-    from inferd.registry.deployments import TrafficRecord
+    from inferd.registry.deployments import DeploymentRecord, TrafficRecord
 
 app = typer.Typer(
     help="inferd: serve any model fast, versioned and observable.",
@@ -292,21 +292,47 @@ def _parse_split(items: list[str]) -> dict[str, int]:
 def deploy(
     model: Annotated[str, typer.Argument(help="Model name.")],
     version: Annotated[str, typer.Argument(help="A registered version.")],
-    traffic: Annotated[int, typer.Option(help="Its percent of the traffic.")] = 100,
+    traffic: Annotated[
+        int | None,
+        typer.Option(
+            help="Its percent of the traffic (default 100; canary: its first step; shadow: "
+            "the percent of requests mirrored to it)."
+        ),
+    ] = None,
     replicas: Annotated[int | None, typer.Option(help="Replica processes.")] = None,
     gpu: Annotated[str | None, typer.Option(help="GPU type, e.g. A100.")] = None,
     strategy: Annotated[
-        str, typer.Option(help="How to roll out: rolling or blue-green.")
+        str, typer.Option(help="How to roll out: rolling, blue-green, canary or shadow.")
     ] = "rolling",
     keep_old_s: Annotated[
         float | None,
-        typer.Option(help="blue-green: seconds the replaced versions stay (default 300)."),
+        typer.Option(
+            help="blue-green, canary: seconds the replaced versions stay after the switch "
+            "(default 300)."
+        ),
+    ] = None,
+    steps: Annotated[
+        str | None, typer.Option(help="canary: percents, e.g. 1,10,50,100 (the default).")
+    ] = None,
+    step_s: Annotated[
+        float | None, typer.Option(help="canary: analysis window of each step (default 60).")
+    ] = None,
+    webhook: Annotated[
+        str | None, typer.Option(help="canary: URL that must answer 2xx to each step's figures.")
+    ] = None,
+    rollout: Annotated[
+        str | None,
+        typer.Option(
+            help="More strategy settings as JSON, e.g. '{\"max_latency_increase\": 0.2}'."
+        ),
     ] = None,
     config: ConfigOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
     """Deploy a registered version with TRAFFIC % of the model's requests; the other
-    deployed versions share the rest in proportion."""
+    deployed versions share the rest in proportion. A canary moves through its steps on
+    its own while its analysis passes, and rolls back when it does not."""
+    settings = _rollout_settings(rollout, keep_old_s, steps, step_s, webhook)
     with _errors(), _registry(config, data_dir) as registry:
         registry.deployments.deploy(
             model,
@@ -315,14 +341,41 @@ def deploy(
             replicas=replicas,
             gpu_type=gpu,
             strategy=strategy,
-            rollout=None if keep_old_s is None else {"keep_old_s": keep_old_s},
+            rollout=settings or None,
             actor=_ACTOR,
         )
         change = registry.deployments.history(model, 1)[0]
     console.print(
-        f"deployed [bold]{model}:{version}[/bold]; traffic {_split_text(change.split)} "
-        f"(revision {change.revision}); {_PICKED_UP}"
+        f"deployed [bold]{model}:{version}[/bold] ({strategy}); traffic "
+        f"{_split_text(change.split)} (revision {change.revision}); {_PICKED_UP}"
     )
+
+
+def _rollout_settings(
+    raw: str | None,
+    keep_old_s: float | None,
+    steps: str | None,
+    step_s: float | None,
+    webhook: str | None,
+) -> dict[str, Any]:
+    settings: dict[str, Any] = {}
+    if raw is not None:
+        try:
+            settings = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise typer.BadParameter(f"--rollout is not JSON: {exc}") from None
+        if not isinstance(settings, dict):
+            raise typer.BadParameter("--rollout must be a JSON object")
+    if steps is not None:
+        try:
+            settings["steps"] = [int(x) for x in steps.split(",")]
+        except ValueError:
+            message = f"--steps must be percents like 1,10,50,100: {steps!r}"
+            raise typer.BadParameter(message) from None
+    for key, value in (("keep_old_s", keep_old_s), ("step_s", step_s), ("webhook", webhook)):
+        if value is not None:
+            settings[key] = value
+    return settings
 
 
 @app.command("traffic")
@@ -385,21 +438,37 @@ def deployments(
         records = [registry.get_model(model)] if model else registry.list_models()
         rows = registry.deployments.list_all(model)
         history = registry.deployments.history(model) if model else []
-    table = Table("model", "version", "status", "replicas", "gpu", "traffic")
+    table = Table("model", "version", "status", "replicas", "gpu", "traffic", "rollout")
     deployed = {r.model_name for r in rows}
     for r in rows:
         replicas = str(r.replicas) if r.replicas is not None else "default"
         table.add_row(
-            r.model_name, r.version, r.status, replicas, r.gpu_type or "-", f"{r.traffic_pct}%"
-        )
+            r.model_name, r.version, r.status, replicas, r.gpu_type or "-", f"{r.traffic_pct}%",
+            _rollout_text(r),
+        )  # fmt: skip
     for m in records:
         if m.name not in deployed and m.versions:
             status, share = ("automatic", "100%") if m.loaded else ("unloaded", "-")
-            table.add_row(m.name, m.versions[-1].version, status, "default", "-", share)
+            table.add_row(m.name, m.versions[-1].version, status, "default", "-", share, "-")
     out = Console()
     out.print(table)
     if history:
         out.print(_history_table(history))
+
+
+def _rollout_text(record: DeploymentRecord) -> str:
+    """A deployment's strategy and where it stands, in a few words."""
+    rollout = record.rollout or {}
+    if record.strategy == "shadow":
+        return f"shadow, mirrors {rollout.get('mirror_pct')}%"
+    if record.strategy == "canary":
+        steps, step = rollout.get("steps", []), rollout.get("step", 0)
+        text = f"canary {rollout.get('state')}, step {step + 1}/{len(steps)}"
+        reason = rollout.get("reason")
+        return f"{text}: {reason}" if reason else text
+    if record.strategy == "blue-green":
+        return "blue-green, switched" if rollout.get("switched_at") else "blue-green, waiting"
+    return record.strategy
 
 
 def _history_table(history: list[TrafficRecord]) -> Table:

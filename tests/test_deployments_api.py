@@ -560,3 +560,16 @@ def test_cli_writes_what_the_server_then_shows(
         timeout_s=60,
         what="the CLI's undeploy applied",
     )
+
+    # A canary from the CLI: its steps and settings, and where it stands in the listing.
+    slow = '{"min_requests": 100000}'  # never enough traffic here: it stays at its first step
+    started = cli("deploy", model, "v2", "--strategy", "canary", "--steps", "5,100",
+                  "--step-s", "600", "--rollout", slow)  # fmt: skip
+    assert "(canary)" in started.stderr and "v2=5% v1=95%" in started.stderr
+    assert "canary progressing, step 1/2" in cli("deployments", model).stdout
+    (canary,) = [v for v in _get(server.client, model)["versions"] if v["version"] == "v2"]
+    assert canary["rollout"]["min_requests"] == 100000 and canary["rollout"]["step_s"] == 600
+    bad_json = cli("deploy", model, "v2", "--rollout", "{steps", check=False)
+    assert bad_json.returncode == 2 and "--rollout is not JSON" in bad_json.stderr
+    bad_steps = cli("deploy", model, "v2", "--steps", "a,b", check=False)
+    assert bad_steps.returncode == 2 and "--steps must be percents" in bad_steps.stderr
