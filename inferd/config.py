@@ -75,6 +75,21 @@ class LLMConfig(BaseModel):
     """Largest LoRA rank a slot holds."""
 
 
+class InferenceLogConfig(BaseModel):
+    """One row per inference request in the ``inference_logs`` table of the registry's
+    database (see :mod:`inferd.observability.inference_log`)."""
+
+    enabled: bool = True
+    flush_interval_s: float = Field(1.0, gt=0, le=60)
+    """How often each gateway process writes what accumulated, in one transaction."""
+    max_buffer_rows: int = Field(100_000, ge=100)
+    """Rows a gateway process holds while the database is behind; more are dropped."""
+    retention_days: int = Field(7, ge=1, le=3650)
+    """Older rows (PostgreSQL: older daily partitions) are removed hourly."""
+    partitions_ahead_days: int = Field(3, ge=1, le=60)
+    """PostgreSQL: daily partitions created ahead of time."""
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="INFERD_", env_nested_delimiter="__", extra="ignore"
@@ -100,6 +115,7 @@ class Settings(BaseSettings):
     batching: BatchingConfig = Field(default_factory=lambda: BatchingConfig())
     """Default dynamic batching for versions that do not set their own."""
     llm: LLMConfig = Field(default_factory=lambda: LLMConfig())
+    inference_log: InferenceLogConfig = Field(default_factory=lambda: InferenceLogConfig())
     """Engine settings for generative (GPT-2-family) models."""
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     """Largest request body accepted (413 beyond)."""

@@ -22,9 +22,12 @@ from inferd.config import Settings
 from inferd.control.controller import Controller
 from inferd.control.gateways import GatewayPool
 from inferd.control.publisher import TablePublisher
+from inferd.observability.inference_log import maintain
 from inferd.registry import Registry
 
 logger = logging.getLogger(__name__)
+UPKEEP_INTERVAL_S = 3600.0
+"""How often old inference log rows go and new partitions are made."""
 
 
 def _reserve_port(host: str, port: int) -> socket.socket:
@@ -61,6 +64,26 @@ def _resolve_ports(settings: Settings) -> list[socket.socket]:
     return [http, grpc]
 
 
+def _log_upkeep(registry: Registry, settings: Settings) -> None:
+    """Inference log partitions ahead (PostgreSQL) and retention."""
+    cfg = settings.inference_log
+    done = maintain(registry.write_engine, cfg.retention_days, cfg.partitions_ahead_days)
+    if done.created or done.dropped or done.deleted_rows:
+        logger.info(
+            "inference log: created %s, dropped %s, deleted %d old row(s)",
+            done.created or "no partition", done.dropped or "no partition", done.deleted_rows,
+        )  # fmt: skip
+
+
+async def _log_upkeep_forever(registry: Registry, settings: Settings) -> None:
+    while True:
+        await asyncio.sleep(UPKEEP_INTERVAL_S)
+        try:
+            await asyncio.to_thread(_log_upkeep, registry, settings)
+        except Exception:
+            logger.exception("inference log upkeep failed; retrying in an hour")
+
+
 async def serve(
     settings: Settings,
     demo: bool = False,
@@ -85,7 +108,11 @@ async def serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    upkeep = None
     try:
+        if settings.inference_log.enabled:
+            await asyncio.to_thread(_log_upkeep, registry, settings)  # partitions first
+            upkeep = loop.create_task(_log_upkeep_forever(registry, settings))
         await controller.start()
         await gateways.start()
         for sock in reserved:
@@ -99,6 +126,8 @@ async def serve(
         await stop.wait()
         progress("shutting down: draining gateways, then replicas")
     finally:
+        if upkeep is not None:
+            upkeep.cancel()
         await gateways.stop()
         await controller.stop()
         await publisher.close()

@@ -3,9 +3,11 @@ and the load timeout that is separate from request timeouts."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
 from inferd.registry import Registry
 from inferd.runtimes.base import Signature
@@ -51,6 +53,20 @@ def test_server_with_postgres_registry_and_load_timeout(tmp_path: Path, postgres
         )
         reply = server.client.post("/api/v1/models/summer/predict", json={"inputs": [[1, 2, 3, 4]]})
         assert reply.json()["outputs"] == [{"prediction": 10.0}]
+        # Its inference log row lands in today's partition of the PostgreSQL table.
+        rid = reply.headers["x-request-id"]
+        server.wait_for(
+            lambda: server.client.get("/api/v1/logs", params={"request_id": rid}).json()["logs"],
+            timeout_s=10,
+            what="the request's inference log row",
+        )
+        partition = "SELECT tableoid::regclass::text FROM inference_logs WHERE request_id = :r"
+        with (
+            Registry(postgres_url, tmp_path / "artifacts", migrate=False) as reg,
+            reg.engine.connect() as conn,
+        ):
+            where = conn.execute(text(partition), {"r": rid}).scalar_one()
+        assert where == f"inference_logs_{datetime.now(UTC):%Y%m%d}"
         models = {m["name"] for m in server.client.get("/api/v1/models").json()["models"]}
         assert models == {"summer", "slowload"}
         server.wait_for(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -22,11 +23,23 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 import inferd
-from inferd.api import deployments, generate, health, openai, v1, v2, v2_generate, v2_repository
+from inferd.api import (
+    deployments,
+    generate,
+    health,
+    logs,
+    openai,
+    v1,
+    v2,
+    v2_generate,
+    v2_repository,
+)
 from inferd.api.http import json_response, request_id_of
 from inferd.api.status import StatusView
 from inferd.config import Settings
 from inferd.errors import InferdError
+from inferd.observability.inference_log import InferenceLog
+from inferd.observability.logging import request_id_var
 from inferd.registry import Registry
 from inferd.routing.dataplane import DataPlane
 from inferd.routing.router import Router
@@ -35,7 +48,12 @@ logger = logging.getLogger(__name__)
 Handler = Callable[..., Awaitable[Response]]
 
 
-def create_app(settings: Settings, router: Router, registry: Registry) -> FastPath:
+def create_app(
+    settings: Settings,
+    router: Router,
+    registry: Registry,
+    inference_log: InferenceLog | None = None,
+) -> FastPath:
     app = FastAPI(
         title="inferd",
         version=inferd.__version__,
@@ -55,41 +73,82 @@ def create_app(settings: Settings, router: Router, registry: Registry) -> FastPa
     app.include_router(v2_generate.router)
     app.include_router(deployments.router)
     _install_error_handlers(app)
+    app.state.inference_log = inference_log
+    app.include_router(logs.router)
     return FastPath(
         app,
         {
-            ("POST", "/api/v1/models/{model}/predict"): v1.predict,
-            ("POST", "/api/v1/predict"): v1.predict_one,
-            ("POST", "/v2/models/{model}/infer"): v2.infer,
-            ("POST", "/v2/models/{model}/versions/{version}/infer"): v2.infer,
+            ("POST", "/api/v1/models/{model}/predict"): (v1.predict, "v1"),
+            ("POST", "/api/v1/predict"): (v1.predict_one, "v1"),
+            ("POST", "/v2/models/{model}/infer"): (v2.infer, "v2"),
+            ("POST", "/v2/models/{model}/versions/{version}/infer"): (v2.infer, "v2"),
         },
+        inference_log,
     )
 
 
 class FastPath:
-    """ASGI entry point: hot routes go straight to their handler, the rest to FastAPI."""
+    """ASGI entry point: hot routes go straight to their handler, the rest to FastAPI.
+    Each hot request, answered or refused, becomes a row of the inference log: the
+    model (path, or ``scope["inferd.model"]`` set by the handler), the version that
+    answered and any fallback (response headers), the user key (``scope["inferd.user"]``)."""
 
-    def __init__(self, app: FastAPI, routes: dict[tuple[str, str], Handler]) -> None:
+    def __init__(
+        self,
+        app: FastAPI,
+        routes: dict[tuple[str, str], tuple[Handler, str]],
+        inference_log: InferenceLog | None = None,
+    ) -> None:
         self.app = app
         self.state = app.state
         self._routes = [
-            (method, re.compile("^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", path) + "$"), h)
-            for (method, path), h in routes.items()
+            (method, re.compile("^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", path) + "$"), h, api)
+            for (method, path), (h, api) in routes.items()
         ]
+        self._log = inference_log
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            for method, pattern, handler in self._routes:
+            for method, pattern, handler, api in self._routes:
                 if scope["method"] == method and (match := pattern.match(scope["path"])):
+                    started = time.perf_counter()
                     scope["app"] = self.app
                     request = Request(scope, receive)
+                    params = match.groupdict()
                     try:
-                        response = await handler(request=request, **match.groupdict())
+                        response = await handler(request=request, **params)
                     except Exception as exc:
                         response = error_response(request, exc)
                     await response(scope, receive, send)
+                    if self._log is not None:
+                        _record(self._log, scope, params, response, api, started)
                     return
         await self.app(scope, receive, send)
+
+
+def _record(
+    log: InferenceLog,
+    scope: Scope,
+    params: dict[str, str],
+    response: Response,
+    api: str,
+    started: float,
+) -> None:
+    model = params.get("model") or scope.get("inferd.model")
+    if model is None:
+        return  # refused before it named a model: not an inference on one
+    headers = response.headers
+    rid = headers.get("x-request-id") or request_id_var.get()
+    log.record(
+        "" if rid == "-" else rid,
+        model,
+        headers.get("x-inferd-model-version"),
+        api,
+        response.status_code,
+        (time.perf_counter() - started) * 1000,
+        scope.get("inferd.user"),
+        headers.get("x-inferd-fallback-from"),
+    )
 
 
 def _error(request: Request, status: int, code: str, message: str, **extra: Any) -> Response:

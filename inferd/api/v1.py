@@ -50,7 +50,9 @@ async def _run(request: Request, model: str, body: Any, rows_key: str) -> tuple[
         raise BadRequest("request body must be a JSON object")
     version, timeout_s, user = _params(body)
     plane = _plane(request)
-    target = plane.target(model, version, user or request.headers.get("x-user-id"))
+    user = user or request.headers.get("x-user-id")
+    request.scope["inferd.user"] = user  # for the inference log
+    target = plane.target(model, version, user)
     rows = body.get(rows_key)
     if rows_key == "input":
         if rows is None:
@@ -101,6 +103,7 @@ async def predict_one(request: Request) -> Response:
     model = body.get("model")
     if not isinstance(model, str):
         raise InvalidInput("missing 'model': the name of the model to call")
+    request.scope["inferd.model"] = model
     outcome, rid = await _run(request, model, body, "input")
     row = columns_to_rows(outcome.outputs, outcome.target.signature)[0]
     result: dict[str, Any] = {"model": model, "version": outcome.target.version}

@@ -134,7 +134,9 @@ async def infer(request: Request, model: str, version: str | None = None) -> Res
         raise BadRequest("request body must be a JSON object")
     plane: DataPlane = request.app.state.dataplane
     params = _parameters(body)
-    target = plane.target(model, version, user_of(params) or request.headers.get("x-user-id"))
+    user = user_of(params) or request.headers.get("x-user-id")
+    request.scope["inferd.user"] = user  # for the inference log
+    target = plane.target(model, version, user)
     columns, rows = decode_inputs(body.get("inputs"), target.signature, binary)
     wanted = requested_outputs(body.get("outputs"), target.signature)
     binary_default = bool(params.get("binary_data_output", False))
@@ -165,6 +167,8 @@ async def infer(request: Request, model: str, version: str | None = None) -> Res
     if isinstance(body.get("id"), str):
         reply["id"] = body["id"]
     headers = {"x-request-id": rid, "x-inferd-model-version": target.version}
+    if outcome.fallback_from is not None:
+        headers["x-inferd-fallback-from"] = outcome.fallback_from
     if not blobs:
         return json_response(reply, headers=headers)
     head = orjson.dumps(reply)

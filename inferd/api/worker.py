@@ -18,6 +18,7 @@ import uvicorn
 
 from inferd.api.app import create_app
 from inferd.config import Settings
+from inferd.observability.inference_log import InferenceLog
 from inferd.observability.logging import configure_logging
 from inferd.process import die_with_parent
 from inferd.registry import Registry
@@ -39,7 +40,14 @@ async def run_gateway(settings: Settings, control_socket: Path) -> None:
     router = Router()
     await router.follow(control_socket)
     registry = Registry(settings.resolved_database_url, settings.artifact_dir, migrate=False)
-    app = create_app(settings, router, registry)
+    inference_log = None
+    if settings.inference_log.enabled:
+        cfg = settings.inference_log
+        inference_log = InferenceLog(
+            registry.write_engine, cfg.flush_interval_s, cfg.max_buffer_rows
+        )
+        inference_log.start()
+    app = create_app(settings, router, registry, inference_log)
     config = uvicorn.Config(
         app,
         loop="none",
@@ -64,7 +72,7 @@ async def run_gateway(settings: Settings, control_socket: Path) -> None:
     if settings.grpc_port >= 0:
         from inferd.grpc.service import start_server
 
-        grpc_server = await start_server(router, registry, settings)
+        grpc_server = await start_server(router, registry, settings, inference_log)
     loop = asyncio.get_running_loop()
     loop.call_soon(lambda: print("LISTENING", flush=True))
     stopping = None
@@ -76,6 +84,8 @@ async def run_gateway(settings: Settings, control_socket: Path) -> None:
         if stopping is not None:
             await stopping
         router.close()
+        if inference_log is not None:
+            await asyncio.to_thread(inference_log.close)  # what is left, written
         registry.close()
 
 

@@ -40,6 +40,7 @@ from inferd.config import Settings
 from inferd.errors import InferdError, InvalidInput, ModelNotReady
 from inferd.grpc import grpc_service_pb2 as pb
 from inferd.grpc import grpc_service_pb2_grpc as pb_grpc
+from inferd.observability.inference_log import InferenceLog
 from inferd.observability.logging import request_id_var
 from inferd.registry import Registry
 from inferd.routing.dataplane import DataPlane
@@ -106,11 +107,18 @@ def parameters(params: Any) -> dict[str, Any]:
 
 
 class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
-    def __init__(self, router: Router, registry: Registry, settings: Settings) -> None:
+    def __init__(
+        self,
+        router: Router,
+        registry: Registry,
+        settings: Settings,
+        inference_log: InferenceLog | None = None,
+    ) -> None:
         self.router = router
         self.registry = registry
         self.settings = settings
         self.plane = DataPlane(router, settings.request_timeout_s)
+        self.inference_log = inference_log
 
     # -- health and metadata -----------------------------------------------------------
 
@@ -148,9 +156,44 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
 
     @_errors
     async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
-        return await self._infer(request)
+        if self.inference_log is None:
+            return (await self._infer(request))[0]
+        started = time.perf_counter()
+        try:
+            response, fallback = await self._infer(request)
+        except InferdError as exc:
+            self._log(request, started, exc.status_code)
+            raise
+        except Exception:
+            self._log(request, started, 500)
+            raise
+        self._log(request, started, 200, response.model_version, fallback)
+        return response
 
-    async def _infer(self, request: Any) -> pb.ModelInferResponse:
+    def _log(
+        self,
+        request: Any,
+        started: float,
+        status: int,
+        version: str | None = None,
+        fallback: str | None = None,
+    ) -> None:
+        """An inference log row for a ModelInfer call (HTTP status codes, as for REST)."""
+        assert self.inference_log is not None
+        rid = request.id or request_id_var.get()
+        self.inference_log.record(
+            "" if rid == "-" else rid,
+            request.model_name,
+            version,
+            "grpc",
+            status,
+            (time.perf_counter() - started) * 1000,
+            v2.user_of(parameters(request.parameters)),
+            fallback,
+        )
+
+    async def _infer(self, request: Any) -> tuple[pb.ModelInferResponse, str | None]:
+        """The response, and the version that failed first when a fallback answered."""
         started = time.perf_counter()
         rid = request.id or new_request_id()
         request_id_var.set(rid)
@@ -182,7 +225,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
                 output.datatype = datatype_of(array)
                 output.shape.extend(array.shape)
                 response.raw_output_contents.append(v2.to_binary(array))
-        return response
+        return response, outcome.fallback_from
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[Any], context: Any
@@ -221,7 +264,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             if target.framework in GENERATIVE:
                 await self._generate(request, target, send)
             else:
-                send(pb.ModelStreamInferResponse(infer_response=await self._infer(request)))
+                send(pb.ModelStreamInferResponse(infer_response=(await self._infer(request))[0]))
         except InferdError as exc:
             send(pb.ModelStreamInferResponse(error_message=exc.message))
         except Exception:
@@ -389,7 +432,12 @@ def _one_text(tensors: dict[str, tuple[Any, bytes | None]], name: str) -> str:
     return str(values[0])
 
 
-async def start_server(router: Router, registry: Registry, settings: Settings) -> grpc.aio.Server:
+async def start_server(
+    router: Router,
+    registry: Registry,
+    settings: Settings,
+    inference_log: InferenceLog | None = None,
+) -> grpc.aio.Server:
     """Listen on ``settings.host:settings.grpc_port`` (port shared across gateway
     processes with SO_REUSEPORT)."""
     server = grpc.aio.server(
@@ -400,7 +448,7 @@ async def start_server(router: Router, registry: Registry, settings: Settings) -
         ]
     )
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(
-        InferenceService(router, registry, settings), server
+        InferenceService(router, registry, settings, inference_log), server
     )
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     server.add_insecure_port(f"{host}:{settings.grpc_port}")

@@ -256,6 +256,11 @@ class Registry:
     def close(self) -> None:
         self.engine.dispose()
 
+    @property
+    def write_engine(self) -> Engine:
+        """The engine whose transactions write (SQLite: they take the write lock first)."""
+        return self._write_engine
+
     def migrate(self) -> None:
         """Upgrade the schema to the newest migration; a no-op when already there.
 

@@ -15,12 +15,15 @@ from sqlalchemy import (
     JSON,
     BigInteger,
     Boolean,
+    Column,
     DateTime,
     Dialect,
+    Float,
     ForeignKey,
     Integer,
     MetaData,
     String,
+    Table,
     Text,
     TypeDecorator,
     UniqueConstraint,
@@ -151,3 +154,29 @@ class TrafficChange(Base):
     actor: Mapped[str] = mapped_column(String(128))
     detail: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+LOGS_METADATA = MetaData()
+"""The inference log lives in the same database but apart from the registry's classes:
+on PostgreSQL it is partitioned by time (one table per day, created ahead by the server
+and dropped by retention), which declarative classes cannot describe."""
+
+inference_logs = Table(
+    "inference_logs",
+    LOGS_METADATA,
+    Column("id", BigInteger().with_variant(Integer(), "sqlite"), nullable=False),
+    Column("timestamp", UTCDateTime(), nullable=False),
+    Column("request_id", String(128), nullable=False),
+    Column("model_name", String(128), nullable=False),
+    Column("version", String(128), nullable=True),
+    Column("api", String(16), nullable=False),
+    Column("status_code", Integer(), nullable=False),
+    Column("latency_ms", Float(), nullable=False),
+    Column("user_hash", String(32), nullable=True),
+    Column("fallback_from", String(128), nullable=True),
+    Column("cache_hit", Boolean(), nullable=True),
+    Column("prompt_tokens", Integer(), nullable=True),
+    Column("completion_tokens", Integer(), nullable=True),
+)
+"""One row per inference request: who answered it (the version the traffic split chose:
+the experiment assignment), how it went, and how long it took."""

@@ -1,0 +1,60 @@
+"""``GET /api/v1/logs``: a quick look at the inference log (the rows behind dashboards
+and experiment analysis: which version answered which request, for which user hash)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+from starlette.responses import Response
+
+from inferd.api.http import json_response
+from inferd.errors import InvalidInput
+from inferd.observability import inference_log
+
+router = APIRouter(prefix="/api/v1", tags=["observability"])
+MAX_LIMIT = 1000
+
+
+def _instant(value: str | None, name: str) -> datetime | None:
+    """An ISO 8601 time (naive ones are UTC)."""
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidInput(
+            f"{name} must be an ISO 8601 time, e.g. 2026-11-22T10:00:00Z; got {value!r}"
+        ) from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+@router.get("/logs")
+async def logs(
+    request: Request,
+    model: str | None = None,
+    version: str | None = None,
+    status: Annotated[int | None, Query(ge=100, le=599)] = None,
+    request_id: str | None = None,
+    since: Annotated[str | None, Query(description="ISO 8601, inclusive")] = None,
+    until: Annotated[str | None, Query(description="ISO 8601, exclusive")] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 100,
+) -> Response:
+    """Inference log rows matching every filter given, newest first. Rows reach the
+    database within ``inference_log.flush_interval_s`` (1 s by default)."""
+    if request.app.state.inference_log is None:
+        raise InvalidInput("the inference log is off (inference_log.enabled: false)")
+    rows = await asyncio.to_thread(
+        inference_log.query,
+        request.app.state.registry.engine,
+        model=model,
+        version=version,
+        status_code=status,
+        request_id=request_id,
+        since=_instant(since, "since"),
+        until=_instant(until, "until"),
+        limit=limit,
+    )
+    return json_response({"logs": rows, "count": len(rows)})
