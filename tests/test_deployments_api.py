@@ -565,8 +565,9 @@ def test_cli_writes_what_the_server_then_shows(
     slow = '{"min_requests": 100000}'  # never enough traffic here: it stays at its first step
     started = cli("deploy", model, "v2", "--strategy", "canary", "--steps", "5,100",
                   "--step-s", "600", "--rollout", slow)  # fmt: skip
-    assert "(canary)" in started.stderr and "v2=5% v1=95%" in started.stderr
-    assert "canary progressing, step 1/2" in cli("deployments", model).stdout
+    assert "(canary)" in started.stderr and "v1=95% v2=5%" in started.stderr
+    wide = run_cli("deployments", model, data_dir=data, env={"COLUMNS": "250"}).stdout
+    assert "canary progressing, step 1/2" in wide
     (canary,) = [v for v in _get(server.client, model)["versions"] if v["version"] == "v2"]
     assert canary["rollout"]["min_requests"] == 100000 and canary["rollout"]["step_s"] == 600
     bad_json = cli("deploy", model, "v2", "--rollout", "{steps", check=False)

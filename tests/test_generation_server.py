@@ -246,6 +246,58 @@ def test_replica_reports_generation_metrics(llm: InferdServer):
     assert 0 < after["ttft_s"]["p50"] < 60  # seconds, from the request's arrival
 
 
+def test_generations_are_in_the_inference_log(llm: InferdServer):
+    """One row per generation, written when it ends: token counts when it finished,
+    the error's status when it was refused, 499 when the client went away."""
+    body = {"prompt": PROMPT, "max_tokens": 4, "ignore_eos": True, "temperature": 0}
+    done = llm.client.post("/api/v1/models/tiny/generate", json=body)
+    chat = llm.client.post(
+        "/v1/completions", json={"model": "tiny", "prompt": PROMPT, "max_tokens": 3, "user": "ann"}
+    )
+    refused = llm.client.post("/api/v1/models/tiny/generate", json={**body, "max_tokens": 0})
+    assert (done.status_code, chat.status_code, refused.status_code) == (200, 200, 422)
+    with (
+        httpx.Client(base_url=llm.url, timeout=30) as c,
+        c.stream(
+            "POST",
+            "/api/v1/models/tiny/generate",
+            json={**body, "max_tokens": 100, "stream": True},
+            headers={"x-request-id": "gone-early"},
+        ) as r,
+    ):
+        for i, _ in enumerate(r.iter_lines()):
+            if i >= 3:
+                break
+
+    def row(rid: str) -> dict | None:
+        rows = llm.client.get("/api/v1/logs", params={"request_id": rid}).json()["logs"]
+        return rows[0] if rows else None
+
+    rids = [
+        done.headers["x-request-id"],
+        chat.headers["x-request-id"],
+        refused.json()["error"]["request_id"],
+        "gone-early",
+    ]
+    try:
+        llm.wait_for(lambda: all(row(r) for r in rids), timeout_s=15, what="the four rows")
+    except AssertionError:
+        raise AssertionError(
+            f"missing {[r for r in rids if not row(r)]}; have "
+            f"{llm.client.get('/api/v1/logs').json()}"
+        ) from None
+    first = row(done.headers["x-request-id"])
+    assert first is not None and (first["api"], first["status_code"]) == ("v1", 200)
+    assert (first["version"], first["completion_tokens"]) == ("v1", 4)
+    assert first["prompt_tokens"] > 0
+    openai = row(chat.headers["x-request-id"])
+    assert openai is not None and openai["api"] == "openai" and openai["completion_tokens"] == 3
+    assert openai["user_hash"] is not None
+    bad = row(refused.json()["error"]["request_id"])
+    assert bad is not None and bad["status_code"] == 422
+    assert row("gone-early")["status_code"] == 499
+
+
 def test_predict_on_a_generative_model_says_use_generate(llm: InferdServer):
     reply = llm.client.post("/api/v1/models/tiny/predict", json={"inputs": [{"prompt": "x"}]})
     assert reply.status_code == 422

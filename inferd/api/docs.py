@@ -75,7 +75,8 @@ DEPLOY = {
                             "maximum": 100,
                             "default": 100,
                             "description": "Its share; the other deployed versions share "
-                            "the rest in proportion.",
+                            "the rest in proportion. canary: its first step (default 1); "
+                            "shadow: the percent of requests mirrored to it.",
                         },
                         "resources": {
                             "type": "object",
@@ -88,10 +89,28 @@ DEPLOY = {
                                 "gpu": {"type": ["string", "null"]},
                             },
                         },
-                        "strategy": {"type": "string", "enum": ["rolling"], "default": "rolling"},
+                        "strategy": {
+                            "type": "string",
+                            "enum": ["rolling", "blue-green", "canary", "shadow"],
+                            "default": "rolling",
+                        },
                         "batching": {
                             "type": ["object", "null"],
                             "description": "max_batch_size, max_wait_ms, ... for this version.",
+                        },
+                        "fallback": {
+                            "type": "boolean",
+                            "default": True,
+                            "description": "Retry requests this version fails on the serving "
+                            "version.",
+                        },
+                        "rollout": {
+                            "type": ["object", "null"],
+                            "description": "The strategy's settings. blue-green: keep_old_s. "
+                            "canary: steps, step_s, min_requests, max_error_rate_increase, "
+                            "max_latency_increase, latency (compute|total), quantile, "
+                            "max_p99_ms, webhook, auto_rollback, keep_old_s. shadow: "
+                            "tolerance.",
                         },
                     },
                 },
@@ -100,7 +119,8 @@ DEPLOY = {
                     "version": "v3.1",
                     "traffic_percent": 10,
                     "resources": {"replicas": 2, "gpu": None},
-                    "strategy": "rolling",
+                    "strategy": "canary",
+                    "rollout": {"steps": [10, 50, 100], "step_s": 300},
                 },
             }
         },

@@ -23,6 +23,7 @@ from starlette.responses import Response, StreamingResponse
 from inferd.api.http import json_response, read_json, request_id_of
 from inferd.config import Settings
 from inferd.errors import BadRequest, InferdError, InvalidInput
+from inferd.observability.inference_log import InferenceLog
 from inferd.observability.logging import request_id_var
 from inferd.routing.router import Router, Target
 from inferd.runtimes import GENERATIVE
@@ -152,10 +153,49 @@ async def start(
     its request id (returned too)."""
     rid = request_id_of(request)
     state = request.app.state
-    chunks, target, started = await start_generation(
-        state.router, state.settings, name, body, version, rid
-    )
-    return chunks, target, rid, started
+    log: InferenceLog | None = state.inference_log
+    if log is None:
+        chunks, target, started = await start_generation(
+            state.router, state.settings, name, body, version, rid
+        )
+        return chunks, target, rid, started
+    path = request.url.path
+    api = "v2" if path.startswith("/v2/") else "v1" if path.startswith("/api/") else "openai"
+    user = body.get("user") if isinstance(body.get("user"), str) else None
+    user = user or request.headers.get("x-user-id")
+    began = time.perf_counter()
+    try:
+        chunks, target, started = await start_generation(
+            state.router, state.settings, name, body, version, rid
+        )
+    except InferdError as exc:
+        ms = (time.perf_counter() - began) * 1000
+        log.record(rid, name, version, api, exc.status_code, ms, user)
+        raise
+    row = (rid, target.model, target.version, api, user, began)
+    return _logged(chunks, log, row), target, rid, started
+
+
+async def _logged(chunks: Chunks, log: InferenceLog, row: tuple[Any, ...]) -> Chunks:
+    """The stream, logged when it ends: 200 with its token counts once finished, 499
+    when the client went away first, the error's status when the replica failed."""
+    rid, model, version, api, user, began = row
+    status, last = 499, None
+    try:
+        async with contextlib.aclosing(chunks):
+            async for chunk in chunks:
+                last = chunk
+                yield chunk
+            status = 200 if last is not None and last.finished else 502
+    except InferdError as exc:
+        status = exc.status_code
+        raise
+    finally:
+        ms = (time.perf_counter() - began) * 1000
+        prompt = completion = None
+        if last is not None and last.finished:  # a reader may stop at the last chunk
+            status, prompt, completion = 200, last.prompt_tokens, last.completion_tokens
+        log.record(rid, model, version, api, status, ms, user, None, None, prompt, completion)
 
 
 async def collect(chunks: Chunks) -> tuple[str, p.TokenChunk]:

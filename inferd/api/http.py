@@ -24,10 +24,15 @@ def _fallback(value: Any) -> Any:
 
 
 def request_id_of(request: Request) -> str:
-    rid = request.headers.get("x-request-id")
-    if rid and len(rid) <= 128:
-        return rid
-    return new_request_id()
+    """The client's ``X-Request-Id`` (up to 128 characters), else a new one; the same
+    for every call on one request (its handler, its error response, its log row)."""
+    rid: str | None = request.scope.get("inferd.rid")
+    if rid is None:
+        rid = request.headers.get("x-request-id")
+        if not rid or len(rid) > 128:
+            rid = new_request_id()
+        request.scope["inferd.rid"] = rid
+    return rid
 
 
 def new_request_id() -> str:

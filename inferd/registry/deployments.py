@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session
 
 from inferd.errors import Conflict, InvalidInput, ModelNotFound
 from inferd.registry.tables import Deployment, Model, ModelVersion, TrafficChange, utcnow
+from inferd.runtimes import GENERATIVE
 
 if TYPE_CHECKING:
     from inferd.registry.registry import Registry
@@ -265,7 +266,13 @@ class Deployments:
         batching = _check_batching(batching)
         with self._write() as session:
             _lock_model(session, model)
-            _require_version(session, model, version)
+            framework = _require_version(session, model, version)
+            if strategy in ("canary", "shadow") and framework in GENERATIVE:
+                raise InvalidInput(
+                    f"{strategy} deployments compare predict answers and latencies; "
+                    f"{model}:{version} generates text ({framework}): use rolling or "
+                    "blue-green, and move its traffic with PUT .../traffic"
+                )
             rows = _rows(session, model)
             if any(r.version == version for r in rows):
                 raise Conflict(
@@ -716,9 +723,10 @@ def _lock_model(session: Session, model: str) -> Model:
     return row
 
 
-def _require_version(session: Session, model: str, version: str) -> None:
+def _require_version(session: Session, model: str, version: str) -> str:
+    """The registered version's framework (404 when it is not registered)."""
     found = session.scalar(
-        select(ModelVersion.id).where(
+        select(ModelVersion.framework).where(
             ModelVersion.model_name == model, ModelVersion.version == version
         )
     )
@@ -728,6 +736,7 @@ def _require_version(session: Session, model: str, version: str) -> None:
             model=model,
             version=version,
         )
+    return str(found)
 
 
 def _row(session: Session, model: str, version: str) -> Deployment:
