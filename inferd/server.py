@@ -22,7 +22,7 @@ from inferd.config import Settings
 from inferd.control.controller import Controller
 from inferd.control.gateways import GatewayPool
 from inferd.control.publisher import TablePublisher
-from inferd.observability.inference_log import maintain
+from inferd.observability.inference_log import InferenceLog, log_engine, maintain
 from inferd.registry import Registry
 
 logger = logging.getLogger(__name__)
@@ -103,6 +103,13 @@ async def serve(
     await publisher.start()
     controller = Controller(settings, registry, run_dir, publisher.publish)
     publisher.on_reconcile = controller.reconcile  # a gateway changed a model's desired state
+    writer = None
+    if settings.inference_log.enabled:
+        cfg = settings.inference_log
+        engine = log_engine(settings.resolved_database_url)
+        writer = InferenceLog(engine, cfg.flush_interval_s, cfg.max_buffer_rows)
+        writer.start()
+        publisher.on_log_rows = writer.extend  # what the gateways record
     gateways = GatewayPool(settings, publisher.path)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -131,6 +138,9 @@ async def serve(
         await gateways.stop()
         await controller.stop()
         await publisher.close()
+        if writer is not None:
+            await asyncio.to_thread(writer.close)  # the last rows the gateways sent
+            writer.engine.dispose()
         registry.close()
         if settings.run_dir is None:
             shutil.rmtree(run_dir, ignore_errors=True)

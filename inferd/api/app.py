@@ -38,10 +38,9 @@ from inferd.api.http import json_response, request_id_of
 from inferd.api.status import StatusView
 from inferd.config import Settings
 from inferd.errors import InferdError
-from inferd.observability.inference_log import InferenceLog
-from inferd.observability.logging import request_id_var
+from inferd.observability.inference_log import RowBuffer
 from inferd.registry import Registry
-from inferd.routing.dataplane import DataPlane
+from inferd.routing.dataplane import DataPlane, InferOutcome
 from inferd.routing.router import Router
 
 logger = logging.getLogger(__name__)
@@ -52,7 +51,7 @@ def create_app(
     settings: Settings,
     router: Router,
     registry: Registry,
-    inference_log: InferenceLog | None = None,
+    inference_log: RowBuffer | None = None,
 ) -> FastPath:
     app = FastAPI(
         title="inferd",
@@ -90,14 +89,15 @@ def create_app(
 class FastPath:
     """ASGI entry point: hot routes go straight to their handler, the rest to FastAPI.
     Each hot request, answered or refused, becomes a row of the inference log: the
-    model (path, or ``scope["inferd.model"]`` set by the handler), the version that
-    answered and any fallback (response headers), the user key (``scope["inferd.user"]``)."""
+    model (path, or ``scope["inferd.model"]``), the request id (``scope["inferd.rid"]``),
+    the version that answered and any fallback (``scope["inferd.outcome"]``) and the user
+    key (``scope["inferd.user"]``), as the handler left them."""
 
     def __init__(
         self,
         app: FastAPI,
         routes: dict[tuple[str, str], tuple[Handler, str]],
-        inference_log: InferenceLog | None = None,
+        inference_log: RowBuffer | None = None,
     ) -> None:
         self.app = app
         self.state = app.state
@@ -127,27 +127,28 @@ class FastPath:
 
 
 def _record(
-    log: InferenceLog,
+    log: RowBuffer,
     scope: Scope,
     params: dict[str, str],
     response: Response,
     api: str,
     started: float,
 ) -> None:
+    """The request's inference log row, from what its handler left in the scope (reading
+    the response's headers back cost several times more)."""
     model = params.get("model") or scope.get("inferd.model")
     if model is None:
         return  # refused before it named a model: not an inference on one
-    headers = response.headers
-    rid = headers.get("x-request-id") or request_id_var.get()
+    outcome: InferOutcome | None = scope.get("inferd.outcome")
     log.record(
-        "" if rid == "-" else rid,
+        scope.get("inferd.rid", ""),
         model,
-        headers.get("x-inferd-model-version"),
+        None if outcome is None else outcome.target.version,
         api,
         response.status_code,
         (time.perf_counter() - started) * 1000,
         scope.get("inferd.user"),
-        headers.get("x-inferd-fallback-from"),
+        None if outcome is None else outcome.fallback_from,
     )
 
 

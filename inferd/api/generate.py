@@ -23,7 +23,7 @@ from starlette.responses import Response, StreamingResponse
 from inferd.api.http import json_response, read_json, request_id_of
 from inferd.config import Settings
 from inferd.errors import BadRequest, InferdError, InvalidInput
-from inferd.observability.inference_log import InferenceLog
+from inferd.observability.inference_log import RowBuffer
 from inferd.observability.logging import request_id_var
 from inferd.routing.router import Router, Target
 from inferd.runtimes import GENERATIVE
@@ -153,7 +153,7 @@ async def start(
     its request id (returned too)."""
     rid = request_id_of(request)
     state = request.app.state
-    log: InferenceLog | None = state.inference_log
+    log: RowBuffer | None = state.inference_log
     if log is None:
         chunks, target, started = await start_generation(
             state.router, state.settings, name, body, version, rid
@@ -176,7 +176,7 @@ async def start(
     return _logged(chunks, log, row), target, rid, started
 
 
-async def _logged(chunks: Chunks, log: InferenceLog, row: tuple[Any, ...]) -> Chunks:
+async def _logged(chunks: Chunks, log: RowBuffer, row: tuple[Any, ...]) -> Chunks:
     """The stream, logged when it ends: 200 with its token counts once finished, 499
     when the client went away first, the error's status when the replica failed."""
     rid, model, version, api, user, began = row

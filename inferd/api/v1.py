@@ -65,6 +65,7 @@ async def _run(request: Request, model: str, body: Any, rows_key: str) -> tuple[
     outcome = await plane.infer(
         target, columns, n, rid, started, timeout_s, pinned=version is not None
     )
+    request.scope["inferd.outcome"] = outcome  # for the inference log
     return outcome, rid
 
 

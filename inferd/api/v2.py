@@ -144,6 +144,7 @@ async def infer(request: Request, model: str, version: str | None = None) -> Res
     outcome = await plane.infer(
         target, columns, rows, rid, started, timeout_s, priority, pinned=version is not None
     )
+    request.scope["inferd.outcome"] = outcome  # for the inference log
     target = outcome.target  # the fallback version, if the chosen one failed
     outputs, blobs = [], []
     for name, array in outcome.outputs.items():

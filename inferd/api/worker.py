@@ -18,7 +18,7 @@ import uvicorn
 
 from inferd.api.app import create_app
 from inferd.config import Settings
-from inferd.observability.inference_log import InferenceLog
+from inferd.observability.inference_log import LogShipper
 from inferd.observability.logging import configure_logging
 from inferd.process import die_with_parent
 from inferd.registry import Registry
@@ -43,9 +43,7 @@ async def run_gateway(settings: Settings, control_socket: Path) -> None:
     inference_log = None
     if settings.inference_log.enabled:
         cfg = settings.inference_log
-        inference_log = InferenceLog(
-            registry.write_engine, cfg.flush_interval_s, cfg.max_buffer_rows
-        )
+        inference_log = LogShipper(router.send_log_rows, cfg.flush_interval_s, cfg.max_buffer_rows)
         inference_log.start()
     app = create_app(settings, router, registry, inference_log)
     config = uvicorn.Config(
@@ -85,7 +83,7 @@ async def run_gateway(settings: Settings, control_socket: Path) -> None:
             await stopping
         router.close()
         if inference_log is not None:
-            await asyncio.to_thread(inference_log.close)  # what is left, written
+            inference_log.close()  # what is left, to the server
         registry.close()
 
 

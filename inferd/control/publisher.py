@@ -7,10 +7,11 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
-from inferd.routing.table import RoutingTable, decode_request, encode_table
+from inferd.routing.table import LogRows, RoutingTable, decode_request, encode_table
 
 logger = logging.getLogger(__name__)
 
@@ -21,6 +22,8 @@ class TablePublisher:
         self.on_reconcile: Callable[[], Awaitable[None]] | None = None
         """Called for each :class:`ReconcileRequest` a gateway sends (the controller's
         ``reconcile``); one gateway's requests are handled one at a time."""
+        self.on_log_rows: Callable[[list[tuple[Any, ...]]], None] | None = None
+        """Called with the inference log rows a gateway sends."""
         self._frame: bytes | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._server: asyncio.Server | None = None
@@ -49,6 +52,10 @@ class TablePublisher:
             except msgspec.DecodeError as exc:
                 logger.error("dropping a gateway that sent a bad control frame: %s", exc)
                 return
+            if isinstance(request, LogRows):
+                if self.on_log_rows is not None:
+                    self.on_log_rows(request.rows)
+                continue
             logger.debug("gateway asks to reconcile (model %s)", request.model or "-")
             if self.on_reconcile is None:
                 continue

@@ -40,7 +40,7 @@ from inferd.config import Settings
 from inferd.errors import InferdError, InvalidInput, ModelNotReady
 from inferd.grpc import grpc_service_pb2 as pb
 from inferd.grpc import grpc_service_pb2_grpc as pb_grpc
-from inferd.observability.inference_log import InferenceLog
+from inferd.observability.inference_log import RowBuffer
 from inferd.observability.logging import request_id_var
 from inferd.registry import Registry
 from inferd.routing.dataplane import DataPlane
@@ -112,7 +112,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         router: Router,
         registry: Registry,
         settings: Settings,
-        inference_log: InferenceLog | None = None,
+        inference_log: RowBuffer | None = None,
     ) -> None:
         self.router = router
         self.registry = registry
@@ -436,7 +436,7 @@ async def start_server(
     router: Router,
     registry: Registry,
     settings: Settings,
-    inference_log: InferenceLog | None = None,
+    inference_log: RowBuffer | None = None,
 ) -> grpc.aio.Server:
     """Listen on ``settings.host:settings.grpc_port`` (port shared across gateway
     processes with SO_REUSEPORT)."""

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from inferd.errors import ModelNotFound, ModelNotReady
 from inferd.routing.table import (
+    LogRows,
     ModelRoute,
     ReconcileRequest,
     RoutingTable,
@@ -214,6 +215,13 @@ class Router:
             return
         self._control.write(encode_request(ReconcileRequest(model)))
         await self._control.drain()
+
+    def send_log_rows(self, rows: list[tuple[Any, ...]]) -> bool:
+        """Hand inference log rows to the server process; False when it is not there."""
+        if self._control is None or self._control.is_closing():
+            return False
+        self._control.write(encode_request(LogRows(rows)))
+        return True
 
     def waiting_for(self) -> list[str]:
         """Loaded models that have no serving version yet (what readiness waits for)."""

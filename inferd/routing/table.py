@@ -4,7 +4,8 @@ A full snapshot is sent on connect and after every change (it is small: models x
 versions x replicas), so a gateway never has to merge deltas. ``generation`` only grows.
 The other way, a gateway may send a :class:`ReconcileRequest` (after changing a model's
 desired state in the registry) so the controller acts now instead of on its next
-periodic pass. Both directions use the same frame: a 4-byte little-endian length, then
+periodic pass, and sends its inference log rows (:class:`LogRows`) about once a
+second. Both directions use the same frame: a 4-byte little-endian length, then
 msgpack; new fields get defaults so either side may be older.
 """
 
@@ -68,9 +69,16 @@ class ReconcileRequest(msgspec.Struct, frozen=True, tag="reconcile"):
     model: str = ""
 
 
+class LogRows(msgspec.Struct, frozen=True, tag="log"):
+    """Gateway -> server: inference log rows (see :mod:`inferd.observability.inference_log`)
+    that the server process writes, so gateways never hold a database driver's GIL."""
+
+    rows: list[tuple[Any, ...]]
+
+
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(RoutingTable)
-_request_decoder = msgspec.msgpack.Decoder(ReconcileRequest)
+_request_decoder = msgspec.msgpack.Decoder(ReconcileRequest | LogRows)
 
 
 def _frame(body: bytes) -> bytes:
@@ -85,9 +93,9 @@ def decode_table(body: bytes | memoryview) -> RoutingTable:
     return _decoder.decode(body)
 
 
-def encode_request(request: ReconcileRequest) -> bytes:
+def encode_request(request: ReconcileRequest | LogRows) -> bytes:
     return _frame(_encoder.encode(request))
 
 
-def decode_request(body: bytes | memoryview) -> ReconcileRequest:
+def decode_request(body: bytes | memoryview) -> ReconcileRequest | LogRows:
     return _request_decoder.decode(body)
