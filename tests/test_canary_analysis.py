@@ -87,6 +87,12 @@ def test_verdicts():
     assert slower.outcome == "fail" and "compute p50" in slower.reason and "+2" in slower.reason
     total = judge(_figures(200, 0, 0.024), stable, {**ROLLOUT, "latency": "total"}, final=True)
     assert total.outcome == "fail" and total.reason.startswith("total p50")
+    tiny = judge(_figures(200, 0, 0.00103), _figures(2000, 0, 0.00089), ROLLOUT, final=True)
+    assert tiny.outcome == "pass"  # +15 %, but 0.14 ms: under min_latency_increase_ms
+    strict = {**ROLLOUT, "min_latency_increase_ms": 0.0}
+    assert judge(_figures(200, 0, 0.00103), _figures(2000, 0, 0.00089), strict, True).outcome == (
+        "fail"
+    )
     lenient = {**ROLLOUT, "max_latency_increase": 0.3}
     assert judge(_figures(200, 0, 0.024), stable, lenient, final=True).outcome == "pass"
     # Errors fail before the window ends, once min_requests were answered.

@@ -167,6 +167,7 @@ def test_unknown_model_or_version_is_not_found(registry: Registry, source: Path)
         ({"strategy": "canary", "rollout": {"webhook": "ftp://x"}}, "webhook must be an http"),
         ({"strategy": "canary", "rollout": {"steps_s": 5}}, "unknown canary rollout setting"),
         ({"strategy": "canary", "rollout": {"max_error_rate_increase": 2}}, "from 0 to 1"),
+        ({"strategy": "canary", "rollout": {"min_latency_increase_ms": -1}}, "min_latency"),
         ({"traffic_pct": 0, "strategy": "shadow"}, "a shadow mirrors traffic_percent 1 to 100"),
         ({"strategy": "shadow", "rollout": {"tolerance": -1}}, "tolerance must be a number"),
         ({"traffic_pct": 100, "fallback": "no"}, "fallback must be true or false"),

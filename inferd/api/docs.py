@@ -108,8 +108,9 @@ DEPLOY = {
                             "type": ["object", "null"],
                             "description": "The strategy's settings. blue-green: keep_old_s. "
                             "canary: steps, step_s, min_requests, max_error_rate_increase, "
-                            "max_latency_increase, latency (compute|total), quantile, "
-                            "max_p99_ms, webhook, auto_rollback, keep_old_s. shadow: "
+                            "max_latency_increase, min_latency_increase_ms, latency "
+                            "(compute|total), quantile, max_p99_ms, webhook, auto_rollback, "
+                            "keep_old_s. shadow: "
                             "tolerance.",
                         },
                     },

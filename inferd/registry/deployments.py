@@ -65,6 +65,7 @@ CANARY_DEFAULTS: dict[str, Any] = {
     "min_requests": 50,
     "max_error_rate_increase": 0.01,
     "max_latency_increase": 0.1,
+    "min_latency_increase_ms": 1.0,
     "latency": "compute",
     "quantile": 0.99,
     "max_p99_ms": None,
@@ -668,7 +669,11 @@ def _check_canary(traffic_pct: int | None, rollout: dict[str, Any]) -> tuple[int
     minimum = out["min_requests"]
     if not isinstance(minimum, int) or isinstance(minimum, bool) or not 1 <= minimum <= 10**9:
         raise InvalidInput(f"min_requests must be an integer >= 1, not {minimum!r}")
-    for key, high in (("max_error_rate_increase", 1.0), ("max_latency_increase", 100.0)):
+    for key, high in (
+        ("max_error_rate_increase", 1.0),
+        ("max_latency_increase", 100.0),
+        ("min_latency_increase_ms", 60_000.0),
+    ):
         value = out[key]
         if not _number(value) or not 0 <= value <= high:
             raise InvalidInput(f"{key} must be a number from 0 to {high:g}, not {value!r}")
