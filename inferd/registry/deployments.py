@@ -399,21 +399,12 @@ class Deployments:
         other versions share the rest in proportion); at 100 % it is promoted. None when
         the rollout moved on meanwhile (a manual change, another pass)."""
         with self._write() as session:
-            _lock_model(session, model)
-            row = _row(session, model, version)
-            rollout = dict(row.rollout or {})
-            if row.strategy != "canary" or rollout.get("state") != "progressing":
+            found = _canary_at(session, model, version, step)
+            if found is None:
                 return None
-            if rollout.get("step") != step or row.status in ("draining", "rolled_back"):
-                return None
-            steps = rollout["steps"]
-            pct = steps[step + 1]
-            others = [r for r in _rows(session, model) if r is not row and _live(r)]
-            rest = scale_split({r.version: r.traffic_pct for r in others}, 100 - pct)
-            now = utcnow()
-            for other in others:
-                other.traffic_pct, other.updated_at = rest[other.version], now
-            row.traffic_pct, row.updated_at = pct, now
+            row, rollout = found
+            pct = rollout["steps"][step + 1]
+            now = _give(session, model, row, pct)
             rollout.update(step=step + 1, analysis=analysis)
             reason = "canary_step"
             if pct == 100:
@@ -437,23 +428,17 @@ class Deployments:
         history; or, without ``rollback`` (auto_rollback off), halt where it is for a
         person to decide. None when the rollout moved on meanwhile."""
         with self._write() as session:
-            _lock_model(session, model)
-            row = _row(session, model, version)
-            rollout = dict(row.rollout or {})
-            if row.strategy != "canary" or rollout.get("state") != "progressing":
+            found = _canary_at(session, model, version, step)
+            if found is None:
                 return None
-            if rollout.get("step") != step or row.status in ("draining", "rolled_back"):
-                return None
+            row, rollout = found
             now = utcnow()
             rollout.update(reason=reason, analysis=analysis, ended_at=now.isoformat())
             if not rollback:
                 row.rollout, row.updated_at = {**rollout, "state": "halted"}, now
                 return None
-            others = [r for r in _rows(session, model) if r is not row and _live(r)]
-            rest = scale_split({r.version: r.traffic_pct for r in others}, 100)
-            for other in others:
-                other.traffic_pct, other.updated_at = rest[other.version], now
-            row.traffic_pct, row.status, row.updated_at = 0, "rolled_back", now
+            _give(session, model, row, 0)
+            row.status = "rolled_back"
             row.rollout = {**rollout, "state": "rolled_back"}
             split = {r.version: r.traffic_pct for r in _rows(session, model)}
             return _record(session, model, split, "canary_rollback", "inferd", reason)
@@ -799,6 +784,32 @@ def _adopt_newest(session: Session, model: str, deploying: str) -> Deployment | 
     session.add(row)
     _record(session, model, {newest.version: 100}, "deploy", "inferd", "serving before deployments")
     return row
+
+
+def _canary_at(
+    session: Session, model: str, version: str, step: int
+) -> tuple[Deployment, dict[str, Any]] | None:
+    """The canary row (model locked) and a copy of its rollout, when it is still in
+    progress at ``step``; None when the rollout moved on."""
+    _lock_model(session, model)
+    row = _row(session, model, version)
+    rollout = dict(row.rollout or {})
+    if row.strategy != "canary" or rollout.get("state") != "progressing":
+        return None
+    if rollout.get("step") != step or row.status in ("draining", "rolled_back"):
+        return None
+    return row, rollout
+
+
+def _give(session: Session, model: str, row: Deployment, pct: int) -> datetime:
+    """``pct`` % to ``row``; the other live versions share the rest in proportion."""
+    others = [r for r in _rows(session, model) if r is not row and _live(r)]
+    rest = scale_split({r.version: r.traffic_pct for r in others}, 100 - pct)
+    now = utcnow()
+    for other in others:
+        other.traffic_pct, other.updated_at = rest[other.version], now
+    row.traffic_pct, row.updated_at = pct, now
+    return now
 
 
 def _live(row: Deployment) -> bool:
