@@ -75,6 +75,25 @@ class LLMConfig(BaseModel):
     """Largest LoRA rank a slot holds."""
 
 
+class AuthConfig(BaseModel):
+    """Authentication (see :mod:`inferd.api.auth`); off by default."""
+
+    enabled: bool = False
+    cache_s: float = Field(5.0, ge=0, le=3600)
+    """How long a gateway process trusts what it read about an API key (a revocation
+    takes effect within this time)."""
+    jwt_secret_file: Path | None = None
+    """A file holding the HS256 secret (32+ characters) that signs accepted JWTs."""
+    jwt_public_key_file: Path | None = None
+    """A PEM public key (RS256 or ES256) that signs accepted JWTs."""
+    jwt_jwks_file: Path | None = None
+    """A JWKS file (``{"keys": [...]}``) of public keys that sign accepted JWTs."""
+    jwt_audience: str | None = None
+    jwt_issuer: str | None = None
+    jwt_scopes_claim: str = "scope"
+    """The claim holding the token's scopes (space-separated or a list)."""
+
+
 class InferenceLogConfig(BaseModel):
     """One row per inference request in the ``inference_logs`` table of the registry's
     database (see :mod:`inferd.observability.inference_log`)."""
@@ -116,6 +135,7 @@ class Settings(BaseSettings):
     """Default dynamic batching for versions that do not set their own."""
     llm: LLMConfig = Field(default_factory=lambda: LLMConfig())
     inference_log: InferenceLogConfig = Field(default_factory=lambda: InferenceLogConfig())
+    auth: AuthConfig = Field(default_factory=lambda: AuthConfig())
     """Engine settings for generative (GPT-2-family) models."""
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     """Largest request body accepted (413 beyond)."""

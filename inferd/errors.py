@@ -4,6 +4,9 @@
     ├── BadRequest (400)               body is not valid JSON / not the expected shape
     ├── PayloadTooLarge (413)          body or rows over the configured limit
     ├── InvalidInput (422)             input does not match the model signature
+    ├── Unauthorized (401)             no, malformed, unknown, revoked or expired credential
+    ├── Forbidden (403)                a valid credential without the scope or model
+    ├── NotFound (404)                 unknown resource (an API key)
     ├── ModelNotFound (404)            unknown model or version
     ├── VersionExists (409)            a registered version is immutable
     ├── Conflict (409)                 a change contradicts the current state, or raced one
@@ -50,6 +53,24 @@ class PayloadTooLarge(InferdError):
 class InvalidInput(InferdError):
     status_code = 422
     code = "invalid_input"
+
+
+class Unauthorized(InferdError):
+    status_code = 401
+    code = "unauthorized"
+
+    def headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": 'Bearer realm="inferd"'}
+
+
+class Forbidden(InferdError):
+    status_code = 403
+    code = "forbidden"
+
+
+class NotFound(InferdError):
+    status_code = 404
+    code = "not_found"
 
 
 class ModelNotFound(InferdError):

@@ -9,6 +9,7 @@ then replicas drain, then the process exits.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import shutil
 import signal
@@ -64,6 +65,13 @@ def _resolve_ports(settings: Settings) -> list[socket.socket]:
     return [http, grpc]
 
 
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 def _log_upkeep(registry: Registry, settings: Settings) -> None:
     """Inference log partitions ahead (PostgreSQL) and retention."""
     cfg = settings.inference_log
@@ -96,6 +104,14 @@ async def serve(
         await asyncio.to_thread(
             install_demo, registry, settings.data_dir / "demo-src", progress, settings.demo_llm
         )
+    if not settings.auth.enabled and not _loopback(settings.host):
+        warning = (
+            f"WARNING: serving on {settings.host} WITHOUT AUTHENTICATION: anyone who can "
+            "reach this port can run, deploy and delete models. Turn it on with "
+            "INFERD_AUTH__ENABLED=true and create a key with `inferd keys create`."
+        )
+        logger.warning(warning)
+        progress(warning)
     reserved = _resolve_ports(settings)
     run_dir = settings.run_dir or Path(tempfile.mkdtemp(prefix="inferd-"))
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -20,13 +20,14 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 import inferd
 from inferd.api import (
     deployments,
     generate,
     health,
+    keys,
     logs,
     openai,
     v1,
@@ -52,7 +53,7 @@ def create_app(
     router: Router,
     registry: Registry,
     inference_log: RowBuffer | None = None,
-) -> FastPath:
+) -> ASGIApp:
     app = FastAPI(
         title="inferd",
         version=inferd.__version__,
@@ -74,7 +75,8 @@ def create_app(
     _install_error_handlers(app)
     app.state.inference_log = inference_log
     app.include_router(logs.router)
-    return FastPath(
+    app.include_router(keys.router)
+    fast = FastPath(
         app,
         {
             ("POST", "/api/v1/models/{model}/predict"): (v1.predict, "v1"),
@@ -84,6 +86,11 @@ def create_app(
         },
         inference_log,
     )
+    if not settings.auth.enabled:
+        return fast
+    from inferd.api.auth import Authenticator, AuthGate
+
+    return AuthGate(fast, Authenticator(settings.auth, registry.keys))
 
 
 class FastPath:

@@ -20,6 +20,7 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
+from inferd.api.auth import authorize_model
 from inferd.api.http import json_response, read_json, request_id_of
 from inferd.config import Settings
 from inferd.errors import BadRequest, InferdError, InvalidInput
@@ -153,6 +154,8 @@ async def start(
     its request id (returned too)."""
     rid = request_id_of(request)
     state = request.app.state
+    if "inferd.principal" in request.scope:  # auth is on: may it use this model?
+        authorize_model(request.scope, state.router.resolve(name, version)[0].model)
     log: RowBuffer | None = state.inference_log
     if log is None:
         chunks, target, started = await start_generation(

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from inferd.api import docs
+from inferd.api.auth import authorize_model
 from inferd.api.codec import columns_to_rows, rows_to_columns
 from inferd.api.http import json_response, read_json, request_id_of
 from inferd.errors import BadRequest, InvalidInput, PayloadTooLarge
@@ -53,6 +54,7 @@ async def _run(request: Request, model: str, body: Any, rows_key: str) -> tuple[
     user = user or request.headers.get("x-user-id")
     request.scope["inferd.user"] = user  # for the inference log
     target = plane.target(model, version, user)
+    authorize_model(request.scope, target.model)  # a model named in the body
     rows = body.get(rows_key)
     if rows_key == "input":
         if rows is None:

@@ -40,6 +40,7 @@ from inferd.config import Settings
 from inferd.errors import InferdError, InvalidInput, ModelNotReady
 from inferd.grpc import grpc_service_pb2 as pb
 from inferd.grpc import grpc_service_pb2_grpc as pb_grpc
+from inferd.grpc.auth import allowed
 from inferd.observability.inference_log import RowBuffer
 from inferd.observability.logging import request_id_var
 from inferd.registry import Registry
@@ -56,6 +57,8 @@ _CODES = {
     409: grpc.StatusCode.ALREADY_EXISTS,
     413: grpc.StatusCode.RESOURCE_EXHAUSTED,
     422: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
     429: grpc.StatusCode.RESOURCE_EXHAUSTED,
     503: grpc.StatusCode.UNAVAILABLE,
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -130,6 +133,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
 
     @_errors
     async def ModelReady(self, request: Any, context: Any) -> pb.ModelReadyResponse:
+        allowed(request.name)
         try:
             self.router.target(request.name, request.version or None)
         except ModelNotReady:
@@ -143,6 +147,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
 
     @_errors
     async def ModelMetadata(self, request: Any, context: Any) -> pb.ModelMetadataResponse:
+        allowed(request.name)
         meta = v2.metadata_of(self.router, request.name, request.version or None)
         return pb.ModelMetadataResponse(
             name=meta["name"],
@@ -201,6 +206,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         target = self.plane.target(
             request.model_name, request.model_version or None, v2.user_of(params)
         )
+        allowed(target.model)
         if target.framework in GENERATIVE:
             raise InvalidInput(
                 f"model {target.model!r} generates text: call ModelStreamInfer with a "
@@ -261,6 +267,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
     ) -> None:
         try:
             target = self.plane.target(request.model_name, request.model_version or None)
+            allowed(target.model)
             if target.framework in GENERATIVE:
                 await self._generate(request, target, send)
             else:
@@ -440,12 +447,20 @@ async def start_server(
 ) -> grpc.aio.Server:
     """Listen on ``settings.host:settings.grpc_port`` (port shared across gateway
     processes with SO_REUSEPORT)."""
+    interceptors = []
+    if settings.auth.enabled:
+        from inferd.api.auth import Authenticator
+        from inferd.grpc.auth import AuthInterceptor
+
+        authenticator = Authenticator(settings.auth, registry.keys)
+        interceptors.append(AuthInterceptor(authenticator, status_code))
     server = grpc.aio.server(
+        interceptors=interceptors,
         options=[
             ("grpc.so_reuseport", 1),
             ("grpc.max_receive_message_length", settings.max_body_bytes),
             ("grpc.max_send_message_length", -1),
-        ]
+        ],
     )
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(
         InferenceService(router, registry, settings, inference_log), server

@@ -44,6 +44,7 @@ from sqlalchemy.pool import StaticPool
 from inferd.config import BatchingConfig, Settings
 from inferd.errors import InvalidInput, ModelNotFound, VersionExists
 from inferd.registry.deployments import Deployments
+from inferd.registry.keys import ApiKeys
 from inferd.registry.store import ArtifactStore, StagedArtifact, check_name
 from inferd.registry.tables import Model, ModelVersion, utcnow
 from inferd.runtimes.base import Signature
@@ -239,6 +240,7 @@ class Registry:
         self._write_engine = self.engine.execution_options(**{_WRITE: True})
         self.store = ArtifactStore(artifact_root)
         self.deployments = Deployments(self)
+        self.keys = ApiKeys(self)
         """Which versions run and the traffic split between them."""
         if migrate:
             self.migrate()

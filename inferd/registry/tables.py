@@ -156,6 +156,23 @@ class TrafficChange(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
+class ApiKey(Base):
+    """An API key: only the SHA-256 of its secret is kept (the key is shown once, when
+    it is created). ``scopes``: admin (control plane: registry, deployments, keys, logs;
+    includes infer) and infer (data plane); ``models``: an allow-list, or None for all."""
+
+    __tablename__ = "api_keys"
+
+    key_id: Mapped[str] = mapped_column(String(16), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))
+    secret_sha256: Mapped[str] = mapped_column(String(64))
+    scopes: Mapped[list[str]] = mapped_column(JSON)
+    models: Mapped[list[str] | None] = mapped_column(JSON)
+    created_by: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
 LOGS_METADATA = MetaData()
 """The inference log lives in the same database but apart from the registry's classes:
 on PostgreSQL it is partitioned by time (one table per day, created ahead by the server

@@ -1,0 +1,262 @@
+"""Who is calling, and may they: API keys and JWTs, scopes, model allow-lists.
+
+Off by default (a laptop); with ``auth.enabled`` every route but health and metrics
+needs a credential: ``Authorization: Bearer <key or JWT>`` (what the ``openai`` client
+sends as its api_key) or ``X-API-Key: <key>``.
+
+- API keys (``ik_...``, :mod:`inferd.registry.keys`) are looked up by their public id
+  and kept for ``auth.cache_s`` seconds per gateway process (unknown ids too), so a
+  request costs a dict lookup and one SHA-256, and a revocation takes effect within
+  that time everywhere.
+- JWTs are verified with an HS256 secret, or RS256/ES256 public keys (PEM or a JWKS
+  file), all read from files named in the settings (never from the command line of a
+  process): ``exp`` and ``sub`` are required, ``aud``/``iss`` checked when configured;
+  scopes come from the ``scope`` claim (space-separated, OAuth 2) or a ``scopes`` list;
+  an optional ``models`` list is an allow-list.
+
+Scopes: ``admin`` (control plane: registry writes, deployments, keys, logs, repository;
+includes infer) and ``infer`` (predict, infer, generate, OpenAI, model metadata). No or
+bad credential → 401 with ``WWW-Authenticate``; a valid one without the scope or the
+model → 403. Credentials never reach a log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from inferd.config import AuthConfig
+from inferd.errors import Forbidden, InferdError, Unauthorized
+from inferd.registry.keys import ApiKeys, KeyRecord, parse_key, secret_matches
+
+PUBLIC = re.compile(r"^/(health/(live|ready)|v2/health/(live|ready)|metrics)$")
+_ADMIN_PREFIXES = (
+    "/api/v1/deployments",
+    "/api/v1/keys",
+    "/api/v1/logs",
+    "/v2/repository",
+    "/v1/load_lora_adapter",
+    "/v1/unload_lora_adapter",
+)
+_MODEL_PATH = re.compile(r"^/(?:api/v1|v2)/models/([^/]+)")
+_INFER_WRITES = re.compile(r"^/api/v1/models/[^/]+/(predict|generate)$")
+
+
+def required_scope(method: str, path: str) -> str | None:
+    """The scope a request needs: None (public), "infer" or "admin"."""
+    if PUBLIC.match(path):
+        return None
+    if path.startswith(_ADMIN_PREFIXES):
+        return "admin"
+    if (
+        path.startswith("/api/v1/models")
+        and method not in ("GET", "HEAD")
+        and not _INFER_WRITES.match(path)
+    ):
+        return "admin"  # pushing, changing or deleting models
+    return "infer"
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """An authenticated caller: ``subject`` is a key id or a JWT ``sub``, never a secret."""
+
+    kind: str
+    subject: str
+    scopes: frozenset[str]
+    models: frozenset[str] | None
+
+    def require(self, scope: str) -> None:
+        if scope not in self.scopes and "admin" not in self.scopes:
+            raise Forbidden(
+                f"this {self.kind} ({self.subject}) lacks the {scope!r} scope",
+                required_scope=scope,
+            )
+
+    def allow_model(self, model: str) -> None:
+        if self.models is not None and model not in self.models and "admin" not in self.scopes:
+            raise Forbidden(f"this {self.kind} ({self.subject}) may not use model {model!r}")
+
+
+def authorize_model(scope: Scope, model: str) -> None:
+    """A handler's check for a model named in the body (no-op when auth is off)."""
+    principal: Principal | None = scope.get("inferd.principal")
+    if principal is not None:
+        principal.allow_model(model)
+
+
+class Authenticator:
+    def __init__(self, config: AuthConfig, keys: ApiKeys) -> None:
+        self.config = config
+        self.keys = keys
+        self._cache: dict[str, tuple[float, KeyRecord | None]] = {}
+        self._jwt_keys = _load_jwt_keys(config)
+
+    async def authenticate(self, credential: str | None) -> Principal:
+        if not credential:
+            raise Unauthorized(
+                "this server needs a credential: Authorization: Bearer <API key or JWT>, "
+                "or X-API-Key: <API key>"
+            )
+        if credential.startswith("ik_"):
+            return await self._key(credential)
+        if credential.count(".") == 2:
+            return self._jwt(credential)
+        raise Unauthorized("malformed credential: expected an inferd API key (ik_...) or a JWT")
+
+    async def _key(self, key: str) -> Principal:
+        parsed = parse_key(key)
+        if parsed is None:
+            raise Unauthorized("malformed API key")
+        key_id, secret = parsed
+        now = time.monotonic()
+        cached = self._cache.get(key_id)
+        if cached is None or cached[0] < now:
+            record = await asyncio.to_thread(self.keys.get, key_id)
+            if len(self._cache) > 10_000:
+                self._cache.clear()  # bounded: bogus ids cannot grow it without end
+            self._cache[key_id] = (now + self.config.cache_s, record)
+        else:
+            record = cached[1]
+        if record is None or not secret_matches(record, secret):
+            raise Unauthorized("unknown API key")
+        if record.revoked_at is not None:
+            raise Unauthorized(f"API key {key_id} was revoked")
+        return Principal("API key", key_id, frozenset(record.scopes), _models(record.models))
+
+    def _jwt(self, token: str) -> Principal:
+        import jwt
+
+        if not self._jwt_keys:
+            raise Unauthorized("JWTs are not accepted here: no JWT key is configured")
+        config = self.config
+        try:
+            header = jwt.get_unverified_header(token)
+        except jwt.PyJWTError as exc:
+            raise Unauthorized(f"invalid token: {exc}") from None
+        alg, kid = str(header.get("alg")), header.get("kid")
+        candidates = [
+            key
+            for key, algorithms, key_kid in self._jwt_keys
+            if alg in algorithms and (kid is None or key_kid in (None, kid))
+        ]
+        if not candidates:
+            raise Unauthorized(f"invalid token: no configured key for algorithm {alg!r}")
+        last: Exception | None = None
+        for key in candidates:
+            try:
+                claims = jwt.decode(
+                    token,
+                    key,
+                    algorithms=[alg],
+                    audience=config.jwt_audience,
+                    issuer=config.jwt_issuer,
+                    options={"require": ["exp", "sub"]},
+                )
+                break
+            except jwt.ExpiredSignatureError:
+                raise Unauthorized("token expired") from None
+            except jwt.InvalidSignatureError as exc:
+                last = exc  # maybe another of the configured keys
+            except jwt.PyJWTError as exc:
+                raise Unauthorized(f"invalid token: {exc}") from None
+        else:
+            raise Unauthorized(f"invalid token: {last}")
+        raw = claims.get(config.jwt_scopes_claim) or claims.get("scopes") or ""
+        scopes = raw.split() if isinstance(raw, str) else [str(s) for s in raw or []]
+        models = claims.get("models")
+        return Principal(
+            "token",
+            str(claims["sub"]),
+            frozenset(scopes),
+            _models(models if isinstance(models, list) else None),
+        )
+
+
+def _models(models: Any) -> frozenset[str] | None:
+    return None if models is None else frozenset(str(m) for m in models)
+
+
+def _load_jwt_keys(config: AuthConfig) -> list[tuple[Any, list[str], str | None]]:
+    """(key, algorithms, kid) to verify with, from the files the settings name."""
+    keys: list[tuple[Any, list[str], str | None]] = []
+    if config.jwt_secret_file is not None:
+        secret = Path(config.jwt_secret_file).read_text().strip()
+        if len(secret) < 32:
+            raise ValueError("auth.jwt_secret_file must hold a secret of at least 32 characters")
+        keys.append((secret, ["HS256"], None))
+    if config.jwt_public_key_file is not None:
+        from cryptography.hazmat.primitives.asymmetric import ec, rsa
+        from cryptography.hazmat.primitives.serialization import load_pem_public_key
+
+        pem = Path(config.jwt_public_key_file).read_bytes()
+        public = load_pem_public_key(pem)
+        if isinstance(public, rsa.RSAPublicKey):
+            keys.append((public, ["RS256"], None))
+        elif isinstance(public, ec.EllipticCurvePublicKey):
+            keys.append((public, ["ES256"], None))
+        else:
+            raise ValueError("auth.jwt_public_key_file must hold an RSA or EC public key (PEM)")
+    if config.jwt_jwks_file is not None:
+        import jwt
+
+        for jwk in json.loads(Path(config.jwt_jwks_file).read_text()).get("keys", []):
+            key = jwt.PyJWK(jwk)
+            keys.append((key.key, [key.algorithm_name], jwk.get("kid")))
+    return keys
+
+
+def credential_of(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The Bearer credential or the X-API-Key value of raw ASGI headers."""
+    for name, value in headers:
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            if scheme.lower() != "bearer" or not token.strip():
+                raise Unauthorized("malformed Authorization header: expected 'Bearer <credential>'")
+            return token.strip()
+        if name == b"x-api-key":
+            return value.decode("latin-1").strip()
+    return None
+
+
+class AuthGate:
+    """ASGI middleware in front of every HTTP route (installed only when auth is on)."""
+
+    def __init__(self, app: ASGIApp, authenticator: Authenticator) -> None:
+        self.app = app
+        self.auth = authenticator
+        self.state = getattr(app, "state", None)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        need = required_scope(scope["method"], path)
+        if need is not None:
+            try:
+                principal = await self.auth.authenticate(credential_of(scope["headers"]))
+                principal.require(need)
+                if match := _MODEL_PATH.match(path):
+                    principal.allow_model(match.group(1).partition(":")[0])
+            except InferdError as exc:
+                await _refuse(exc, scope, receive, send)
+                return
+            scope["inferd.principal"] = principal
+        await self.app(scope, receive, send)
+
+
+async def _refuse(exc: InferdError, scope: Scope, receive: Receive, send: Send) -> None:
+    from starlette.requests import Request
+
+    from inferd.api.app import error_response
+
+    response = error_response(Request(scope, receive), exc)
+    await response(scope, receive, send)
