@@ -94,6 +94,23 @@ class AuthConfig(BaseModel):
     """The claim holding the token's scopes (space-separated or a list)."""
 
 
+class Limit(BaseModel):
+    """A token bucket: ``requests_per_s`` sustained, ``burst`` at once."""
+
+    requests_per_s: float = Field(gt=0)
+    burst: int = Field(ge=1)
+
+
+class RateLimitConfig(BaseModel):
+    """Per client (API key or JWT subject; the client address when anonymous), for every
+    route but health and metrics (see :mod:`inferd.api.limits`)."""
+
+    default: Limit | None = None
+    """Every client, all routes together; None: no limit."""
+    models: dict[str, Limit] = Field(default_factory=dict)
+    """Per model (named in the path), per client, on top of ``default``."""
+
+
 class InferenceLogConfig(BaseModel):
     """One row per inference request in the ``inference_logs`` table of the registry's
     database (see :mod:`inferd.observability.inference_log`)."""
@@ -136,6 +153,9 @@ class Settings(BaseSettings):
     llm: LLMConfig = Field(default_factory=lambda: LLMConfig())
     inference_log: InferenceLogConfig = Field(default_factory=lambda: InferenceLogConfig())
     auth: AuthConfig = Field(default_factory=lambda: AuthConfig())
+    rate_limits: RateLimitConfig = Field(default_factory=lambda: RateLimitConfig())
+    redis_url: str | None = None
+    """Redis for what gateway processes share (rate limit budgets); None: in process."""
     """Engine settings for generative (GPT-2-family) models."""
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     """Largest request body accepted (413 beyond)."""

@@ -10,6 +10,7 @@
     ├── ModelNotFound (404)            unknown model or version
     ├── VersionExists (409)            a registered version is immutable
     ├── Conflict (409)                 a change contradicts the current state, or raced one
+    ├── RateLimited (429)              over a rate limit; carries the X-RateLimit-* headers
     ├── ModelNotReady (503)            no ready replica; carries ``retry_after_s``
     ├── Overloaded (503)               a replica queue is full; carries depth and limit
     ├── RequestTimeout (504)           the request's deadline passed
@@ -88,6 +89,18 @@ class Conflict(InferdError):
 
     status_code = 409
     code = "conflict"
+
+
+class RateLimited(InferdError):
+    status_code = 429
+    code = "rate_limited"
+
+    def __init__(self, message: str, limit_headers: dict[str, str], **details: Any) -> None:
+        super().__init__(message, **details)
+        self.limit_headers = limit_headers
+
+    def headers(self) -> dict[str, str]:
+        return self.limit_headers
 
 
 class ModelNotReady(InferdError):

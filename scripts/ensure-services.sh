@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Start the local services the tests use when they are down (PostgreSQL on :5432).
+# Start the local services the tests use when they are down (PostgreSQL on :5432,
+# Redis on :6379).
 set -euo pipefail
 
 pg_up() { pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null; }
@@ -16,4 +17,18 @@ if pg_up; then
 else
   echo "PostgreSQL is not reachable on 127.0.0.1:5432; set INFERD_SKIP_POSTGRES=1 to skip its tests" >&2
   exit 1
+fi
+
+# Redis on :6379 (the shared rate limit tests).
+redis_up() { redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; }
+if ! redis_up && command -v redis-server >/dev/null 2>&1; then
+  echo "starting Redis ..."
+  redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no || true
+  for _ in $(seq 1 30); do redis_up && break; sleep 0.5; done
+fi
+if redis_up; then
+  echo "Redis is up on 127.0.0.1:6379"
+else
+  echo "Redis is not reachable on 127.0.0.1:6379; set INFERD_SKIP_REDIS=1 to skip its tests" >&2
+  [ "${INFERD_SKIP_REDIS:-0}" = 1 ] || exit 1
 fi

@@ -86,11 +86,18 @@ def create_app(
         },
         inference_log,
     )
-    if not settings.auth.enabled:
-        return fast
-    from inferd.api.auth import Authenticator, AuthGate
+    app_: ASGIApp = fast
+    limits = settings.rate_limits
+    if limits.default is not None or limits.models:
+        from inferd.api.limits import RateLimitGate, limiter_for
 
-    return AuthGate(fast, Authenticator(settings.auth, registry.keys))
+        app.state.limiter = limiter_for(settings.redis_url)
+        app_ = RateLimitGate(app_, limits, app.state.limiter)
+    if settings.auth.enabled:  # outermost: limits count per authenticated client
+        from inferd.api.auth import Authenticator, AuthGate
+
+        app_ = AuthGate(app_, Authenticator(settings.auth, registry.keys))
+    return app_
 
 
 class FastPath:
