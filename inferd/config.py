@@ -111,6 +111,16 @@ class RateLimitConfig(BaseModel):
     """Per model (named in the path), per client, on top of ``default``."""
 
 
+class CacheConfig(BaseModel):
+    """The result cache of predict answers (see :mod:`inferd.routing.cache`); off by
+    default. A version's ``metadata.cache_ttl_s`` overrides ``ttl_s`` (0: never cached)."""
+
+    enabled: bool = False
+    ttl_s: float = Field(3600.0, ge=0)
+    max_bytes: int = Field(256 * 1024 * 1024, ge=1024)
+    """Per gateway process, in process; Redis (``redis_url``) has its own memory policy."""
+
+
 class InferenceLogConfig(BaseModel):
     """One row per inference request in the ``inference_logs`` table of the registry's
     database (see :mod:`inferd.observability.inference_log`)."""
@@ -154,6 +164,7 @@ class Settings(BaseSettings):
     inference_log: InferenceLogConfig = Field(default_factory=lambda: InferenceLogConfig())
     auth: AuthConfig = Field(default_factory=lambda: AuthConfig())
     rate_limits: RateLimitConfig = Field(default_factory=lambda: RateLimitConfig())
+    cache: CacheConfig = Field(default_factory=lambda: CacheConfig())
     redis_url: str | None = None
     """Redis for what gateway processes share (rate limit budgets); None: in process."""
     """Engine settings for generative (GPT-2-family) models."""

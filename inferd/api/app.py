@@ -41,6 +41,7 @@ from inferd.config import Settings
 from inferd.errors import InferdError
 from inferd.observability.inference_log import RowBuffer
 from inferd.registry import Registry
+from inferd.routing.cache import ResultCache
 from inferd.routing.dataplane import DataPlane, InferOutcome
 from inferd.routing.router import Router
 
@@ -53,6 +54,7 @@ def create_app(
     router: Router,
     registry: Registry,
     inference_log: RowBuffer | None = None,
+    result_cache: ResultCache | None = None,
 ) -> ASGIApp:
     app = FastAPI(
         title="inferd",
@@ -62,7 +64,9 @@ def create_app(
     app.state.settings = settings
     app.state.router = router
     app.state.registry = registry
-    app.state.dataplane = DataPlane(router, settings.request_timeout_s)
+    app.state.dataplane = DataPlane(
+        router, settings.request_timeout_s, result_cache, settings.cache.ttl_s
+    )
     app.state.status = StatusView(router)
     app.include_router(health.router)
     app.include_router(v1.router)
@@ -163,6 +167,7 @@ def _record(
         (time.perf_counter() - started) * 1000,
         scope.get("inferd.user"),
         None if outcome is None else outcome.fallback_from,
+        None if outcome is None else outcome.cache_hit,
     )
 
 

@@ -75,6 +75,8 @@ def _headers(outcome: InferOutcome, rid: str) -> dict[str, str]:
     headers = {"x-request-id": rid, "x-inferd-model-version": outcome.target.version}
     if outcome.fallback_from is not None:
         headers["x-inferd-fallback-from"] = outcome.fallback_from
+    if outcome.cache_hit is not None:
+        headers["x-cache"] = "hit" if outcome.cache_hit else "miss"
     return headers
 
 

@@ -170,6 +170,8 @@ async def infer(request: Request, model: str, version: str | None = None) -> Res
     headers = {"x-request-id": rid, "x-inferd-model-version": target.version}
     if outcome.fallback_from is not None:
         headers["x-inferd-fallback-from"] = outcome.fallback_from
+    if outcome.cache_hit is not None:
+        headers["x-cache"] = "hit" if outcome.cache_hit else "miss"
     if not blobs:
         return json_response(reply, headers=headers)
     head = orjson.dumps(reply)

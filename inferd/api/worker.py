@@ -22,6 +22,7 @@ from inferd.observability.inference_log import LogShipper
 from inferd.observability.logging import configure_logging
 from inferd.process import die_with_parent
 from inferd.registry import Registry
+from inferd.routing.cache import cache_for
 from inferd.routing.router import Router
 
 
@@ -45,7 +46,10 @@ async def run_gateway(settings: Settings, control_socket: Path) -> None:
         cfg = settings.inference_log
         inference_log = LogShipper(router.send_log_rows, cfg.flush_interval_s, cfg.max_buffer_rows)
         inference_log.start()
-    app = create_app(settings, router, registry, inference_log)
+    cache = None
+    if settings.cache.enabled:
+        cache = cache_for(settings.cache.max_bytes, settings.redis_url)
+    app = create_app(settings, router, registry, inference_log, cache)
     config = uvicorn.Config(
         app,
         loop="none",
@@ -70,7 +74,7 @@ async def run_gateway(settings: Settings, control_socket: Path) -> None:
     if settings.grpc_port >= 0:
         from inferd.grpc.service import start_server
 
-        grpc_server = await start_server(router, registry, settings, inference_log)
+        grpc_server = await start_server(router, registry, settings, inference_log, cache)
     loop = asyncio.get_running_loop()
     loop.call_soon(lambda: print("LISTENING", flush=True))
     stopping = None
@@ -84,6 +88,8 @@ async def run_gateway(settings: Settings, control_socket: Path) -> None:
         router.close()
         if inference_log is not None:
             inference_log.close()  # what is left, to the server
+        if cache is not None:
+            await cache.close()
         registry.close()
 
 

@@ -646,6 +646,7 @@ class Controller:
                     sorted(_adapters(s.record).get("adapters", {})),
                     s.fallback,
                     *state.mirrors.get(v, (0, 0.0)),
+                    _cache_ttl(s.record),
                 )
                 for v, s in state.versions.items()
             }
@@ -662,6 +663,11 @@ class Controller:
             r for m in self.models.values() for v in m.versions.values() for r in v.replicas
         ]
         await asyncio.gather(*(self._stop_replica(r) for r in replicas))
+
+
+def _cache_ttl(record: VersionRecord) -> float | None:
+    value = record.metadata.get("cache_ttl_s")
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _adapters(record: VersionRecord) -> dict[str, dict[str, str]]:

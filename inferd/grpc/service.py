@@ -44,6 +44,7 @@ from inferd.grpc.auth import allowed
 from inferd.observability.inference_log import RowBuffer
 from inferd.observability.logging import request_id_var
 from inferd.registry import Registry
+from inferd.routing.cache import ResultCache
 from inferd.routing.dataplane import DataPlane
 from inferd.routing.router import Router, Target
 from inferd.runtimes import GENERATIVE
@@ -116,11 +117,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         registry: Registry,
         settings: Settings,
         inference_log: RowBuffer | None = None,
+        cache: ResultCache | None = None,
     ) -> None:
         self.router = router
         self.registry = registry
         self.settings = settings
-        self.plane = DataPlane(router, settings.request_timeout_s)
+        self.plane = DataPlane(router, settings.request_timeout_s, cache, settings.cache.ttl_s)
         self.inference_log = inference_log
 
     # -- health and metadata -----------------------------------------------------------
@@ -444,6 +446,7 @@ async def start_server(
     registry: Registry,
     settings: Settings,
     inference_log: RowBuffer | None = None,
+    cache: ResultCache | None = None,
 ) -> grpc.aio.Server:
     """Listen on ``settings.host:settings.grpc_port`` (port shared across gateway
     processes with SO_REUSEPORT)."""
@@ -463,7 +466,7 @@ async def start_server(
         ],
     )
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(
-        InferenceService(router, registry, settings, inference_log), server
+        InferenceService(router, registry, settings, inference_log, cache), server
     )
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     server.add_insecure_port(f"{host}:{settings.grpc_port}")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from inferd.errors import ModelError, ModelNotReady, Overloaded
+from inferd.routing.cache import ResultCache, cache_key
 from inferd.routing.router import Router, Shadow, Target
 from inferd.serving import protocol as p
 from inferd.serving.batcher import Columns
@@ -30,6 +31,9 @@ class InferOutcome:
     latency_ms: float
     fallback_from: str | None = None
     """The version that failed first, when the serving version answered instead."""
+    cache_hit: bool | None = None
+    """True: answered from the result cache; False: computed and cached; None: the
+    cache is off, or this version is not cached."""
 
 
 FALLBACK_ON = (ModelNotReady, Overloaded, ModelError)
@@ -43,9 +47,17 @@ shadow must never hold memory or sockets the live traffic needs)."""
 
 
 class DataPlane:
-    def __init__(self, router: Router, request_timeout_s: float) -> None:
+    def __init__(
+        self,
+        router: Router,
+        request_timeout_s: float,
+        cache: ResultCache | None = None,
+        cache_ttl_s: float = 3600.0,
+    ) -> None:
         self.router = router
         self.request_timeout_s = request_timeout_s
+        self.cache = cache
+        self.cache_ttl_s = cache_ttl_s
         self._mirrored: set[asyncio.Task[None]] = set()
         self.shadow_skipped = 0
         """Requests not mirrored because ``MAX_SHADOW_INFLIGHT`` were in flight."""
@@ -73,6 +85,20 @@ class DataPlane:
         started = time.perf_counter() if started is None else started
         timeout_s = timeout_s or self.request_timeout_s
         tensors = {name: p.to_tensor(array) for name, array in inputs.items()}
+        key, ttl = None, 0.0
+        if self.cache is not None:
+            route = self.router.version_route(target.model, target.version)
+            ttl = (
+                self.cache_ttl_s
+                if route is None or route.cache_ttl_s is None
+                else route.cache_ttl_s
+            )
+            if ttl > 0:
+                key = cache_key(target.model, target.version, tensors)
+                cached = await self.cache.get(key)
+                if cached is not None:
+                    elapsed = (time.perf_counter() - started) * 1000
+                    return InferOutcome(target, cached, elapsed, cache_hit=True)
         try:
             outputs = await self.router.infer(
                 target, tensors, rows, timeout_s, request_id, priority
@@ -89,9 +115,12 @@ class DataPlane:
             outputs = await self.router.infer(fallback, tensors, rows, left, request_id, priority)
             elapsed = (time.perf_counter() - started) * 1000
             return InferOutcome(fallback, outputs, elapsed, fallback_from=target.version)
+        if key is not None and self.cache is not None:  # a copy: not a view of a batch
+            await self.cache.put(key, {n: np.array(a) for n, a in outputs.items()}, ttl)
         if not pinned and (shadow := self.router.shadow_of(target.model)) is not None:
             self._mirror(shadow, target, tensors, rows, outputs, timeout_s, request_id)
-        return InferOutcome(target, outputs, (time.perf_counter() - started) * 1000)
+        elapsed = (time.perf_counter() - started) * 1000
+        return InferOutcome(target, outputs, elapsed, cache_hit=False if key else None)
 
     def _mirror(
         self,

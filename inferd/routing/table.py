@@ -42,6 +42,9 @@ class VersionRoute(msgspec.Struct, frozen=True):
     tolerance: float = 0.0
     """A shadow's answer agrees with the live one when every number is within this
     (absolute and relative) of it, and everything else is equal."""
+    cache_ttl_s: float | None = None
+    """The version's result cache TTL (its ``metadata.cache_ttl_s``; 0: never cached;
+    None: the server's default)."""
 
 
 class ModelRoute(msgspec.Struct, frozen=True):
