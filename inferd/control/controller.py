@@ -518,11 +518,14 @@ class Controller:
         newest = max(model.versions.values(), key=lambda v: v.record.created_at)
         if newest.retiring or model.serving == newest.record.version or not newest.all_ready():
             return
-        previous, model.serving = model.serving, newest.record.version
+        model.serving = newest.record.version
         logger.info("%s now serves version %s", model.name, model.serving)
         self.publish()
-        if previous is not None:
-            self._retire_soon(model, previous)
+        # The one it replaced, and any that started but was overtaken before it served
+        # (two versions pushed in quick succession).
+        for version, vset in list(model.versions.items()):
+            if version != model.serving and not vset.retiring:
+                self._retire_soon(model, version)
 
     def _retire_soon(self, model: ModelState, version: str, remove: bool = False) -> None:
         """Drain and stop a version's replicas in the background; ``remove``: then delete
