@@ -195,6 +195,22 @@ def postgres_url() -> Iterator[str]:
         admin.dispose()
 
 
+@pytest.fixture
+def redis_url() -> str:
+    """The machine's Redis (``INFERD_TEST_REDIS_URL``), checked reachable; skipped only
+    with ``INFERD_SKIP_REDIS=1``."""
+    import redis
+
+    url = os.environ.get("INFERD_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+    try:
+        redis.from_url(url).ping()
+    except redis.ConnectionError:
+        if os.environ.get("INFERD_SKIP_REDIS") == "1":
+            pytest.skip("Redis not reachable and INFERD_SKIP_REDIS=1")
+        pytest.fail(f"Redis not reachable at {url}; start it or set INFERD_SKIP_REDIS=1")
+    return url
+
+
 # Registry tests run on both backends: a fresh SQLite file, and a fresh PostgreSQL schema.
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:

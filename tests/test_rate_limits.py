@@ -4,7 +4,6 @@ process with one gateway process, and shared through the machine's real Redis by
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,8 +14,6 @@ import pytest
 from inferd.api.limits import LocalLimiter
 from inferd.config import Limit
 from tests.conftest import InferdServer, run_cli
-
-REDIS_URL = os.environ.get("INFERD_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 def test_a_bucket_allows_its_burst_then_refills_at_its_rate():
@@ -106,17 +103,12 @@ def test_a_model_limit_applies_on_top_of_the_default(one_gateway: InferdServer):
 
 @pytest.mark.slow
 @pytest.mark.redis
-def test_two_gateway_processes_share_one_redis_budget(data: Path):
-    redis = pytest.importorskip("redis")
-    try:
-        redis.from_url(REDIS_URL).ping()
-    except redis.ConnectionError:
-        if os.environ.get("INFERD_SKIP_REDIS") == "1":
-            pytest.skip("Redis not reachable and INFERD_SKIP_REDIS=1")
-        pytest.fail(f"Redis not reachable at {REDIS_URL}; start it or set INFERD_SKIP_REDIS=1")
+def test_two_gateway_processes_share_one_redis_budget(data: Path, redis_url: str):
+    import redis
+
     bucket = "inferd:rl:all:ip:127.0.0.1"  # this client's bucket for all routes
-    redis.from_url(REDIS_URL).delete(bucket)
-    server = _server(data, workers=2, INFERD_REDIS_URL=REDIS_URL)
+    redis.from_url(redis_url).delete(bucket)
+    server = _server(data, workers=2, INFERD_REDIS_URL=redis_url)
     try:
         codes: Counter[int] = Counter()
         for _ in range(16):  # a new connection each: both gateway processes answer
@@ -125,4 +117,4 @@ def test_two_gateway_processes_share_one_redis_budget(data: Path):
         assert codes == Counter({200: 8, 429: 8}), codes
     finally:
         assert server.stop() == 0, server.log()[-3000:]
-        redis.from_url(REDIS_URL).delete(bucket)
+        redis.from_url(redis_url).delete(bucket)

@@ -6,7 +6,6 @@ answers through the machine's real Redis."""
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,8 +17,6 @@ import pytest
 from inferd.routing.cache import LocalCache, cache_key
 from inferd.serving.protocol import to_tensor
 from tests.conftest import InferdServer, run_cli
-
-REDIS_URL = os.environ.get("INFERD_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 def test_keys_depend_on_version_and_values_only():
@@ -140,15 +137,8 @@ def test_hits_misses_versions_and_ttls(server: InferdServer, data: Path):
 
 @pytest.mark.slow
 @pytest.mark.redis
-def test_gateway_processes_share_answers_through_redis(data: Path):
-    redis = pytest.importorskip("redis")
-    try:
-        redis.from_url(REDIS_URL).ping()
-    except redis.ConnectionError:
-        if os.environ.get("INFERD_SKIP_REDIS") == "1":
-            pytest.skip("Redis not reachable and INFERD_SKIP_REDIS=1")
-        pytest.fail(f"Redis not reachable at {REDIS_URL}; start it or set INFERD_SKIP_REDIS=1")
-    env = {"INFERD_CACHE__ENABLED": "true", "INFERD_REDIS_URL": REDIS_URL}
+def test_gateway_processes_share_answers_through_redis(data: Path, redis_url: str):
+    env = {"INFERD_CACHE__ENABLED": "true", "INFERD_REDIS_URL": redis_url}
     server = InferdServer(data, workers=2, env=env)
     try:
         server.wait_ready()

@@ -26,17 +26,18 @@ import asyncio
 import json
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from inferd.api.http import PUBLIC_PATHS, model_in_path, refuse
 from inferd.config import AuthConfig
 from inferd.errors import Forbidden, InferdError, Unauthorized
 from inferd.registry.keys import ApiKeys, KeyRecord, parse_key, secret_matches
 
-PUBLIC = re.compile(r"^/(health/(live|ready)|v2/health/(live|ready)|metrics)$")
 _ADMIN_PREFIXES = (
     "/api/v1/deployments",
     "/api/v1/keys",
@@ -45,13 +46,12 @@ _ADMIN_PREFIXES = (
     "/v1/load_lora_adapter",
     "/v1/unload_lora_adapter",
 )
-_MODEL_PATH = re.compile(r"^/(?:api/v1|v2)/models/([^/]+)")
 _INFER_WRITES = re.compile(r"^/api/v1/models/[^/]+/(predict|generate)$")
 
 
 def required_scope(method: str, path: str) -> str | None:
     """The scope a request needs: None (public), "infer" or "admin"."""
-    if PUBLIC.match(path):
+    if PUBLIC_PATHS.match(path):
         return None
     if path.startswith(_ADMIN_PREFIXES):
         return "admin"
@@ -213,16 +213,17 @@ def _load_jwt_keys(config: AuthConfig) -> list[tuple[Any, list[str], str | None]
     return keys
 
 
-def credential_of(headers: list[tuple[bytes, bytes]]) -> str | None:
-    """The Bearer credential or the X-API-Key value of raw ASGI headers."""
-    for name, value in headers:
-        if name == b"authorization":
-            scheme, _, token = value.decode("latin-1").partition(" ")
+def credential_of(pairs: Iterable[tuple[str, str]]) -> str | None:
+    """The Bearer credential or the X-API-Key value among ``(name, value)`` pairs
+    (lower-case names: HTTP headers, gRPC metadata)."""
+    for name, value in pairs:
+        if name == "authorization":
+            scheme, _, token = value.partition(" ")
             if scheme.lower() != "bearer" or not token.strip():
                 raise Unauthorized("malformed Authorization header: expected 'Bearer <credential>'")
             return token.strip()
-        if name == b"x-api-key":
-            return value.decode("latin-1").strip()
+        if name == "x-api-key":
+            return value.strip()
     return None
 
 
@@ -242,21 +243,13 @@ class AuthGate:
         need = required_scope(scope["method"], path)
         if need is not None:
             try:
-                principal = await self.auth.authenticate(credential_of(scope["headers"]))
+                headers = ((n.decode("latin-1"), v.decode("latin-1")) for n, v in scope["headers"])
+                principal = await self.auth.authenticate(credential_of(headers))
                 principal.require(need)
-                if match := _MODEL_PATH.match(path):
-                    principal.allow_model(match.group(1).partition(":")[0])
+                if (model := model_in_path(path)) is not None:
+                    principal.allow_model(model)
             except InferdError as exc:
-                await _refuse(exc, scope, receive, send)
+                await refuse(exc, scope, receive, send)
                 return
             scope["inferd.principal"] = principal
         await self.app(scope, receive, send)
-
-
-async def _refuse(exc: InferdError, scope: Scope, receive: Receive, send: Send) -> None:
-    from starlette.requests import Request
-
-    from inferd.api.app import error_response
-
-    response = error_response(Request(scope, receive), exc)
-    await response(scope, receive, send)

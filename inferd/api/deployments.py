@@ -245,20 +245,17 @@ async def live_figures(router: Router, model: str, version: str) -> dict[str, An
     statuses = await asyncio.gather(
         *(c.status(timeout_s=2.0) for c in clients), return_exceptions=True
     )
-    figures, shadow = canary.Figures(), {"compared": 0, "agreed": 0, "failed": 0}
+    samples, shadow = {}, {"compared": 0, "agreed": 0, "failed": 0}
     for status in statuses:
         if isinstance(status, BaseException):
             continue  # a replica that cannot answer now
         found = canary.sample_of(status.metrics)
         if found is None:
             continue  # one without these figures
-        figures.replicas += 1
-        figures.requests += found.answered + found.failed
-        figures.errors += found.failed
-        figures.latency.add(found.latency)
-        figures.compute.add(found.compute)
+        samples[(status.version, status.pid)] = found
         for key in shadow:
             shadow[key] += int(status.metrics.get("shadow", {}).get(key, 0))
+    figures = canary.window({}, samples)  # everything since the replicas started
     if not figures.replicas:
         return None
     view = figures.to_dict()

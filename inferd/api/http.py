@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 from typing import Any
 
@@ -10,10 +11,29 @@ import numpy as np
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
-from inferd.errors import BadRequest, PayloadTooLarge
+from inferd.errors import BadRequest, InferdError, PayloadTooLarge
 
 _JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
+
+PUBLIC_PATHS = re.compile(r"^/(health/(live|ready)|v2/health/(live|ready)|metrics)$")
+"""Routes no credential or rate limit ever applies to (probes and scrapes)."""
+_MODEL_PATH = re.compile(r"^/(?:api/v1|v2)/models/([^/:]+)")
+
+
+def model_in_path(path: str) -> str | None:
+    """The model a path names (``/api/v1/models/{m}/...``, ``/v2/models/{m}/...``; a
+    ``base:adapter`` name counts as its base model)."""
+    match = _MODEL_PATH.match(path)
+    return match.group(1) if match else None
+
+
+async def refuse(exc: InferdError, scope: Scope, receive: Receive, send: Send) -> None:
+    """Answer from an ASGI middleware with the app's JSON error for ``exc``."""
+    from inferd.api.app import error_response
+
+    await error_response(Request(scope, receive), exc)(scope, receive, send)
 
 
 def _fallback(value: Any) -> Any:

@@ -18,17 +18,15 @@ answer is 429 with ``Retry-After`` (seconds until a token is there).
 from __future__ import annotations
 
 import math
-import re
 import time
 from typing import Any, Protocol
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from inferd.api.http import PUBLIC_PATHS, model_in_path, refuse
 from inferd.config import Limit, RateLimitConfig
-from inferd.errors import InferdError, RateLimited
+from inferd.errors import RateLimited
 
-PUBLIC = re.compile(r"^/(health/(live|ready)|v2/health/(live|ready)|metrics)$")
-_MODEL_PATH = re.compile(r"^/(?:api/v1|v2)/models/([^/:]+)")
 MAX_LOCAL_BUCKETS = 100_000
 
 
@@ -127,17 +125,17 @@ class RateLimitGate:
         self.state = getattr(app, "state", None)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or PUBLIC.match(scope["path"]):
+        if scope["type"] != "http" or PUBLIC_PATHS.match(scope["path"]):
             await self.app(scope, receive, send)
             return
         who = _client(scope)
         checks: list[tuple[str, Limit]] = []
         if self.config.default is not None:
             checks.append((f"all:{who}", self.config.default))
-        if self.config.models and (match := _MODEL_PATH.match(scope["path"])):
-            model_limit = self.config.models.get(match.group(1))
+        if self.config.models and (model := model_in_path(scope["path"])) is not None:
+            model_limit = self.config.models.get(model)
             if model_limit is not None:
-                checks.append((f"model:{match.group(1)}:{who}", model_limit))
+                checks.append((f"model:{model}:{who}", model_limit))
         tightest: dict[str, str] | None = None
         for key, limit in checks:
             allowed, tokens = await self.limiter.take(key, limit)
@@ -152,7 +150,7 @@ class RateLimitGate:
                     f"retry in {wait:.1f}s",
                     headers,
                 )
-                await _refuse(error, scope, receive, send)
+                await refuse(error, scope, receive, send)
                 return
             if tightest is None or int(headers["X-RateLimit-Remaining"]) < int(
                 tightest["X-RateLimit-Remaining"]
@@ -177,15 +175,6 @@ def _client(scope: Scope) -> str:
         return f"{principal.kind[0]}:{principal.subject}"
     client = scope.get("client")
     return f"ip:{client[0]}" if client else "ip:unknown"
-
-
-async def _refuse(exc: InferdError, scope: Scope, receive: Receive, send: Send) -> None:
-    from starlette.requests import Request
-
-    from inferd.api.app import error_response
-
-    response = error_response(Request(scope, receive), exc)
-    await response(scope, receive, send)
 
 
 def limiter_for(redis_url: str | None) -> Limiter:

@@ -12,8 +12,8 @@ from typing import Any
 
 import grpc
 
-from inferd.api.auth import Authenticator, Principal
-from inferd.errors import InferdError, Unauthorized
+from inferd.api.auth import Authenticator, Principal, credential_of
+from inferd.errors import InferdError
 
 PRINCIPAL: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
     "grpc_principal", default=None
@@ -26,20 +26,6 @@ def allowed(model: str) -> None:
     principal = PRINCIPAL.get()
     if principal is not None:
         principal.allow_model(model)
-
-
-def _credential(metadata: Any) -> str | None:
-    for key, value in metadata or ():
-        if key == "authorization":
-            scheme, _, token = str(value).partition(" ")
-            if scheme.lower() != "bearer" or not token.strip():
-                raise Unauthorized(
-                    "malformed authorization metadata: expected 'Bearer <credential>'"
-                )
-            return token.strip()
-        if key == "x-api-key":
-            return str(value).strip()
-    return None
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
@@ -58,7 +44,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return handler
         need = "admin" if name.startswith("Repository") else "infer"
         try:
-            principal = await self.auth.authenticate(_credential(details.invocation_metadata))
+            metadata = ((str(k), str(v)) for k, v in details.invocation_metadata or ())
+            principal = await self.auth.authenticate(credential_of(metadata))
             principal.require(need)
         except InferdError as exc:
             return self._refusal(handler, exc)
