@@ -226,6 +226,12 @@ def test_server_kill9_leaves_no_orphans_and_restart_keeps_models(tmp_path: Path)
     try:
         srv.wait_ready()
         proc_children = Path(f"/proc/{srv.process.pid}/task/{srv.process.pid}/children")
+        # Ready once one gateway answers; the second may still be starting.
+        srv.wait_for(
+            lambda: len(proc_children.read_text().split()) >= 3,
+            timeout_s=60,
+            what="both gateways and the replica",
+        )
         children = [int(p) for p in proc_children.read_text().split()]
         assert len(children) == 3  # two gateways and one replica
         srv.process.kill()
