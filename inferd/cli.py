@@ -121,6 +121,23 @@ def _errors() -> Any:
         raise typer.Exit(1) from None
 
 
+def _batching_option(text: str) -> dict[str, Any]:
+    """``--batching`` JSON, checked against the batching settings."""
+    from pydantic import ValidationError
+
+    from inferd.config import BatchingConfig
+
+    try:
+        value = json.loads(text)
+        if not isinstance(value, dict):
+            raise ValueError("not a JSON object")
+        BatchingConfig(**value)
+    except (ValueError, ValidationError) as exc:
+        console.print(f"[red]error:[/red] --batching: {exc}")
+        raise typer.Exit(2) from None
+    return value
+
+
 def _parse_meta(items: list[str]) -> dict[str, Any]:
     meta: dict[str, Any] = {}
     for item in items:
@@ -147,6 +164,14 @@ def models_push(
     max_batch_size: Annotated[int | None, typer.Option(help="Default batch rows.")] = None,
     max_wait_ms: Annotated[float | None, typer.Option(help="Default batch wait.")] = None,
     replicas: Annotated[int | None, typer.Option(help="Default replica count.")] = None,
+    batching_json: Annotated[
+        str | None,
+        typer.Option(
+            "--batching",
+            help="Default batching as JSON, e.g. '{\"max_queue_rows\": 1024}' (any batching "
+            "setting).",
+        ),
+    ] = None,
     config: ConfigOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
@@ -165,6 +190,8 @@ def models_push(
         )
         if v
     }
+    if batching_json:
+        batching = {**_batching_option(batching_json), **batching}
     registry = _registry(config, data_dir)
     with _errors(), _as_folder(path) as folder:
         with console.status(f"loading {path.name} to check it and read its signature ..."):

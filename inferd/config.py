@@ -28,15 +28,24 @@ class BatchingConfig(BaseModel):
     max_wait_ms: float = Field(5.0, ge=0, le=10_000)
     """Longest a batch waits for more rows after its first arrived."""
     max_queue_rows: int = Field(8192, ge=1)
-    """Rows queued in the replica beyond which new requests get 503."""
+    """Rows queued in the replica beyond which new requests get 503 (Retry-After); a
+    request of a better level takes the place of queued ones of worse levels instead
+    (they get the 503: shed, newest first)."""
     queue_timeout_ms: float = Field(10_000, gt=0)
     """A request still queued after this long fails with 504 without running."""
-    priority_levels: int = Field(3, ge=1, le=100)
+    priority_levels: int = Field(4, ge=1, le=100)
     """Request priorities: 1 is served first, ``priority_levels`` last (strictly: a level
-    waits while a better one has requests). Requests name theirs with the Open Inference
-    Protocol's ``priority`` parameter; by default 1 is urgent, 2 normal, 3 background."""
+    waits while a better one has requests). Requests name theirs with ``priority``: a
+    level number (the Open Inference Protocol's parameter) or a name: ``high`` is 1,
+    ``normal`` the default level, ``low`` the one after it, ``batch`` (batch jobs) the
+    last. By default: 1 high, 2 normal, 3 low, 4 batch."""
     default_priority: int = Field(2, ge=1, le=100)
     """The level of requests that name no priority (or 0)."""
+    low_queue_share: float = Field(0.5, gt=0, le=1)
+    """Load shedding: levels after the default one (``low``) are refused at once (503,
+    Retry-After) while the queue holds this share of ``max_queue_rows`` or more."""
+    batch_queue_share: float = Field(0.25, gt=0, le=1)
+    """The same for the last level (``batch``), when it comes after the default one."""
 
     @model_validator(mode="after")
     def _default_priority_is_a_level(self) -> BatchingConfig:
@@ -73,6 +82,10 @@ class LLMConfig(BaseModel):
     """LoRA adapter slots per replica."""
     max_lora_rank: int = Field(16, ge=1, le=256)
     """Largest LoRA rank a slot holds."""
+    max_prompt_tokens: int | None = Field(None, ge=1)
+    """Longer prompts are refused with 413 (None: up to the model's context)."""
+    max_tokens_limit: int = Field(4096, ge=1, le=65536)
+    """The largest ``max_tokens`` a request may ask for (422 beyond)."""
 
 
 class AuthConfig(BaseModel):
@@ -95,20 +108,57 @@ class AuthConfig(BaseModel):
 
 
 class Limit(BaseModel):
-    """A token bucket: ``requests_per_s`` sustained, ``burst`` at once."""
+    """A token bucket of requests: ``requests_per_s`` sustained, ``burst`` at once."""
 
     requests_per_s: float = Field(gt=0)
     burst: int = Field(ge=1)
 
+    @property
+    def rate_per_s(self) -> float:
+        return self.requests_per_s
+
+    @property
+    def capacity(self) -> int:
+        return self.burst
+
+
+class TokenLimit(BaseModel):
+    """A budget of generation tokens (prompt + completion): ``tokens_per_minute``
+    sustained, up to ``burst`` saved up."""
+
+    tokens_per_minute: int = Field(ge=1)
+    burst: int | None = Field(None, ge=1)
+    """Most tokens saved up; None: ``tokens_per_minute`` (one minute's worth)."""
+
+    @property
+    def rate_per_s(self) -> float:
+        return self.tokens_per_minute / 60.0
+
+    @property
+    def capacity(self) -> int:
+        return self.burst or self.tokens_per_minute
+
 
 class RateLimitConfig(BaseModel):
-    """Per client (API key or JWT subject; the client address when anonymous), for every
-    route but health and metrics (see :mod:`inferd.api.limits`)."""
+    """Per client (API key or JWT subject; the client address when anonymous), over HTTP
+    and gRPC together, for every route but health and metrics (see :mod:`inferd.api.limits`)."""
 
     default: Limit | None = None
     """Every client, all routes together; None: no limit."""
     models: dict[str, Limit] = Field(default_factory=dict)
-    """Per model (named in the path), per client, on top of ``default``."""
+    """Per model (named in the path or the gRPC message), per client, on top of ``default``."""
+    tokens: TokenLimit | None = None
+    """Generation tokens per client, all generative models together; None: no limit."""
+    model_tokens: dict[str, TokenLimit] = Field(default_factory=dict)
+    """Generation tokens per model, per client, on top of ``tokens``."""
+
+    @property
+    def limits_requests(self) -> bool:
+        return self.default is not None or bool(self.models)
+
+    @property
+    def limits_tokens(self) -> bool:
+        return self.tokens is not None or bool(self.model_tokens)
 
 
 class CacheConfig(BaseModel):
@@ -173,7 +223,10 @@ class Settings(BaseSettings):
     max_rows_per_request: int = Field(4096, ge=1)
     """Most input rows in one predict request (413 beyond)."""
     request_timeout_s: float = Field(30.0, gt=0)
-    """Deadline of one inference request, from arrival at the gateway."""
+    """Deadline of one inference request, from arrival at the gateway, unless it names
+    its own (``X-Request-Timeout``, ``params.timeout_ms``, V2/gRPC ``timeout``)."""
+    max_request_timeout_s: float = Field(300.0, gt=0)
+    """The longest deadline a request may name (a longer one is cut to this)."""
     load_timeout_s: float = Field(300.0, gt=0)
     """Time a replica may take to load and warm up before it is killed and retried."""
     shutdown_grace_s: float = Field(30.0, ge=0)

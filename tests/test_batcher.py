@@ -12,7 +12,7 @@ import pytest
 
 from inferd.config import BatchingConfig
 from inferd.errors import InvalidInput, Overloaded, RequestTimeout
-from inferd.serving.batcher import DynamicBatcher
+from inferd.serving.batcher import NAMED_PRIORITIES, DynamicBatcher, named_levels
 
 
 class Recorder:
@@ -213,14 +213,95 @@ def test_priority_levels_are_served_best_first_and_fifo_within_a_level():
 
 def test_priority_outside_the_levels_is_refused():
     async def body(b):
-        with pytest.raises(InvalidInput, match="priority 4 is not a level"):
-            b.submit(rows(1), 1, 1.0, 4)
-        return await b.submit(rows(1), 1, 1.0, 3)
+        with pytest.raises(InvalidInput, match="priority 5 is not a level"):
+            b.submit(rows(1), 1, 1.0, 5)
+        return await b.submit(rows(1), 1, 1.0, 4)
 
     out = run(_with_batcher(Recorder(), BatchingConfig(max_wait_ms=0), body))
     assert out["y"].tolist() == [3.0]
 
 
 def test_default_priority_must_be_a_level():
-    with pytest.raises(ValueError, match="default_priority 4 is above priority_levels 3"):
-        BatchingConfig(default_priority=4)
+    with pytest.raises(ValueError, match="default_priority 5 is above priority_levels 4"):
+        BatchingConfig(default_priority=5)
+    assert named_levels(BatchingConfig()) == {"high": 1, "normal": 2, "low": 3, "batch": 4}
+    assert named_levels(BatchingConfig(priority_levels=1, default_priority=1)) == dict.fromkeys(
+        ("high", "normal", "low", "batch"), 1
+    )
+
+
+class Gate:
+    """A model whose first batch blocks until released, so a queue can be filled."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.seen: list[float] = []
+
+    def __call__(self, inputs):
+        self.release.wait(5)
+        self.seen.extend(inputs["x"][:, 0].tolist())
+        return {"y": inputs["x"].sum(axis=1)}
+
+
+def test_low_priority_is_refused_past_its_share_of_the_queue():
+    gate = Gate()
+    config = BatchingConfig(max_batch_size=1, max_wait_ms=0, max_queue_rows=8)
+
+    async def body(b):
+        running = b.submit(rows(1, 0), 1, 5.0)
+        await asyncio.sleep(0.02)  # computing, blocked: the queue is empty
+        low = [b.submit(rows(1, 30 + i), 1, 5.0, NAMED_PRIORITIES["low"]) for i in range(4)]
+        with pytest.raises(Overloaded, match="priority low is refused while 4 or more") as info:
+            b.submit(rows(1, 39), 1, 5.0, NAMED_PRIORITIES["low"])
+        assert info.value.retry_after_s >= 1
+        with pytest.raises(Overloaded, match="priority batch is refused while 2 or more"):
+            b.submit(rows(1, 40), 1, 5.0, NAMED_PRIORITIES["batch"])
+        normal = [b.submit(rows(1, 20 + i), 1, 5.0) for i in range(5)]  # the 5th sheds a low
+        gate.release.set()
+        return await asyncio.gather(running, *low, *normal, return_exceptions=True)
+
+    out = run(_with_batcher(gate, config, body))
+    assert [type(o).__name__ for o in out[1:5]] == ["dict"] * 3 + ["Overloaded"]
+    assert gate.seen == [0, 20, 21, 22, 23, 24, 30, 31, 32]
+
+
+def test_a_high_priority_request_takes_the_place_of_the_newest_worse_ones():
+    gate = Gate()
+    config = BatchingConfig(max_batch_size=1, max_wait_ms=0, max_queue_rows=4, low_queue_share=1)
+
+    async def body(b):
+        running = b.submit(rows(1, 0), 1, 5.0)
+        await asyncio.sleep(0.02)
+        normal = [b.submit(rows(1, 20 + i), 1, 5.0) for i in range(2)]
+        low = [b.submit(rows(1, 30 + i), 1, 5.0, NAMED_PRIORITIES["low"]) for i in range(2)]
+        high = [b.submit(rows(1, 10 + i), 1, 5.0, NAMED_PRIORITIES["high"]) for i in range(3)]
+        assert b.queued_rows == 4 and b.stats.shed == 3  # both low, then the newest normal
+        high.append(b.submit(rows(1, 13), 1, 5.0, NAMED_PRIORITIES["high"]))
+        with pytest.raises(Overloaded, match="queue is full"):  # nothing worse is left
+            b.submit(rows(1, 14), 1, 5.0, NAMED_PRIORITIES["high"])
+        gate.release.set()
+        return await asyncio.gather(running, *normal, *low, *high, return_exceptions=True)
+
+    out = run(_with_batcher(gate, config, body))
+    assert all(isinstance(o, Overloaded) for o in out[1:5])
+    assert "higher-priority" in str(out[1])
+    assert gate.seen == [0, 10, 11, 12, 13]
+
+
+def test_shed_counts_are_kept_by_priority_name():
+    gate = Gate()
+    config = BatchingConfig(max_batch_size=1, max_wait_ms=0, max_queue_rows=2)
+
+    async def body(b):
+        running = b.submit(rows(1, 0), 1, 5.0)
+        await asyncio.sleep(0.02)
+        queued = [b.submit(rows(1, i), 1, 5.0, NAMED_PRIORITIES["low"]) for i in range(1)]
+        for _ in range(2):
+            with pytest.raises(Overloaded):
+                b.submit(rows(1, 9), 1, 5.0, NAMED_PRIORITIES["batch"])
+        queued += [b.submit(rows(1, 5), 1, 5.0, 1) for _ in range(2)]  # sheds the low one
+        gate.release.set()
+        await asyncio.gather(running, *queued, return_exceptions=True)
+        return b.shed_counts()
+
+    assert run(_with_batcher(gate, config, body)) == {"low": 1, "batch": 2}

@@ -239,9 +239,11 @@ def test_schedule_policy_parameters(demo_server: InferdServer):
         return c.post("/v2/models/fraud/infer", json={"inputs": [tensor], "parameters": parameters})
 
     assert infer({"priority": 1, "timeout": 10_000_000}).status_code == 200
-    assert infer({"priority": 3}).status_code == 200
-    too_low = infer({"priority": 4})
-    assert too_low.status_code == 400 and "priority 4 is not a level" in too_low.json()["error"]
+    assert infer({"priority": 4}).status_code == 200
+    assert infer({"priority": "high"}).status_code == 200
+    too_low = infer({"priority": 5})
+    assert too_low.status_code == 400 and "priority 5 is not a level" in too_low.json()["error"]
+    assert "'priority'" in infer({"priority": "urgent"}).json()["error"]
     assert infer({"timeout": -5}).status_code == 400
     expired = infer({"timeout": 1})  # 1 µs: the deadline passes before any reply
     assert expired.status_code == 504, expired.text

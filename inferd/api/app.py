@@ -9,6 +9,7 @@ itself. The same handlers stay registered on the FastAPI app, so ``/docs`` and
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -20,7 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import inferd
 from inferd.api import (
@@ -35,7 +36,8 @@ from inferd.api import (
     v2_generate,
     v2_repository,
 )
-from inferd.api.http import json_response, request_id_of
+from inferd.api.http import DisconnectWatch, json_response, request_id_of
+from inferd.api.limits import RateLimitGate, RateLimits, rate_limits_for
 from inferd.api.status import StatusView
 from inferd.config import Settings
 from inferd.errors import InferdError
@@ -55,6 +57,7 @@ def create_app(
     registry: Registry,
     inference_log: RowBuffer | None = None,
     result_cache: ResultCache | None = None,
+    rate_limits: RateLimits | None = None,
 ) -> ASGIApp:
     app = FastAPI(
         title="inferd",
@@ -91,12 +94,10 @@ def create_app(
         inference_log,
     )
     app_: ASGIApp = fast
-    limits = settings.rate_limits
-    if limits.default is not None or limits.models:
-        from inferd.api.limits import RateLimitGate, limiter_for
-
-        app.state.limiter = limiter_for(settings.redis_url)
-        app_ = RateLimitGate(app_, limits, app.state.limiter)
+    # Shared with the gRPC service when given, so both protocols draw from one budget.
+    app.state.limits = rate_limits if rate_limits is not None else rate_limits_for(settings)
+    if app.state.limits is not None and settings.rate_limits.limits_requests:
+        app_ = RateLimitGate(app_, app.state.limits)
     if settings.auth.enabled:  # outermost: limits count per authenticated client
         from inferd.api.auth import Authenticator, AuthGate
 
@@ -133,15 +134,54 @@ class FastPath:
                     scope["app"] = self.app
                     request = Request(scope, receive)
                     params = match.groupdict()
+                    watch = DisconnectWatch(scope, receive)
                     try:
                         response = await handler(request=request, **params)
+                    except asyncio.CancelledError:
+                        if not watch.absorb():
+                            raise
+                        response = _GONE  # the client went away: nothing to send
                     except Exception as exc:
                         response = error_response(request, exc)
-                    await response(scope, receive, send)
+                    finally:
+                        watch.stop()
+                    if response is not _GONE:
+                        await response(scope, receive, send)
                     if self._log is not None:
                         _record(self._log, scope, params, response, api, started)
                     return
+            if scope["method"] == "POST" and GENERATION_PATHS.match(scope["path"]):
+                await _watched(self.app, scope, receive, send)
+                return
         await self.app(scope, receive, send)
+
+
+GENERATION_PATHS = re.compile(
+    r"^/(api/v1/(models/[^/]+/)?generate|v1/(chat/)?completions"
+    r"|v2/models/[^/]+(/versions/[^/]+)?/generate(_stream)?)$"
+)
+"""Routes that may wait long before they answer: their client going away cancels them
+(a streamed answer is then cancelled by the stream itself)."""
+_GONE = Response(status_code=499)
+"""The status logged for a request whose client went away before its answer."""
+
+
+async def _watched(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
+    """``app`` with a :class:`DisconnectWatch` until its answer starts."""
+    watch = DisconnectWatch(scope, receive)
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            watch.stop()
+        await send(message)
+
+    try:
+        await app(scope, receive, sending)
+    except asyncio.CancelledError:
+        if not watch.absorb():
+            raise
+    finally:
+        watch.stop()
 
 
 def _record(
@@ -158,10 +198,15 @@ def _record(
     if model is None:
         return  # refused before it named a model: not an inference on one
     outcome: InferOutcome | None = scope.get("inferd.outcome")
+    version = None
+    if outcome is not None:
+        version = outcome.target.version
+        if outcome.degraded_from is not None:  # the overflow model answered
+            version = f"{outcome.target.model}:{version}"
     log.record(
         scope.get("inferd.rid", ""),
         model,
-        None if outcome is None else outcome.target.version,
+        version,
         api,
         response.status_code,
         (time.perf_counter() - started) * 1000,

@@ -22,6 +22,7 @@ from starlette.responses import Response, StreamingResponse
 
 from inferd.api.auth import authorize_model
 from inferd.api.http import json_response, read_json, request_id_of
+from inferd.api.limits import TokenBudget, budget_of
 from inferd.config import Settings
 from inferd.errors import BadRequest, InferdError, InvalidInput
 from inferd.observability.inference_log import RowBuffer
@@ -115,14 +116,18 @@ async def start_generation(
     body: dict[str, Any],
     version: str | None = None,
     request_id: str = "",
+    budget: TokenBudget | None = None,
 ) -> tuple[Chunks, Target, float]:
     """Resolve ``name`` (a model, an adapter, or ``base:adapter``), check ``body`` (its
     ``prompt``, ``adapter`` and sampling fields) and start streaming; returns the chunks,
-    the target and the ``time.perf_counter()`` start once the first chunk is there.
+    the target and the ``time.perf_counter()`` start once the first chunk is there. With
+    a client's token ``budget``, the generation starts only if it is not in debt and its
+    tokens are charged to it when the chunks end.
 
     Raises :class:`InferdError`: ``ModelNotFound`` for an unknown name or version,
-    ``InvalidInput`` for bad options or a model that does not generate text, and whatever
-    the replica answers before its first token (overloaded, prompt too long, ...)."""
+    ``InvalidInput`` for bad options or a model that does not generate text,
+    ``RateLimited`` for a budget in debt, and whatever the replica answers before its
+    first token (overloaded, prompt too long, ...)."""
     started = time.perf_counter()
     arrived_at = time.time()
     request_id_var.set(request_id)
@@ -137,6 +142,8 @@ async def start_generation(
         raise InvalidInput("'adapter' must be a string")
     params = sampling_params(body)
     prompt = prompt_of(body)
+    if budget is not None:
+        await budget.admit(target.model)
     timeout_s = settings.request_timeout_s
     # Before its first token a request may be queued in the replica for up to the LLM
     # queue timeout (the replica answers 503 then); this bound only catches a hung replica.
@@ -144,6 +151,8 @@ async def start_generation(
     stream = router.generate(
         target, prompt, params, explicit or adapter, timeout_s, request_id, first_s, arrived_at
     )
+    if budget is not None:
+        stream = budget.charged(stream, target.model)
     return await _first_then_rest(stream), target, started
 
 
@@ -154,12 +163,13 @@ async def start(
     its request id (returned too)."""
     rid = request_id_of(request)
     state = request.app.state
+    budget = budget_of(request)
     if "inferd.principal" in request.scope:  # auth is on: may it use this model?
         authorize_model(request.scope, state.router.resolve(name, version)[0].model)
     log: RowBuffer | None = state.inference_log
     if log is None:
         chunks, target, started = await start_generation(
-            state.router, state.settings, name, body, version, rid
+            state.router, state.settings, name, body, version, rid, budget
         )
         return chunks, target, rid, started
     path = request.url.path
@@ -169,7 +179,7 @@ async def start(
     began = time.perf_counter()
     try:
         chunks, target, started = await start_generation(
-            state.router, state.settings, name, body, version, rid
+            state.router, state.settings, name, body, version, rid, budget
         )
     except InferdError as exc:
         ms = (time.perf_counter() - began) * 1000

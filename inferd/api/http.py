@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import time
@@ -64,6 +65,82 @@ def new_request_id() -> str:
     return f"{time.time_ns() // 1_000_000:012x}{os.urandom(10).hex()}"
 
 
+_TIMEOUT = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s)?\s*$")
+
+
+def request_timeout(request: Request, from_body: float | None) -> float | None:
+    """The request's deadline in seconds: its body's (``params.timeout_ms``, V2
+    ``timeout``) or its ``X-Request-Timeout`` header (seconds, or with a unit: ``250ms``,
+    ``2s``), at most the server's ``max_request_timeout_s``; None: the server's default."""
+    timeout_s = from_body
+    if timeout_s is None and (header := request.headers.get("x-request-timeout")) is not None:
+        match = _TIMEOUT.match(header)
+        if match is None or float(match.group(1)) <= 0:
+            raise BadRequest(
+                f"X-Request-Timeout {header[:40]!r} is not a positive duration "
+                "(seconds, or with a unit: 250ms, 2s)"
+            )
+        timeout_s = float(match.group(1)) / (1000 if match.group(2) == "ms" else 1)
+    if timeout_s is None:
+        return None
+    return min(timeout_s, request.app.state.settings.max_request_timeout_s)
+
+
+WATCH_AFTER_S = 0.05
+"""How long a request runs before its client's connection is watched: most answer
+sooner, and never pay for the watch (a task each)."""
+
+
+class DisconnectWatch:
+    """Cancels the task handling a request when its client goes away, so the request
+    leaves the replica's queue (the cancel reaches it) instead of being computed for
+    nobody. Starts watching ``WATCH_AFTER_S`` after it is made, once the body was read
+    (``read_body`` marks the scope); :meth:`stop` once the answer is ready."""
+
+    __slots__ = ("_loop", "_receive", "_scope", "_task", "_timer", "_watcher", "disconnected")
+
+    def __init__(self, scope: Scope, receive: Receive) -> None:
+        self._scope = scope
+        self._receive = receive
+        self._task = asyncio.current_task()
+        self._loop = asyncio.get_running_loop()
+        self._watcher: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = self._loop.call_later(WATCH_AFTER_S, self._arm)
+        self.disconnected = False
+
+    def _arm(self) -> None:
+        if self._scope.get("inferd.body_read"):
+            self._timer = None
+            self._watcher = self._loop.create_task(self._watch())
+        else:
+            self._timer = self._loop.call_later(WATCH_AFTER_S, self._arm)
+
+    async def _watch(self) -> None:
+        while True:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                break
+        self.disconnected = True
+        if self._task is not None:
+            self._task.cancel()
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._watcher is not None:
+            self._watcher.cancel()
+            self._watcher = None
+
+    def absorb(self) -> bool:
+        """After a CancelledError: True (and the task no longer cancelling) when this
+        watch caused it; False when something else cancels the task (shutdown)."""
+        if not self.disconnected or self._task is None:
+            return False
+        self._task.uncancel()
+        return True
+
+
 async def read_json(request: Request, limit: int) -> Any:
     return parse_json(await read_body(request, limit))
 
@@ -97,6 +174,7 @@ async def read_body(request: Request, limit: int) -> bytes:
                     f"request body exceeds the limit of {limit} bytes", limit_bytes=limit
                 )
         body = bytes(chunks)
+    request.scope["inferd.body_read"] = True  # a DisconnectWatch may listen now
     return body
 
 

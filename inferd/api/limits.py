@@ -1,38 +1,85 @@
-"""Rate limits: token buckets per client, for all routes and per model.
+"""Rate limits: token buckets per client, of requests and of generation tokens.
 
-A client is its API key id or JWT subject when authenticated, else its address. Each
-request takes one token from the client's bucket for all routes (``rate_limits.default``)
-and, when its path names a model with a limit (``rate_limits.models``), from that one
-too. A bucket holds ``burst`` tokens and refills at ``requests_per_s``.
+A client is its API key id or JWT subject when authenticated, else its address; HTTP and
+gRPC name it the same (:func:`client_key`), so one client's calls over both draw from the
+same buckets.
 
-Embedded, buckets live in each gateway process (with several gateway processes a client
-may get up to that many times the budget; one process, or Redis, makes it exact). With
-``redis_url`` they live in Redis and every gateway process draws from the same ones: one
-Lua script per bucket reads, refills and takes atomically on Redis's own clock.
+Requests. Each request (an HTTP request, a gRPC call, a request inside a gRPC stream)
+takes one token from the client's bucket for all routes (``rate_limits.default``) and,
+when it names a model with a limit (``rate_limits.models``; in the path, or in the gRPC
+message), from that one too. A bucket holds ``burst`` tokens and refills at
+``requests_per_s``. Probes (``/health/*``, ``/metrics``, ServerLive, ServerReady) are
+never limited.
 
-Every limited reply carries ``X-RateLimit-Limit`` (the burst), ``X-RateLimit-Remaining``
-and ``X-RateLimit-Reset`` (seconds until the bucket is full again); over the limit the
-answer is 429 with ``Retry-After`` (seconds until a token is there).
+Generation tokens. ``rate_limits.tokens`` (all generative models together) and
+``rate_limits.model_tokens`` (per model) are budgets of prompt + completion tokens per
+client, refilled at ``tokens_per_minute / 60`` per second up to ``burst`` (default one
+minute's worth). What a generation costs is known only once it ends, so the policy is
+admit, then charge: a generation starts only while each of its budgets is not in debt
+(>= 0 tokens); when it ends (finished, failed or cancelled after its first token) its
+actual ``prompt_tokens + completion_tokens`` are charged, which may drive a budget into
+debt, and until the debt is repaid every generation of that client is refused, with
+``Retry-After`` the seconds until it is. Nothing is reserved at admission: generations
+admitted together may overshoot by what they make (at most their ``max_tokens``), and
+the overshoot is repaid before the next one starts. A failure before the first token
+costs nothing.
+
+Storage. Embedded, buckets live in each gateway process (with several gateway processes a
+client may get up to that many times the budget; one process, or Redis, makes it exact).
+With ``redis_url`` they live in Redis and every gateway process draws from the same ones:
+one Lua script reads, refills and takes atomically on Redis's own clock, the same for a
+request (take 1 if 1 is there), an admission (take 0 if not in debt) and a charge (take
+n, into debt if need be).
+
+Every request-limited HTTP reply carries ``X-RateLimit-Limit`` (the burst),
+``X-RateLimit-Remaining`` and ``X-RateLimit-Reset`` (seconds until the bucket is full
+again); over a limit the answer is 429 with ``Retry-After`` (seconds until the request
+would pass) and those headers, counted in tokens for a token budget. gRPC answers
+RESOURCE_EXHAUSTED with the same as trailing metadata.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import math
 import time
-from typing import Any, Protocol
+from collections.abc import AsyncGenerator
+from typing import TYPE_CHECKING, Any, Protocol
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferd.api.http import PUBLIC_PATHS, model_in_path, refuse
-from inferd.config import Limit, RateLimitConfig
+from inferd.config import RateLimitConfig, Settings, TokenLimit
 from inferd.errors import RateLimited
 
+if TYPE_CHECKING:
+    from starlette.requests import Request
+
+    from inferd.api.auth import Principal
+    from inferd.serving.protocol import TokenChunk
+
+logger = logging.getLogger(__name__)
 MAX_LOCAL_BUCKETS = 100_000
 
 
+class Bucket(Protocol):
+    """The shape of a bucket: :class:`inferd.config.Limit` or :class:`TokenLimit`."""
+
+    @property
+    def rate_per_s(self) -> float: ...
+
+    @property
+    def capacity(self) -> int: ...
+
+
 class Limiter(Protocol):
-    async def take(self, key: str, limit: Limit) -> tuple[bool, float]:
-        """(allowed, tokens left after this request)."""
+    async def take(
+        self, key: str, bucket: Bucket, cost: float = 1.0, need: float = 1.0
+    ) -> tuple[bool, float]:
+        """Refill ``key``'s bucket, then take ``cost`` tokens if at least ``need`` are
+        there (``need=-inf``: take them anyway, into debt); (taken, tokens left)."""
         ...
 
     async def close(self) -> None: ...
@@ -44,19 +91,24 @@ class LocalLimiter:
     def __init__(self) -> None:
         self._buckets: dict[str, tuple[float, float]] = {}
 
-    async def take(self, key: str, limit: Limit) -> tuple[bool, float]:
-        return self.take_now(key, limit, time.monotonic())
+    async def take(
+        self, key: str, bucket: Bucket, cost: float = 1.0, need: float = 1.0
+    ) -> tuple[bool, float]:
+        return self.take_now(key, bucket, time.monotonic(), cost, need)
 
-    def take_now(self, key: str, limit: Limit, now: float) -> tuple[bool, float]:
-        tokens, last = self._buckets.get(key, (float(limit.burst), now))
-        tokens = min(float(limit.burst), tokens + (now - last) * limit.requests_per_s)
-        allowed = tokens >= 1.0
-        if allowed:
-            tokens -= 1.0
+    def take_now(
+        self, key: str, bucket: Bucket, now: float, cost: float = 1.0, need: float = 1.0
+    ) -> tuple[bool, float]:
+        capacity = float(bucket.capacity)
+        tokens, last = self._buckets.get(key, (capacity, now))
+        tokens = min(capacity, tokens + (now - last) * bucket.rate_per_s)
+        taken = tokens >= need
+        if taken:
+            tokens -= cost
         if len(self._buckets) >= MAX_LOCAL_BUCKETS and key not in self._buckets:
-            self._buckets.clear()  # bounded memory: forgetting full buckets is harmless
+            self._buckets.clear()  # bounded memory: forgets full buckets (and rare debts)
         self._buckets[key] = (tokens, now)
-        return allowed, tokens
+        return taken, tokens
 
     async def close(self) -> None:
         pass
@@ -65,6 +117,8 @@ class LocalLimiter:
 _TAKE = """
 local rate = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
+local cost = tonumber(ARGV[3])
+local need = tonumber(ARGV[4])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local state = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
@@ -75,15 +129,17 @@ if tokens == nil then
   ts = now
 end
 tokens = math.min(burst, tokens + (now - ts) * rate)
-local allowed = 0
-if tokens >= 1 then
-  tokens = tokens - 1
-  allowed = 1
+local taken = 0
+if tokens >= need then
+  tokens = tokens - cost
+  taken = 1
 end
 redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'ts', tostring(now))
-redis.call('PEXPIRE', KEYS[1], math.ceil(burst / rate * 1000) + 1000)
-return {allowed, tostring(tokens)}
+redis.call('PEXPIRE', KEYS[1], math.ceil((burst - tokens) / rate * 1000) + 1000)
+return {taken, tostring(tokens)}
 """
+"""The key expires once it would be full again (a debt included): a full bucket is
+the same as none."""
 
 
 class RedisLimiter:
@@ -96,86 +152,207 @@ class RedisLimiter:
         self._script = self._redis.register_script(_TAKE)
         self._prefix = prefix
 
-    async def take(self, key: str, limit: Limit) -> tuple[bool, float]:
-        allowed, tokens = await self._script(
-            keys=[self._prefix + key], args=[limit.requests_per_s, limit.burst]
+    async def take(
+        self, key: str, bucket: Bucket, cost: float = 1.0, need: float = 1.0
+    ) -> tuple[bool, float]:
+        taken, tokens = await self._script(
+            keys=[self._prefix + key],
+            args=[bucket.rate_per_s, bucket.capacity, cost, "-inf" if need == -math.inf else need],
         )
-        return bool(int(allowed)), float(tokens)
+        return bool(int(taken)), float(tokens)
 
     async def close(self) -> None:
         await self._redis.aclose()
 
 
-def _headers(limit: Limit, tokens: float) -> dict[str, str]:
-    reset = (limit.burst - tokens) / limit.requests_per_s
+Check = tuple[str, Bucket, str]
+"""A bucket to take from: its key, its shape, and what it covers (for the message)."""
+
+
+class RateLimits:
+    """``rate_limits`` on one limiter: what the HTTP gate, the gRPC interceptor and
+    generation (:class:`TokenBudget`) call. One per gateway process, shared by HTTP and
+    gRPC, so a client's budget is one whichever protocol it uses."""
+
+    def __init__(self, config: RateLimitConfig, limiter: Limiter) -> None:
+        self.config = config
+        self.limiter = limiter
+
+    async def take_request(self, who: str, model: str | None = None) -> dict[str, str] | None:
+        """One request of client ``who``, naming ``model`` or none: the X-RateLimit-*
+        headers of its tightest bucket (None: no limit applies). Raises
+        :class:`RateLimited` when a bucket is empty."""
+        checks: list[Check] = []
+        if self.config.default is not None:
+            checks.append((f"all:{who}", self.config.default, "all routes"))
+        if model is not None and (limit := self.config.models.get(model)) is not None:
+            checks.append((f"model:{model}:{who}", limit, "this model"))
+        return await self.take(checks, 1.0, 1.0)
+
+    def budget(self, who: str) -> TokenBudget | None:
+        """Client ``who``'s generation token budgets; None when none is set."""
+        return TokenBudget(self, who) if self.config.limits_tokens else None
+
+    async def take(self, checks: list[Check], cost: float, need: float) -> dict[str, str] | None:
+        """Take ``cost`` from each bucket of ``checks`` holding at least ``need``: the
+        X-RateLimit-* headers of the tightest; raises :class:`RateLimited` at the first
+        that does not."""
+        tightest: dict[str, str] | None = None
+        for key, bucket, covers in checks:
+            taken, tokens = await self.limiter.take(key, bucket, cost, need)
+            headers = _headers(bucket, tokens)
+            if not taken:
+                raise _refusal(bucket, tokens, need, covers, headers)
+            if tightest is None or int(headers["X-RateLimit-Remaining"]) < int(
+                tightest["X-RateLimit-Remaining"]
+            ):
+                tightest = headers
+        return tightest
+
+    async def close(self) -> None:
+        await self.limiter.close()
+
+
+class TokenBudget:
+    """One client's generation token budgets: :meth:`admit` before a generation starts,
+    its chunks through :meth:`charged` (see the module docstring for the policy)."""
+
+    def __init__(self, limits: RateLimits, who: str) -> None:
+        self.limits = limits
+        self.who = who
+
+    def _checks(self, model: str) -> list[Check]:
+        config, who = self.limits.config, self.who
+        checks: list[Check] = []
+        if config.tokens is not None:
+            checks.append((f"tokens:{who}", config.tokens, "all generative models"))
+        if (limit := config.model_tokens.get(model)) is not None:
+            checks.append((f"tokens:{model}:{who}", limit, "this model"))
+        return checks
+
+    async def admit(self, model: str) -> None:
+        """Raise :class:`RateLimited` when a budget of ``model`` is in debt."""
+        await self.limits.take(self._checks(model), 0.0, 0.0)
+
+    async def charged(
+        self, chunks: AsyncGenerator[TokenChunk, None], model: str
+    ) -> AsyncGenerator[TokenChunk, None]:
+        """``chunks``, and once they end (or are closed) the tokens of the last one
+        (counts are cumulative) charged to ``model``'s budgets."""
+        last = None
+        try:
+            async with contextlib.aclosing(chunks):
+                async for chunk in chunks:
+                    last = chunk
+                    yield chunk
+        finally:
+            if last is not None and (used := last.prompt_tokens + last.completion_tokens):
+                # A task, awaited through a shield: a cancelled stream still pays.
+                task = asyncio.ensure_future(self._charge(model, used))
+                _CHARGING.add(task)
+                task.add_done_callback(_CHARGING.discard)
+                await asyncio.shield(task)
+
+    async def _charge(self, model: str, used: int) -> None:
+        try:
+            for key, bucket, _ in self._checks(model):
+                await self.limits.limiter.take(key, bucket, used, -math.inf)
+        except Exception:
+            logger.exception("charging %d tokens to %s failed", used, self.who)
+
+
+_CHARGING: set[asyncio.Future[None]] = set()
+"""Charges in flight: the event loop keeps only weak references to tasks."""
+
+
+def _headers(bucket: Bucket, tokens: float) -> dict[str, str]:
+    reset = (bucket.capacity - tokens) / bucket.rate_per_s
     return {
-        "X-RateLimit-Limit": str(limit.burst),
+        "X-RateLimit-Limit": str(bucket.capacity),
         "X-RateLimit-Remaining": str(max(0, math.floor(tokens))),
         "X-RateLimit-Reset": str(math.ceil(reset)),
     }
 
 
-class RateLimitGate:
-    """ASGI middleware: takes tokens before the request runs; refuses with 429."""
+def _refusal(
+    bucket: Bucket, tokens: float, need: float, covers: str, headers: dict[str, str]
+) -> RateLimited:
+    wait = (need - tokens) / bucket.rate_per_s
+    headers["Retry-After"] = str(max(1, math.ceil(wait)))
+    if isinstance(bucket, TokenLimit):
+        what = (
+            f"token limit exceeded ({bucket.capacity} tokens at once, "
+            f"{bucket.tokens_per_minute} per minute sustained, for {covers})"
+        )
+    else:
+        what = (
+            f"rate limit exceeded ({bucket.capacity} requests at once, "
+            f"{bucket.rate_per_s:g}/s sustained, for {covers})"
+        )
+    return RateLimited(f"{what}; retry in {wait:.1f}s", headers)
 
-    def __init__(self, app: ASGIApp, config: RateLimitConfig, limiter: Limiter) -> None:
+
+def client_key(principal: Principal | None, address: str | None) -> str:
+    """Whose budgets: ``k:<key id>`` or ``j:<JWT subject>`` when authenticated, else
+    ``ip:<address>`` (an IPv4-mapped IPv6 address as plain IPv4, as either protocol may
+    see it)."""
+    if principal is not None:
+        return f"{principal.kind[0]}:{principal.subject}"
+    if address is None:
+        return "ip:unknown"
+    return f"ip:{address.removeprefix('::ffff:') if '.' in address else address}"
+
+
+def http_client(scope: Scope) -> str:
+    client = scope.get("client")
+    return client_key(scope.get("inferd.principal"), client[0] if client else None)
+
+
+def budget_of(request: Request) -> TokenBudget | None:
+    """The generation token budget of an HTTP request's client; None without one."""
+    limits: RateLimits | None = request.app.state.limits
+    return None if limits is None else limits.budget(http_client(request.scope))
+
+
+class RateLimitGate:
+    """ASGI middleware: takes a request's tokens before it runs; refuses with 429."""
+
+    def __init__(self, app: ASGIApp, limits: RateLimits) -> None:
         self.app = app
-        self.config = config
-        self.limiter = limiter
+        self.limits = limits
         self.state = getattr(app, "state", None)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or PUBLIC_PATHS.match(scope["path"]):
             await self.app(scope, receive, send)
             return
-        who = _client(scope)
-        checks: list[tuple[str, Limit]] = []
-        if self.config.default is not None:
-            checks.append((f"all:{who}", self.config.default))
-        if self.config.models and (model := model_in_path(scope["path"])) is not None:
-            model_limit = self.config.models.get(model)
-            if model_limit is not None:
-                checks.append((f"model:{model}:{who}", model_limit))
-        tightest: dict[str, str] | None = None
-        for key, limit in checks:
-            allowed, tokens = await self.limiter.take(key, limit)
-            headers = _headers(limit, tokens)
-            if not allowed:
-                wait = (1.0 - tokens) / limit.requests_per_s
-                headers["Retry-After"] = str(max(1, math.ceil(wait)))
-                scope_name = "this model" if key.startswith("model:") else "all routes"
-                error = RateLimited(
-                    f"rate limit exceeded ({limit.burst} requests at once, "
-                    f"{limit.requests_per_s:g}/s sustained, for {scope_name}); "
-                    f"retry in {wait:.1f}s",
-                    headers,
-                )
-                await refuse(error, scope, receive, send)
-                return
-            if tightest is None or int(headers["X-RateLimit-Remaining"]) < int(
-                tightest["X-RateLimit-Remaining"]
-            ):
-                tightest = headers
-        if tightest is None:
+        model = model_in_path(scope["path"]) if self.limits.config.models else None
+        try:
+            headers = await self.limits.take_request(http_client(scope), model)
+        except RateLimited as exc:
+            await refuse(exc, scope, receive, send)
+            return
+        if headers is None:
             await self.app(scope, receive, send)
             return
-        extra = [(k.lower().encode(), v.encode()) for k, v in tightest.items()]
+        extra = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), *extra]}
+                own: list[Any] = message.get("headers", [])
+                if not any(name == b"x-ratelimit-limit" for name, _ in own):
+                    # (a refused generation carries its token budget's figures instead)
+                    message = {**message, "headers": [*own, *extra]}
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
 
 
-def _client(scope: Scope) -> str:
-    principal: Any = scope.get("inferd.principal")
-    if principal is not None:
-        return f"{principal.kind[0]}:{principal.subject}"
-    client = scope.get("client")
-    return f"ip:{client[0]}" if client else "ip:unknown"
-
-
-def limiter_for(redis_url: str | None) -> Limiter:
-    return RedisLimiter(redis_url) if redis_url else LocalLimiter()
+def rate_limits_for(settings: Settings) -> RateLimits | None:
+    """The gateway process's rate limits (None when none is set): in process, or in
+    Redis with ``redis_url``."""
+    config = settings.rate_limits
+    if not (config.limits_requests or config.limits_tokens):
+        return None
+    url = settings.redis_url
+    return RateLimits(config, RedisLimiter(url) if url else LocalLimiter())

@@ -13,10 +13,11 @@ from starlette.responses import Response
 from inferd.api import docs
 from inferd.api.auth import authorize_model
 from inferd.api.codec import columns_to_rows, rows_to_columns
-from inferd.api.http import json_response, read_json, request_id_of
+from inferd.api.http import json_response, read_json, request_id_of, request_timeout
 from inferd.errors import BadRequest, InvalidInput, PayloadTooLarge
 from inferd.observability.logging import request_id_var
 from inferd.routing.dataplane import DataPlane, InferOutcome
+from inferd.serving.batcher import priority_code
 
 router = APIRouter(prefix="/api/v1", tags=["inference"])
 
@@ -25,9 +26,10 @@ def _plane(request: Request) -> DataPlane:
     return request.app.state.dataplane  # type: ignore[no-any-return]
 
 
-def _params(body: dict[str, Any]) -> tuple[str | None, float | None, str | None]:
+def _params(body: dict[str, Any]) -> tuple[str | None, float | None, str | None, int]:
     """``params``: the pinned version, the timeout in seconds, the user (for sticky
-    traffic splits; the ``X-User-Id`` header does the same)."""
+    traffic splits; the ``X-User-Id`` header does the same), the priority (high, normal,
+    low, batch or a level number; its code)."""
     params = body.get("params") or {}
     if not isinstance(params, dict):
         raise InvalidInput("'params' must be an object")
@@ -40,7 +42,15 @@ def _params(body: dict[str, Any]) -> tuple[str | None, float | None, str | None]
     timeout_ms = params.get("timeout_ms")
     if timeout_ms is not None and (not isinstance(timeout_ms, int | float) or timeout_ms <= 0):
         raise InvalidInput("'params.timeout_ms' must be a positive number")
-    return version, timeout_ms / 1000 if timeout_ms else None, user
+    priority = params.get("priority", 0)
+    try:
+        priority = priority_code(priority)
+    except InvalidInput:
+        raise InvalidInput(
+            "'params.priority' must be high, normal, low, batch or a level number >= 1, "
+            f"not {priority!r}"
+        ) from None
+    return version, timeout_ms / 1000 if timeout_ms else None, user, priority
 
 
 async def _run(request: Request, model: str, body: Any, rows_key: str) -> tuple[InferOutcome, str]:
@@ -49,7 +59,8 @@ async def _run(request: Request, model: str, body: Any, rows_key: str) -> tuple[
     request_id_var.set(rid)
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
-    version, timeout_s, user = _params(body)
+    version, timeout_s, user, priority = _params(body)
+    timeout_s = request_timeout(request, timeout_s)
     plane = _plane(request)
     user = user or request.headers.get("x-user-id")
     request.scope["inferd.user"] = user  # for the inference log
@@ -65,7 +76,7 @@ async def _run(request: Request, model: str, body: Any, rows_key: str) -> tuple[
         raise PayloadTooLarge(f"{len(rows)} rows exceed the limit of {limit} per request")
     columns, n = rows_to_columns(rows, target.signature)
     outcome = await plane.infer(
-        target, columns, n, rid, started, timeout_s, pinned=version is not None
+        target, columns, n, rid, started, timeout_s, priority, pinned=version is not None
     )
     request.scope["inferd.outcome"] = outcome  # for the inference log
     return outcome, rid
@@ -77,7 +88,22 @@ def _headers(outcome: InferOutcome, rid: str) -> dict[str, str]:
         headers["x-inferd-fallback-from"] = outcome.fallback_from
     if outcome.cache_hit is not None:
         headers["x-cache"] = "hit" if outcome.cache_hit else "miss"
+    if outcome.degraded_from is not None:
+        headers["x-inferd-degraded-from"] = outcome.degraded_from
+        headers["x-inferd-model"] = outcome.target.model
     return headers
+
+
+def _answered_by(outcome: InferOutcome, model: str) -> dict[str, Any]:
+    """``model`` and ``version`` of a reply: the model asked for, unless its overflow
+    model answered (then that one, and ``degraded_from`` the one asked for)."""
+    if outcome.degraded_from is None:
+        return {"model": model, "version": outcome.target.version}
+    return {
+        "model": outcome.target.model,
+        "version": outcome.target.version,
+        "degraded_from": outcome.degraded_from,
+    }
 
 
 @router.post("/models/{model}/predict", openapi_extra=docs.PREDICT)
@@ -89,8 +115,7 @@ async def predict(model: str, request: Request) -> Response:
     outcome, rid = await _run(request, model, body, "inputs")
     return json_response(
         {
-            "model": model,
-            "version": outcome.target.version,
+            **_answered_by(outcome, model),
             "outputs": columns_to_rows(outcome.outputs, outcome.target.signature),
             "latency_ms": round(outcome.latency_ms, 3),
             "request_id": rid,
@@ -111,7 +136,7 @@ async def predict_one(request: Request) -> Response:
     request.scope["inferd.model"] = model
     outcome, rid = await _run(request, model, body, "input")
     row = columns_to_rows(outcome.outputs, outcome.target.signature)[0]
-    result: dict[str, Any] = {"model": model, "version": outcome.target.version}
+    result: dict[str, Any] = _answered_by(outcome, model)
     if "label" in row and "probabilities" in row:
         result["prediction"] = row["label"]
         result["confidence"] = round(float(np.max(row["probabilities"])), 6)

@@ -22,12 +22,19 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from inferd import __version__
-from inferd.api.http import json_response, parse_json, read_body, request_id_of
+from inferd.api.http import (
+    json_response,
+    parse_json,
+    read_body,
+    request_id_of,
+    request_timeout,
+)
 from inferd.errors import BadRequest, InferdError, InvalidInput, ModelNotReady
 from inferd.observability.logging import request_id_var
 from inferd.routing.dataplane import DataPlane
 from inferd.routing.router import Router, Target
 from inferd.runtimes.base import DATATYPES, Signature, TensorSpec, datatype_of
+from inferd.serving.batcher import priority_code
 
 router = APIRouter(prefix="/v2", tags=["open inference protocol"])
 EXTENSIONS: list[str] = ["binary_tensor_data", "schedule_policy", "generate", "model_repository"]
@@ -141,6 +148,7 @@ async def infer(request: Request, model: str, version: str | None = None) -> Res
     wanted = requested_outputs(body.get("outputs"), target.signature)
     binary_default = bool(params.get("binary_data_output", False))
     priority, timeout_s = schedule_policy(params)
+    timeout_s = request_timeout(request, timeout_s)
     outcome = await plane.infer(
         target, columns, rows, rid, started, timeout_s, priority, pinned=version is not None
     )
@@ -172,6 +180,9 @@ async def infer(request: Request, model: str, version: str | None = None) -> Res
         headers["x-inferd-fallback-from"] = outcome.fallback_from
     if outcome.cache_hit is not None:
         headers["x-cache"] = "hit" if outcome.cache_hit else "miss"
+    if outcome.degraded_from is not None:  # model_name says which model answered
+        headers["x-inferd-degraded-from"] = outcome.degraded_from
+        reply["parameters"] = {"degraded_from": outcome.degraded_from}
     if not blobs:
         return json_response(reply, headers=headers)
     head = orjson.dumps(reply)
@@ -212,15 +223,20 @@ def user_of(params: dict[str, Any]) -> str | None:
 
 def schedule_policy(params: dict[str, Any]) -> tuple[int, float | None]:
     """The schedule-policy parameters of a request: ``priority`` (a queue level, 0 for the
-    model's default) and ``timeout`` (microseconds, 0 for the server's request timeout),
-    as (priority, timeout in seconds or None)."""
-    values = []
-    for name in ("priority", "timeout"):
-        value = params.get(name, 0)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise InvalidInput(f"parameter {name!r} must be an integer >= 0, not {value!r}")
-        values.append(value)
-    priority, timeout_us = values
+    model's default, or inferd's names high, normal, low, batch) and ``timeout``
+    (microseconds, 0 for the server's request timeout), as (priority code, timeout in
+    seconds or None)."""
+    timeout_us = params.get("timeout", 0)
+    if not isinstance(timeout_us, int) or isinstance(timeout_us, bool) or timeout_us < 0:
+        raise InvalidInput(f"parameter 'timeout' must be an integer >= 0, not {timeout_us!r}")
+    priority = params.get("priority", 0)
+    try:
+        priority = priority_code(priority)
+    except InvalidInput:
+        raise InvalidInput(
+            f"parameter 'priority' must be an integer >= 0 or high, normal, low, batch, "
+            f"not {priority!r}"
+        ) from None
     return priority, timeout_us / 1e6 if timeout_us else None
 
 

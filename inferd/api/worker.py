@@ -17,6 +17,7 @@ from typing import Any
 import uvicorn
 
 from inferd.api.app import create_app
+from inferd.api.limits import rate_limits_for
 from inferd.config import Settings
 from inferd.observability.inference_log import LogShipper
 from inferd.observability.logging import configure_logging
@@ -49,7 +50,8 @@ async def run_gateway(settings: Settings, control_socket: Path) -> None:
     cache = None
     if settings.cache.enabled:
         cache = cache_for(settings.cache.max_bytes, settings.redis_url)
-    app = create_app(settings, router, registry, inference_log, cache)
+    limits = rate_limits_for(settings)  # one per process: HTTP and gRPC share the budgets
+    app = create_app(settings, router, registry, inference_log, cache, limits)
     config = uvicorn.Config(
         app,
         loop="none",
@@ -74,7 +76,7 @@ async def run_gateway(settings: Settings, control_socket: Path) -> None:
     if settings.grpc_port >= 0:
         from inferd.grpc.service import start_server
 
-        grpc_server = await start_server(router, registry, settings, inference_log, cache)
+        grpc_server = await start_server(router, registry, settings, inference_log, cache, limits)
     loop = asyncio.get_running_loop()
     loop.call_soon(lambda: print("LISTENING", flush=True))
     stopping = None
@@ -90,6 +92,8 @@ async def run_gateway(settings: Settings, control_socket: Path) -> None:
             inference_log.close()  # what is left, to the server
         if cache is not None:
             await cache.close()
+        if limits is not None:
+            await limits.close()
         registry.close()
 
 

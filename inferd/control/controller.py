@@ -650,6 +650,8 @@ class Controller:
                     s.fallback,
                     *state.mirrors.get(v, (0, 0.0)),
                     _cache_ttl(s.record),
+                    s.record.sha256,
+                    _overflow_model(s.record, name),
                 )
                 for v, s in state.versions.items()
             }
@@ -671,6 +673,11 @@ class Controller:
 def _cache_ttl(record: VersionRecord) -> float | None:
     value = record.metadata.get("cache_ttl_s")
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _overflow_model(record: VersionRecord, model: str) -> str | None:
+    value = record.metadata.get("overflow_model")
+    return value if isinstance(value, str) and value and value != model else None
 
 
 def _adapters(record: VersionRecord) -> dict[str, dict[str, str]]:

@@ -10,10 +10,10 @@ Tensors: inputs come either as ``raw_input_contents`` (one little-endian byte st
 input, read without copying) or as typed ``contents``; outputs always go back as
 ``raw_output_contents``, as Triton does. Errors map to gRPC status codes (bad input
 INVALID_ARGUMENT, unknown model NOT_FOUND, not ready or overloaded UNAVAILABLE, deadline
-DEADLINE_EXCEEDED). ``ModelStreamInfer`` serves a stream of requests concurrently; a
-generative model answers a request with one response per chunk of text (``text_output``)
-and marks the last with the ``triton_final_response`` parameter, the way Triton's
-decoupled models do.
+DEADLINE_EXCEEDED, over a rate limit RESOURCE_EXHAUSTED: see :mod:`inferd.grpc.limits`).
+``ModelStreamInfer`` serves a stream of requests concurrently; a generative model answers
+a request with one response per chunk of text (``text_output``) and marks the last with
+the ``triton_final_response`` parameter, the way Triton's decoupled models do.
 """
 
 from __future__ import annotations
@@ -36,11 +36,13 @@ from inferd.api import v2
 from inferd.api import v2_repository as repo
 from inferd.api.generate import start_generation
 from inferd.api.http import new_request_id
+from inferd.api.limits import RateLimits, TokenBudget
 from inferd.config import Settings
 from inferd.errors import InferdError, InvalidInput, ModelNotReady
 from inferd.grpc import grpc_service_pb2 as pb
 from inferd.grpc import grpc_service_pb2_grpc as pb_grpc
 from inferd.grpc.auth import allowed
+from inferd.grpc.limits import RateLimitInterceptor, grpc_client
 from inferd.observability.inference_log import RowBuffer
 from inferd.observability.logging import request_id_var
 from inferd.registry import Registry
@@ -118,12 +120,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         settings: Settings,
         inference_log: RowBuffer | None = None,
         cache: ResultCache | None = None,
+        limits: RateLimits | None = None,
     ) -> None:
         self.router = router
         self.registry = registry
         self.settings = settings
         self.plane = DataPlane(router, settings.request_timeout_s, cache, settings.cache.ttl_s)
         self.inference_log = inference_log
+        self.limits = limits
 
     # -- health and metadata -----------------------------------------------------------
 
@@ -239,14 +243,16 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         self, requests: AsyncIterator[Any], context: Any
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Each request runs as its own task; responses go out as they are ready (match
-        them by ``id``). A failed request answers ``error_message``; the stream goes on."""
+        them by ``id``). A failed request answers ``error_message``; the stream goes on.
+        Each request counts against the caller's rate limits as a unary call would."""
         out: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
         tasks: set[asyncio.Task[None]] = set()
+        who = grpc_client(context)
 
         async def read() -> None:
             try:
                 async for request in requests:
-                    task = asyncio.create_task(self._stream_one(request, out.put_nowait))
+                    task = asyncio.create_task(self._stream_one(request, out.put_nowait, who))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
                 if tasks:
@@ -265,13 +271,17 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             await asyncio.gather(reader, *tasks, return_exceptions=True)
 
     async def _stream_one(
-        self, request: Any, send: Callable[[pb.ModelStreamInferResponse], None]
+        self, request: Any, send: Callable[[pb.ModelStreamInferResponse], None], who: str
     ) -> None:
         try:
+            budget = None
+            if self.limits is not None:
+                await self.limits.take_request(who, request.model_name.partition(":")[0])
+                budget = self.limits.budget(who)
             target = self.plane.target(request.model_name, request.model_version or None)
             allowed(target.model)
             if target.framework in GENERATIVE:
-                await self._generate(request, target, send)
+                await self._generate(request, target, send, budget)
             else:
                 send(pb.ModelStreamInferResponse(infer_response=(await self._infer(request))[0]))
         except InferdError as exc:
@@ -281,7 +291,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             send(pb.ModelStreamInferResponse(error_message="internal error; see the server log"))
 
     async def _generate(
-        self, request: Any, target: Target, send: Callable[[pb.ModelStreamInferResponse], None]
+        self,
+        request: Any,
+        target: Target,
+        send: Callable[[pb.ModelStreamInferResponse], None],
+        budget: TokenBudget | None = None,
     ) -> None:
         """Text generation: ``text_input`` (BYTES, one element) and sampling options as
         request parameters (or a ``sampling_parameters`` JSON input, like Triton's vLLM
@@ -289,7 +303,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         body = generation_body(request)
         rid = request.id or new_request_id()
         chunks, target, _ = await start_generation(
-            self.router, self.settings, request.model_name, body, target.version, rid
+            self.router, self.settings, request.model_name, body, target.version, rid, budget
         )
         stream = bool(body.get("stream", True))
         text: list[str] = []
@@ -447,16 +461,20 @@ async def start_server(
     settings: Settings,
     inference_log: RowBuffer | None = None,
     cache: ResultCache | None = None,
+    limits: RateLimits | None = None,
 ) -> grpc.aio.Server:
     """Listen on ``settings.host:settings.grpc_port`` (port shared across gateway
-    processes with SO_REUSEPORT)."""
-    interceptors = []
+    processes with SO_REUSEPORT). ``limits``: the gateway process's rate limits, the
+    same object its HTTP app uses."""
+    interceptors: list[grpc.aio.ServerInterceptor] = []
     if settings.auth.enabled:
         from inferd.api.auth import Authenticator
         from inferd.grpc.auth import AuthInterceptor
 
         authenticator = Authenticator(settings.auth, registry.keys)
         interceptors.append(AuthInterceptor(authenticator, status_code))
+    if limits is not None and settings.rate_limits.limits_requests:  # inside auth's
+        interceptors.append(RateLimitInterceptor(limits))
     server = grpc.aio.server(
         interceptors=interceptors,
         options=[
@@ -466,7 +484,7 @@ async def start_server(
         ],
     )
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(
-        InferenceService(router, registry, settings, inference_log, cache), server
+        InferenceService(router, registry, settings, inference_log, cache, limits), server
     )
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     server.add_insecure_port(f"{host}:{settings.grpc_port}")

@@ -56,6 +56,8 @@ class EngineConfig:
     queue_timeout_s: float | None = None
     """A request that waited this long without being scheduled leaves the queue with
     ``finish_reason="queue_timeout"`` (None: it waits as long as it takes)."""
+    max_prompt_tokens: int | None = None
+    """Longer prompts are refused (:class:`PromptOverLimit`); None: the context's size."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +85,10 @@ class _Request:
 
 class PromptTooLong(ValueError):
     """The prompt does not fit the model's context."""
+
+
+class PromptOverLimit(ValueError):
+    """The prompt has more tokens than the server accepts (``max_prompt_tokens``)."""
 
 
 class EngineFull(RuntimeError):
@@ -136,6 +142,12 @@ class LLMEngine:
             bad = next(t for t in ids if not 0 <= t < vocab)
             raise ValueError(
                 f"token id {bad} in the prompt is outside the vocabulary (0..{vocab - 1})"
+            )
+        cap = self.config.max_prompt_tokens
+        if cap is not None and len(ids) > cap:
+            raise PromptOverLimit(
+                f"the prompt has {len(ids)} tokens; this server accepts at most {cap} "
+                "(llm.max_prompt_tokens)"
             )
         if len(ids) >= limit:
             raise PromptTooLong(

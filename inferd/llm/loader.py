@@ -38,6 +38,7 @@ def build_engine(spec: Any) -> LLMEngine:
         max_waiting=int(llm.get("max_waiting", 1024)),
         dtype=dtype,
         queue_timeout_s=float(llm.get("queue_timeout_s", 600.0)),
+        max_prompt_tokens=llm.get("max_prompt_tokens"),
     )
     lora = LoRABank(
         cfg, int(llm.get("max_adapters", 4)), int(llm.get("max_lora_rank", 16)), dtype=dtype

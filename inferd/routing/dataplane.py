@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from inferd.errors import ModelError, ModelNotReady, Overloaded
+from inferd.errors import ModelError, ModelNotReady, Overloaded, RequestTimeout
 from inferd.routing.cache import ResultCache, cache_key
 from inferd.routing.router import Router, Shadow, Target
 from inferd.serving import protocol as p
@@ -34,11 +34,18 @@ class InferOutcome:
     cache_hit: bool | None = None
     """True: answered from the result cache; False: computed and cached; None: the
     cache is off, or this version is not cached."""
+    degraded_from: str | None = None
+    """The model asked for, when it was saturated and its lightweight overflow model
+    (``target.model``) answered instead."""
 
 
 FALLBACK_ON = (ModelNotReady, Overloaded, ModelError)
 """Failures of a version that its fallback retries: no ready replica (or it went away),
 a full queue, the model raised. Not bad input, and not timeouts (no time is left)."""
+OVERFLOW_ON = (ModelNotReady,)
+"""Failures that send a request to the model's lightweight overflow model: saturated
+(queue full, shed: ``Overloaded``) or no ready replica. Not a model error: the overflow
+model is for capacity, not for bugs."""
 
 
 MAX_SHADOW_INFLIGHT = 64
@@ -61,6 +68,8 @@ class DataPlane:
         self._mirrored: set[asyncio.Task[None]] = set()
         self.shadow_skipped = 0
         """Requests not mirrored because ``MAX_SHADOW_INFLIGHT`` were in flight."""
+        self.overflowed = 0
+        """Requests a saturated model's overflow model answered."""
 
     def target(self, model: str, version: str | None, user: str | None = None) -> Target:
         """``version`` if pinned, else the model's traffic split decides (sticky per
@@ -81,9 +90,13 @@ class DataPlane:
         """Run one request; ``timeout_s`` (default the server's request timeout) bounds it
         from ``started``, ``priority`` is its level in the replica's queue (0: default).
         Unless the request ``pinned`` its version, a failure of a version split traffic
-        chose is retried once on the serving version (the deployment's ``fallback``)."""
+        chose is retried once on the serving version (the deployment's ``fallback``), and
+        a saturated model sends it to its overflow model, when it has one."""
         started = time.perf_counter() if started is None else started
         timeout_s = timeout_s or self.request_timeout_s
+        left = timeout_s - (time.perf_counter() - started)
+        if left <= 0:
+            raise RequestTimeout(f"the request's deadline ({timeout_s:g}s) passed before it ran")
         tensors = {name: p.to_tensor(array) for name, array in inputs.items()}
         key, ttl = None, 0.0
         if self.cache is not None:
@@ -94,33 +107,65 @@ class DataPlane:
                 else route.cache_ttl_s
             )
             if ttl > 0:
-                key = cache_key(target.model, target.version, tensors)
+                digest = "" if route is None else route.digest
+                key = cache_key(target.model, f"{target.version}\0{digest}", tensors)
                 cached = await self.cache.get(key)
                 if cached is not None:
                     elapsed = (time.perf_counter() - started) * 1000
                     return InferOutcome(target, cached, elapsed, cache_hit=True)
         try:
-            outputs = await self.router.infer(
-                target, tensors, rows, timeout_s, request_id, priority
-            )
+            outputs = await self.router.infer(target, tensors, rows, left, request_id, priority)
         except FALLBACK_ON as exc:
-            fallback = None if pinned else self.router.fallback_for(target)
-            left = timeout_s - (time.perf_counter() - started)
-            if fallback is None or left <= 0:
+            if pinned:
                 raise
-            logger.info(
-                "%s:%s failed (%s); retrying on %s", target.model, target.version, exc.code,
-                fallback.version,
-            )  # fmt: skip
-            outputs = await self.router.infer(fallback, tensors, rows, left, request_id, priority)
-            elapsed = (time.perf_counter() - started) * 1000
-            return InferOutcome(fallback, outputs, elapsed, fallback_from=target.version)
+            return await self._fall_back(
+                exc, target, tensors, rows, request_id, priority, started, timeout_s
+            )
         if key is not None and self.cache is not None:  # a copy: not a view of a batch
             await self.cache.put(key, {n: np.array(a) for n, a in outputs.items()}, ttl)
         if not pinned and (shadow := self.router.shadow_of(target.model)) is not None:
             self._mirror(shadow, target, tensors, rows, outputs, timeout_s, request_id)
         elapsed = (time.perf_counter() - started) * 1000
         return InferOutcome(target, outputs, elapsed, cache_hit=False if key else None)
+
+    async def _fall_back(
+        self,
+        exc: Exception,
+        target: Target,
+        tensors: dict[str, p.Tensor],
+        rows: int,
+        request_id: str,
+        priority: int,
+        started: float,
+        timeout_s: float,
+    ) -> InferOutcome:
+        """After ``target`` failed with ``exc``: its deployment's fallback (the serving
+        version) answers; or, when the model is saturated, its overflow model; or the
+        error stands."""
+        fallback = self.router.fallback_for(target)
+        left = timeout_s - (time.perf_counter() - started)
+        if fallback is not None and left > 0:
+            logger.info(
+                "%s:%s failed (%s); retrying on %s", target.model, target.version,
+                getattr(exc, "code", exc), fallback.version,
+            )  # fmt: skip
+            try:
+                outputs = await self.router.infer(
+                    fallback, tensors, rows, left, request_id, priority
+                )
+            except OVERFLOW_ON as again:
+                exc = again
+            else:
+                elapsed = (time.perf_counter() - started) * 1000
+                return InferOutcome(fallback, outputs, elapsed, fallback_from=target.version)
+        left = timeout_s - (time.perf_counter() - started)
+        overflow = self.router.overflow_for(target) if isinstance(exc, OVERFLOW_ON) else None
+        if overflow is None or left <= 0:
+            raise exc
+        self.overflowed += 1
+        outputs = await self.router.infer(overflow, tensors, rows, left, request_id, priority)
+        elapsed = (time.perf_counter() - started) * 1000
+        return InferOutcome(overflow, outputs, elapsed, degraded_from=target.model)
 
     def _mirror(
         self,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from inferd.errors import ModelNotFound, ModelNotReady
+from inferd.errors import InferdError, ModelNotFound, ModelNotReady
 from inferd.routing.table import (
     LogRows,
     ModelRoute,
@@ -289,6 +289,26 @@ class Router:
             return None
         key = (target.model, route.default_version)
         return self._targets.get(key) if self._ready.get(key) else None
+
+    def overflow_for(self, target: Target) -> Target | None:
+        """Where a request goes while ``target`` is saturated: its version's overflow
+        model (serving version), if it is served and takes the same inputs."""
+        route = self.version_route(target.model, target.version)
+        name = None if route is None else route.overflow_model
+        if name is None:
+            return None
+        try:
+            overflow = self.target(name)
+        except InferdError:
+            return None
+        mine = {(t.name, t.datatype) for t in target.signature.inputs}
+        if {(t.name, t.datatype) for t in overflow.signature.inputs} != mine:
+            logger.warning(
+                "overflow model %s of %s:%s takes other inputs; not used",
+                name, target.model, target.version,
+            )  # fmt: skip
+            return None
+        return overflow if self._ready.get((overflow.model, overflow.version)) else None
 
     def resolve(self, name: str, version: str | None = None) -> tuple[Target, str | None]:
         """A model name, an adapter name registered with a model, or ``base:adapter``

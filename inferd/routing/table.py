@@ -45,6 +45,12 @@ class VersionRoute(msgspec.Struct, frozen=True):
     cache_ttl_s: float | None = None
     """The version's result cache TTL (its ``metadata.cache_ttl_s``; 0: never cached;
     None: the server's default)."""
+    digest: str = ""
+    """The sha256 of the version's artifact: result cache keys include it, so a version
+    deleted and pushed again under the same label never gets the old one's answers."""
+    overflow_model: str | None = None
+    """A lightweight model taking the same inputs that answers this version's requests
+    while it is saturated (its ``metadata.overflow_model``); None: they get 503."""
 
 
 class ModelRoute(msgspec.Struct, frozen=True):

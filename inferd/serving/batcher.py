@@ -13,14 +13,23 @@ is computed; a failure is set on every request of its batch; at most
 ``max_queue_rows`` rows wait, beyond that ``submit`` raises :class:`Overloaded`.
 
 Priorities (the Open Inference Protocol's schedule policy): each request has a level
-from 1 (first) to ``priority_levels``; 0 means ``default_priority``. Batches take
-requests level by level, first in first out within a level, so a level waits while a
-better one has requests (a starved request still ends at its deadline).
+from 1 (first) to ``priority_levels``; 0 means ``default_priority``; the names ``high``,
+``normal``, ``low`` and ``batch`` travel as negative numbers (:data:`NAMED_PRIORITIES`)
+and mean the levels :func:`named_levels` gives them. Batches take requests level by
+level, first in first out within a level, so a level waits while a better one has
+requests (a starved request still ends at its deadline).
+
+Load shedding: levels after the default one are refused at once while the queue holds
+``low_queue_share`` (the last level: ``batch_queue_share``) of ``max_queue_rows``; a
+request that does not fit in a full queue takes the place of queued requests of worse
+levels, newest first, which fail with :class:`Overloaded` (shed). Every refusal carries a
+Retry-After estimated from the queue and the measured throughput.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -35,6 +44,37 @@ from inferd.observability.metrics import Sketch
 
 Columns = dict[str, np.ndarray]
 PredictFn = Callable[[Columns], Columns]
+
+NAMED_PRIORITIES = {"high": -1, "normal": -2, "low": -3, "batch": -4}
+"""How the gateway sends a priority name: the replica knows the levels it stands for."""
+MAX_RETRY_AFTER_S = 60
+
+
+def named_levels(config: BatchingConfig) -> dict[str, int]:
+    """The level each priority name stands for: ``high`` the first, ``normal`` the
+    default, ``low`` the one after the default, ``batch`` the last."""
+    last, normal = config.priority_levels, config.default_priority
+    return {"high": 1, "normal": normal, "low": min(normal + 1, last), "batch": last}
+
+
+def priority_code(value: object) -> int:
+    """A request's ``priority`` as it travels: a level number (0: the default) or a
+    name's code; raises InvalidInput for anything else."""
+    if isinstance(value, str) and value in NAMED_PRIORITIES:
+        return NAMED_PRIORITIES[value]
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise InvalidInput(
+        f"priority must be high, normal, low, batch or a level number >= 1, not {value!r}"
+    )
+
+
+def priority_name(config: BatchingConfig, level: int) -> str:
+    """A level's name in counters: its priority name, else ``level_<n>``."""
+    for name, value in named_levels(config).items():
+        if value == level and (name != "low" or level != config.priority_levels):
+            return name
+    return f"level_{level}"
 
 
 @dataclass(slots=True)
@@ -54,6 +94,9 @@ class BatchStats:
     requests: int = 0
     expired: int = 0
     rejected: int = 0
+    """Refused because the queue was full (or over its level's share)."""
+    shed: int = 0
+    """Taken out of the queue to make room for a request of a better level."""
     compute_s: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
@@ -63,6 +106,7 @@ class BatchStats:
             "requests": self.requests,
             "expired": self.expired,
             "rejected": self.rejected,
+            "shed": self.shed,
             "compute_s": round(self.compute_s, 6),
         }
 
@@ -83,6 +127,14 @@ class DynamicBatcher:
         unlike queue time, it does not depend on how much traffic a version gets)."""
         self.busy = False
         self._flush_due = False
+        named = named_levels(config)
+        self._named = {code: named[name] for name, code in NAMED_PRIORITIES.items()}
+        self._limits = [
+            _admission_limit(config, level) for level in range(config.priority_levels + 1)
+        ]
+        """Queued rows beyond which a request of each level is refused (index: level)."""
+        self.shed_by_level: dict[int, int] = {}
+        """Requests refused or shed, per level."""
 
     @property
     def queued_rows(self) -> int:
@@ -107,18 +159,28 @@ class DynamicBatcher:
         self, inputs: Columns, rows: int, timeout_s: float, priority: int = 0
     ) -> asyncio.Future[Columns]:
         config = self._config
-        if not 0 <= priority <= config.priority_levels:
+        if priority < 0 and priority in self._named:
+            level = self._named[priority]
+        elif 0 <= priority <= config.priority_levels:
+            level = priority or config.default_priority
+        else:
             raise InvalidInput(
                 f"priority {priority} is not a level of this model: use 1 (first) to "
-                f"{config.priority_levels}, or 0 for the default ({config.default_priority})"
+                f"{config.priority_levels}, 0 for the default ({config.default_priority}), "
+                "or a name: high, normal, low, batch"
             )
-        limit = config.max_queue_rows
-        if self._queued_rows + rows > limit and self._levels:
+        limit = self._limits[level]
+        if self._queued_rows + rows > limit and self._levels and not self._make_room(level, rows):
             self.stats.rejected += 1
+            self._count_shed(level)
+            if limit < config.max_queue_rows:
+                why = f"load shedding: priority {priority_name(config, level)} is refused"
+                why += f" while {limit} or more rows are queued"
+            else:
+                why = "replica queue is full"
             raise Overloaded(
-                "replica queue is full", queued_rows=self._queued_rows, max_queue_rows=limit
+                why, self.retry_after_s(), queued_rows=self._queued_rows, max_queue_rows=limit
             )
-        level = priority or config.default_priority
         future: asyncio.Future[Columns] = asyncio.get_running_loop().create_future()
         queue = self._levels.get(level)
         if queue is None:
@@ -127,6 +189,49 @@ class DynamicBatcher:
         self._queued_rows += rows
         self._wakeup.set()
         return future
+
+    def _make_room(self, level: int, rows: int) -> bool:
+        """Shed queued requests of levels worse than ``level``, newest first, until
+        ``rows`` more fit; False (nothing shed) when they cannot be made to fit."""
+        limit = self._limits[level]
+        worse = sorted((lv for lv in self._levels if lv > level), reverse=True)
+        freeable = sum(p.rows for lv in worse for p in self._levels[lv])
+        if self._queued_rows - freeable + rows > limit:
+            return False
+        retry_after = self.retry_after_s()
+        for lv in worse:
+            queue = self._levels[lv]
+            while queue and self._queued_rows + rows > limit:
+                item = queue.pop()
+                self._queued_rows -= item.rows
+                if item.future.done():
+                    continue
+                self.stats.shed += 1
+                self._count_shed(lv)
+                item.future.set_exception(Overloaded(
+                    "load shedding: taken out of the queue for a higher-priority request",
+                    retry_after,
+                ))  # fmt: skip
+            if not queue:
+                del self._levels[lv]
+            if self._queued_rows + rows <= limit:
+                break
+        return True
+
+    def _count_shed(self, level: int) -> None:
+        self.shed_by_level[level] = self.shed_by_level.get(level, 0) + 1
+
+    def shed_counts(self) -> dict[str, int]:
+        """Requests refused or shed, by priority name."""
+        return {priority_name(self._config, lv): n for lv, n in sorted(self.shed_by_level.items())}
+
+    def retry_after_s(self) -> int:
+        """Seconds the queue takes to empty at the throughput measured so far (1 to 60)."""
+        stats = self.stats
+        if stats.compute_s <= 0 or stats.rows == 0:
+            return 1
+        wait = self._queued_rows / (stats.rows / stats.compute_s)
+        return max(1, min(MAX_RETRY_AFTER_S, math.ceil(wait)))
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -218,6 +323,13 @@ class DynamicBatcher:
             if not p.future.done():
                 p.future.set_result({n: a[start:end] for n, a in outputs.items()})
             start = end
+
+
+def _admission_limit(config: BatchingConfig, level: int) -> int:
+    if level <= config.default_priority:
+        return config.max_queue_rows
+    share = config.batch_queue_share if level == config.priority_levels else config.low_queue_share
+    return max(1, int(config.max_queue_rows * share))
 
 
 def _check_rows(outputs: Columns, rows: int) -> None:

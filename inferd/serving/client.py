@@ -214,13 +214,17 @@ class ReplicaClient:
 
 def _expire(future: asyncio.Future[Any], timeout_s: float) -> None:
     if not future.done():
-        future.set_exception(RequestTimeout(f"no reply from the model within {timeout_s:.1f}s"))
+        took = f"{timeout_s * 1000:.0f} ms" if timeout_s < 1 else f"{timeout_s:.1f} s"
+        future.set_exception(RequestTimeout(f"no reply from the model within {took}"))
 
 
 def _as_error(reply: Any) -> InferdError:
     if isinstance(reply, p.Error):
         cls = _ERRORS.get(reply.code, InferdError)
-        err = cls(reply.message)
+        if issubclass(cls, ModelNotReady):
+            err: InferdError = cls(reply.message, retry_after_s=reply.retry_after_s or 1)
+        else:
+            err = cls(reply.message)
         err.status_code = reply.status
         err.code = reply.code
         return err

@@ -27,8 +27,9 @@ from inferd.errors import (
     ModelNotFound,
     ModelNotReady,
     Overloaded,
+    PayloadTooLarge,
 )
-from inferd.llm.engine import EngineFull, LLMEngine, PromptTooLong, TokenOutput
+from inferd.llm.engine import EngineFull, LLMEngine, PromptOverLimit, PromptTooLong, TokenOutput
 from inferd.llm.metrics import GenerationMetrics
 from inferd.llm.sequence import SamplingParams
 from inferd.serving.replica import load_off_loop, mark_ready
@@ -181,6 +182,8 @@ class GenerationCore:
             cmd.accepted.set_exception(ModelNotFound(f"adapter {cmd.adapter!r} is not loaded"))
         except EngineFull as exc:
             cmd.accepted.set_exception(Overloaded(str(exc)))
+        except PromptOverLimit as exc:
+            cmd.accepted.set_exception(PayloadTooLarge(str(exc)))
         except PromptTooLong as exc:
             cmd.accepted.set_exception(BadRequest(str(exc)))
         except ValueError as exc:

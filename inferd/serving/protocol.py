@@ -59,6 +59,8 @@ class Error(msgspec.Struct, tag="error", array_like=True):
     code: str
     message: str
     status: int = 500
+    retry_after_s: int = 0
+    """For a 503: when to try again (the Retry-After the client gets); 0: unknown."""
 
 
 class Cancel(msgspec.Struct, tag="cancel", array_like=True):

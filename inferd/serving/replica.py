@@ -134,6 +134,7 @@ class ReplicaCore:
         }
         if self.batcher is not None:
             metrics["compute_sketch"] = self.batcher.compute.snapshot()
+            metrics["shed"] = self.batcher.shed_counts()
         if any(self._shadow.values()):
             metrics["shadow"] = dict(self._shadow)
         return metrics
@@ -215,10 +216,13 @@ def mark_ready(core: Any) -> None:
     )
 
 
-def error_status(exc: BaseException) -> tuple[str, str, int]:
+def error_status(exc: BaseException) -> tuple[str, str, int, int]:
+    """The fields of a protocol ``Error`` for ``exc``: code, message, status, retry-after."""
+    if isinstance(exc, ModelNotReady):
+        return exc.code, exc.message, exc.status_code, exc.retry_after_s
     if isinstance(exc, InferdError):
-        return exc.code, exc.message, exc.status_code
-    return "model_error", f"{type(exc).__name__}: {exc}", 500
+        return exc.code, exc.message, exc.status_code, 0
+    return "model_error", f"{type(exc).__name__}: {exc}", 500, 0
 
 
 def main(argv: list[str] | None = None) -> None:
