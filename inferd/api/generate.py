@@ -27,6 +27,13 @@ from inferd.config import Settings
 from inferd.errors import BadRequest, InferdError, InvalidInput
 from inferd.observability.inference_log import RowBuffer
 from inferd.observability.logging import request_id_var
+from inferd.routing.cache import (
+    ResultCache,
+    chunk_columns,
+    columns_chunk,
+    deterministic,
+    generation_key,
+)
 from inferd.routing.router import Router, Target
 from inferd.runtimes import GENERATIVE
 from inferd.serving import protocol as p
@@ -117,12 +124,14 @@ async def start_generation(
     version: str | None = None,
     request_id: str = "",
     budget: TokenBudget | None = None,
-) -> tuple[Chunks, Target, float]:
+    cache: ResultCache | None = None,
+) -> tuple[Chunks, Target, float, bool | None]:
     """Resolve ``name`` (a model, an adapter, or ``base:adapter``), check ``body`` (its
     ``prompt``, ``adapter`` and sampling fields) and start streaming; returns the chunks,
-    the target and the ``time.perf_counter()`` start once the first chunk is there. With
-    a client's token ``budget``, the generation starts only if it is not in debt and its
-    tokens are charged to it when the chunks end.
+    the target, the ``time.perf_counter()`` start once the first chunk is there, and
+    whether the result ``cache`` answered (None: not cacheable, or no cache). With a
+    client's token ``budget``, the generation starts only if it is not in debt and its
+    tokens are charged to it when the chunks end (a cached answer costs none).
 
     Raises :class:`InferdError`: ``ModelNotFound`` for an unknown name or version,
     ``InvalidInput`` for bad options or a model that does not generate text,
@@ -141,19 +150,71 @@ async def start_generation(
     if explicit is not None and not isinstance(explicit, str):
         raise InvalidInput("'adapter' must be a string")
     params = sampling_params(body)
+    limit = settings.llm.max_tokens_limit
+    if params["max_tokens"] > limit:
+        raise InvalidInput(
+            f"'max_tokens' {params['max_tokens']} is above this server's limit of {limit} "
+            "(llm.max_tokens_limit)"
+        )
     prompt = prompt_of(body)
     if budget is not None:
         await budget.admit(target.model)
+    adapter = explicit or adapter
+    key, ttl = None, 0.0
+    if cache is not None and deterministic(params):
+        route = router.version_route(target.model, target.version)
+        ttl = (
+            settings.cache.ttl_s
+            if route is None or route.cache_ttl_s is None
+            else route.cache_ttl_s
+        )
+        if route is not None and ttl > 0 and (adapter is None or adapter in route.adapters):
+            key = generation_key(
+                target.model, target.version, route.digest, adapter, prompt, params
+            )
+            cached = await cache.get(key)
+            if cached is not None:
+                return _replay(columns_chunk(cached)), target, started, True
     timeout_s = settings.request_timeout_s
     # Before its first token a request may be queued in the replica for up to the LLM
     # queue timeout (the replica answers 503 then); this bound only catches a hung replica.
     first_s = settings.llm.queue_timeout_s + timeout_s
     stream = router.generate(
-        target, prompt, params, explicit or adapter, timeout_s, request_id, first_s, arrived_at
+        target, prompt, params, adapter, timeout_s, request_id, first_s, arrived_at
     )
     if budget is not None:
         stream = budget.charged(stream, target.model)
-    return await _first_then_rest(stream), target, started
+    if key is not None and cache is not None:
+        stream = _kept(stream, cache, key, ttl)
+    return await _first_then_rest(stream), target, started, None if key is None else False
+
+
+async def _replay(chunk: p.TokenChunk) -> Chunks:
+    yield chunk
+
+
+CACHED_FINISH = ("stop", "length")
+"""Generations that ended by themselves: the only ones worth keeping."""
+
+
+async def _kept(stream: Chunks, cache: ResultCache, key: bytes, ttl_s: float) -> Chunks:
+    """The stream, kept whole in the result cache once it finished by itself."""
+    text: list[str] = []
+    ids: list[int] = []
+    logprobs: list[float] = []
+    async with contextlib.aclosing(stream):
+        async for chunk in stream:
+            text.append(chunk.text)
+            ids += chunk.token_ids
+            logprobs += chunk.logprobs or ()
+            if chunk.finished and chunk.finish_reason in CACHED_FINISH:
+                whole = p.TokenChunk(
+                    chunk.id, "".join(text), ids, True, chunk.finish_reason,
+                    chunk.prompt_tokens, chunk.completion_tokens,
+                    logprobs if chunk.logprobs is not None else None,
+                )  # fmt: skip
+                await cache.put(key, chunk_columns(whole), ttl_s)
+            yield chunk
 
 
 async def start(
@@ -167,10 +228,12 @@ async def start(
     if "inferd.principal" in request.scope:  # auth is on: may it use this model?
         authorize_model(request.scope, state.router.resolve(name, version)[0].model)
     log: RowBuffer | None = state.inference_log
+    cache = state.dataplane.cache
     if log is None:
-        chunks, target, started = await start_generation(
-            state.router, state.settings, name, body, version, rid, budget
+        chunks, target, started, hit = await start_generation(
+            state.router, state.settings, name, body, version, rid, budget, cache
         )
+        request.scope["inferd.cache_hit"] = hit
         return chunks, target, rid, started
     path = request.url.path
     api = "v2" if path.startswith("/v2/") else "v1" if path.startswith("/api/") else "openai"
@@ -178,21 +241,22 @@ async def start(
     user = user or request.headers.get("x-user-id")
     began = time.perf_counter()
     try:
-        chunks, target, started = await start_generation(
-            state.router, state.settings, name, body, version, rid, budget
+        chunks, target, started, hit = await start_generation(
+            state.router, state.settings, name, body, version, rid, budget, cache
         )
     except InferdError as exc:
         ms = (time.perf_counter() - began) * 1000
         log.record(rid, name, version, api, exc.status_code, ms, user)
         raise
-    row = (rid, target.model, target.version, api, user, began)
+    request.scope["inferd.cache_hit"] = hit
+    row = (rid, target.model, target.version, api, user, began, hit)
     return _logged(chunks, log, row), target, rid, started
 
 
 async def _logged(chunks: Chunks, log: RowBuffer, row: tuple[Any, ...]) -> Chunks:
     """The stream, logged when it ends: 200 with its token counts once finished, 499
     when the client went away first, the error's status when the replica failed."""
-    rid, model, version, api, user, began = row
+    rid, model, version, api, user, began, hit = row
     status, last = 499, None
     try:
         async with contextlib.aclosing(chunks):
@@ -208,7 +272,13 @@ async def _logged(chunks: Chunks, log: RowBuffer, row: tuple[Any, ...]) -> Chunk
         prompt = completion = None
         if last is not None and last.finished:  # a reader may stop at the last chunk
             status, prompt, completion = 200, last.prompt_tokens, last.completion_tokens
-        log.record(rid, model, version, api, status, ms, user, None, None, prompt, completion)
+        log.record(rid, model, version, api, status, ms, user, None, hit, prompt, completion)
+
+
+def cache_header(request: Request) -> dict[str, str]:
+    """``X-Cache: hit|miss`` for a generation :func:`start` looked up in the cache."""
+    hit = request.scope.get("inferd.cache_hit")
+    return {} if hit is None else {"x-cache": "hit" if hit else "miss"}
 
 
 async def collect(chunks: Chunks) -> tuple[str, p.TokenChunk]:
@@ -270,6 +340,7 @@ async def _generate(request: Request, model: str, body: Any) -> Response:
     )
     chunks, target, rid, started = await start(request, model, body, version)
     headers = {"x-request-id": rid, "x-inferd-model-version": target.version}
+    headers.update(cache_header(request))
     if body.get("stream"):
         return sse_response(chunks, _events, InferdError.to_dict, headers)
     text, last = await collect(chunks)

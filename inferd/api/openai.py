@@ -19,7 +19,7 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
-from inferd.api.generate import Chunks, collect, start, usage
+from inferd.api.generate import Chunks, cache_header, collect, start, usage
 from inferd.api.http import json_response, read_json
 from inferd.errors import BadRequest, InferdError, InvalidInput, ModelNotReady
 from inferd.runtimes import GENERATIVE
@@ -88,7 +88,7 @@ async def _complete(request: Request, chat: bool) -> Response:
         return StreamingResponse(
             stream,
             media_type="text/event-stream",
-            headers={"x-request-id": rid, "cache-control": "no-cache"},
+            headers={"x-request-id": rid, "cache-control": "no-cache", **cache_header(request)},
         )
     try:
         text, last = await collect(chunks)
@@ -102,7 +102,7 @@ async def _complete(request: Request, chat: bool) -> Response:
     obj = "chat.completion" if chat else "text_completion"
     return json_response(
         {**meta, "object": obj, "choices": [choice], "usage": usage(last)},
-        headers={"x-request-id": rid},
+        headers={"x-request-id": rid, **cache_header(request)},
     )
 
 

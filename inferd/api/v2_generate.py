@@ -22,7 +22,15 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from inferd.api.generate import Chunks, Events, collect, sse_response, start, usage
+from inferd.api.generate import (
+    Chunks,
+    Events,
+    cache_header,
+    collect,
+    sse_response,
+    start,
+    usage,
+)
 from inferd.api.http import json_response, read_json
 from inferd.api.v2 import protocol_errors
 from inferd.errors import BadRequest, InferdError, InvalidInput
@@ -78,7 +86,8 @@ async def generate(request: Request, model: str, version: str | None = None) -> 
     chunks, rid, head = await _start(request, model, version)
     text, last = await collect(chunks)
     return json_response(
-        {**head, "text_output": text, **_finish(last)}, headers={"x-request-id": rid}
+        {**head, "text_output": text, **_finish(last)},
+        headers={"x-request-id": rid, **cache_header(request)},
     )
 
 
@@ -88,7 +97,8 @@ async def generate(request: Request, model: str, version: str | None = None) -> 
 async def generate_stream(request: Request, model: str, version: str | None = None) -> Response:
     """Generate text as Server-Sent Events, one per token chunk."""
     chunks, rid, head = await _start(request, model, version)
-    return sse_response(chunks, stream_events(head), error_event, {"x-request-id": rid})
+    headers = {"x-request-id": rid, **cache_header(request)}
+    return sse_response(chunks, stream_events(head), error_event, headers)
 
 
 def stream_events(head: dict[str, Any]) -> Events:

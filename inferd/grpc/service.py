@@ -167,11 +167,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
 
     @_errors
     async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
+        deadline_s = context.time_remaining()  # the client's gRPC deadline, if it set one
         if self.inference_log is None:
-            return (await self._infer(request))[0]
+            return (await self._infer(request, deadline_s))[0]
         started = time.perf_counter()
         try:
-            response, fallback = await self._infer(request)
+            response, fallback = await self._infer(request, deadline_s)
         except InferdError as exc:
             self._log(request, started, exc.status_code)
             raise
@@ -203,8 +204,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             fallback,
         )
 
-    async def _infer(self, request: Any) -> tuple[pb.ModelInferResponse, str | None]:
-        """The response, and the version that failed first when a fallback answered."""
+    async def _infer(
+        self, request: Any, deadline_s: float | None = None
+    ) -> tuple[pb.ModelInferResponse, str | None]:
+        """The response, and the version that failed first when a fallback answered.
+        ``deadline_s``: the call's gRPC deadline, bounding the ``timeout`` parameter."""
         started = time.perf_counter()
         rid = request.id or new_request_id()
         request_id_var.set(rid)
@@ -223,6 +227,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             [{"name": o.name} for o in request.outputs] or None, target.signature
         )
         priority, timeout_s = v2.schedule_policy(params)
+        if deadline_s is not None:
+            timeout_s = deadline_s if timeout_s is None else min(timeout_s, deadline_s)
+        if timeout_s is not None:
+            timeout_s = min(timeout_s, self.settings.max_request_timeout_s)
         outcome = await self.plane.infer(
             target, columns, rows, rid, started, timeout_s, priority, bool(request.model_version)
         )
@@ -302,9 +310,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         backend) -> a response per chunk of text, the last one final."""
         body = generation_body(request)
         rid = request.id or new_request_id()
-        chunks, target, _ = await start_generation(
-            self.router, self.settings, request.model_name, body, target.version, rid, budget
-        )
+        chunks, target, _, _ = await start_generation(
+            self.router, self.settings, request.model_name, body, target.version, rid, budget,
+            self.plane.cache,
+        )  # fmt: skip
         stream = bool(body.get("stream", True))
         text: list[str] = []
         async with contextlib.aclosing(chunks):

@@ -10,6 +10,11 @@ With ``redis_url``: Redis, shared by every gateway process, entries msgpack-enco
 a TTL. Per model version, ``metadata.cache_ttl_s`` overrides the TTL and 0 turns caching
 off for it (a model with randomness, or one reading outside state). Only answers are
 cached, never errors, and never an answer a fallback version gave.
+
+Generations are cached too when they are deterministic (temperature 0, top_k 1, or a
+seed), whole (finished by a stop or the length), and on the base model or an adapter
+registered with its version (an adapter loaded at run time may change under its name:
+never cached). A hit answers the whole text as one chunk.
 """
 
 from __future__ import annotations
@@ -18,11 +23,12 @@ import hashlib
 import logging
 import time
 from collections import OrderedDict
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 import numpy as np
 
+from inferd.routing.table import VersionRoute
 from inferd.serving import protocol as p
 from inferd.serving.batcher import Columns
 
@@ -38,6 +44,47 @@ def cache_key(model: str, version: str, inputs: dict[str, p.Tensor]) -> bytes:
         data = tensor.data
         digest.update(data if isinstance(data, bytes) else msgspec.msgpack.encode(data))
     return digest.digest()
+
+
+def version_ttl(route: VersionRoute | None, default_s: float) -> float:
+    """How long a version's answers are kept: its own ``cache_ttl_s``, else the default."""
+    return default_s if route is None or route.cache_ttl_s is None else route.cache_ttl_s
+
+
+def deterministic(params: dict[str, Any]) -> bool:
+    """A generation with these sampling parameters always makes the same text: greedy
+    (temperature 0, or top_k 1) or seeded (the sequence's own generator)."""
+    return (
+        params.get("temperature", 1.0) == 0
+        or params.get("top_k") == 1
+        or params.get("seed") is not None
+    )
+
+
+def generation_key(
+    model: str,
+    version: str,
+    digest: str,
+    adapter: str | None,
+    prompt: str | list[int],
+    params: dict[str, Any],
+) -> bytes:
+    """The key of a deterministic generation: the version (and its artifact's sha256,
+    which covers the adapters registered with it), the adapter, the prompt and every
+    sampling parameter (the length, the stops and logprobs change the answer too)."""
+    hashed = hashlib.blake2b(digest_size=20)
+    hashed.update(f"gen\0{model}\0{version}\0{digest}\0{adapter or ''}\0".encode())
+    hashed.update(msgspec.msgpack.encode([prompt, sorted(params.items())]))
+    return hashed.digest()
+
+
+def chunk_columns(chunk: p.TokenChunk) -> Columns:
+    """A whole generation (one finished chunk) as a cache value."""
+    return {"generation": np.frombuffer(msgspec.msgpack.encode(chunk), dtype=np.uint8)}
+
+
+def columns_chunk(columns: Columns) -> p.TokenChunk:
+    return msgspec.msgpack.decode(columns["generation"].tobytes(), type=p.TokenChunk)
 
 
 class ResultCache(Protocol):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from inferd.errors import ModelError, ModelNotReady, Overloaded, RequestTimeout
-from inferd.routing.cache import ResultCache, cache_key
+from inferd.routing.cache import ResultCache, cache_key, version_ttl
 from inferd.routing.router import Router, Shadow, Target
 from inferd.serving import protocol as p
 from inferd.serving.batcher import Columns
@@ -101,11 +101,7 @@ class DataPlane:
         key, ttl = None, 0.0
         if self.cache is not None:
             route = self.router.version_route(target.model, target.version)
-            ttl = (
-                self.cache_ttl_s
-                if route is None or route.cache_ttl_s is None
-                else route.cache_ttl_s
-            )
+            ttl = version_ttl(route, self.cache_ttl_s)
             if ttl > 0:
                 digest = "" if route is None else route.digest
                 key = cache_key(target.model, f"{target.version}\0{digest}", tensors)
