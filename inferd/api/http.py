@@ -94,26 +94,26 @@ sooner, and never pay for the watch (a task each)."""
 class DisconnectWatch:
     """Cancels the task handling a request when its client goes away, so the request
     leaves the replica's queue (the cancel reaches it) instead of being computed for
-    nobody. Starts watching ``WATCH_AFTER_S`` after it is made, once the body was read
-    (``read_body`` marks the scope); :meth:`stop` once the answer is ready."""
+    nobody. Watching starts once the request ran ``WATCH_AFTER_S`` and its body was
+    read (``read_body`` marks the scope); :meth:`stop` once the answer is ready. Until
+    then a watch costs a dict entry: one sweep per ``WATCH_AFTER_S`` starts the due ones."""
 
-    __slots__ = ("_loop", "_receive", "_scope", "_task", "_timer", "_watcher", "disconnected")
+    __slots__ = ("_born", "_receive", "_scope", "_task", "_watcher", "disconnected")
 
     def __init__(self, scope: Scope, receive: Receive) -> None:
         self._scope = scope
         self._receive = receive
         self._task = asyncio.current_task()
-        self._loop = asyncio.get_running_loop()
         self._watcher: asyncio.Task[None] | None = None
-        self._timer: asyncio.TimerHandle | None = self._loop.call_later(WATCH_AFTER_S, self._arm)
         self.disconnected = False
+        self._born = _sweeper().add(self)
 
-    def _arm(self) -> None:
-        if self._scope.get("inferd.body_read"):
-            self._timer = None
-            self._watcher = self._loop.create_task(self._watch())
-        else:
-            self._timer = self._loop.call_later(WATCH_AFTER_S, self._arm)
+    def _due(self) -> bool:
+        """Start watching if the body was read (True: leave the sweep)."""
+        if not self._scope.get("inferd.body_read"):
+            return False
+        self._watcher = asyncio.get_running_loop().create_task(self._watch())
+        return True
 
     async def _watch(self) -> None:
         while True:
@@ -125,9 +125,7 @@ class DisconnectWatch:
             self._task.cancel()
 
     def stop(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        _sweeper().pending.pop(id(self), None)
         if self._watcher is not None:
             self._watcher.cancel()
             self._watcher = None
@@ -139,6 +137,43 @@ class DisconnectWatch:
             return False
         self._task.uncancel()
         return True
+
+
+class _Sweeper:
+    """The watches of one event loop not watching yet; a timer runs while there are any."""
+
+    __slots__ = ("loop", "pending", "timer")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.pending: dict[int, DisconnectWatch] = {}
+        self.timer: asyncio.TimerHandle | None = None
+
+    def add(self, watch: DisconnectWatch) -> float:
+        self.pending[id(watch)] = watch
+        if self.timer is None:
+            self.timer = self.loop.call_later(WATCH_AFTER_S, self.sweep)
+        return self.loop.time()
+
+    def sweep(self) -> None:
+        self.timer = None
+        due = self.loop.time() - WATCH_AFTER_S
+        for key, watch in list(self.pending.items()):
+            if watch._born <= due and watch._due():
+                del self.pending[key]
+        if self.pending:
+            self.timer = self.loop.call_later(WATCH_AFTER_S, self.sweep)
+
+
+_SWEEPER: _Sweeper | None = None
+
+
+def _sweeper() -> _Sweeper:
+    global _SWEEPER
+    loop = asyncio.get_running_loop()
+    if _SWEEPER is None or _SWEEPER.loop is not loop:
+        _SWEEPER = _Sweeper(loop)
+    return _SWEEPER
 
 
 async def read_json(request: Request, limit: int) -> Any:
