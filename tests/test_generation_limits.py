@@ -113,3 +113,6 @@ def test_prompt_and_max_tokens_caps(llm: InferdServer):
     )
     assert openai.status_code == 413 and openai.json()["error"]["code"] == "payload_too_large"
     assert _generate(llm, max_tokens=64, temperature=0.5).status_code == 200
+    assert _generate(llm, max_tokens=4, priority="low").status_code == 200
+    urgent = _generate(llm, max_tokens=4, priority="urgent")
+    assert urgent.status_code == 422 and "'priority'" in urgent.json()["error"]["message"]

@@ -266,3 +266,22 @@ def test_bad_requests_are_refused():
         SamplingParams(max_tokens=0)
     with pytest.raises(ValueError):
         SamplingParams(top_p=0)
+
+
+def test_waiting_sequences_start_best_priority_first_fifo_within_one():
+    eng = engine(max_num_seqs=1)
+    eng.add_request("busy", [1], greedy(2))
+    eng.step()  # "busy" holds the only running slot
+    for rid, level in (("low", 3), ("normal", 2), ("high", 1), ("high2", 1), ("batch", 4)):
+        eng.add_request(rid, [2], greedy(2, priority=level))
+    assert list(run_all(eng)) == ["busy", "high", "high2", "normal", "low", "batch"]
+
+
+def test_preemption_takes_the_worst_priority_not_the_youngest():
+    eng = engine(num_blocks=6, block_size=2, max_batched_tokens=16)  # not enough for both
+    low = eng.add_request("low", [10, 10, 10], greedy(6, priority=3))
+    high = eng.add_request("high", [20, 20, 20], greedy(6, priority=1))
+    outputs = run_all(eng)
+    assert low.preemptions >= 1 and high.preemptions == 0
+    assert tokens(outputs["low"]) == [11, 12, 13, 14, 15, 16]
+    assert tokens(outputs["high"]) == [21, 22, 23, 24, 25, 26]

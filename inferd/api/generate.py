@@ -74,7 +74,20 @@ def sampling_params(body: dict[str, Any], default_max_tokens: int = 16) -> dict[
         params["ignore_eos"] = True
     if body.get("logprobs"):
         params["logprobs"] = True
+    priority = body.get("priority")
+    if priority is not None:
+        level = GENERATION_PRIORITIES.get(priority) if isinstance(priority, str) else priority
+        if not isinstance(level, int) or isinstance(level, bool) or not 1 <= level <= 4:
+            raise InvalidInput(
+                f"'priority' must be high, normal, low, batch or a level from 1 to 4, "
+                f"not {priority!r}"
+            )
+        params["priority"] = level
     return params
+
+
+GENERATION_PRIORITIES = {"high": 1, "normal": 2, "low": 3, "batch": 4}
+"""The engine's levels: waiting generations start best first (see inferd.llm.scheduler)."""
 
 
 def _stops(stop: Any) -> tuple[str, ...]:

@@ -4,11 +4,13 @@ Policy, in order, within a token budget per step (``max_batched_tokens``):
 1. Running sequences first, oldest first: each decodes one token or continues its
    prefill with the next chunk. A long prompt is cut into chunks, so it never stalls
    everyone else's decoding for more than one step.
-2. Then waiting sequences are admitted, oldest first, while budget, a running slot
-   (``max_num_seqs``) and blocks for their first chunk are available.
+2. Then waiting sequences are admitted, best priority first (``params.priority``, 1 is
+   high), oldest first within one, while budget, a running slot (``max_num_seqs``) and
+   blocks for their first chunk are available.
 When a running sequence needs a block and none is free, the youngest running sequence
-is preempted: its blocks are freed and it goes back to the front of the queue, to be
-recomputed later (prompt and the tokens it already produced) rather than failing.
+of the worst priority is preempted: its blocks are freed and it goes back to the front
+of its priority in the queue, to be recomputed later (prompt and the tokens it already
+produced) rather than failing.
 A finished or aborted sequence gives its blocks back at once.
 """
 
@@ -51,8 +53,19 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.preemptions = 0
 
-    def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+    def add(self, seq: Sequence, first: bool = False) -> None:
+        """Queue ``seq`` behind the waiting sequences of its priority or a better one
+        (``first``: ahead of those of its own priority, as a preempted one goes back)."""
+        waiting = self.waiting
+        level = seq.params.priority
+        if not first and (not waiting or waiting[-1].params.priority <= level):
+            waiting.append(seq)
+            return
+        for at, other in enumerate(waiting):
+            if other.params.priority > level or (first and other.params.priority == level):
+                waiting.insert(at, seq)
+                return
+        waiting.append(seq)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -65,7 +78,7 @@ class Scheduler:
             seq = self.running[i]
             n = min(seq.remaining, budget)
             if not self._reserve(seq, seq.num_computed + n):
-                self._preempt(self.running[-1])
+                self._preempt(self._victim(i))
                 continue  # retry this sequence (or the next one, if it was the victim)
             out.append(Scheduled(seq, n))
             budget -= n
@@ -93,6 +106,13 @@ class Scheduler:
         seq.block_table.extend(blocks)
         return True
 
+    def _victim(self, start: int) -> Sequence:
+        """The youngest sequence of the worst priority among ``running[start:]`` (those
+        not scheduled in this step yet)."""
+        candidates = self.running[start:]
+        worst = max(s.params.priority for s in candidates)
+        return next(s for s in reversed(candidates) if s.params.priority == worst)
+
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.allocator.free(seq.block_table)
@@ -101,7 +121,7 @@ class Scheduler:
         seq.status = Status.WAITING
         seq.preemptions += 1
         self.preemptions += 1
-        self.waiting.appendleft(seq)
+        self.add(seq, first=True)
 
     def update(self, step: list[Scheduled], sampled: dict[Sequence, int]) -> None:
         """Advance the sequences of a step; append sampled tokens; finish what is done."""

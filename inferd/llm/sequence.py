@@ -21,6 +21,9 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     logprobs: bool = False
+    priority: int = 2
+    """1 (high) to 4 (batch): waiting sequences start best level first, and a preemption
+    takes the worst level's youngest running sequence."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

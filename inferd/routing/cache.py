@@ -71,10 +71,12 @@ def generation_key(
 ) -> bytes:
     """The key of a deterministic generation: the version (and its artifact's sha256,
     which covers the adapters registered with it), the adapter, the prompt and every
-    sampling parameter (the length, the stops and logprobs change the answer too)."""
+    sampling parameter (the length, the stops and logprobs change the answer too; the
+    priority does not)."""
     hashed = hashlib.blake2b(digest_size=20)
     hashed.update(f"gen\0{model}\0{version}\0{digest}\0{adapter or ''}\0".encode())
-    hashed.update(msgspec.msgpack.encode([prompt, sorted(params.items())]))
+    shaping = sorted((k, v) for k, v in params.items() if k != "priority")
+    hashed.update(msgspec.msgpack.encode([prompt, shaping]))
     return hashed.digest()
 
 
