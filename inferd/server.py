@@ -9,8 +9,10 @@ then replicas drain, then the process exits.
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import logging
+import os
 import shutil
 import signal
 import socket
@@ -23,8 +25,18 @@ from inferd.config import Settings
 from inferd.control.controller import Controller
 from inferd.control.gateways import GatewayPool
 from inferd.control.publisher import TablePublisher
+from inferd.observability.exposition import (
+    RequestMetrics,
+    Text,
+    replica_statuses,
+    write_gpus,
+    write_processes,
+    write_replicas,
+    write_requests,
+)
 from inferd.observability.inference_log import InferenceLog, log_engine, maintain
 from inferd.registry import Registry
+from inferd.routing.table import LogRows
 
 logger = logging.getLogger(__name__)
 UPKEEP_INTERVAL_S = 3600.0
@@ -92,6 +104,54 @@ async def _log_upkeep_forever(registry: Registry, settings: Settings) -> None:
             logger.exception("inference log upkeep failed; retrying in an hour")
 
 
+def _take_rows(
+    settings: Settings, publisher: TablePublisher, requests: RequestMetrics
+) -> InferenceLog | None:
+    """What gateways ship: request rows and counters feed ``requests`` (``/metrics``)
+    and, when the inference log is on, the returned writer."""
+    writer = None
+    if settings.inference_log.enabled:
+        cfg = settings.inference_log
+        engine = log_engine(settings.resolved_database_url)
+        writer = InferenceLog(engine, cfg.flush_interval_s, cfg.max_buffer_rows)
+        writer.start()
+
+    def on_log_rows(message: LogRows) -> None:
+        requests.observe(message.rows)
+        if message.counters:
+            requests.add_counters(message.counters)
+        if writer is not None:
+            writer.extend(message.rows)
+
+    publisher.on_log_rows = on_log_rows
+    return writer
+
+
+async def render_metrics(
+    requests: RequestMetrics, controller: Controller, gateways: GatewayPool
+) -> str:
+    """``/metrics``: requests from every gateway, then every replica and process."""
+    out = Text()
+    write_requests(out, requests)
+    states, reachable = [], []
+    processes = [({"process": "server", "id": "server"}, os.getpid())]
+    for i, process in enumerate(gateways.processes):
+        processes.append(({"process": "gateway", "id": str(i)}, process.pid))
+    for name, model in controller.models.items():
+        for version, vset in model.versions.items():
+            for replica in vset.replicas:
+                labels = {"model": name, "version": version, "replica": replica.id}
+                states.append((labels, replica.state, replica.restarts))
+                if replica.state in ("ready", "draining"):
+                    reachable.append((labels, replica.spec.address))
+                if replica.pid:
+                    processes.append(({"process": "replica", "id": replica.id}, replica.pid))
+    write_replicas(out, states, await replica_statuses(reachable))
+    write_processes(out, processes)
+    write_gpus(out)
+    return out.render()
+
+
 async def serve(
     settings: Settings,
     demo: bool = False,
@@ -119,14 +179,10 @@ async def serve(
     await publisher.start()
     controller = Controller(settings, registry, run_dir, publisher.publish)
     publisher.on_reconcile = controller.reconcile  # a gateway changed a model's desired state
-    writer = None
-    if settings.inference_log.enabled:
-        cfg = settings.inference_log
-        engine = log_engine(settings.resolved_database_url)
-        writer = InferenceLog(engine, cfg.flush_interval_s, cfg.max_buffer_rows)
-        writer.start()
-        publisher.on_log_rows = writer.extend  # what the gateways record
+    requests = RequestMetrics()
+    writer = _take_rows(settings, publisher, requests)
     gateways = GatewayPool(settings, publisher.path)
+    publisher.on_metrics = functools.partial(render_metrics, requests, controller, gateways)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -7,6 +7,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from inferd.api.http import json_response
+from inferd.observability.exposition import CONTENT_TYPE
 
 router = APIRouter(tags=["health"])
 
@@ -28,3 +29,11 @@ async def ready(request: Request) -> Response:
             headers={"Retry-After": "1"},
         )
     return json_response({"status": "ready", "models": models})
+
+
+@router.get("/metrics", tags=["observability"])
+async def metrics(request: Request) -> Response:
+    """Prometheus text format: every gateway process and replica (see
+    :mod:`inferd.observability.exposition`); no credential needed, like the probes."""
+    text = await request.app.state.router.server_metrics()
+    return Response(text, media_type=CONTENT_TYPE)

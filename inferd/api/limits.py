@@ -53,6 +53,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from inferd.api.http import PUBLIC_PATHS, model_in_path, refuse
 from inferd.config import RateLimitConfig, Settings, TokenLimit
 from inferd.errors import RateLimited
+from inferd.observability.inference_log import COUNTERS
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -280,11 +281,13 @@ def _refusal(
     wait = (need - tokens) / bucket.rate_per_s
     headers["Retry-After"] = str(max(1, math.ceil(wait)))
     if isinstance(bucket, TokenLimit):
+        COUNTERS["rate_limited:tokens"] += 1
         what = (
             f"token limit exceeded ({bucket.capacity} tokens at once, "
             f"{bucket.tokens_per_minute} per minute sustained, for {covers})"
         )
     else:
+        COUNTERS["rate_limited:requests"] += 1
         what = (
             f"rate limit exceeded ({bucket.capacity} requests at once, "
             f"{bucket.rate_per_s:g}/s sustained, for {covers})"

@@ -44,7 +44,7 @@ async def logs(
 ) -> Response:
     """Inference log rows matching every filter given, newest first. Rows reach the
     database within ``inference_log.flush_interval_s`` (1 s by default)."""
-    if request.app.state.inference_log is None:
+    if not request.app.state.settings.inference_log.enabled:
         raise InvalidInput("the inference log is off (inference_log.enabled: false)")
     rows = await asyncio.to_thread(
         inference_log.query,

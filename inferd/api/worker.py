@@ -42,11 +42,10 @@ async def run_gateway(settings: Settings, control_socket: Path) -> None:
     router = Router()
     await router.follow(control_socket)
     registry = Registry(settings.resolved_database_url, settings.artifact_dir, migrate=False)
-    inference_log = None
-    if settings.inference_log.enabled:
-        cfg = settings.inference_log
-        inference_log = LogShipper(router.send_log_rows, cfg.flush_interval_s, cfg.max_buffer_rows)
-        inference_log.start()
+    # Rows go to the server even with the log off: /metrics counts requests from them.
+    cfg = settings.inference_log
+    inference_log = LogShipper(router.send_log_rows, cfg.flush_interval_s, cfg.max_buffer_rows)
+    inference_log.start()
     cache = None
     if settings.cache.enabled:
         cache = cache_for(settings.cache.max_bytes, settings.redis_url)
@@ -88,8 +87,7 @@ async def run_gateway(settings: Settings, control_socket: Path) -> None:
         if stopping is not None:
             await stopping
         router.close()
-        if inference_log is not None:
-            inference_log.close()  # what is left, to the server
+        inference_log.close()  # what is left, to the server
         if cache is not None:
             await cache.close()
         if limits is not None:

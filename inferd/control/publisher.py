@@ -7,11 +7,18 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import msgspec
 
-from inferd.routing.table import LogRows, RoutingTable, decode_request, encode_table
+from inferd.routing.table import (
+    LogRows,
+    MetricsQuery,
+    MetricsText,
+    RoutingTable,
+    decode_request,
+    encode_down,
+    encode_table,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -22,8 +29,10 @@ class TablePublisher:
         self.on_reconcile: Callable[[], Awaitable[None]] | None = None
         """Called for each :class:`ReconcileRequest` a gateway sends (the controller's
         ``reconcile``); one gateway's requests are handled one at a time."""
-        self.on_log_rows: Callable[[list[tuple[Any, ...]]], None] | None = None
-        """Called with the inference log rows a gateway sends."""
+        self.on_log_rows: Callable[[LogRows], None] | None = None
+        """Called with the inference log rows (and counters) a gateway sends."""
+        self.on_metrics: Callable[[], Awaitable[str]] | None = None
+        """Renders ``/metrics`` for a gateway that asks."""
         self._frame: bytes | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._server: asyncio.Server | None = None
@@ -37,12 +46,14 @@ class TablePublisher:
         if self._frame is not None:
             writer.write(self._frame)
         try:
-            await self._serve_requests(reader)  # returns at EOF: the gateway left
+            await self._serve_requests(reader, writer)  # returns at EOF: the gateway left
         finally:
             self._writers.discard(writer)
             writer.close()
 
-    async def _serve_requests(self, reader: asyncio.StreamReader) -> None:
+    async def _serve_requests(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         while True:
             try:
                 size = int.from_bytes(await reader.readexactly(4), "little")
@@ -54,7 +65,17 @@ class TablePublisher:
                 return
             if isinstance(request, LogRows):
                 if self.on_log_rows is not None:
-                    self.on_log_rows(request.rows)
+                    self.on_log_rows(request)
+                continue
+            if isinstance(request, MetricsQuery):
+                text = ""
+                if self.on_metrics is not None:
+                    try:
+                        text = await self.on_metrics()
+                    except Exception:
+                        logger.exception("rendering /metrics failed")
+                if not writer.is_closing():
+                    writer.write(encode_down(MetricsText(request.id, text)))
                 continue
             logger.debug("gateway asks to reconcile (model %s)", request.model or "-")
             if self.on_reconcile is None:

@@ -24,7 +24,7 @@ import logging
 import os
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -97,6 +97,11 @@ class RowBuffer:
         return [pending.popleft() for _ in range(len(pending))]
 
 
+COUNTERS: Counter[str] = Counter()
+"""This gateway process's counters that have no log row (``rate_limited:requests``, ...),
+shipped as deltas with the rows for ``/metrics``."""
+
+
 class LogShipper(RowBuffer):
     """A gateway's rows, sent to the server process about once a second over the
     control socket (one msgpack frame, written from the event loop). Writing to the
@@ -105,7 +110,7 @@ class LogShipper(RowBuffer):
 
     def __init__(
         self,
-        send: Callable[[list[Row]], bool],
+        send: Callable[[list[Row], dict[str, int]], bool],
         flush_interval_s: float = 1.0,
         max_buffer_rows: int = 100_000,
     ) -> None:
@@ -124,7 +129,9 @@ class LogShipper(RowBuffer):
 
     def ship(self) -> int:
         rows = self.drain()
-        if rows and not self._send(rows):
+        counters = dict(COUNTERS)
+        COUNTERS.clear()
+        if (rows or counters) and not self._send(rows, counters):
             self.dropped += len(rows)  # the server is gone; this gateway stops too
             return 0
         return len(rows)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from inferd.errors import ModelError, ModelNotReady, Overloaded, RequestTimeout
+from inferd.observability.inference_log import COUNTERS
 from inferd.routing.cache import ResultCache, cache_key, version_ttl
 from inferd.routing.router import Router, Shadow, Target
 from inferd.serving import protocol as p
@@ -180,6 +181,7 @@ class DataPlane:
             return
         if len(self._mirrored) >= MAX_SHADOW_INFLIGHT:
             self.shadow_skipped += 1
+            COUNTERS["shadow_skipped"] += 1
             return
 
         async def send() -> None:

@@ -24,6 +24,8 @@ from typing import Any, TypeVar
 from inferd.errors import InferdError, ModelNotFound, ModelNotReady
 from inferd.routing.table import (
     LogRows,
+    MetricsQuery,
+    MetricsText,
     ModelRoute,
     ReconcileRequest,
     RoutingTable,
@@ -123,6 +125,8 @@ class Router:
         self.on_lost: Callable[[], None] | None = None
         self._control: asyncio.StreamWriter | None = None
         self._applied = asyncio.Event()  # replaced after each table; set = "look again"
+        self._metrics: dict[int, asyncio.Future[str]] = {}
+        self._metrics_ids = 0
 
     async def follow(self, control_socket: Path) -> None:
         """Subscribe to the controller's table; returns once the first one arrived."""
@@ -134,7 +138,13 @@ class Router:
         try:
             while True:
                 size = int.from_bytes(await reader.readexactly(4), "little")
-                await self.apply(decode_table(await reader.readexactly(size)))
+                message = decode_table(await reader.readexactly(size))
+                if isinstance(message, MetricsText):
+                    waiter = self._metrics.pop(message.id, None)
+                    if waiter is not None and not waiter.done():
+                        waiter.set_result(message.text)
+                    continue
+                await self.apply(message)
         except (asyncio.IncompleteReadError, ConnectionError):
             logger.error("lost the controller; this gateway stops")
             if self.on_lost is not None:
@@ -216,12 +226,27 @@ class Router:
         self._control.write(encode_request(ReconcileRequest(model)))
         await self._control.drain()
 
-    def send_log_rows(self, rows: list[tuple[Any, ...]]) -> bool:
-        """Hand inference log rows to the server process; False when it is not there."""
+    def send_log_rows(self, rows: list[tuple[Any, ...]], counters: dict[str, int]) -> bool:
+        """Hand inference log rows (and counter deltas) to the server process; False when
+        it is not there."""
         if self._control is None or self._control.is_closing():
             return False
-        self._control.write(encode_request(LogRows(rows)))
+        self._control.write(encode_request(LogRows(rows, counters)))
         return True
+
+    async def server_metrics(self, timeout_s: float = 10.0) -> str:
+        """``/metrics`` as the server process renders it (every gateway and replica)."""
+        if self._control is None or self._control.is_closing():
+            raise ModelNotReady("the server process is not reachable")
+        self._metrics_ids += 1
+        query = self._metrics_ids
+        waiter: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._metrics[query] = waiter
+        self._control.write(encode_request(MetricsQuery(query)))
+        try:
+            return await asyncio.wait_for(waiter, timeout_s)
+        finally:
+            self._metrics.pop(query, None)
 
     def waiting_for(self) -> list[str]:
         """Loaded models that have no serving version yet (what readiness waits for)."""

@@ -67,7 +67,7 @@ class ModelRoute(msgspec.Struct, frozen=True):
     replicas; ``default_version`` is the ready version with the largest share."""
 
 
-class RoutingTable(msgspec.Struct, frozen=True):
+class RoutingTable(msgspec.Struct, frozen=True, tag="table"):
     generation: int
     models: dict[str, ModelRoute]
 
@@ -83,11 +83,26 @@ class LogRows(msgspec.Struct, frozen=True, tag="log"):
     that the server process writes, so gateways never hold a database driver's GIL."""
 
     rows: list[tuple[Any, ...]]
+    counters: dict[str, int] = {}
+    """Gateway counters (rate-limited, ...) since the last frame, for ``/metrics``."""
+
+
+class MetricsQuery(msgspec.Struct, frozen=True, tag="metrics?"):
+    """Gateway -> server: render ``/metrics``; answered with :class:`MetricsText`."""
+
+    id: int
+
+
+class MetricsText(msgspec.Struct, frozen=True, tag="metrics"):
+    """Server -> gateway: the ``/metrics`` exposition asked for by query ``id``."""
+
+    id: int
+    text: str
 
 
 _encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(RoutingTable)
-_request_decoder = msgspec.msgpack.Decoder(ReconcileRequest | LogRows)
+_decoder = msgspec.msgpack.Decoder(RoutingTable | MetricsText)
+_request_decoder = msgspec.msgpack.Decoder(ReconcileRequest | LogRows | MetricsQuery)
 
 
 def _frame(body: bytes) -> bytes:
@@ -98,13 +113,21 @@ def encode_table(table: RoutingTable) -> bytes:
     return _frame(_encoder.encode(table))
 
 
-def decode_table(body: bytes | memoryview) -> RoutingTable:
+def decode_table(body: bytes | memoryview) -> RoutingTable | MetricsText:
+    """What the server sends a gateway: a table, or a ``/metrics`` answer."""
     return _decoder.decode(body)
 
 
-def encode_request(request: ReconcileRequest | LogRows) -> bytes:
+def encode_down(message: MetricsText) -> bytes:
+    return _frame(_encoder.encode(message))
+
+
+Request = ReconcileRequest | LogRows | MetricsQuery
+
+
+def encode_request(request: Request) -> bytes:
     return _frame(_encoder.encode(request))
 
 
-def decode_request(body: bytes | memoryview) -> ReconcileRequest | LogRows:
+def decode_request(body: bytes | memoryview) -> Request:
     return _request_decoder.decode(body)

@@ -40,11 +40,12 @@ import numpy as np
 
 from inferd.config import BatchingConfig
 from inferd.errors import InvalidInput, Overloaded, RequestTimeout
-from inferd.observability.metrics import Sketch
+from inferd.observability.metrics import Histogram, Sketch
 
 Columns = dict[str, np.ndarray]
 PredictFn = Callable[[Columns], Columns]
 
+BATCH_ROWS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 NAMED_PRIORITIES = {"high": -1, "normal": -2, "low": -3, "batch": -4}
 """How the gateway sends a priority name: the replica knows the levels it stands for."""
 MAX_RETRY_AFTER_S = 60
@@ -122,6 +123,8 @@ class DynamicBatcher:
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.stats = BatchStats()
+        self.batch_rows = Histogram(BATCH_ROWS_BUCKETS)
+        """Rows of each computed batch (how full batches are)."""
         self.compute = Sketch()
         """Seconds each answered request's batch computed (a canary analysis compares it:
         unlike queue time, it does not depend on how much traffic a version gets)."""
@@ -317,6 +320,7 @@ class DynamicBatcher:
             self.stats.rows += rows
             self.stats.requests += len(batch)
         self.compute.observe(elapsed, len(batch))
+        self.batch_rows.observe(rows)
         start = 0
         for p in batch:
             end = start + p.rows

@@ -135,6 +135,7 @@ class ReplicaCore:
         if self.batcher is not None:
             metrics["compute_sketch"] = self.batcher.compute.snapshot()
             metrics["shed"] = self.batcher.shed_counts()
+            metrics["batch_rows"] = self.batcher.batch_rows.snapshot()
         if any(self._shadow.values()):
             metrics["shadow"] = dict(self._shadow)
         return metrics

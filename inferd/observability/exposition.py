@@ -1,0 +1,319 @@
+"""``/metrics``: the whole server (every gateway process, every replica) in the
+Prometheus text format, rendered by the server process.
+
+Where the figures come from, so that none is lost with several gateway processes:
+
+- **Requests** (count by model, version, API and status; latency histogram; cache hits
+  and misses; generated tokens): the rows gateway processes already ship to the server
+  for the inference log, about once a second — no extra work on the request path, and
+  shipped even when the log itself is off (:class:`RequestMetrics`).
+- **Gateway counters** that have no row (requests refused by a rate limit before any
+  model ran, mirrored requests skipped): deltas shipped with the same rows.
+- **Replicas** (state, restarts, queue depth, in-flight, batches and batch sizes,
+  expired/rejected/shed requests, the time requests spend in the replica; for
+  generation TTFT, inter-token latency, tokens, running/waiting sequences, KV-cache
+  blocks): asked for their status at scrape time, all at once, 2 s at most.
+- **Processes**: CPU seconds and resident memory of the server, gateway and replica
+  processes, from ``/proc``.
+
+A gateway answers ``GET /metrics`` by asking the server over its control socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import os
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+from inferd.serving.client import ReplicaClient
+
+REQUEST_BUCKETS_S = (
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1,
+    0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+"""Seconds from arrival at the gateway to the answer: dense around tens of ms, so a 50 ms
+p99 falls between two close bounds."""
+
+ROW_MODEL, ROW_VERSION, ROW_API, ROW_STATUS, ROW_LATENCY = 2, 3, 4, 5, 6
+ROW_CACHE_HIT, ROW_PROMPT, ROW_COMPLETION = 9, 10, 11
+"""Fields of an inference log row (see ``RowBuffer.record``)."""
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class RequestMetrics:
+    """Request figures accumulated from inference log rows."""
+
+    def __init__(self) -> None:
+        self.requests: defaultdict[tuple[str, str, str, str], int] = defaultdict(int)
+        self.latency: dict[tuple[str, str], list[float]] = {}
+        """(model, api) -> bucket counts (+Inf last), then the sum."""
+        self.cache: defaultdict[tuple[str, str], int] = defaultdict(int)
+        self.tokens: defaultdict[tuple[str, str], int] = defaultdict(int)
+        self.counters: defaultdict[str, int] = defaultdict(int)
+
+    def observe(self, rows: Iterable[tuple[Any, ...]]) -> None:
+        bounds = REQUEST_BUCKETS_S
+        for row in rows:
+            model, api, status = row[ROW_MODEL], row[ROW_API], row[ROW_STATUS]
+            self.requests[(model, row[ROW_VERSION] or "", api, str(status))] += 1
+            counts = self.latency.get((model, api))
+            if counts is None:
+                counts = self.latency[(model, api)] = [0.0] * (len(bounds) + 2)
+            seconds = row[ROW_LATENCY] / 1000
+            counts[bisect.bisect_left(bounds, seconds)] += 1
+            counts[-1] += seconds
+            hit = row[ROW_CACHE_HIT]
+            if hit is not None:
+                self.cache[(model, "hit" if hit else "miss")] += 1
+            if row[ROW_PROMPT]:
+                self.tokens[(model, "prompt")] += row[ROW_PROMPT]
+            if row[ROW_COMPLETION]:
+                self.tokens[(model, "completion")] += row[ROW_COMPLETION]
+
+    def add_counters(self, deltas: dict[str, int]) -> None:
+        for key, n in deltas.items():
+            self.counters[key] += n
+
+
+class Text:
+    """The exposition being written: ``# HELP``/``# TYPE`` once per family."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self._declared: set[str] = set()
+
+    def family(self, name: str, kind: str, help_: str) -> None:
+        if name not in self._declared:
+            self._declared.add(name)
+            self.lines.append(f"# HELP {name} {help_}")
+            self.lines.append(f"# TYPE {name} {kind}")
+
+    def sample(self, name: str, labels: dict[str, str], value: float) -> None:
+        self.lines.append(f"{name}{_labels(labels)} {_number(value)}")
+
+    def histogram(
+        self, name: str, labels: dict[str, str], bounds: Iterable[float], cumulative: list[float],
+        total: float,
+    ) -> None:  # fmt: skip
+        """``cumulative``: counts <= each bound, then the count of all (+Inf)."""
+        for bound, n in zip(bounds, cumulative, strict=False):
+            self.sample(f"{name}_bucket", {**labels, "le": _number(bound)}, n)
+        self.sample(f"{name}_bucket", {**labels, "le": "+Inf"}, cumulative[-1])
+        self.sample(f"{name}_sum", labels, total)
+        self.sample(f"{name}_count", labels, cumulative[-1])
+
+    def render(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+def _labels(labels: dict[str, str]) -> str:
+    if not labels:
+        return ""
+    return "{" + ",".join(f'{k}="{_escape(str(v))}"' for k, v in labels.items()) + "}"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _number(value: float) -> str:
+    if isinstance(value, int) or float(value).is_integer():
+        return str(int(value))
+    return repr(float(value))
+
+
+def write_requests(out: Text, metrics: RequestMetrics) -> None:
+    out.family("inferd_requests_total", "counter", "Inference requests answered, by status code.")
+    for (model, version, api, code), n in sorted(metrics.requests.items()):
+        out.sample(
+            "inferd_requests_total",
+            {"model": model, "version": version, "api": api, "code": code},
+            n,
+        )
+    name = "inferd_request_duration_seconds"
+    out.family(name, "histogram", "Time from arrival at the gateway to the answer.")
+    for (model, api), counts in sorted(metrics.latency.items()):
+        cumulative: list[float] = []
+        running = 0.0
+        for in_bucket in counts[:-1]:
+            running += in_bucket
+            cumulative.append(running)
+        out.histogram(name, {"model": model, "api": api}, REQUEST_BUCKETS_S, cumulative, counts[-1])
+    out.family("inferd_cache_requests_total", "counter", "Result cache lookups, by result.")
+    for (model, result), n in sorted(metrics.cache.items()):
+        out.sample("inferd_cache_requests_total", {"model": model, "result": result}, n)
+    out.family("inferd_tokens_total", "counter", "Prompt and generated tokens of generations.")
+    for (model, kind), n in sorted(metrics.tokens.items()):
+        out.sample("inferd_tokens_total", {"model": model, "kind": kind}, n)
+    out.family(
+        "inferd_rate_limited_total",
+        "counter",
+        "Requests refused by a rate limit (429), by limit kind (requests, tokens).",
+    )
+    for kind in ("requests", "tokens"):
+        n = metrics.counters.get(f"rate_limited:{kind}", 0)
+        out.sample("inferd_rate_limited_total", {"limit": kind}, n)
+    out.family(
+        "inferd_shadow_skipped_total",
+        "counter",
+        "Requests not mirrored to a shadow version (too many in flight).",
+    )
+    out.sample("inferd_shadow_skipped_total", {}, metrics.counters.get("shadow_skipped", 0))
+
+
+REPLICA_GAUGES = {
+    "queued_rows": ("inferd_queue_rows", "Rows waiting in the replica's batch queue."),
+    "inflight": ("inferd_inflight_requests", "Requests in the replica (queued or computing)."),
+    "running": ("inferd_running_sequences", "Generations decoding in the engine."),
+    "waiting": ("inferd_waiting_sequences", "Generations waiting for a slot."),
+    "kv_blocks_used": ("inferd_kv_cache_blocks_used", "KV-cache blocks in use."),
+    "kv_blocks_total": ("inferd_kv_cache_blocks", "KV-cache blocks of the replica."),
+}
+REPLICA_COUNTERS = {
+    "batches": ("inferd_batches_total", "Batches computed."),
+    "rows": ("inferd_batch_rows_total", "Rows computed in batches."),
+    "expired": ("inferd_requests_expired_total", "Requests dropped: deadline passed in queue."),
+    "rejected": ("inferd_requests_rejected_total", "Requests refused: the queue was full."),
+    "compute_s": ("inferd_compute_seconds_total", "Seconds spent computing batches."),
+    "preemptions": ("inferd_preemptions_total", "Generations preempted (KV cache full)."),
+}
+REPLICA_HISTOGRAMS = {
+    "request_s": ("inferd_replica_request_duration_seconds", "Queue + compute in the replica."),
+    "batch_rows": ("inferd_batch_size_rows", "Rows per computed batch."),
+    "queue_time_s": ("inferd_generation_queue_seconds", "Time a generation waited to start."),
+    "ttft_s": ("inferd_time_to_first_token_seconds", "From arrival to the first token."),
+    "itl_s": ("inferd_inter_token_seconds", "Between consecutive tokens of a generation."),
+    "e2e_s": ("inferd_generation_duration_seconds", "From arrival to the last token."),
+    "prompt_tokens": ("inferd_prompt_tokens", "Prompt tokens per generation."),
+    "generation_tokens": ("inferd_generation_tokens", "Generated tokens per generation."),
+}
+
+
+async def replica_statuses(
+    replicas: list[tuple[dict[str, str], str]], timeout_s: float = 2.0
+) -> list[tuple[dict[str, str], Any]]:
+    """(labels, status) of replicas given as (labels, address); those that do not answer
+    in time are left out."""
+
+    async def one(labels: dict[str, str], address: str) -> tuple[dict[str, str], Any] | None:
+        client = ReplicaClient(address, labels["replica"])
+        try:
+            await client.connect(timeout_s)
+            return labels, await client.status(timeout_s)
+        except Exception:
+            return None
+        finally:
+            client.close()
+
+    found = await asyncio.gather(*(one(labels, address) for labels, address in replicas))
+    return [f for f in found if f is not None]
+
+
+def write_replicas(
+    out: Text, states: list[tuple[dict[str, str], str, int]], statuses: list[tuple[dict, Any]]
+) -> None:
+    """``states``: (labels, state, restarts) of every replica the controller runs."""
+    out.family("inferd_replicas", "gauge", "Replicas by state.")
+    counts: defaultdict[tuple[str, str, str], int] = defaultdict(int)
+    for labels, state, _ in states:
+        counts[(labels["model"], labels["version"], state)] += 1
+    for (model, version, state), n in sorted(counts.items()):
+        out.sample("inferd_replicas", {"model": model, "version": version, "state": state}, n)
+    out.family("inferd_replica_restarts_total", "counter", "Restarts of a replica after it died.")
+    for labels, _, restarts in states:
+        out.sample("inferd_replica_restarts_total", labels, restarts)
+    for key, (name, help_) in {**REPLICA_GAUGES, **REPLICA_COUNTERS}.items():
+        kind = "gauge" if key in REPLICA_GAUGES else "counter"
+        rows = [(labels, status.stats[key]) for labels, status in statuses if key in status.stats]
+        if rows:
+            out.family(name, kind, help_)
+            for labels, value in rows:
+                out.sample(name, labels, value)
+    _labelled(
+        out, statuses, "shed", "priority", "inferd_requests_shed_total",
+        "Requests refused or evicted by load shedding, by priority.",
+    )  # fmt: skip
+    for key, (name, help_) in REPLICA_HISTOGRAMS.items():
+        rows = [(labels, s.metrics[key]) for labels, s in statuses if key in s.metrics]
+        if rows:
+            out.family(name, "histogram", help_)
+            for labels, snap in rows:
+                out.histogram(name, labels, snap["le"], snap["cumulative"], snap["sum"])
+    _labelled(
+        out, statuses, "finished", "reason", "inferd_generations_total",
+        "Generations finished, by reason.",
+    )  # fmt: skip
+
+
+def _labelled(
+    out: Text, statuses: list[tuple[dict, Any]], key: str, label: str, name: str, help_: str
+) -> None:
+    """A counter family from a ``{label value: count}`` metric of each replica."""
+    found = [(labels, s.metrics[key]) for labels, s in statuses if s.metrics.get(key)]
+    if not found:
+        return
+    out.family(name, "counter", help_)
+    for labels, by_value in found:
+        for value, n in sorted(by_value.items()):
+            out.sample(name, {**labels, label: value}, n)
+
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def process_usage(pid: int) -> tuple[float, int] | None:
+    """(CPU seconds, resident bytes) of a process, from /proc; None where unavailable."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open(f"/proc/{pid}/statm") as f:
+            resident = int(f.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / _TICKS, resident
+
+
+def write_processes(out: Text, processes: list[tuple[dict[str, str], int]]) -> None:
+    usage = [(labels, u) for labels, pid in processes if (u := process_usage(pid)) is not None]
+    out.family("inferd_process_cpu_seconds_total", "counter", "CPU time of an inferd process.")
+    for labels, (cpu, _) in usage:
+        out.sample("inferd_process_cpu_seconds_total", labels, round(cpu, 2))
+    out.family("inferd_process_resident_memory_bytes", "gauge", "Resident memory of a process.")
+    for labels, (_, rss) in usage:
+        out.sample("inferd_process_resident_memory_bytes", labels, rss)
+
+
+def write_gpus(out: Text) -> None:
+    """GPU utilisation and memory through NVML, when ``nvidia-ml-py`` is installed and a
+    GPU is there; nothing at all otherwise (absent, not zero)."""
+    try:
+        import pynvml  # type: ignore[import-not-found,import-untyped,unused-ignore]
+
+        pynvml.nvmlInit()
+    except Exception:
+        return
+    try:
+        gpus = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            rates = pynvml.nvmlDeviceGetUtilizationRates(handle)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            gpus.append(({"gpu": str(i)}, rates.gpu / 100, memory.used, memory.total))
+    except Exception:
+        return
+    finally:
+        pynvml.nvmlShutdown()
+    out.family("inferd_gpu_utilization_ratio", "gauge", "Share of time the GPU was busy.")
+    for labels, busy, _, _ in gpus:
+        out.sample("inferd_gpu_utilization_ratio", labels, busy)
+    out.family("inferd_gpu_memory_used_bytes", "gauge", "GPU memory in use.")
+    for labels, _, used, _ in gpus:
+        out.sample("inferd_gpu_memory_used_bytes", labels, used)
+    out.family("inferd_gpu_memory_total_bytes", "gauge", "GPU memory.")
+    for labels, _, _, total in gpus:
+        out.sample("inferd_gpu_memory_total_bytes", labels, total)
