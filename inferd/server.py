@@ -128,11 +128,14 @@ def _take_rows(
 
 
 async def render_metrics(
-    requests: RequestMetrics, controller: Controller, gateways: GatewayPool
+    requests: RequestMetrics,
+    controller: Controller,
+    gateways: GatewayPool,
+    writer: InferenceLog | None = None,
 ) -> str:
     """``/metrics``: requests from every gateway, then every replica and process."""
     out = Text()
-    write_requests(out, requests)
+    write_requests(out, requests, 0 if writer is None else writer.dropped)
     states, reachable = [], []
     processes = [({"process": "server", "id": "server"}, os.getpid())]
     for i, process in enumerate(gateways.processes):
@@ -182,7 +185,7 @@ async def serve(
     requests = RequestMetrics()
     writer = _take_rows(settings, publisher, requests)
     gateways = GatewayPool(settings, publisher.path)
-    publisher.on_metrics = functools.partial(render_metrics, requests, controller, gateways)
+    publisher.on_metrics = functools.partial(render_metrics, requests, controller, gateways, writer)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -32,3 +32,20 @@ else
   echo "Redis is not reachable on 127.0.0.1:6379; set INFERD_SKIP_REDIS=1 to skip its tests" >&2
   [ "${INFERD_SKIP_REDIS:-0}" = 1 ] || exit 1
 fi
+
+# Prometheus and promtool (Debian package): the dashboard and alert rule tests run the
+# real ones. Installed from the Debian registry when missing and apt-get can.
+if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "installing prometheus (Debian package) ..."
+    (DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus >/dev/null 2>&1 \
+      || { apt-get update >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive \
+           apt-get install -y --no-install-recommends prometheus >/dev/null 2>&1; }) || true
+  fi
+fi
+if command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1; then
+  echo "Prometheus $(prometheus --version 2>&1 | head -n1 | awk '{print $3}') is installed"
+else
+  echo "prometheus/promtool are not installed; set INFERD_SKIP_PROMETHEUS=1 to skip their tests" >&2
+  [ "${INFERD_SKIP_PROMETHEUS:-0}" = 1 ] || exit 1
+fi

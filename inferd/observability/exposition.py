@@ -126,7 +126,9 @@ def _number(value: float) -> str:
     return repr(float(value))
 
 
-def write_requests(out: Text, metrics: RequestMetrics) -> None:
+def write_requests(out: Text, metrics: RequestMetrics, log_dropped: int = 0) -> None:
+    """Request figures; ``log_dropped``: rows the server's log writer could not keep
+    (those gateways dropped come with their counters)."""
     out.family("inferd_requests_total", "counter", "Inference requests answered, by status code.")
     for (model, version, api, code), n in sorted(metrics.requests.items()):
         out.sample(
@@ -157,6 +159,13 @@ def write_requests(out: Text, metrics: RequestMetrics) -> None:
     for kind in ("requests", "tokens"):
         n = metrics.counters.get(f"rate_limited:{kind}", 0)
         out.sample("inferd_rate_limited_total", {"limit": kind}, n)
+    out.family(
+        "inferd_inference_log_dropped_rows_total",
+        "counter",
+        "Inference log rows dropped: a buffer was full or the database refused them.",
+    )
+    dropped = metrics.counters.get("log_dropped", 0) + log_dropped
+    out.sample("inferd_inference_log_dropped_rows_total", {}, dropped)
     out.family(
         "inferd_shadow_skipped_total",
         "counter",

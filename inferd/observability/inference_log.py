@@ -118,6 +118,7 @@ class LogShipper(RowBuffer):
         self._send = send
         self.flush_interval_s = flush_interval_s
         self._task: asyncio.Task[None] | None = None
+        self._dropped_shipped = 0
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -131,6 +132,9 @@ class LogShipper(RowBuffer):
         rows = self.drain()
         counters = dict(COUNTERS)
         COUNTERS.clear()
+        if self.dropped > self._dropped_shipped:
+            counters["log_dropped"] = self.dropped - self._dropped_shipped
+            self._dropped_shipped = self.dropped
         if (rows or counters) and not self._send(rows, counters):
             self.dropped += len(rows)  # the server is gone; this gateway stops too
             return 0
