@@ -25,10 +25,12 @@ from inferd.config import Settings
 from inferd.control.controller import Controller
 from inferd.control.gateways import GatewayPool
 from inferd.control.publisher import TablePublisher
+from inferd.observability import feedback
 from inferd.observability.exposition import (
     RequestMetrics,
     Text,
     replica_statuses,
+    write_accuracy,
     write_gpus,
     write_processes,
     write_replicas,
@@ -132,8 +134,10 @@ async def render_metrics(
     controller: Controller,
     gateways: GatewayPool,
     writer: InferenceLog | None = None,
+    registry: Registry | None = None,
 ) -> str:
-    """``/metrics``: requests from every gateway, then every replica and process."""
+    """``/metrics``: requests from every gateway, then every replica and process, then
+    accuracy from feedback."""
     out = Text()
     write_requests(out, requests, 0 if writer is None else writer.dropped)
     states, reachable = [], []
@@ -152,6 +156,19 @@ async def render_metrics(
     write_replicas(out, states, await replica_statuses(reachable))
     write_processes(out, processes)
     write_gpus(out)
+    if registry is not None and writer is not None:  # feedback needs the inference log
+        thresholds = []
+        for name, model in controller.models.items():
+            for version, vset in model.versions.items():
+                value = vset.record.metadata.get("accuracy_threshold")
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    thresholds.append(({"model": name, "version": version}, float(value)))
+        try:
+            rows = await asyncio.to_thread(feedback.accuracy, registry.engine)
+        except Exception:
+            logger.exception("reading feedback for /metrics failed")
+            rows = []
+        write_accuracy(out, rows, thresholds)
     return out.render()
 
 
@@ -185,7 +202,9 @@ async def serve(
     requests = RequestMetrics()
     writer = _take_rows(settings, publisher, requests)
     gateways = GatewayPool(settings, publisher.path)
-    publisher.on_metrics = functools.partial(render_metrics, requests, controller, gateways, writer)
+    publisher.on_metrics = functools.partial(
+        render_metrics, requests, controller, gateways, writer, registry
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -113,7 +113,8 @@ def test_metrics_after_known_traffic(server: InferdServer):
     while True:
         samples = scrape(server)
         counted = value(samples, "inferd_requests_total", model="plus", code="200")
-        if counted >= ok or time.monotonic() > deadline:
+        limited = value(samples, "inferd_rate_limited_total", limit="requests")
+        if (counted >= ok and limited >= refused) or time.monotonic() > deadline:
             break
         time.sleep(0.3)
     assert counted == ok

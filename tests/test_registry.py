@@ -24,7 +24,7 @@ from inferd.errors import InvalidInput, ModelNotFound, VersionExists
 from inferd.registry import ArtifactStore, Registry
 from inferd.registry.registry import _alembic_config
 from inferd.registry.store import StagedArtifact
-from inferd.registry.tables import Base, UTCDateTime, inference_logs, utcnow
+from inferd.registry.tables import Base, UTCDateTime, feedback, inference_logs, utcnow
 from inferd.runtimes.base import Signature, TensorSpec
 
 SIGNATURE = Signature(
@@ -86,18 +86,20 @@ def test_migrate_creates_tables_and_is_idempotent(registry: Registry) -> None:
     registry.migrate()  # already at head: nothing to do, nothing fails
     registry.migrate()
     with registry.engine.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).all() == [("0005",)]
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).all() == [("0006",)]
         # The declarative classes describe exactly what the migrations built (the
         # inference log apart: partitioned on PostgreSQL, described by a Core table).
         context = MigrationContext.configure(conn, opts={"include_name": _registry_only})
         assert compare_metadata(context, Base.metadata) == []
     logged = {c["name"] for c in inspect(registry.engine).get_columns("inference_logs")}
     assert logged == {"id", *inference_logs.c.keys()}
+    kept = {c["name"] for c in inspect(registry.engine).get_columns("feedback")}
+    assert kept == set(feedback.c.keys())
 
 
 def _registry_only(name: str | None, type_: str, parents: dict[str, str | None]) -> bool:
     table = name if type_ == "table" else parents.get("table_name")
-    return not (table or "").startswith("inference_logs")
+    return not (table or "").startswith(("inference_logs", "feedback"))
 
 
 def test_upgrade_from_0001_keeps_existing_models_loaded(

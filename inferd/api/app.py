@@ -44,7 +44,7 @@ from inferd.errors import InferdError
 from inferd.observability.inference_log import RowBuffer
 from inferd.registry import Registry
 from inferd.routing.cache import ResultCache
-from inferd.routing.dataplane import DataPlane, InferOutcome
+from inferd.routing.dataplane import DataPlane, InferOutcome, prediction_of
 from inferd.routing.router import Router
 
 logger = logging.getLogger(__name__)
@@ -213,6 +213,9 @@ def _record(
         scope.get("inferd.user"),
         None if outcome is None else outcome.fallback_from,
         None if outcome is None else outcome.cache_hit,
+        None,
+        None,
+        None if outcome is None else prediction_of(outcome),
     )
 
 

@@ -4,15 +4,17 @@ and experiment analysis: which version answered which request, for which user ha
 from __future__ import annotations
 
 import asyncio
+import functools
 from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
-from inferd.api.http import json_response
-from inferd.errors import InvalidInput
-from inferd.observability import inference_log
+from inferd.api.auth import authorize_model
+from inferd.api.http import json_response, read_json
+from inferd.errors import BadRequest, InvalidInput
+from inferd.observability import feedback, inference_log
 
 router = APIRouter(prefix="/api/v1", tags=["observability"])
 MAX_LIMIT = 1000
@@ -58,3 +60,28 @@ async def logs(
         limit=limit,
     )
     return json_response({"logs": rows, "count": len(rows)})
+
+
+@router.post("/feedback")
+async def post_feedback(request: Request) -> Response:
+    """Ground truth for a logged prediction: ``{"request_id", "label"}`` for a class,
+    ``{"request_id", "value"}`` for a number; answers the stored feedback."""
+    body = await read_json(request, 64 * 1024)
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    rid = body.get("request_id")
+    if not isinstance(rid, str) or not rid:
+        raise InvalidInput("missing 'request_id': the X-Request-Id of the answered request")
+    unknown = sorted(set(body) - {"request_id", "label", "value"})
+    if unknown:
+        raise InvalidInput(f"unknown field(s) {unknown}; send request_id and label or value")
+    state = request.app.state
+    if not state.settings.inference_log.enabled:
+        raise InvalidInput("feedback needs the inference log (inference_log.enabled: false)")
+    allow = None
+    if "inferd.principal" in request.scope:  # a key may be limited to some models
+        allow = functools.partial(authorize_model, request.scope)
+    stored = await asyncio.to_thread(
+        feedback.record, state.registry.engine, rid, body.get("label"), body.get("value"), allow
+    )
+    return json_response(stored, status_code=201)

@@ -47,7 +47,7 @@ from inferd.observability.inference_log import RowBuffer
 from inferd.observability.logging import request_id_var
 from inferd.registry import Registry
 from inferd.routing.cache import ResultCache
-from inferd.routing.dataplane import DataPlane
+from inferd.routing.dataplane import DataPlane, InferOutcome, prediction_of
 from inferd.routing.router import Router, Target
 from inferd.runtimes import GENERATIVE
 from inferd.runtimes.base import TensorSpec, datatype_of
@@ -172,14 +172,17 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             return (await self._infer(request, deadline_s))[0]
         started = time.perf_counter()
         try:
-            response, fallback = await self._infer(request, deadline_s)
+            response, outcome = await self._infer(request, deadline_s)
         except InferdError as exc:
             self._log(request, started, exc.status_code)
             raise
         except Exception:
             self._log(request, started, 500)
             raise
-        self._log(request, started, 200, response.model_version, fallback)
+        self._log(
+            request, started, 200, response.model_version, outcome.fallback_from,
+            prediction_of(outcome),
+        )  # fmt: skip
         return response
 
     def _log(
@@ -189,6 +192,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         status: int,
         version: str | None = None,
         fallback: str | None = None,
+        prediction: str | None = None,
     ) -> None:
         """An inference log row for a ModelInfer call (HTTP status codes, as for REST)."""
         assert self.inference_log is not None
@@ -202,12 +206,17 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             (time.perf_counter() - started) * 1000,
             v2.user_of(parameters(request.parameters)),
             fallback,
+            None,
+            None,
+            None,
+            prediction,
         )
 
     async def _infer(
         self, request: Any, deadline_s: float | None = None
-    ) -> tuple[pb.ModelInferResponse, str | None]:
-        """The response, and the version that failed first when a fallback answered.
+    ) -> tuple[pb.ModelInferResponse, InferOutcome]:
+        """The response, and the outcome (the version that failed first when a fallback
+        answered, the outputs).
         ``deadline_s``: the call's gRPC deadline, bounding the ``timeout`` parameter."""
         started = time.perf_counter()
         rid = request.id or new_request_id()
@@ -245,7 +254,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
                 output.datatype = datatype_of(array)
                 output.shape.extend(array.shape)
                 response.raw_output_contents.append(v2.to_binary(array))
-        return response, outcome.fallback_from
+        return response, outcome
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[Any], context: Any

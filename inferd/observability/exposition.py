@@ -326,3 +326,34 @@ def write_gpus(out: Text) -> None:
     out.family("inferd_gpu_memory_total_bytes", "gauge", "GPU memory.")
     for labels, _, _, total in gpus:
         out.sample("inferd_gpu_memory_total_bytes", labels, total)
+
+
+def write_accuracy(
+    out: Text, rows: list[dict[str, Any]], thresholds: list[tuple[dict[str, str], float]]
+) -> None:
+    """Rolling accuracy from feedback (see :mod:`inferd.observability.feedback`)."""
+    out.family(
+        "inferd_model_accuracy", "gauge", "Share of labelled feedback the version got right."
+    )
+    for row in rows:
+        if row["labelled"]:
+            labels = {"model": row["model"], "version": row["version"] or ""}
+            out.sample("inferd_model_accuracy", labels, round(float(row["accuracy"]), 6))
+    out.family(
+        "inferd_model_mean_absolute_error", "gauge", "Mean absolute error of numeric feedback."
+    )
+    for row in rows:
+        if row["numeric"]:
+            labels = {"model": row["model"], "version": row["version"] or ""}
+            out.sample("inferd_model_mean_absolute_error", labels, float(row["mean_abs_error"]))
+    out.family("inferd_model_feedback", "gauge", "Feedback received in the accuracy window.")
+    for row in rows:
+        labels = {"model": row["model"], "version": row["version"] or ""}
+        out.sample("inferd_model_feedback", labels, row["labelled"] + row["numeric"])
+    out.family(
+        "inferd_model_accuracy_threshold",
+        "gauge",
+        "A version's metadata.accuracy_threshold: the accuracy alert's line.",
+    )
+    for labels, threshold in thresholds:
+        out.sample("inferd_model_accuracy_threshold", labels, threshold)

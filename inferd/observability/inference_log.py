@@ -39,11 +39,12 @@ logger = logging.getLogger(__name__)
 
 Row = tuple[Any, ...]
 CHUNK_ROWS = 2000
-"""Rows per INSERT statement: 12 parameters each, under SQLite's 32766 and
+"""Rows per INSERT statement: 13 parameters each, under SQLite's 32766 and
 PostgreSQL's 65535 parameters per statement."""
 _FIELDS = (
     "timestamp", "request_id", "model_name", "version", "api", "status_code", "latency_ms",
     "user_hash", "fallback_from", "cache_hit", "prompt_tokens", "completion_tokens",
+    "prediction",
 )  # fmt: skip
 
 
@@ -76,10 +77,11 @@ class RowBuffer:
         cache_hit: bool | None = None,
         prompt_tokens: int | None = None,
         completion_tokens: int | None = None,
+        prediction: str | None = None,
     ) -> None:
         row = (
             time.time(), request_id, model, version, api, status_code, latency_ms, user,
-            fallback_from, cache_hit, prompt_tokens, completion_tokens,
+            fallback_from, cache_hit, prompt_tokens, completion_tokens, prediction,
         )  # fmt: skip
         if len(self._rows) >= self.max_buffer_rows:
             self.dropped += 1

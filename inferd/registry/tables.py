@@ -194,6 +194,23 @@ inference_logs = Table(
     Column("cache_hit", Boolean(), nullable=True),
     Column("prompt_tokens", Integer(), nullable=True),
     Column("completion_tokens", Integer(), nullable=True),
+    Column("prediction", String(256), nullable=True),
 )
 """One row per inference request: who answered it (the version the traffic split chose:
 the experiment assignment), how it went, and how long it took."""
+
+feedback = Table(
+    "feedback",
+    LOGS_METADATA,
+    Column("request_id", String(128), primary_key=True),
+    Column("model_name", String(128), nullable=False),
+    Column("version", String(128), nullable=True),
+    Column("prediction", String(256), nullable=False),
+    Column("label", String(256), nullable=True),
+    Column("value", Float(), nullable=True),
+    Column("correct", Boolean(), nullable=True),
+    Column("abs_error", Float(), nullable=True),
+    Column("created_at", UTCDateTime(), nullable=False),
+)
+"""Ground truth for logged predictions (``POST /api/v1/feedback``): a class label is
+``correct`` or not; a number has an ``abs_error``."""

@@ -40,6 +40,29 @@ class InferOutcome:
     (``target.model``) answered instead."""
 
 
+def prediction_of(outcome: InferOutcome) -> str | None:
+    """What a single-row answer predicted, as the inference log keeps it for accuracy
+    feedback: its ``label`` (a class name when the signature has them), else its
+    ``prediction``, else its first output, when that is one value; else None."""
+    outputs = outcome.outputs
+    array = outputs.get("label")
+    if array is None:
+        array = outputs.get("prediction")
+    if array is None and outputs:
+        array = next(iter(outputs.values()))
+    if array is None or array.size != 1 or array.shape[:1] != (1,):
+        return None
+    value = array.reshape(-1)[0]
+    labels = outcome.target.signature.labels
+    if array is outputs.get("label") and labels is not None and array.dtype.kind in "iu":
+        return labels[int(value)] if 0 <= int(value) < len(labels) else str(int(value))
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")[:256]
+    if array.dtype.kind == "f":
+        return repr(float(value))
+    return str(value)[:256]
+
+
 FALLBACK_ON = (ModelNotReady, Overloaded, ModelError)
 """Failures of a version that its fallback retries: no ready replica (or it went away),
 a full queue, the model raised. Not bad input, and not timeouts (no time is left)."""
