@@ -1,5 +1,14 @@
-"""Kubernetes-style probes: live = the process answers; ready = every loaded model
-serves (a model unloaded on purpose is not waited for)."""
+"""Kubernetes-style probes, all public (no credential, no rate limit).
+
+- ``/health/live``: the gateway process answers (its event loop turns). A liveness
+  probe failing means restart the pod.
+- ``/health/ready``: this gateway has the controller's routing table and every loaded
+  model has a serving version with a ready replica (a model unloaded on purpose is
+  not waited for); else 503 with ``Retry-After`` and what it waits for. A readiness
+  probe failing means take the pod out of the Service, not restart it.
+- ``/health/ready/{model}``: the same for one model: 200 when it can answer now, 503
+  when it cannot yet (loading, no ready replica, unloaded), 404 when it is unknown.
+"""
 
 from __future__ import annotations
 
@@ -29,6 +38,21 @@ async def ready(request: Request) -> Response:
             headers={"Retry-After": "1"},
         )
     return json_response({"status": "ready", "models": models})
+
+
+@router.get("/health/ready/{model}")
+async def model_ready(model: str, request: Request) -> Response:
+    router = request.app.state.router
+    route = router.model(model)  # 404 for an unknown model
+    version = route.default_version
+    if version is None:
+        reason = "unloaded" if not route.loaded else "no ready replica yet"
+        return json_response(
+            {"status": "not_ready", "model": model, "reason": reason},
+            status_code=503,
+            headers={"Retry-After": "1"},
+        )
+    return json_response({"status": "ready", "model": model, "version": version})
 
 
 @router.get("/metrics", tags=["observability"])

@@ -18,7 +18,7 @@ from inferd.errors import BadRequest, InferdError, PayloadTooLarge
 
 _JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 
-PUBLIC_PATHS = re.compile(r"^/(health/(live|ready)|v2/health/(live|ready)|metrics)$")
+PUBLIC_PATHS = re.compile(r"^/(health/(live|ready(/[^/]+)?)|v2/health/(live|ready)|metrics)$")
 """Routes no credential or rate limit ever applies to (probes and scrapes)."""
 _MODEL_PATH = re.compile(r"^/(?:api/v1|v2)/models/([^/:]+)")
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from inferd.errors import InferdError
+from inferd.observability.logging import request_id_var
 from inferd.serving import protocol as p
 from inferd.serving.batcher import Columns
 from inferd.serving.replica import ReplicaCore, error_status
@@ -113,7 +114,9 @@ class ReplicaProtocol(asyncio.Protocol):
             self.core.shadow_outcome(future.result() if exc is None else None, message)
         if exc is not None:
             if not isinstance(exc, Exception) or error_status(exc)[2] >= 500:
+                token = request_id_var.set(message.request_id or "-")  # the log line's request
                 logger.error("predict failed", exc_info=exc)
+                request_id_var.reset(token)
             self._send(p.Error(request_id, *error_status(exc)))
             return
         if message.reference is not None:

@@ -1,0 +1,73 @@
+"""Probes against the real server: readiness waits for every loaded model and says
+which it waits for; per-model readiness; probes need no credential; a failed request's
+log line in the replica carries its request id."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import InferdServer, run_cli
+
+pytestmark = pytest.mark.slow
+MODELS = Path(__file__).parent / "models"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferdServer]:
+    data = tmp_path_factory.mktemp("health")
+    run_cli("models", "push", "sum", str(MODELS / "slow_sum"), "--version", "v1", data_dir=data)
+    server = InferdServer(data, workers=1, env={"INFERD_AUTH__ENABLED": "true"})
+    try:
+        server.wait_ready()
+        # a model that takes a minute to load, pushed while the server runs
+        run_cli(
+            "models", "push", "lazy", str(MODELS / "slowload"), "--version", "v1",
+            "--framework", "python", data_dir=data,
+        )  # fmt: skip
+        yield server
+    finally:
+        assert server.stop() == 0, server.log()[-3000:]
+
+
+def test_readiness_overall_and_per_model(server: InferdServer):
+    c = server.client
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:  # the controller picks the new model up
+        overall = c.get("/health/ready")
+        if overall.status_code == 503:
+            break
+        time.sleep(0.2)
+    assert overall.status_code == 503 and overall.headers["retry-after"] == "1"
+    assert overall.json()["waiting_for"] == ["lazy"]
+    assert c.get("/health/live").json() == {"status": "live"}
+    ready = c.get("/health/ready/sum")  # no credential needed, auth is on
+    assert ready.status_code == 200 and ready.json() == {
+        "status": "ready",
+        "model": "sum",
+        "version": "v1",
+    }
+    lazy = c.get("/health/ready/lazy")
+    assert lazy.status_code == 503 and lazy.json()["reason"] == "no ready replica yet"
+    assert c.get("/health/ready/nope").status_code == 404
+    assert c.get("/metrics").status_code == 200  # public too
+    assert c.get("/api/v1/models").status_code == 401  # the rest is not
+
+
+def test_a_replica_logs_a_failed_request_with_its_id(server: InferdServer):
+    created = run_cli("keys", "create", "t", "--scope", "infer", data_dir=server.data_dir)
+    secret = created.stdout.strip()
+    reply = server.client.post(
+        "/api/v1/models/sum/predict",
+        json={"inputs": [{"features": [666, 0, 0, 0]}]},
+        headers={"Authorization": f"Bearer {secret}", "X-Request-Id": "req-666-abc"},
+    )
+    assert reply.status_code == 500 and reply.json()["error"]["code"] == "model_error"
+    deadline = time.monotonic() + 5
+    while "predict failed" not in server.log() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    line = next(x for x in server.log().splitlines() if "predict failed" in x)
+    assert "[replica sum:v1]" in line and "[req req-666-abc]" in line
