@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from servers import free_port, start, stop
+from servers import alternating
 from tabular import prepare, wait_http
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,22 +92,15 @@ def main() -> None:
     rows: list[dict[str, object]] = []
     rate = None
     try:
-        for round_ in range(args.rounds):
-            order = list(variants) if round_ % 2 == 0 else list(reversed(variants))
-            for name in order:
-                port = free_port()
-                proc = start([*cmd, str(port)], variants[name], work / f"{name}.log")
-                try:
-                    url = f"http://127.0.0.1:{port}/api/v1/models/fraud/predict"
-                    wait_http(url)
-                    if name == "cache on" and rate is None:
-                        rate = hit_rate(url, payloads)
-                    r = run(url, payloads, args.connections, args.duration)
-                    rows.append({"server": name, **r})
-                    line = f"{name:>9} {r['rps']:8.0f} req/s  p50 {r['p50_ms']:6.2f} ms"
-                    print(f"{line}  p99 {r['p99_ms']:6.2f} ms  errors {r['errors']:.0f}")
-                finally:
-                    stop(proc)
+        for name, _, port in alternating(cmd, variants, args.rounds, work):
+            url = f"http://127.0.0.1:{port}/api/v1/models/fraud/predict"
+            wait_http(url)
+            if name == "cache on" and rate is None:
+                rate = hit_rate(url, payloads)
+            r = run(url, payloads, args.connections, args.duration)
+            rows.append({"server": name, **r})
+            line = f"{name:>9} {r['rps']:8.0f} req/s  p50 {r['p50_ms']:6.2f} ms"
+            print(f"{line}  p99 {r['p99_ms']:6.2f} ms  errors {r['errors']:.0f}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     write_results(rows, args, rate or 0.0)

@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from servers import free_port, start, stop
+from servers import alternating
 from tabular import measure, prepare
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,16 +48,9 @@ def main() -> None:
     }
     rows: list[dict[str, object]] = []
     try:
-        for round_ in range(args.rounds):
-            order = list(variants) if round_ % 2 == 0 else list(reversed(variants))
-            for name in order:
-                port = free_port()
-                proc = start([*cmd, str(port)], variants[name], work / f"{name}.log")
-                try:
-                    url = f"http://127.0.0.1:{port}/api/v1/models/fraud/predict"
-                    measure(name, proc, url, args, rows)
-                finally:
-                    stop(proc)
+        for name, proc, port in alternating(cmd, variants, args.rounds, work):
+            url = f"http://127.0.0.1:{port}/api/v1/models/fraud/predict"
+            measure(name, proc, url, args, rows)
         with sqlite3.connect(work / "data" / "inferd.db") as db:
             logged = db.execute("SELECT count(*) FROM inference_logs").fetchone()[0]
     finally:

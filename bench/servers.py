@@ -6,6 +6,7 @@ import os
 import signal
 import socket
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,6 +28,23 @@ def start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[by
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+
+
+def alternating(
+    cmd: list[str], variants: dict[str, dict[str, str]], rounds: int, logs: Path
+) -> Iterator[tuple[str, subprocess.Popen[bytes], int]]:
+    """A/B rounds: each round starts ``cmd`` + a free port once per variant (its env),
+    in alternating order, and yields (variant, process, port); the server stops when
+    the caller moves on."""
+    for round_ in range(rounds):
+        order = list(variants) if round_ % 2 == 0 else list(reversed(variants))
+        for name in order:
+            port = free_port()
+            proc = start([*cmd, str(port)], variants[name], logs / f"{name}.log")
+            try:
+                yield name, proc, port
+            finally:
+                stop(proc)
 
 
 def stop(proc: subprocess.Popen[bytes], grace_s: float = 60) -> None:

@@ -125,6 +125,36 @@ def _no_server_outlives_the_tests() -> Iterator[None]:
             server.process.wait()
 
 
+ARITHMETIC_MODEL = """
+import numpy as np
+
+
+class Arithmetic:
+    signature = {
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
+        "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1]}],
+    }
+
+    def predict(self, batch):
+        x = batch["x"]
+        return {"y": np.asarray(EXPRESSION, dtype=np.float32)}
+"""
+
+
+def arithmetic_model(expression: str) -> str:
+    """The source of a Python model computing ``y = expression`` of an FP32 input ``x``."""
+    return ARITHMETIC_MODEL.replace("EXPRESSION", expression)
+
+
+def push_source(data: Path, model: str, source: str, *options: str, version: str = "v1") -> None:
+    """Register ``source`` (a model.py with one Python model class) as ``model:version``
+    in ``data``; ``options`` are more ``inferd models push`` options."""
+    src = data / f"src-{model}-{version}"
+    src.mkdir(parents=True)
+    (src / "model.py").write_text(source)
+    run_cli("models", "push", model, str(src), "--version", version, *options, data_dir=data)
+
+
 def run_cli(
     *args: str,
     data_dir: Path,

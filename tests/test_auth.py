@@ -20,7 +20,7 @@ from inferd.api.auth import required_scope
 from inferd.errors import InvalidInput, NotFound
 from inferd.registry import Registry
 from inferd.registry.keys import parse_key, secret_matches
-from tests.conftest import InferdServer, run_cli
+from tests.conftest import InferdServer, arithmetic_model, push_source, run_cli
 
 # -- pieces ---------------------------------------------------------------------------------
 
@@ -64,19 +64,6 @@ def test_keys_are_stored_as_hashes_and_revocable(registry: Registry):
 
 # -- the real server --------------------------------------------------------------------------
 
-MODEL = """
-import numpy as np
-
-
-class Double:
-    signature = {
-        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
-        "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1]}],
-    }
-
-    def predict(self, batch):
-        return {"y": (batch["x"] * 2).astype(np.float32)}
-"""
 BODY = {"inputs": [{"x": 1.5}]}
 SECRET = "s3cret-s3cret-s3cret-s3cret-s3cret-42"
 
@@ -84,11 +71,8 @@ SECRET = "s3cret-s3cret-s3cret-s3cret-s3cret-42"
 @pytest.fixture(scope="module")
 def keys_and_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     data = tmp_path_factory.mktemp("auth")
-    src = data / "src"
-    src.mkdir()
-    (src / "model.py").write_text(MODEL)
     for name in ("open", "secret"):
-        run_cli("models", "push", name, str(src), "--version", "v1", data_dir=data)
+        push_source(data, name, arithmetic_model("x * 2"))
     (data / "hs256").write_text(SECRET)
     rsa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     (data / "rsa.pem").write_bytes(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import InferdServer, run_cli
+from tests.conftest import InferdServer, arithmetic_model, push_source
 from tests.test_metrics_endpoint import parse, value
 
 pytestmark = pytest.mark.slow
@@ -29,32 +29,12 @@ class Size:
         return {"label": np.array(["big" if v > 5 else "small" for v in batch["x"]], dtype=object)}
 """
 
-REGRESSOR = """
-import numpy as np
-
-
-class Double:
-    signature = {
-        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
-        "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1]}],
-    }
-
-    def predict(self, batch):
-        return {"y": (batch["x"] * 2).astype(np.float32)}
-"""
-
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferdServer]:
     data = tmp_path_factory.mktemp("feedback")
-    for name, code, meta in (
-        ("size", CLASSIFIER, ["--meta", "accuracy_threshold=0.8"]),
-        ("double", REGRESSOR, []),
-    ):
-        src = data / f"src-{name}"
-        src.mkdir()
-        (src / "model.py").write_text(code)
-        run_cli("models", "push", name, str(src), "--version", "v1", *meta, data_dir=data)
+    push_source(data, "size", CLASSIFIER, "--meta", "accuracy_threshold=0.8")
+    push_source(data, "double", arithmetic_model("x * 2"))
     server = InferdServer(
         Path(data), workers=2, env={"INFERD_INFERENCE_LOG__FLUSH_INTERVAL_S": "0.2"}
     )

@@ -16,7 +16,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.conftest import InferdServer, run_cli
+from tests.conftest import InferdServer, push_source
 
 pytestmark = pytest.mark.slow
 
@@ -50,13 +50,10 @@ BATCH_S = 0.04
 def _push(
     data: Path, model: str, sleep_s: float, offset: float, *meta: str, batching: str = ""
 ) -> None:
-    src = data / f"src-{model}"
-    src.mkdir()
     code = MODEL.replace("SLEEP", repr(sleep_s)).replace("OFFSET", repr(offset))
-    (src / "model.py").write_text(code)
     extra = [a for m in meta for a in ("--meta", m)]
     extra += ["--batching", batching] if batching else []
-    run_cli("models", "push", model, str(src), "--version", "v1", *extra, data_dir=data)
+    push_source(data, model, code, *extra)
 
 
 @pytest.fixture(scope="module")

@@ -14,23 +14,9 @@ import httpx
 import pytest
 
 from inferd.observability.exposition import Text, _escape
-from tests.conftest import InferdServer, run_cli
+from tests.conftest import InferdServer, arithmetic_model, push_source
 
 pytestmark = pytest.mark.slow
-
-MODEL = """
-import numpy as np
-
-
-class Plus:
-    signature = {
-        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
-        "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1]}],
-    }
-
-    def predict(self, batch):
-        return {"y": (batch["x"] + 1).astype(np.float32)}
-"""
 
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})? (\S+)$")
 LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
@@ -67,10 +53,7 @@ def test_the_text_format_escapes_label_values():
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferdServer]:
     data = tmp_path_factory.mktemp("metrics")
-    src = data / "src"
-    src.mkdir()
-    (src / "model.py").write_text(MODEL)
-    run_cli("models", "push", "plus", str(src), "--version", "v1", data_dir=data)
+    push_source(data, "plus", arithmetic_model("x + 1"))
     env = {
         "INFERD_CACHE__ENABLED": "true",
         "INFERD_INFERENCE_LOG__FLUSH_INTERVAL_S": "0.2",

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.conftest import ROOT, InferdServer, free_port, run_cli
+from tests.conftest import ROOT, InferdServer, arithmetic_model, free_port, push_source
 
 pytestmark = [
     pytest.mark.slow,
@@ -25,19 +25,6 @@ pytestmark = [
     ),
 ]
 DEPLOY = ROOT / "deploy"
-MODEL = """
-import numpy as np
-
-
-class Plus:
-    signature = {
-        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
-        "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1]}],
-    }
-
-    def predict(self, batch):
-        return {"y": (batch["x"] + 1).astype(np.float32)}
-"""
 
 
 def dashboard_expressions() -> list[str]:
@@ -70,10 +57,7 @@ def test_promtool_accepts_the_rules_and_the_config():
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferdServer]:
     data = tmp_path_factory.mktemp("prom-inferd")
-    src = data / "src"
-    src.mkdir()
-    (src / "model.py").write_text(MODEL)
-    run_cli("models", "push", "plus", str(src), "--version", "v1", data_dir=data)
+    push_source(data, "plus", arithmetic_model("x + 1"))
     server = InferdServer(data, workers=1, env={"INFERD_INFERENCE_LOG__FLUSH_INTERVAL_S": "0.2"})
     try:
         server.wait_ready()

@@ -23,7 +23,7 @@ from inferd.api.limits import LocalLimiter, RateLimits
 from inferd.config import Limit, RateLimitConfig, TokenLimit
 from inferd.errors import RateLimited
 from inferd.serving.protocol import TokenChunk
-from tests.conftest import InferdServer, build_tiny_gpt2, run_cli
+from tests.conftest import InferdServer, arithmetic_model, build_tiny_gpt2, push_source, run_cli
 
 
 def test_a_bucket_allows_its_burst_then_refills_at_its_rate():
@@ -85,30 +85,14 @@ def test_a_generation_is_charged_what_it_made_even_when_closed_early():
     asyncio.run(run())
 
 
-MODEL = """
-import numpy as np
-
-
-class Echo:
-    signature = {
-        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
-        "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1]}],
-    }
-
-    def predict(self, batch):
-        return {"y": batch["x"].astype(np.float32)}
-"""
 BODY = {"inputs": [{"x": 1.0}]}
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     data = tmp_path_factory.mktemp("limits")
-    src = data / "src"
-    src.mkdir()
-    (src / "model.py").write_text(MODEL)
     for name in ("a", "b"):
-        run_cli("models", "push", name, str(src), "--version", "v1", data_dir=data)
+        push_source(data, name, arithmetic_model("x"))
     return data
 
 

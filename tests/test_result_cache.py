@@ -16,7 +16,7 @@ import pytest
 
 from inferd.routing.cache import LocalCache, cache_key
 from inferd.serving.protocol import to_tensor
-from tests.conftest import InferdServer, run_cli
+from tests.conftest import InferdServer, arithmetic_model, push_source
 
 
 def test_keys_depend_on_version_and_values_only():
@@ -48,27 +48,9 @@ def test_the_lru_is_bounded_in_bytes_and_entries_expire():
     asyncio.run(run())
 
 
-MODEL = """
-import numpy as np
-
-
-class Plus:
-    signature = {
-        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
-        "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1]}],
-    }
-
-    def predict(self, batch):
-        return {"y": (batch["x"] + OFFSET).astype(np.float32)}
-"""
-
-
 def _push(data: Path, model: str, version: str, offset: float, *meta: str) -> None:
-    src = data / f"src-{model}-{version}"
-    src.mkdir()
-    (src / "model.py").write_text(MODEL.replace("OFFSET", repr(offset)))
     extra = [a for m in meta for a in ("--meta", m)]
-    run_cli("models", "push", model, str(src), "--version", version, *extra, data_dir=data)
+    push_source(data, model, arithmetic_model(f"x + {offset!r}"), *extra, version=version)
 
 
 @pytest.fixture(scope="module")

@@ -215,7 +215,7 @@ def _record(
         None if outcome is None else outcome.cache_hit,
         None,
         None,
-        None if outcome is None else prediction_of(outcome),
+        prediction_of(outcome) if outcome is not None and log.keep_predictions else None,
     )
 
 

@@ -23,7 +23,7 @@ from starlette.responses import Response, StreamingResponse
 from inferd.api.auth import authorize_model
 from inferd.api.http import json_response, read_json, request_id_of
 from inferd.api.limits import TokenBudget, budget_of
-from inferd.config import Settings
+from inferd.config import BatchingConfig, Settings
 from inferd.errors import BadRequest, InferdError, InvalidInput
 from inferd.observability.inference_log import RowBuffer
 from inferd.observability.logging import request_id_var
@@ -37,6 +37,7 @@ from inferd.routing.cache import (
 from inferd.routing.router import Router, Target
 from inferd.runtimes import GENERATIVE
 from inferd.serving import protocol as p
+from inferd.serving.batcher import NAMED_PRIORITIES, named_levels, priority_code
 
 router = APIRouter(prefix="/api/v1", tags=["generation"])
 MAX_STOPS = 4
@@ -76,18 +77,19 @@ def sampling_params(body: dict[str, Any], default_max_tokens: int = 16) -> dict[
         params["logprobs"] = True
     priority = body.get("priority")
     if priority is not None:
-        level = GENERATION_PRIORITIES.get(priority) if isinstance(priority, str) else priority
-        if not isinstance(level, int) or isinstance(level, bool) or not 1 <= level <= 4:
-            raise InvalidInput(
-                f"'priority' must be high, normal, low, batch or a level from 1 to 4, "
-                f"not {priority!r}"
-            )
+        code = priority_code(priority)
+        level = GENERATION_LEVELS.get(code, code)
+        if level not in GENERATION_LEVELS.values():
+            raise InvalidInput(f"'priority' must be a level from 1 to 4, not {priority!r}")
         params["priority"] = level
     return params
 
 
-GENERATION_PRIORITIES = {"high": 1, "normal": 2, "low": 3, "batch": 4}
-"""The engine's levels: waiting generations start best first (see inferd.llm.scheduler)."""
+GENERATION_LEVELS = {
+    NAMED_PRIORITIES[name]: level for name, level in named_levels(BatchingConfig()).items()
+}
+"""Priority codes -> the engine's levels (the default ones: 1 high ... 4 batch); waiting
+generations start best first (see inferd.llm.scheduler)."""
 
 
 def _stops(stop: Any) -> tuple[str, ...]:

@@ -6,7 +6,7 @@ import asyncio
 import os
 import re
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
@@ -15,6 +15,9 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from inferd.errors import BadRequest, InferdError, PayloadTooLarge
+
+if TYPE_CHECKING:
+    from inferd.routing.dataplane import InferOutcome
 
 _JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 
@@ -98,7 +101,9 @@ class DisconnectWatch:
     read (``read_body`` marks the scope); :meth:`stop` once the answer is ready. Until
     then a watch costs a dict entry: one sweep per ``WATCH_AFTER_S`` starts the due ones."""
 
-    __slots__ = ("_born", "_receive", "_scope", "_task", "_watcher", "disconnected")
+    __slots__ = (
+        "_born", "_receive", "_scope", "_sweeper", "_task", "_watcher", "disconnected"
+    )  # fmt: skip
 
     def __init__(self, scope: Scope, receive: Receive) -> None:
         self._scope = scope
@@ -106,7 +111,8 @@ class DisconnectWatch:
         self._task = asyncio.current_task()
         self._watcher: asyncio.Task[None] | None = None
         self.disconnected = False
-        self._born = _sweeper().add(self)
+        self._sweeper = _sweeper()
+        self._born = self._sweeper.add(self)
 
     def _due(self) -> bool:
         """Start watching if the body was read (True: leave the sweep)."""
@@ -125,7 +131,7 @@ class DisconnectWatch:
             self._task.cancel()
 
     def stop(self) -> None:
-        _sweeper().pending.pop(id(self), None)
+        self._sweeper.pending.pop(id(self), None)
         if self._watcher is not None:
             self._watcher.cancel()
             self._watcher = None
@@ -211,6 +217,20 @@ async def read_body(request: Request, limit: int) -> bytes:
         body = bytes(chunks)
     request.scope["inferd.body_read"] = True  # a DisconnectWatch may listen now
     return body
+
+
+def outcome_headers(outcome: InferOutcome, rid: str) -> dict[str, str]:
+    """The headers of a predict reply: request id, the version that answered, and, when
+    they apply, the fallback, the cache result and the degradation to an overflow model."""
+    headers = {"x-request-id": rid, "x-inferd-model-version": outcome.target.version}
+    if outcome.fallback_from is not None:
+        headers["x-inferd-fallback-from"] = outcome.fallback_from
+    if outcome.cache_hit is not None:
+        headers["x-cache"] = "hit" if outcome.cache_hit else "miss"
+    if outcome.degraded_from is not None:
+        headers["x-inferd-degraded-from"] = outcome.degraded_from
+        headers["x-inferd-model"] = outcome.target.model
+    return headers
 
 
 def json_response(

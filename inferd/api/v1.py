@@ -13,7 +13,13 @@ from starlette.responses import Response
 from inferd.api import docs
 from inferd.api.auth import authorize_model
 from inferd.api.codec import columns_to_rows, rows_to_columns
-from inferd.api.http import json_response, read_json, request_id_of, request_timeout
+from inferd.api.http import (
+    json_response,
+    outcome_headers,
+    read_json,
+    request_id_of,
+    request_timeout,
+)
 from inferd.errors import BadRequest, InvalidInput, PayloadTooLarge
 from inferd.observability.logging import request_id_var
 from inferd.routing.dataplane import DataPlane, InferOutcome
@@ -42,14 +48,7 @@ def _params(body: dict[str, Any]) -> tuple[str | None, float | None, str | None,
     timeout_ms = params.get("timeout_ms")
     if timeout_ms is not None and (not isinstance(timeout_ms, int | float) or timeout_ms <= 0):
         raise InvalidInput("'params.timeout_ms' must be a positive number")
-    priority = params.get("priority", 0)
-    try:
-        priority = priority_code(priority)
-    except InvalidInput:
-        raise InvalidInput(
-            "'params.priority' must be high, normal, low, batch or a level number >= 1, "
-            f"not {priority!r}"
-        ) from None
+    priority = priority_code(params.get("priority", 0), "'params.priority'")
     return version, timeout_ms / 1000 if timeout_ms else None, user, priority
 
 
@@ -82,18 +81,6 @@ async def _run(request: Request, model: str, body: Any, rows_key: str) -> tuple[
     return outcome, rid
 
 
-def _headers(outcome: InferOutcome, rid: str) -> dict[str, str]:
-    headers = {"x-request-id": rid, "x-inferd-model-version": outcome.target.version}
-    if outcome.fallback_from is not None:
-        headers["x-inferd-fallback-from"] = outcome.fallback_from
-    if outcome.cache_hit is not None:
-        headers["x-cache"] = "hit" if outcome.cache_hit else "miss"
-    if outcome.degraded_from is not None:
-        headers["x-inferd-degraded-from"] = outcome.degraded_from
-        headers["x-inferd-model"] = outcome.target.model
-    return headers
-
-
 def _answered_by(outcome: InferOutcome, model: str) -> dict[str, Any]:
     """``model`` and ``version`` of a reply: the model asked for, unless its overflow
     model answered (then that one, and ``degraded_from`` the one asked for)."""
@@ -120,7 +107,7 @@ async def predict(model: str, request: Request) -> Response:
             "latency_ms": round(outcome.latency_ms, 3),
             "request_id": rid,
         },
-        headers=_headers(outcome, rid),
+        headers=outcome_headers(outcome, rid),
     )
 
 
@@ -146,7 +133,7 @@ async def predict_one(request: Request) -> Response:
         result["outputs"] = row
     result["latency_ms"] = round(outcome.latency_ms, 3)
     result["request_id"] = rid
-    return json_response(result, headers=_headers(outcome, rid))
+    return json_response(result, headers=outcome_headers(outcome, rid))
 
 
 @router.get("/models", tags=["registry"])

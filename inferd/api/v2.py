@@ -24,6 +24,7 @@ from starlette.responses import Response
 from inferd import __version__
 from inferd.api.http import (
     json_response,
+    outcome_headers,
     parse_json,
     read_body,
     request_id_of,
@@ -175,13 +176,8 @@ async def infer(request: Request, model: str, version: str | None = None) -> Res
     }
     if isinstance(body.get("id"), str):
         reply["id"] = body["id"]
-    headers = {"x-request-id": rid, "x-inferd-model-version": target.version}
-    if outcome.fallback_from is not None:
-        headers["x-inferd-fallback-from"] = outcome.fallback_from
-    if outcome.cache_hit is not None:
-        headers["x-cache"] = "hit" if outcome.cache_hit else "miss"
+    headers = outcome_headers(outcome, rid)
     if outcome.degraded_from is not None:  # model_name says which model answered
-        headers["x-inferd-degraded-from"] = outcome.degraded_from
         reply["parameters"] = {"degraded_from": outcome.degraded_from}
     if not blobs:
         return json_response(reply, headers=headers)
@@ -229,14 +225,7 @@ def schedule_policy(params: dict[str, Any]) -> tuple[int, float | None]:
     timeout_us = params.get("timeout", 0)
     if not isinstance(timeout_us, int) or isinstance(timeout_us, bool) or timeout_us < 0:
         raise InvalidInput(f"parameter 'timeout' must be an integer >= 0, not {timeout_us!r}")
-    priority = params.get("priority", 0)
-    try:
-        priority = priority_code(priority)
-    except InvalidInput:
-        raise InvalidInput(
-            f"parameter 'priority' must be an integer >= 0 or high, normal, low, batch, "
-            f"not {priority!r}"
-        ) from None
+    priority = priority_code(params.get("priority", 0), "parameter 'priority'")
     return priority, timeout_us / 1e6 if timeout_us else None
 
 

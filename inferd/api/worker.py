@@ -44,7 +44,9 @@ async def run_gateway(settings: Settings, control_socket: Path) -> None:
     registry = Registry(settings.resolved_database_url, settings.artifact_dir, migrate=False)
     # Rows go to the server even with the log off: /metrics counts requests from them.
     cfg = settings.inference_log
-    inference_log = LogShipper(router.send_log_rows, cfg.flush_interval_s, cfg.max_buffer_rows)
+    inference_log = LogShipper(
+        router.send_log_rows, cfg.flush_interval_s, cfg.max_buffer_rows, cfg.enabled
+    )
     inference_log.start()
     cache = None
     if settings.cache.enabled:

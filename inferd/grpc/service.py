@@ -181,7 +181,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             raise
         self._log(
             request, started, 200, response.model_version, outcome.fallback_from,
-            prediction_of(outcome),
+            prediction_of(outcome) if self.inference_log.keep_predictions else None,
         )  # fmt: skip
         return response
 

@@ -58,6 +58,10 @@ class RowBuffer:
     """Rows recorded by request handlers, bounded: past ``max_buffer_rows`` new rows are
     dropped and counted. ``record`` and ``drain`` are safe from different threads."""
 
+    keep_predictions = True
+    """Rows carry what single-row requests predicted (for feedback); off when the rows
+    only feed /metrics (the log itself is off)."""
+
     def __init__(self, max_buffer_rows: int = 100_000) -> None:
         self.max_buffer_rows = max_buffer_rows
         self.dropped = 0
@@ -115,8 +119,10 @@ class LogShipper(RowBuffer):
         send: Callable[[list[Row], dict[str, int]], bool],
         flush_interval_s: float = 1.0,
         max_buffer_rows: int = 100_000,
+        keep_predictions: bool = True,
     ) -> None:
         super().__init__(max_buffer_rows)
+        self.keep_predictions = keep_predictions
         self._send = send
         self.flush_interval_s = flush_interval_s
         self._task: asyncio.Task[None] | None = None

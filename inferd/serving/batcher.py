@@ -58,15 +58,15 @@ def named_levels(config: BatchingConfig) -> dict[str, int]:
     return {"high": 1, "normal": normal, "low": min(normal + 1, last), "batch": last}
 
 
-def priority_code(value: object) -> int:
+def priority_code(value: object, field: str = "'priority'") -> int:
     """A request's ``priority`` as it travels: a level number (0: the default) or a
-    name's code; raises InvalidInput for anything else."""
+    name's code; InvalidInput naming ``field`` (as the request spells it) otherwise."""
     if isinstance(value, str) and value in NAMED_PRIORITIES:
         return NAMED_PRIORITIES[value]
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
     raise InvalidInput(
-        f"priority must be high, normal, low, batch or a level number >= 1, not {value!r}"
+        f"{field} must be high, normal, low, batch or a level number >= 1, not {value!r}"
     )
 
 
