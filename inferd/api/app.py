@@ -41,6 +41,7 @@ from inferd.api.limits import RateLimitGate, RateLimits, rate_limits_for
 from inferd.api.status import StatusView
 from inferd.config import Settings
 from inferd.errors import InferdError
+from inferd.observability import tracing
 from inferd.observability.inference_log import RowBuffer
 from inferd.registry import Registry
 from inferd.routing.cache import ResultCache
@@ -102,6 +103,10 @@ def create_app(
         from inferd.api.auth import Authenticator, AuthGate
 
         app_ = AuthGate(app_, Authenticator(settings.auth, registry.keys))
+    if tracing.tracer is not None:  # outermost: a refused credential is a traced request too
+        from inferd.api.tracing import TracingGate
+
+        app_ = TracingGate(app_, tracing.tracer)
     return app_
 
 
@@ -121,17 +126,18 @@ class FastPath:
         self.app = app
         self.state = app.state
         self._routes = [
-            (method, re.compile("^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", path) + "$"), h, api)
-            for (method, path), (h, api) in routes.items()
+            (method, _pattern(path), handler, api, path)
+            for (method, path), (handler, api) in routes.items()
         ]
         self._log = inference_log
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            for method, pattern, handler, api in self._routes:
+            for method, pattern, handler, api, route in self._routes:
                 if scope["method"] == method and (match := pattern.match(scope["path"])):
                     started = time.perf_counter()
                     scope["app"] = self.app
+                    scope["inferd.route"] = route
                     request = Request(scope, receive)
                     params = match.groupdict()
                     watch = DisconnectWatch(scope, receive)
@@ -154,6 +160,11 @@ class FastPath:
                 await _watched(self.app, scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def _pattern(route: str) -> re.Pattern[str]:
+    """``/models/{model}/infer`` -> a regex with a named group per parameter."""
+    return re.compile("^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", route) + "$")
 
 
 GENERATION_PATHS = re.compile(

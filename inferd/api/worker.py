@@ -9,6 +9,7 @@ connections, and exits when it loses the controller.
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ import uvicorn
 from inferd.api.app import create_app
 from inferd.api.limits import rate_limits_for
 from inferd.config import Settings
+from inferd.observability import tracing
 from inferd.observability.inference_log import LogShipper
 from inferd.observability.logging import configure_logging
 from inferd.process import die_with_parent
@@ -79,7 +81,7 @@ async def run_gateway(settings: Settings, control_socket: Path) -> None:
 
         grpc_server = await start_server(router, registry, settings, inference_log, cache, limits)
     loop = asyncio.get_running_loop()
-    loop.call_soon(lambda: print("LISTENING", flush=True))
+    loop.call_soon(_listening)
     stopping = None
     if grpc_server is not None:
         stopping = loop.create_task(_stop_grpc_with(server, grpc_server, settings))
@@ -97,6 +99,14 @@ async def run_gateway(settings: Settings, control_socket: Path) -> None:
         registry.close()
 
 
+def _listening() -> None:
+    """Tell the server this gateway accepts connections (its one line of stdout), then
+    point stdout at stderr: nobody reads the pipe after that line, and anything else
+    printed (a console trace exporter, a library) would fill it and block the process."""
+    print("LISTENING", flush=True)
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+
+
 async def _stop_grpc_with(server: uvicorn.Server, grpc_server: Any, settings: Settings) -> None:
     """When the HTTP server starts its graceful shutdown, gRPC does too: new calls are
     refused, running ones get the same grace, then are cancelled."""
@@ -110,9 +120,13 @@ def main() -> None:
     control = Path(sys.argv[2])
     configure_logging(settings.log_level, settings.log_json, "gateway")
     die_with_parent()
+    tracing.configure("gateway")
     import uvloop
 
-    uvloop.run(run_gateway(settings, control))
+    try:
+        uvloop.run(run_gateway(settings, control))
+    finally:
+        tracing.shutdown()
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ from inferd.grpc import grpc_service_pb2 as pb
 from inferd.grpc import grpc_service_pb2_grpc as pb_grpc
 from inferd.grpc.auth import allowed
 from inferd.grpc.limits import RateLimitInterceptor, grpc_client
+from inferd.observability import tracing
 from inferd.observability.inference_log import RowBuffer
 from inferd.observability.logging import request_id_var
 from inferd.registry import Registry
@@ -485,6 +486,10 @@ async def start_server(
     processes with SO_REUSEPORT). ``limits``: the gateway process's rate limits, the
     same object its HTTP app uses."""
     interceptors: list[grpc.aio.ServerInterceptor] = []
+    if tracing.tracer is not None:  # first: its span covers auth and limits
+        from inferd.grpc.tracing import TracingInterceptor
+
+        interceptors.append(TracingInterceptor(tracing.tracer))
     if settings.auth.enabled:
         from inferd.api.auth import Authenticator
         from inferd.grpc.auth import AuthInterceptor

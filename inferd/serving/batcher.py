@@ -79,6 +79,18 @@ def priority_name(config: BatchingConfig, level: int) -> str:
 
 
 @dataclass(slots=True)
+class BatchTrace:
+    """A traced request's timing: when it arrived, and, filled when its batch computed,
+    the batch's wall-clock start and end (``time.time_ns``, as spans take them) and size."""
+
+    arrived_ns: int = 0
+    started_ns: int = 0
+    ended_ns: int = 0
+    rows: int = 0
+    requests: int = 0
+
+
+@dataclass(slots=True)
 class _Pending:
     inputs: Columns
     rows: int
@@ -86,6 +98,7 @@ class _Pending:
     future: asyncio.Future[Columns]
     arrived: float = field(default_factory=time.monotonic)
     priority: int = 0
+    trace: BatchTrace | None = None
 
 
 @dataclass(slots=True)
@@ -159,8 +172,14 @@ class DynamicBatcher:
         return not self._levels and not self.busy
 
     def submit(
-        self, inputs: Columns, rows: int, timeout_s: float, priority: int = 0
+        self,
+        inputs: Columns,
+        rows: int,
+        timeout_s: float,
+        priority: int = 0,
+        trace: BatchTrace | None = None,
     ) -> asyncio.Future[Columns]:
+        """Queue one request; ``trace``, when given, is filled with its batch's timing."""
         config = self._config
         if priority < 0 and priority in self._named:
             level = self._named[priority]
@@ -188,7 +207,8 @@ class DynamicBatcher:
         queue = self._levels.get(level)
         if queue is None:
             queue = self._levels[level] = deque()
-        queue.append(_Pending(inputs, rows, time.monotonic() + timeout_s, future, priority=level))
+        deadline = time.monotonic() + timeout_s
+        queue.append(_Pending(inputs, rows, deadline, future, priority=level, trace=trace))
         self._queued_rows += rows
         self._wakeup.set()
         return future
@@ -304,6 +324,7 @@ class DynamicBatcher:
             names = batch[0].inputs.keys()
             inputs = {n: np.concatenate([p.inputs[n] for p in batch]) for n in names}
         rows = sum(p.rows for p in batch)
+        started_ns = time.time_ns()
         started = time.perf_counter()
         try:
             outputs = await loop.run_in_executor(self._executor, self._predict, inputs)
@@ -319,6 +340,14 @@ class DynamicBatcher:
             self.stats.batches += 1
             self.stats.rows += rows
             self.stats.requests += len(batch)
+            for p in batch:  # before the futures' callbacks run
+                if p.trace is not None:
+                    p.trace.started_ns, p.trace.rows, p.trace.requests = (
+                        started_ns,
+                        rows,
+                        len(batch),
+                    )
+                    p.trace.ended_ns = started_ns + int(elapsed * 1e9)
         self.compute.observe(elapsed, len(batch))
         self.batch_rows.observe(rows)
         start = 0

@@ -23,6 +23,7 @@ from inferd.errors import (
     PayloadTooLarge,
     RequestTimeout,
 )
+from inferd.observability import tracing
 from inferd.serving import protocol as p
 from inferd.serving.batcher import Columns
 
@@ -137,6 +138,8 @@ class ReplicaClient:
             next(self._ids), inputs, rows, timeout_s * 1000, request_id, priority, reference,
             tolerance,
         )  # fmt: skip
+        if tracing.tracer is not None:
+            return await self._traced_infer(tracing.tracer, message, timeout_s)
         self.outstanding += 1
         try:
             reply = await self._call(message, timeout_s)
@@ -145,6 +148,23 @@ class ReplicaClient:
         if isinstance(reply, p.InferResult):
             return {name: p.from_tensor(t) for name, t in reply.outputs.items()}
         raise _as_error(reply)
+
+    async def _traced_infer(self, tracer: Any, message: p.Infer, timeout_s: float) -> Columns:
+        """:meth:`infer` inside a CLIENT span whose context travels in the frame."""
+        from opentelemetry.trace import SpanKind
+
+        name = "inferd.replica shadow" if message.reference is not None else "inferd.replica infer"
+        attributes = {"inferd.replica": self.replica_id, "inferd.rows": message.rows}
+        with tracer.start_as_current_span(name, kind=SpanKind.CLIENT, attributes=attributes):
+            message.trace = tracing.carrier()
+            self.outstanding += 1
+            try:
+                reply = await self._call(message, timeout_s)
+            finally:
+                self.outstanding -= 1
+            if isinstance(reply, p.InferResult):
+                return {name: p.from_tensor(t) for name, t in reply.outputs.items()}
+            raise _as_error(reply)
 
     async def generate(
         self,
@@ -170,7 +190,12 @@ class ReplicaClient:
         self._streams[mid] = queue
         self.outstanding += 1
         finished = False
-        transport.write(p.encode(p.Generate(mid, prompt, params, adapter, request_id, arrived_at)))
+        message = p.Generate(mid, prompt, params, adapter, request_id, arrived_at)
+        span = None
+        if tracing.tracer is not None:
+            span = tracing.client_span("inferd.replica generate", self.replica_id)
+            message.trace = tracing.carrier(span)
+        transport.write(p.encode(message))
         wait_s = idle_timeout_s if first_timeout_s is None else first_timeout_s
         try:
             while not finished:
@@ -191,6 +216,8 @@ class ReplicaClient:
             self._streams.pop(mid, None)
             if not finished and self._transport is not None:
                 self._transport.write(p.encode(p.Cancel(mid)))
+            if span is not None:
+                span.end()
 
     async def adapter(self, name: str, path: str | None, timeout_s: float = 60.0) -> p.Status:
         reply = await self._call(p.Adapter(next(self._ids), name, path), timeout_s)

@@ -45,6 +45,8 @@ class Infer(msgspec.Struct, tag="infer", array_like=True):
     """A mirrored (shadow) request: the live version's answer. The replica compares its
     own with it (within ``tolerance``), counts the outcome, and answers no outputs."""
     tolerance: float = 0.0
+    trace: dict[str, str] | None = None
+    """The caller's span context (``traceparent``, ...) when tracing is on."""
 
 
 class InferResult(msgspec.Struct, tag="result", array_like=True):
@@ -100,6 +102,8 @@ class Generate(msgspec.Struct, tag="generate", array_like=True):
     arrived_at: float = 0.0
     """Wall-clock time (``time.time()``) the request reached the gateway; 0 = unknown.
     The origin of the replica's queue-time, TTFT and latency metrics."""
+    trace: dict[str, str] | None = None
+    """The caller's span context (``traceparent``, ...) when tracing is on."""
 
 
 class TokenChunk(msgspec.Struct, tag="tokens", array_like=True):

@@ -29,7 +29,7 @@ from inferd.observability.metrics import REQUEST_BUCKETS_S, Histogram, Sketch
 from inferd.process import die_with_parent
 from inferd.runtimes import load_runtime
 from inferd.runtimes.base import Runtime, RuntimeConfig, Signature
-from inferd.serving.batcher import Columns, DynamicBatcher
+from inferd.serving.batcher import BatchTrace, Columns, DynamicBatcher
 from inferd.serving.protocol import from_tensor
 from inferd.serving.spec import ReplicaSpec
 
@@ -73,12 +73,18 @@ class ReplicaCore:
         return runtime
 
     def submit(
-        self, inputs: Columns, rows: int, timeout_s: float, priority: int = 0
+        self,
+        inputs: Columns,
+        rows: int,
+        timeout_s: float,
+        priority: int = 0,
+        trace: BatchTrace | None = None,
     ) -> asyncio.Future[Columns]:
         if self.batcher is None or self.state not in ("ready", "draining"):
             raise ModelNotReady(f"replica is {self.state}")
         self._check_inputs(inputs, rows)
-        future = self.batcher.submit(inputs, rows, min(timeout_s, self._queue_timeout_s), priority)
+        timeout_s = min(timeout_s, self._queue_timeout_s)
+        future = self.batcher.submit(inputs, rows, timeout_s, priority, trace)
         self.inflight += 1
         future.add_done_callback(functools.partial(self._done, time.perf_counter()))
         return future
@@ -227,6 +233,7 @@ def error_status(exc: BaseException) -> tuple[str, str, int, int]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from inferd.observability import tracing
     from inferd.observability.logging import configure_logging
     from inferd.serving.replica_server import run_replica
 
@@ -235,12 +242,22 @@ def main(argv: list[str] | None = None) -> None:
     grace_s = float(args[1]) if len(args) > 1 else 30.0
     configure_logging(spec.log_level, spec.log_json, f"replica {spec.model}:{spec.version}")
     die_with_parent()
+    tracing.configure(
+        "replica",
+        {
+            "inferd.model": spec.model,
+            "inferd.version": spec.version,
+            "inferd.replica": spec.replica_id,
+        },
+    )
     try:
         import uvloop
 
         uvloop.run(run_replica(spec, grace_s))
     except ImportError:
         asyncio.run(run_replica(spec, grace_s))
+    finally:
+        tracing.shutdown()
 
 
 if __name__ == "__main__":

@@ -14,13 +14,14 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from inferd.errors import InferdError
+from inferd.observability import tracing
 from inferd.observability.logging import request_id_var
 from inferd.serving import protocol as p
-from inferd.serving.batcher import Columns
+from inferd.serving.batcher import BatchTrace, Columns
 from inferd.serving.replica import ReplicaCore, error_status
 from inferd.serving.spec import ReplicaSpec
 
@@ -39,6 +40,7 @@ class ReplicaProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.pending: dict[int, asyncio.Future[Columns]] = {}
         self.generations: dict[int, str] = {}  # frame id -> engine request id
+        self.spans: dict[int, tracing.GenerationSpan] = {}  # traced generations, by frame id
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -50,6 +52,9 @@ class ReplicaProtocol(asyncio.Protocol):
         for rid in self.generations.values():
             self.core.cancel(rid)  # the gateway is gone: free the sequences' blocks now
         self.generations.clear()
+        for span in self.spans.values():
+            span.cancelled()
+        self.spans.clear()
         self.transport = None
 
     def data_received(self, data: bytes) -> None:
@@ -66,12 +71,7 @@ class ReplicaProtocol(asyncio.Protocol):
             elif isinstance(message, p.Generate):
                 self._generate(message)
             elif isinstance(message, p.Cancel):
-                future = self.pending.pop(message.id, None)
-                if future is not None:
-                    future.cancel()
-                rid = self.generations.pop(message.id, None)
-                if rid is not None:
-                    self.core.cancel(rid)
+                self._cancel(message.id)
             elif isinstance(message, p.Adapter):
                 self._adapter(message)
             elif isinstance(message, p.StatusQuery):
@@ -79,6 +79,16 @@ class ReplicaProtocol(asyncio.Protocol):
             elif isinstance(message, p.Drain):
                 self.on_drain.set()
                 self._send(self._status(message.id))
+
+    def _cancel(self, frame_id: int) -> None:
+        future = self.pending.pop(frame_id, None)
+        if future is not None:
+            future.cancel()
+        rid = self.generations.pop(frame_id, None)
+        if rid is not None:
+            self.core.cancel(rid)
+            if (span := self.spans.pop(frame_id, None)) is not None:
+                span.cancelled()
 
     def _status(self, request_id: int) -> p.Status:
         core = self.core
@@ -94,19 +104,33 @@ class ReplicaProtocol(asyncio.Protocol):
         )
 
     def _infer(self, message: p.Infer) -> None:
+        trace = None
+        if message.trace is not None and tracing.tracer is not None:
+            trace = BatchTrace(time.time_ns())
         try:
             inputs = {name: p.from_tensor(t) for name, t in message.inputs.items()}
             future = self.core.submit(
-                inputs, message.rows, message.timeout_ms / 1000, message.priority
+                inputs, message.rows, message.timeout_ms / 1000, message.priority, trace
             )
         except Exception as exc:
             self._send(p.Error(message.id, *error_status(exc)))
+            if trace is not None:
+                self._traced(message, trace, exc)
             return
         self.pending[message.id] = future
-        future.add_done_callback(functools.partial(self._reply, message.id, message))
+        future.add_done_callback(functools.partial(self._reply, message.id, message, trace))
 
-    def _reply(self, request_id: int, message: p.Infer, future: asyncio.Future[Columns]) -> None:
+    def _reply(
+        self,
+        request_id: int,
+        message: p.Infer,
+        trace: BatchTrace | None,
+        future: asyncio.Future[Columns],
+    ) -> None:
         self.pending.pop(request_id, None)
+        if trace is not None:
+            cancelled = future.cancelled()
+            self._traced(message, trace, None if cancelled else future.exception(), cancelled)
         if future.cancelled():
             return
         exc = future.exception()
@@ -130,11 +154,25 @@ class ReplicaProtocol(asyncio.Protocol):
             return
         self._send(p.InferResult(request_id, outputs))
 
+    def _traced(
+        self,
+        message: p.Infer,
+        trace: BatchTrace,
+        error: BaseException | None,
+        cancelled: bool = False,
+    ) -> None:
+        assert message.trace is not None
+        tracing.record_replica_infer(
+            message.trace, trace.arrived_ns, trace, message.request_id,
+            self.core.spec.framework, None if error is None else error_status(error)[:3],
+            cancelled,
+        )  # fmt: skip
+
     def _generate(self, message: p.Generate) -> None:
         rid = f"{id(self):x}-{message.id}"
 
-        def sink(out: TokenOutput | InferdError) -> None:
-            if isinstance(out, InferdError):  # refused after it was accepted (queue timeout)
+        def send(out: TokenOutput | BaseException) -> None:
+            if isinstance(out, BaseException):  # refused, or failed after it was accepted
                 self.generations.pop(message.id, None)
                 self._send(p.Error(message.id, *error_status(out)))
                 return
@@ -146,6 +184,9 @@ class ReplicaProtocol(asyncio.Protocol):
                 None if out.logprob is None else [out.logprob],
             ))  # fmt: skip
 
+        sink: Callable[[Any], None] = send
+        if message.trace is not None and tracing.tracer is not None:
+            sink = self._traced_sink(message, send)
         try:
             arrived = None
             if message.arrived_at > 0:  # the gateway's wall clock on this replica's monotonic one
@@ -154,16 +195,30 @@ class ReplicaProtocol(asyncio.Protocol):
                 rid, message.prompt, message.params, message.adapter, sink, arrived
             )
         except Exception as exc:
-            self._send(p.Error(message.id, *error_status(exc)))
+            sink(exc)
             return
         self.generations[message.id] = rid
 
         def refused(future: asyncio.Future[None]) -> None:
-            if future.exception() is not None:
-                self.generations.pop(message.id, None)
-                self._send(p.Error(message.id, *error_status(future.exception())))  # type: ignore[arg-type]
+            if (exc := future.exception()) is not None:
+                sink(exc)
 
         asyncio.wrap_future(accepted).add_done_callback(refused)
+
+    def _traced_sink(
+        self, message: p.Generate, sink: Callable[[Any], None]
+    ) -> Callable[[Any], None]:
+        """``sink`` that also keeps the generation's span (:class:`GenerationSpan`)."""
+        assert message.trace is not None
+        span = self.spans[message.id] = tracing.GenerationSpan(message.trace, message.request_id)
+
+        def traced(out: TokenOutput | BaseException) -> None:
+            span.update(out)
+            if span.ended:
+                self.spans.pop(message.id, None)
+            sink(out)
+
+        return traced
 
     def _adapter(self, message: p.Adapter) -> None:
         def done(future: asyncio.Future[dict[str, Any]]) -> None:
