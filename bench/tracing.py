@@ -3,9 +3,10 @@
     .venv/bin/python bench/tracing.py [--duration 12] [--rounds 3] [--connections 64]
 
 Serves the demo fraud model (XGBoost, 30 features) with ``inferd serve`` once per
-variant and round, in alternating order: tracing off (no OTEL_* variables), on with
-every request sampled, and on with 1 % sampled (``OTEL_TRACES_SAMPLER=traceidratio``,
-``OTEL_TRACES_SAMPLER_ARG=0.01``), exporting over OTLP/HTTP to a collector this script
+variant and round, in alternating order: tracing off (no OTEL_* variables), on with no
+request sampled (``OTEL_TRACES_SAMPLER=always_off``: the cost of the sampling decision),
+on with 1 % sampled (``OTEL_TRACES_SAMPLER=traceidratio``, ``OTEL_TRACES_SAMPLER_ARG=0.01``)
+and on with every request sampled, exporting over OTLP/HTTP to a collector this script
 runs that reads each export and answers 200 without decoding it (a real collector runs
 elsewhere; this one's CPU is still taken from the same 2 cores). Closed-loop load from
 ``inferd bench`` (or ``wrk``); medians over rounds and the ratios to "off"; writes
@@ -72,6 +73,7 @@ def main() -> None:
     traced = {**quiet, "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint}
     variants = {
         "off": quiet,
+        "none sampled": {**traced, "OTEL_TRACES_SAMPLER": "always_off"},
         "all sampled": traced,
         "1% sampled": {
             **traced,

@@ -16,7 +16,8 @@ class TracingGate:
     """Outermost ASGI layer: the request's span (continuing the caller's ``traceparent``)
     is the current one while the app runs, so replica calls become its children. Named
     ``METHOD route`` (the route template, low cardinality), with the status code, request
-    id, and the model and version that answered when the request reached one."""
+    id, and the model and version that answered when the request reached one. A request
+    the sampler drops costs the sampling decision only (the app runs unwrapped)."""
 
     def __init__(self, app: ASGIApp, tracer: Any) -> None:
         self.app = app
@@ -28,12 +29,12 @@ class TracingGate:
             return
         method = scope["method"]
         parent = tracing.context_from(tracing.asgi_headers(scope["headers"]))
-        span = self.tracer.start_span(
-            method,
-            context=parent,
-            kind=trace.SpanKind.SERVER,
-            attributes={"http.request.method": method, "url.path": scope["path"]},
-        )
+        span = self.tracer.start_span(method, context=parent, kind=trace.SpanKind.SERVER)
+        if not span.is_recording():  # not sampled: nothing more to do, nothing to pass on
+            await self.app(scope, receive, send)
+            return
+        span.set_attribute("http.request.method", method)
+        span.set_attribute("url.path", scope["path"])
         status = 0
 
         async def sending(message: Message) -> None:

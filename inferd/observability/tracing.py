@@ -20,10 +20,14 @@ sends one, over HTTP headers or gRPC metadata):
   ``inference.GRPCInferenceService/ModelInfer`` — status code, request id, model, version;
 - gateway, CLIENT: ``inferd.replica infer`` / ``generate`` — the call to one replica; its
   context travels in the replica frame (``trace``, a propagator carrier);
-- replica, SERVER: ``inferd.replica infer`` — arrival to answer, with children
-  ``inferd.queue`` (waiting for a batch) and ``inferd.runtime predict`` (the batch's
-  compute: rows, requests, framework); generations: ``inferd.replica generate`` with a
+- replica, SERVER: ``inferd.replica infer`` — arrival to answer, its wait for a batch as
+  ``inferd.queue_ms``, with a child ``inferd.runtime predict`` (the batch's compute:
+  rows, requests, framework); generations: ``inferd.replica generate`` with a
   ``first_token`` event and token counts.
+
+Sampling is decided once, by the gateway (``OTEL_TRACES_SAMPLER``, default: follow the
+caller's decision, else sample all): the context travels to the replica only when the
+gateway's span records, so an unsampled request costs the replica nothing.
 """
 
 from __future__ import annotations
@@ -152,6 +156,14 @@ def carrier(span: Span | None = None) -> dict[str, str]:
     return headers
 
 
+def recording() -> bool:
+    """Whether the current span records (this request was sampled): an unsampled one
+    gets no child spans and its context is not sent on, so it costs nothing further."""
+    from opentelemetry import trace
+
+    return bool(trace.get_current_span().is_recording())
+
+
 def client_span(name: str, replica: str) -> Span:
     """A CLIENT span, child of the current one, for a call to ``replica`` that outlives
     the current context (a stream): the caller ends it."""
@@ -162,14 +174,20 @@ def client_span(name: str, replica: str) -> Span:
 
 
 def context_from(headers: Mapping[str, str] | None) -> Any:
-    """The context a caller sent (``traceparent``, ...); the empty context otherwise."""
+    """The context a caller sent (``traceparent``, ...); None (a new trace) otherwise."""
+    if not headers:
+        return None
     from opentelemetry.propagate import extract
 
-    return extract(dict(headers) if headers else {})
+    return extract(headers)
+
+
+PROPAGATION_HEADERS = (b"traceparent", b"tracestate", b"baggage")
 
 
 def asgi_headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
-    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in raw}
+    """The propagation headers of an ASGI request (the others are not read)."""
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in raw if k in PROPAGATION_HEADERS}
 
 
 def failed(span: Span, code: str, message: str, status: int) -> None:
@@ -196,10 +214,10 @@ def record_replica_infer(
     cancelled: bool = False,
 ) -> None:
     """A replica's spans for one answered predict, after the fact: ``inferd.replica
-    infer`` from arrival to now, its ``inferd.queue`` wait and the ``inferd.runtime
-    predict`` of its batch (``batch``: a filled :class:`inferd.serving.batcher.BatchTrace`;
-    not filled when the request never reached a batch). ``error``: (code, message,
-    status) of its failure."""
+    infer`` from arrival to now (its wait for a batch as ``inferd.queue_ms``) and the
+    ``inferd.runtime predict`` of its batch (``batch``: a filled
+    :class:`inferd.serving.batcher.BatchTrace`; not filled when the request never reached
+    a batch). ``error``: (code, message, status) of its failure."""
     from opentelemetry import trace
 
     if tracer is None:
@@ -213,11 +231,10 @@ def record_replica_infer(
         attributes=attributes,
     )
     if batch.started_ns:
-        inside = trace.set_span_in_context(span)
-        tracer.start_span("inferd.queue", inside, start_time=arrived_ns).end(batch.started_ns)
+        span.set_attribute("inferd.queue_ms", (batch.started_ns - arrived_ns) / 1e6)
         compute = tracer.start_span(
             "inferd.runtime predict",
-            inside,
+            trace.set_span_in_context(span),
             start_time=batch.started_ns,
             attributes={
                 "inferd.runtime": framework,

@@ -138,7 +138,7 @@ class ReplicaClient:
             next(self._ids), inputs, rows, timeout_s * 1000, request_id, priority, reference,
             tolerance,
         )  # fmt: skip
-        if tracing.tracer is not None:
+        if tracing.tracer is not None and tracing.recording():
             return await self._traced_infer(tracing.tracer, message, timeout_s)
         self.outstanding += 1
         try:
@@ -192,7 +192,7 @@ class ReplicaClient:
         finished = False
         message = p.Generate(mid, prompt, params, adapter, request_id, arrived_at)
         span = None
-        if tracing.tracer is not None:
+        if tracing.tracer is not None and tracing.recording():
             span = tracing.client_span("inferd.replica generate", self.replica_id)
             message.trace = tracing.carrier(span)
         transport.write(p.encode(message))
