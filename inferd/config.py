@@ -105,6 +105,9 @@ class AuthConfig(BaseModel):
     jwt_issuer: str | None = None
     jwt_scopes_claim: str = "scope"
     """The claim holding the token's scopes (space-separated or a list)."""
+    internal_token: str | None = Field(None, repr=False)
+    """Set by the server at start for its own job runner (never configure it): the
+    credential with which the runner calls the gateways."""
 
 
 class Limit(BaseModel):
@@ -186,6 +189,38 @@ class InferenceLogConfig(BaseModel):
     """PostgreSQL: daily partitions created ahead of time."""
 
 
+class JobsConfig(BaseModel):
+    """Batch jobs and asynchronous requests (see :mod:`inferd.jobs`)."""
+
+    chunk_items: int = Field(256, ge=1, le=4096)
+    """Inputs per queue message (and per request the runner sends)."""
+    concurrency: int = Field(4, ge=1, le=256)
+    """Chunks the server's runner has in flight at once."""
+    lease_s: float = Field(60.0, gt=0)
+    """A chunk not acknowledged within this time (its runner died) is delivered again."""
+    max_items: int = Field(1_000_000, ge=1)
+    """Most inputs in one batch job (413 beyond)."""
+    max_body_bytes: int = Field(256 * 1024 * 1024, ge=1024)
+    """Largest ``POST /api/v1/batch`` body (inputs inline); larger jobs name a file."""
+    input_roots: list[Path] = Field(default_factory=list)
+    """Folders a job's local ``input_uri`` may name files in (default: <data_dir>/inputs);
+    a path elsewhere is refused (403), so the API cannot read the server's other files.
+    Remote URLs (``s3://``, ``gs://``, ``https://``, ...) are read through fsspec."""
+    keep_s: float = Field(7 * 86400.0, gt=0)
+    """How long a finished batch job and its results are kept."""
+    request_keep_s: float = Field(86400.0, gt=0)
+    """How long an asynchronous request's result is kept."""
+    callback_secret: str | None = None
+    """Signs callbacks (HMAC-SHA256); None: they are sent unsigned."""
+    callback_attempts: int = Field(8, ge=1, le=100)
+    callback_timeout_s: float = Field(10.0, gt=0)
+    callback_first_delay_s: float = Field(1.0, gt=0)
+    """Backoff before the second attempt; it doubles (up to 5 min), with full jitter."""
+    runner: bool = True
+    """Run the job runner in this server (several servers may share a Redis or Kafka
+    queue; each one's runner takes its share)."""
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="INFERD_", env_nested_delimiter="__", extra="ignore"
@@ -211,13 +246,17 @@ class Settings(BaseSettings):
     batching: BatchingConfig = Field(default_factory=lambda: BatchingConfig())
     """Default dynamic batching for versions that do not set their own."""
     llm: LLMConfig = Field(default_factory=lambda: LLMConfig())
+    """Engine settings for generative (GPT-2-family) models."""
     inference_log: InferenceLogConfig = Field(default_factory=lambda: InferenceLogConfig())
     auth: AuthConfig = Field(default_factory=lambda: AuthConfig())
     rate_limits: RateLimitConfig = Field(default_factory=lambda: RateLimitConfig())
     cache: CacheConfig = Field(default_factory=lambda: CacheConfig())
     redis_url: str | None = None
     """Redis for what gateway processes share (rate limit budgets); None: in process."""
-    """Engine settings for generative (GPT-2-family) models."""
+    queue_url: str | None = None
+    """The job queue: ``sqlite:///path`` (default: <data_dir>/queue.db), ``redis://…``
+    (Redis Streams) or ``kafka://host:port``."""
+    jobs: JobsConfig = Field(default_factory=lambda: JobsConfig())
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     """Largest request body accepted (413 beyond)."""
     max_rows_per_request: int = Field(4096, ge=1)
@@ -264,6 +303,18 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite:///{(self.data_dir / 'inferd.db').resolve()}"
+
+    @property
+    def resolved_queue_url(self) -> str:
+        if self.queue_url:
+            return self.queue_url
+        return f"sqlite:///{(self.data_dir / 'queue.db').resolve()}"
+
+    @property
+    def job_input_roots(self) -> list[Path]:
+        return [p.resolve() for p in self.jobs.input_roots] or [
+            (self.data_dir / "inputs").resolve()
+        ]
 
     @property
     def artifact_dir(self) -> Path:

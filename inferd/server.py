@@ -13,6 +13,7 @@ import functools
 import ipaddress
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -193,6 +194,8 @@ async def serve(
         logger.warning(warning)
         progress(warning)
     reserved = _resolve_ports(settings)
+    # The job runner's credential with the gateways (they get it in their settings).
+    settings.auth.internal_token = secrets.token_urlsafe(32)
     run_dir = settings.run_dir or Path(tempfile.mkdtemp(prefix="inferd-"))
     run_dir.mkdir(parents=True, exist_ok=True)
     publisher = TablePublisher(run_dir / "control.sock")
@@ -210,6 +213,7 @@ async def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     upkeep = None
+    jobs = None
     try:
         if settings.inference_log.enabled:
             await asyncio.to_thread(_log_upkeep, registry, settings)  # partitions first
@@ -218,6 +222,11 @@ async def serve(
         await gateways.start()
         for sock in reserved:
             sock.close()
+        if settings.jobs.runner:
+            from inferd.jobs.service import JobService
+
+            jobs = JobService(settings, registry)
+            await jobs.start()
         models = ", ".join(sorted(controller.models)) or "none yet"
         grpc = f", gRPC on {settings.host}:{settings.grpc_port}" if settings.grpc_port >= 0 else ""
         progress(
@@ -229,6 +238,8 @@ async def serve(
     finally:
         if upkeep is not None:
             upkeep.cancel()
+        if jobs is not None:
+            await jobs.stop()  # what runs comes back from the queue after its lease
         await gateways.stop()
         await controller.stop()
         await publisher.close()

@@ -24,7 +24,14 @@ from inferd.errors import InvalidInput, ModelNotFound, VersionExists
 from inferd.registry import ArtifactStore, Registry
 from inferd.registry.registry import _alembic_config
 from inferd.registry.store import StagedArtifact
-from inferd.registry.tables import Base, UTCDateTime, feedback, inference_logs, utcnow
+from inferd.registry.tables import (
+    JOBS_METADATA,
+    Base,
+    UTCDateTime,
+    feedback,
+    inference_logs,
+    utcnow,
+)
 from inferd.runtimes.base import Signature, TensorSpec
 
 SIGNATURE = Signature(
@@ -86,11 +93,14 @@ def test_migrate_creates_tables_and_is_idempotent(registry: Registry) -> None:
     registry.migrate()  # already at head: nothing to do, nothing fails
     registry.migrate()
     with registry.engine.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).all() == [("0006",)]
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).all() == [("0007",)]
         # The declarative classes describe exactly what the migrations built (the
         # inference log apart: partitioned on PostgreSQL, described by a Core table).
         context = MigrationContext.configure(conn, opts={"include_name": _registry_only})
         assert compare_metadata(context, Base.metadata) == []
+        # and the job tables are what inferd.registry.tables declares
+        context = MigrationContext.configure(conn, opts={"include_name": _jobs_only})
+        assert compare_metadata(context, JOBS_METADATA) == []
     logged = {c["name"] for c in inspect(registry.engine).get_columns("inference_logs")}
     assert logged == {"id", *inference_logs.c.keys()}
     kept = {c["name"] for c in inspect(registry.engine).get_columns("feedback")}
@@ -99,7 +109,12 @@ def test_migrate_creates_tables_and_is_idempotent(registry: Registry) -> None:
 
 def _registry_only(name: str | None, type_: str, parents: dict[str, str | None]) -> bool:
     table = name if type_ == "table" else parents.get("table_name")
-    return not (table or "").startswith(("inference_logs", "feedback"))
+    return not (table or "").startswith(("inference_logs", "feedback", "job"))
+
+
+def _jobs_only(name: str | None, type_: str, parents: dict[str, str | None]) -> bool:
+    table = name if type_ == "table" else parents.get("table_name")
+    return table in ("jobs", "job_results") or type_ == "schema"
 
 
 def test_upgrade_from_0001_keeps_existing_models_loaded(

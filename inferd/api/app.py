@@ -36,11 +36,14 @@ from inferd.api import (
     v2_generate,
     v2_repository,
 )
+from inferd.api import jobs as jobs_api
 from inferd.api.http import DisconnectWatch, json_response, request_id_of
+from inferd.api.jobs import AsyncGate
 from inferd.api.limits import RateLimitGate, RateLimits, rate_limits_for
 from inferd.api.status import StatusView
 from inferd.config import Settings
 from inferd.errors import InferdError
+from inferd.jobs import Jobs
 from inferd.observability import tracing
 from inferd.observability.inference_log import RowBuffer
 from inferd.registry import Registry
@@ -59,6 +62,7 @@ def create_app(
     inference_log: RowBuffer | None = None,
     result_cache: ResultCache | None = None,
     rate_limits: RateLimits | None = None,
+    jobs: Jobs | None = None,
 ) -> ASGIApp:
     app = FastAPI(
         title="inferd",
@@ -84,6 +88,8 @@ def create_app(
     app.state.inference_log = inference_log
     app.include_router(logs.router)
     app.include_router(keys.router)
+    app.state.jobs = jobs
+    app.include_router(jobs_api.router)
     fast = FastPath(
         app,
         {
@@ -94,11 +100,11 @@ def create_app(
         },
         inference_log,
     )
-    app_: ASGIApp = fast
+    app_: ASGIApp = AsyncGate(fast, app)  # async requests are queued, not run here
     # Shared with the gRPC service when given, so both protocols draw from one budget.
     app.state.limits = rate_limits if rate_limits is not None else rate_limits_for(settings)
     if app.state.limits is not None and settings.rate_limits.limits_requests:
-        app_ = RateLimitGate(app_, app.state.limits)
+        app_ = RateLimitGate(app_, app.state.limits, settings.auth.internal_token)
     if settings.auth.enabled:  # outermost: limits count per authenticated client
         from inferd.api.auth import Authenticator, AuthGate
 

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from inferd.api.auth import internal_caller
 from inferd.api.http import PUBLIC_PATHS, model_in_path, refuse
 from inferd.config import RateLimitConfig, Settings, TokenLimit
 from inferd.errors import RateLimited
@@ -314,19 +315,28 @@ def http_client(scope: Scope) -> str:
 def budget_of(request: Request) -> TokenBudget | None:
     """The generation token budget of an HTTP request's client; None without one."""
     limits: RateLimits | None = request.app.state.limits
-    return None if limits is None else limits.budget(http_client(request.scope))
+    if limits is None or internal_caller(
+        request.scope, request.app.state.settings.auth.internal_token
+    ):
+        return None
+    return limits.budget(http_client(request.scope))
 
 
 class RateLimitGate:
     """ASGI middleware: takes a request's tokens before it runs; refuses with 429."""
 
-    def __init__(self, app: ASGIApp, limits: RateLimits) -> None:
+    def __init__(self, app: ASGIApp, limits: RateLimits, internal_token: str | None = None) -> None:
         self.app = app
         self.limits = limits
         self.state = getattr(app, "state", None)
+        self.internal_token = internal_token
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or PUBLIC_PATHS.match(scope["path"]):
+        if (
+            scope["type"] != "http"
+            or PUBLIC_PATHS.match(scope["path"])
+            or internal_caller(scope, self.internal_token)
+        ):
             await self.app(scope, receive, send)
             return
         model = model_in_path(scope["path"]) if self.limits.config.models else None

@@ -20,6 +20,9 @@ import uvicorn
 from inferd.api.app import create_app
 from inferd.api.limits import rate_limits_for
 from inferd.config import Settings
+from inferd.jobs import Jobs
+from inferd.jobs.queue import queue_for
+from inferd.jobs.store import JobStore
 from inferd.observability import tracing
 from inferd.observability.inference_log import LogShipper
 from inferd.observability.logging import configure_logging
@@ -54,7 +57,8 @@ async def run_gateway(settings: Settings, control_socket: Path) -> None:
     if settings.cache.enabled:
         cache = cache_for(settings.cache.max_bytes, settings.redis_url)
     limits = rate_limits_for(settings)  # one per process: HTTP and gRPC share the budgets
-    app = create_app(settings, router, registry, inference_log, cache, limits)
+    jobs = Jobs(settings, JobStore(registry.engine), queue_for(settings.resolved_queue_url))
+    app = create_app(settings, router, registry, inference_log, cache, limits, jobs)
     config = uvicorn.Config(
         app,
         loop="none",
@@ -96,6 +100,7 @@ async def run_gateway(settings: Settings, control_socket: Path) -> None:
             await cache.close()
         if limits is not None:
             await limits.close()
+        await jobs.queue.close()
         registry.close()
 
 

@@ -214,3 +214,42 @@ feedback = Table(
 )
 """Ground truth for logged predictions (``POST /api/v1/feedback``): a class label is
 ``correct`` or not; a number has an ``abs_error``."""
+
+
+JOBS_METADATA = MetaData(naming_convention=NAMING_CONVENTION)
+"""Jobs (:mod:`inferd.jobs`): what was accepted and what came of each item. The queue
+holds the work itself (its own backend); these tables are the record clients read."""
+
+jobs = Table(
+    "jobs",
+    JOBS_METADATA,
+    Column("id", String(40), primary_key=True),
+    Column("kind", String(16), nullable=False),  # batch, or request (one async request)
+    Column("model_name", String(128), nullable=False),
+    Column("version", String(128), nullable=True),
+    Column("status", String(16), nullable=False),  # queued running succeeded failed cancelled
+    Column("priority", String(16), nullable=False),
+    Column("total", Integer(), nullable=False),
+    Column("succeeded", Integer(), nullable=False),
+    Column("failed", Integer(), nullable=False),
+    Column("request", JSON(), nullable=False),  # the batch's parameters, or the request
+    Column("callback_url", Text(), nullable=True),
+    Column("callback", JSON(), nullable=True),  # its delivery: state and every attempt
+    Column("error", Text(), nullable=True),
+    Column("owner", String(128), nullable=True),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("started_at", UTCDateTime(), nullable=True),
+    Column("finished_at", UTCDateTime(), nullable=True),
+    Column("expires_at", UTCDateTime(), nullable=False),
+)
+
+job_results = Table(
+    "job_results",
+    JOBS_METADATA,
+    Column("job_id", String(40), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+    Column("item", Integer(), primary_key=True, autoincrement=False),
+    Column("status_code", Integer(), nullable=False),
+    Column("output", Text(), nullable=True),  # the answer (or error) as JSON text
+)
+"""One row per (job, item): the key makes writing a result idempotent, so an item a
+crash made the queue deliver again never gets two."""

@@ -1,0 +1,132 @@
+"""Batch jobs and asynchronous requests through a durable queue.
+
+A gateway accepts a job (:class:`Jobs`): it records it (``jobs`` table, status
+``accepting``), puts its inputs on the queue in chunks, then marks it ``queued`` and
+answers 202 — so whatever was answered 202 is on the queue. The server's
+:class:`~inferd.jobs.runner.JobRunner` takes the chunks, runs them through the gateway
+at the job's priority, and writes one result per input (idempotently); the callback
+goes out when the last one is in (:mod:`inferd.jobs.callbacks`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+from inferd.config import Settings
+from inferd.errors import InferdError
+from inferd.jobs.queue import JobQueue
+from inferd.jobs.runner import Chunk, encode_chunk
+from inferd.jobs.store import JobStore, new_job_id
+
+logger = logging.getLogger(__name__)
+
+
+class QueueUnavailable(InferdError):
+    status_code = 503
+    code = "queue_unavailable"
+
+
+class Jobs:
+    def __init__(self, settings: Settings, store: JobStore, queue: JobQueue) -> None:
+        self.settings = settings
+        self.store = store
+        self.queue = queue
+
+    async def submit(
+        self,
+        kind: str,
+        model: str,
+        version: str | None,
+        items: list[bytes],
+        request: dict[str, Any],
+        priority: str,
+        callback_url: str | None = None,
+        owner: str | None = None,
+    ) -> dict[str, Any]:
+        """Record the job, queue its items, and return it once it is durably queued."""
+        cfg = self.settings.jobs
+        job_id = new_job_id(kind)
+        keep_s = cfg.request_keep_s if kind == "request" else cfg.keep_s
+        job = await asyncio.to_thread(
+            self.store.create, job_id, kind, model, version, len(items), request, priority,
+            callback_url, owner, keep_s,
+        )  # fmt: skip
+        size = cfg.chunk_items
+        chunks = [
+            encode_chunk(Chunk(job_id, start, items[start : start + size]))
+            for start in range(0, len(items), size)
+        ]
+        topic = "requests" if kind == "request" else "batch"
+        try:
+            await self.queue.put(topic, chunks)
+        except Exception as exc:
+            logger.exception("job %s: the queue refused its inputs", job_id)
+            await asyncio.to_thread(self.store.finish, job_id, "failed", f"queue: {exc}")
+            raise QueueUnavailable(f"the job queue is unavailable ({type(exc).__name__})") from exc
+        await asyncio.to_thread(self.store.accepted, job_id)
+        job["status"] = "queued"
+        return job
+
+    async def get(self, job_id: str) -> dict[str, Any] | None:
+        return await asyncio.to_thread(self.store.get, job_id)
+
+    async def estimate_s(self, model: str, items: int) -> float | None:
+        """Seconds a job of ``items`` inputs should take, at the rate this model's last
+        finished batch job ran (None before the first one)."""
+        rate = await asyncio.to_thread(self.store.recent_rate, model)
+        return None if not rate else items / rate
+
+
+def describe(job: dict[str, Any]) -> dict[str, Any]:
+    """A job as ``GET /api/v1/batch/{id}`` (and the callback) shows it."""
+    done = job["succeeded"] + job["failed"]
+    total = job["total"]
+    started, finished = job["started_at"], job["finished_at"]
+    rate = eta = None
+    if started is not None:
+        elapsed = ((finished or datetime.now(UTC)) - started).total_seconds()
+        if elapsed > 0 and done:
+            rate = done / elapsed
+            if finished is None:
+                eta = (total - done) / rate
+    return {
+        "batch_id": job["id"],
+        "status": job["status"],
+        "model": job["model_name"],
+        "version": job["version"],
+        "priority": job["priority"],
+        "total": total,
+        "succeeded": job["succeeded"],
+        "failed": job["failed"],
+        "progress": round(done / total, 4) if total else 1.0,
+        "items_per_s": None if rate is None else round(rate, 1),
+        "eta_s": None if eta is None else round(eta, 1),
+        "estimated_time": None if eta is None else human_duration(eta),
+        "created_at": _iso(job["created_at"]),
+        "started_at": _iso(started),
+        "finished_at": _iso(finished),
+        "expires_at": _iso(job["expires_at"]),
+        "error": job["error"],
+        "callback_url": job["callback_url"],
+        "callback": job["callback"],
+        "results_url": f"/api/v1/batch/{job['id']}/results",
+    }
+
+
+def human_duration(seconds: float) -> str:
+    """``45s``, ``5min``, ``2h``: how long, as the design documents write it."""
+    if seconds < 90:
+        return f"{max(1, round(seconds))}s"
+    if seconds < 90 * 60:
+        return f"{round(seconds / 60)}min"
+    return f"{round(seconds / 3600)}h"
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+__all__ = ["Jobs", "QueueUnavailable", "describe", "human_duration"]

@@ -1,0 +1,266 @@
+"""The job runner: takes chunks from the queue and runs them through the gateway.
+
+It runs in the server process, beside the controller, and calls the server's own
+gateway over HTTP (``127.0.0.1``) with an internal credential, so a job's requests take
+exactly the path online ones take (routing, traffic splits, fallback, cache, inference
+log, metrics) at the job's priority: batch jobs at ``batch``, the lowest, which the
+replicas refuse first when their queue fills (the runner then waits and tries again:
+an item is never failed for want of capacity).
+
+At most ``jobs.concurrency`` chunks are in flight; their queue leases are renewed while
+they run. A chunk's results are written (idempotently) before it is acknowledged, so a
+crash at any point loses nothing and duplicates nothing: the chunk comes back after its
+lease and its results are already there. Async requests (topic ``requests``) are taken
+before batch chunks (topic ``batch``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from typing import Any
+
+import httpx
+import msgspec
+import orjson
+
+from inferd.jobs.callbacks import CallbackSender
+from inferd.jobs.queue import Delivery, JobQueue
+from inferd.jobs.store import TERMINAL, JobStore, Result
+
+logger = logging.getLogger(__name__)
+
+TOPICS = ("requests", "batch")
+RETRY_STATUS = (429, 502, 503, 504)
+"""A refusal for capacity (or a gateway restarting): the chunk waits and tries again."""
+
+
+class Chunk(msgspec.Struct, array_like=True):
+    """One queue message: items ``start`` … ``start + len(items) - 1`` of a job, each
+    the raw JSON of one input (kept raw: a malformed one fails alone, at run time)."""
+
+    job_id: str
+    start: int
+    items: list[bytes]
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Chunk)
+
+
+def encode_chunk(chunk: Chunk) -> bytes:
+    return _encoder.encode(chunk)
+
+
+class JobRunner:
+    def __init__(
+        self,
+        store: JobStore,
+        queue: JobQueue,
+        gateway_url: str,
+        token: str,
+        concurrency: int = 4,
+        lease_s: float = 60.0,
+        poll_s: float = 0.2,
+        callbacks: CallbackSender | None = None,
+    ) -> None:
+        self.store = store
+        self.queue = queue
+        self.concurrency = concurrency
+        self.lease_s = lease_s
+        self.poll_s = poll_s
+        self.callbacks = callbacks
+        self._client = httpx.AsyncClient(
+            base_url=gateway_url,
+            headers={"authorization": f"Bearer {token}"},
+            timeout=httpx.Timeout(None, connect=10),
+            limits=httpx.Limits(max_connections=concurrency + 2),
+        )
+        self._running: dict[str, tuple[str, asyncio.Task[None]]] = {}
+        """Message id -> (topic, its task)."""
+        self._task: asyncio.Task[None] | None = None
+        self._leases: asyncio.Task[None] | None = None
+        self.chunks_done = 0
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._run(), name="job-runner")
+        self._leases = loop.create_task(self._renew_leases(), name="job-leases")
+
+    async def stop(self) -> None:
+        """Stop taking work; what runs is cancelled (its messages come back after their
+        leases: nothing is lost)."""
+        for task in (self._task, self._leases, *(t for _, t in self._running.values())):
+            if task is not None:
+                task.cancel()
+        tasks = [t for t in (self._task, self._leases) if t is not None]
+        await asyncio.gather(
+            *tasks, *(t for _, t in self._running.values()), return_exceptions=True
+        )
+        await self._client.aclose()
+
+    async def _run(self) -> None:
+        while True:
+            free = self.concurrency - len(self._running)
+            taken = 0
+            if free > 0:
+                for topic in TOPICS:
+                    try:
+                        messages = await self.queue.take(topic, free - taken, self.lease_s)
+                    except Exception:
+                        logger.exception("job queue: take failed; retrying")
+                        messages = []
+                    for message in messages:
+                        task = asyncio.get_running_loop().create_task(self._one(topic, message))
+                        self._running[message.id] = (topic, task)
+                    taken += len(messages)
+                    if taken >= free:
+                        break
+            if taken == 0:
+                await asyncio.sleep(self.poll_s)
+            else:
+                await asyncio.sleep(0)
+
+    async def _renew_leases(self) -> None:
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            by_topic: dict[str, list[str]] = {}
+            for mid, (topic, _) in list(self._running.items()):
+                by_topic.setdefault(topic, []).append(mid)
+            for topic, ids in by_topic.items():
+                with contextlib.suppress(Exception):
+                    await self.queue.extend(topic, ids, self.lease_s)
+
+    async def _one(self, topic: str, message: Delivery) -> None:
+        try:
+            chunk = _decoder.decode(message.payload)
+            if message.deliveries > 1:
+                logger.info("job %s: items from %d delivered again (attempt %d)",
+                            chunk.job_id, chunk.start, message.deliveries)  # fmt: skip
+            await self._chunk(chunk)
+            await self.queue.ack(topic, [message.id])
+            self.chunks_done += 1
+        except asyncio.CancelledError:
+            raise
+        except msgspec.DecodeError:
+            logger.error("job queue: undecodable message %s dropped", message.id)
+            await self.queue.ack(topic, [message.id])
+        except Exception:
+            # Left un-acknowledged: delivered again after its lease.
+            logger.exception("job chunk failed; it will be delivered again")
+        finally:
+            self._running.pop(message.id, None)
+
+    async def _chunk(self, chunk: Chunk) -> None:
+        job = await asyncio.to_thread(self.store.get, chunk.job_id)
+        if job is None or job["status"] in TERMINAL:
+            return  # cancelled (or removed): its remaining chunks are dropped
+        await asyncio.to_thread(self.store.start, chunk.job_id)
+        if job["kind"] == "request":
+            results = [await self._request(job, chunk)]
+        else:
+            results = await self._batch(job, chunk)
+        finished = await asyncio.to_thread(self.store.add_results, chunk.job_id, results)
+        if finished and self.callbacks is not None:
+            self.callbacks.send_soon(chunk.job_id)
+
+    async def _request(self, job: dict[str, Any], chunk: Chunk) -> Result:
+        """An async request: the stored body sent to its route; its answer, whatever it
+        is, is the result (an error answer is the request's error, as online)."""
+        request = job["request"]
+        headers = {"content-type": "application/json", **request.get("headers", {})}
+        status, body = await self._post(request["path"], chunk.items[0], headers)
+        return Result(chunk.start, status, body.decode())
+
+    async def _batch(self, job: dict[str, Any], chunk: Chunk) -> list[Result]:
+        results: dict[int, Result] = {}
+        rows: list[Any] = []
+        items: list[int] = []
+        for offset, raw in enumerate(chunk.items):
+            item = chunk.start + offset
+            try:
+                rows.append(orjson.loads(raw))
+                items.append(item)
+            except orjson.JSONDecodeError as exc:
+                results[item] = _error(
+                    item, 422, "invalid_input", f"input {item} is not JSON: {exc}"
+                )
+        if rows and job["request"].get("route") == "generate":
+            for row, item in zip(rows, items, strict=True):
+                results[item] = await self._generate(job, row, item)
+        elif rows:
+            for result in await self._predict(job, rows, items):
+                results[result.item] = result
+        return [results[i] for i in sorted(results)]
+
+    async def _generate(self, job: dict[str, Any], row: Any, item: int) -> Result:
+        """One generation per input (``{"prompt", ...}``); the engine batches them."""
+        if not isinstance(row, dict):
+            return _error(item, 422, "invalid_input", f"input {item} must be an object")
+        body = {**row, "stream": False, "priority": job["priority"]}
+        path = f"/api/v1/models/{job['model_name']}/generate"
+        if job["version"]:
+            body["params"] = {**(row.get("params") or {}), "version": job["version"]}
+        status, reply = await self._post(path, orjson.dumps(body))
+        return Result(item, status, reply.decode())
+
+    async def _predict(
+        self, job: dict[str, Any], rows: list[Any], items: list[int]
+    ) -> list[Result]:
+        """The rows in one request; when it fails for its content (one bad input, or the
+        model failing on one), each row alone, so only the bad ones fail."""
+        status, body = await self._post(_path(job), _predict_body(job, rows))
+        if status == 200:
+            outputs = orjson.loads(body)["outputs"]
+            return [
+                Result(i, 200, orjson.dumps(o).decode())
+                for i, o in zip(items, outputs, strict=True)
+            ]
+        if len(rows) == 1:
+            return [Result(items[0], status, body.decode())]
+        if status == 404:  # the model (or pinned version) is gone: every row says so
+            return [Result(i, status, body.decode()) for i in items]
+        found = []
+        for row, item in zip(rows, items, strict=True):
+            found.extend(await self._predict(job, [row], [item]))
+        return found
+
+    async def _post(
+        self, path: str, body: bytes, headers: dict[str, str] | None = None
+    ) -> tuple[int, bytes]:
+        """POST until the answer is not a capacity refusal (backoff with jitter, honouring
+        Retry-After); connection errors too (the gateway restarting)."""
+        delay = 0.1
+        while True:
+            try:
+                reply = await self._client.post(
+                    path, content=body, headers=headers or {"content-type": "application/json"}
+                )
+            except httpx.TransportError as exc:
+                logger.warning("job runner: gateway unreachable (%s); retrying", exc)
+            else:
+                if reply.status_code not in RETRY_STATUS:
+                    return reply.status_code, reply.content
+                retry_after = reply.headers.get("retry-after", "")
+                if retry_after.isdigit():
+                    delay = max(delay, min(float(retry_after), 30.0))
+            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+            delay = min(delay * 2, 30.0)
+
+
+def _path(job: dict[str, Any]) -> str:
+    return f"/api/v1/models/{job['model_name']}/predict"
+
+
+def _predict_body(job: dict[str, Any], rows: list[Any]) -> bytes:
+    params: dict[str, Any] = {"priority": job["priority"]}
+    if job["version"]:
+        params["version"] = job["version"]
+    return orjson.dumps({"inputs": rows, "params": params})
+
+
+def _error(item: int, status: int, code: str, message: str) -> Result:
+    body = {"error": {"code": code, "message": message}}
+    return Result(item, status, orjson.dumps(body).decode())

@@ -1,0 +1,77 @@
+"""The server process's side of jobs: the runner, callbacks, and upkeep (expired jobs
+removed, interrupted submissions failed) — started once the gateways listen."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from inferd.config import Settings
+from inferd.jobs import describe
+from inferd.jobs.callbacks import CallbackSender
+from inferd.jobs.queue import SqliteQueue, queue_for
+from inferd.jobs.runner import JobRunner
+from inferd.jobs.store import JobStore
+from inferd.registry import Registry
+
+logger = logging.getLogger(__name__)
+UPKEEP_INTERVAL_S = 600.0
+
+
+def gateway_url(settings: Settings) -> str:
+    """Where the server reaches its own gateways (a wildcard bind is reached on loopback)."""
+    host = settings.host
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{settings.port}"
+
+
+class JobService:
+    def __init__(self, settings: Settings, registry: Registry) -> None:
+        assert settings.auth.internal_token is not None
+        cfg = settings.jobs
+        self.store = JobStore(registry.engine)
+        self.queue = queue_for(settings.resolved_queue_url)
+        self.callbacks = CallbackSender(
+            self.store, describe, cfg.callback_secret, cfg.callback_attempts,
+            cfg.callback_timeout_s, cfg.callback_first_delay_s,
+        )  # fmt: skip
+        self.runner = JobRunner(
+            self.store, self.queue, gateway_url(settings), settings.auth.internal_token,
+            cfg.concurrency, cfg.lease_s, callbacks=self.callbacks,
+        )  # fmt: skip
+        self._upkeep: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        if isinstance(self.queue, SqliteQueue):
+            released = await asyncio.to_thread(self.queue.release_dead)
+            if released:
+                logger.info("job queue: %d chunk(s) of a stopped server taken up again", released)
+        self.runner.start()
+        await self.callbacks.resume()
+        self._upkeep = asyncio.get_running_loop().create_task(self._upkeep_forever())
+
+    async def _upkeep_forever(self) -> None:
+        while True:
+            try:
+                purged = await asyncio.to_thread(self.store.purge)
+                failed = await asyncio.to_thread(self.store.fail_interrupted)
+                if purged or failed:
+                    logger.info("jobs: %d expired removed, %d interrupted failed", purged, failed)
+            except Exception:
+                logger.exception("jobs upkeep failed; retrying later")
+            await asyncio.sleep(UPKEEP_INTERVAL_S)
+
+    async def stop(self) -> None:
+        if self._upkeep is not None:
+            self._upkeep.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._upkeep
+        await self.runner.stop()
+        await self.callbacks.close()
+        await self.queue.close()
