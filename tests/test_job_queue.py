@@ -32,7 +32,7 @@ def topic() -> str:
     return f"t-{uuid.uuid4().hex[:8]}"  # a fresh stream per test on the shared Redis
 
 
-def run(coro):  # noqa: ANN001, ANN201
+def run(coro):
     return asyncio.run(coro)
 
 
