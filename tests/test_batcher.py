@@ -82,15 +82,85 @@ def test_max_batch_size_counts_rows_not_requests():
     assert rec.batch_rows[0] == 20
 
 
-def test_request_larger_than_max_batch_runs_alone():
+def test_request_larger_than_max_batch_is_computed_in_pieces_joined_in_order():
     rec = Recorder()
 
     async def body(b):
-        return await b.submit(rows(100), 100, 5.0)
+        x = {"x": np.arange(300, dtype=np.float32).reshape(100, 3)}
+        return await b.submit(x, 100, 5.0)
 
     result = run(_with_batcher(rec, BatchingConfig(max_batch_size=8, max_wait_ms=1), body))
-    assert result["y"].shape == (100,)
-    assert rec.batch_rows == [100]
+    assert result["y"].tolist() == [float(3 * i + 3 * i + 1 + 3 * i + 2) for i in range(100)]
+    assert rec.batch_rows == [8] * 12 + [4]
+
+
+def test_a_better_priority_goes_between_the_pieces_of_a_large_request():
+    """A big low-priority request (a batch job's) holds the model for one batch at most:
+    a high-priority request arriving meanwhile is computed next, not after all of it."""
+    rec = Recorder(delay_s=0.02)
+    order: list[str] = []
+
+    async def body(b):
+        big = b.submit(rows(80), 80, 5.0, priority=NAMED_PRIORITIES["batch"])
+        big.add_done_callback(lambda _: order.append("big"))
+        await asyncio.sleep(0.03)  # the first piece is computing
+        urgent = b.submit(rows(1, 2.0), 1, 5.0, priority=NAMED_PRIORITIES["high"])
+        urgent.add_done_callback(lambda _: order.append("urgent"))
+        started = time.monotonic()
+        await urgent
+        waited = time.monotonic() - started
+        await big
+        return waited
+
+    waited = run(_with_batcher(rec, BatchingConfig(max_batch_size=8, max_wait_ms=1), body))
+    assert order == ["urgent", "big"]
+    assert waited < 0.1  # one piece (20 ms) in progress, then its own batch; not 10 pieces
+
+
+def test_a_failing_piece_fails_the_request_and_drops_the_rest():
+    rec = Recorder(fail=True)
+
+    async def body(b):
+        with pytest.raises(ValueError, match="exploded"):
+            await b.submit(rows(40), 40, 5.0)
+        await asyncio.sleep(0.05)
+        return b.queued_rows
+
+    assert run(_with_batcher(rec, BatchingConfig(max_batch_size=8, max_wait_ms=1), body)) == 0
+    assert len(rec.batch_rows) <= 2  # at most the next piece started; the rest never
+
+
+def test_a_bad_request_fails_alone_not_the_batch_it_was_in():
+    def predict(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if (inputs["x"] < 0).any():
+            raise ValueError("negative")
+        return {"y": inputs["x"].sum(axis=1)}
+
+    async def body(b):
+        futures = [b.submit(rows(1, v), 1, 5.0) for v in (1.0, -1.0, 2.0, 3.0)]
+        return await asyncio.gather(*futures, return_exceptions=True), b.stats.batches
+
+    (outcomes, batches) = run(
+        _with_batcher(predict, BatchingConfig(max_batch_size=8, max_wait_ms=20), body)
+    )
+    assert [float(o["y"][0]) if isinstance(o, dict) else str(o) for o in outcomes] == [
+        3.0, "negative", 6.0, 9.0,
+    ]  # fmt: skip
+    assert batches == 5  # the failed batch of four, then each alone
+
+
+def test_cancelling_a_large_request_drops_its_pieces():
+    rec = Recorder(delay_s=0.02)
+
+    async def body(b):
+        big = b.submit(rows(80), 80, 5.0)
+        await asyncio.sleep(0.01)
+        big.cancel()
+        await asyncio.sleep(0.1)
+        return b.idle()
+
+    assert run(_with_batcher(rec, BatchingConfig(max_batch_size=8, max_wait_ms=1), body))
+    assert len(rec.batch_rows) <= 2
 
 
 def test_lone_request_waits_at_most_max_wait():

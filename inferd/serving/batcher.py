@@ -7,10 +7,11 @@ single loop takes queued requests until the batch holds ``max_batch_size`` rows 
 and splits the outputs back by row ranges. While one batch computes, the next one
 fills, so under load batches grow on their own and the wait costs nothing.
 
-Rules: sizes count rows, not requests; a request larger than ``max_batch_size`` runs
-alone; a request that waited past its deadline, or was cancelled, is dropped before it
-is computed; a failure is set on every request of its batch; at most
-``max_queue_rows`` rows wait, beyond that ``submit`` raises :class:`Overloaded`.
+Rules: sizes count rows, not requests; a request larger than ``max_batch_size`` is
+queued as pieces of that size (its outputs joined in order); a request that waited past
+its deadline, or was cancelled, is dropped before it is computed; when a batch fails,
+each of its requests is computed alone, so a failure is the failing requests' only;
+at most ``max_queue_rows`` rows wait, beyond that ``submit`` raises :class:`Overloaded`.
 
 Priorities (the Open Inference Protocol's schedule policy): each request has a level
 from 1 (first) to ``priority_levels``; 0 means ``default_priority``; the names ``high``,
@@ -208,10 +209,62 @@ class DynamicBatcher:
         if queue is None:
             queue = self._levels[level] = deque()
         deadline = time.monotonic() + timeout_s
-        queue.append(_Pending(inputs, rows, deadline, future, priority=level, trace=trace))
+        if rows > config.max_batch_size:
+            self._split(queue, inputs, rows, deadline, future, level, trace)
+        else:
+            queue.append(_Pending(inputs, rows, deadline, future, priority=level, trace=trace))
         self._queued_rows += rows
         self._wakeup.set()
         return future
+
+    def _split(
+        self,
+        queue: deque[_Pending],
+        inputs: Columns,
+        rows: int,
+        deadline: float,
+        future: asyncio.Future[Columns],
+        level: int,
+        trace: BatchTrace | None,
+    ) -> None:
+        """Queue a request larger than ``max_batch_size`` as pieces of that size, so it
+        never holds the model for more than one batch while better-priority requests wait
+        (a 4096-row batch job request would otherwise compute alone, for as long as 128
+        batches). ``future`` gets the pieces' outputs joined in order, or the first
+        failure; cancelling it drops the pieces not yet computed."""
+        loop = asyncio.get_running_loop()
+        size = self._config.max_batch_size
+        parts: list[asyncio.Future[Columns]] = []
+        for start in range(0, rows, size):
+            end = min(rows, start + size)
+            part: asyncio.Future[Columns] = loop.create_future()
+            piece = {name: array[start:end] for name, array in inputs.items()}
+            queue.append(_Pending(piece, end - start, deadline, part, priority=level,
+                                  trace=trace if start == 0 else None))  # fmt: skip
+            parts.append(part)
+
+        def part_done(part: asyncio.Future[Columns]) -> None:
+            if future.done():
+                return
+            if part.cancelled() or part.exception() is not None:
+                if part.cancelled():
+                    future.cancel()
+                else:
+                    future.set_exception(part.exception())  # type: ignore[arg-type]
+                for other in parts:
+                    other.cancel()
+            elif all(p.done() for p in parts):
+                results = [p.result() for p in parts]
+                future.set_result({n: np.concatenate([r[n] for r in results]) for n in results[0]})
+
+        def outer_done(_: asyncio.Future[Columns]) -> None:
+            if future.cancelled():
+                for part in parts:
+                    part.cancel()
+
+        for part in parts:
+            part.add_done_callback(part_done)
+        future.add_done_callback(outer_done)
 
     def _make_room(self, level: int, rows: int) -> bool:
         """Shed queued requests of levels worse than ``level``, newest first, until
@@ -326,28 +379,21 @@ class DynamicBatcher:
         rows = sum(p.rows for p in batch)
         started_ns = time.time_ns()
         started = time.perf_counter()
+        error: Exception | None = None
         try:
             outputs = await loop.run_in_executor(self._executor, self._predict, inputs)
             _check_rows(outputs, rows)
         except Exception as exc:
-            for p in batch:
-                if not p.future.done():
-                    p.future.set_exception(exc)
+            error = exc
+        elapsed = time.perf_counter() - started
+        self._account(batch, rows, started_ns, elapsed)
+        if error is not None:
+            if len(batch) == 1:
+                if not batch[0].future.done():
+                    batch[0].future.set_exception(error)
+            else:  # one bad request must not fail the others it was batched with
+                await self._one_by_one(loop, batch)
             return
-        finally:
-            elapsed = time.perf_counter() - started
-            self.stats.compute_s += elapsed
-            self.stats.batches += 1
-            self.stats.rows += rows
-            self.stats.requests += len(batch)
-            for p in batch:  # before the futures' callbacks run
-                if p.trace is not None:
-                    p.trace.started_ns, p.trace.rows, p.trace.requests = (
-                        started_ns,
-                        rows,
-                        len(batch),
-                    )
-                    p.trace.ended_ns = started_ns + int(elapsed * 1e9)
         self.compute.observe(elapsed, len(batch))
         self.batch_rows.observe(rows)
         start = 0
@@ -356,6 +402,40 @@ class DynamicBatcher:
             if not p.future.done():
                 p.future.set_result({n: a[start:end] for n, a in outputs.items()})
             start = end
+
+    async def _one_by_one(self, loop: asyncio.AbstractEventLoop, batch: list[_Pending]) -> None:
+        """After a batch failed: each of its requests alone, so each gets its own answer
+        (the failure is the bad ones' only). Costs nothing while batches succeed."""
+        for p in batch:
+            if p.future.done():
+                continue
+            started_ns, started = time.time_ns(), time.perf_counter()
+            try:
+                outputs = await loop.run_in_executor(self._executor, self._predict, p.inputs)
+                _check_rows(outputs, p.rows)
+            except Exception as exc:
+                result: Columns | Exception = exc
+            else:
+                result = outputs
+            self._account([p], p.rows, started_ns, time.perf_counter() - started)
+            if p.future.done():
+                continue
+            if isinstance(result, Exception):
+                p.future.set_exception(result)
+            else:
+                p.future.set_result(result)
+
+    def _account(self, batch: list[_Pending], rows: int, started_ns: int, elapsed: float) -> None:
+        stats = self.stats
+        stats.compute_s += elapsed
+        stats.batches += 1
+        stats.rows += rows
+        stats.requests += len(batch)
+        for p in batch:  # before the futures' callbacks run
+            if p.trace is not None:
+                trace = p.trace
+                trace.started_ns, trace.rows, trace.requests = started_ns, rows, len(batch)
+                trace.ended_ns = started_ns + int(elapsed * 1e9)
 
 
 def _admission_limit(config: BatchingConfig, level: int) -> int:

@@ -1,0 +1,312 @@
+"""Batch jobs and asynchronous requests against the real server: results in input order,
+input files, bad input refused at submit time, cancel, signed and retried callbacks,
+async round trips."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from inferd.jobs.callbacks import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
+from tests.conftest import InferdServer, arithmetic_model, build_tiny_gpt2, push_source, run_cli
+
+pytestmark = pytest.mark.slow
+SECRET = "callback-secret-for-tests"
+SLOW = arithmetic_model("x * 2").replace(
+    "        x = batch", "        import time\n        time.sleep(0.03)\n        x = batch"
+)
+BOOM = arithmetic_model("x * 2").replace(
+    "        x = batch",
+    "        if (batch['x'] < 0).any():\n            raise ValueError('negative x')\n"
+    "        x = batch",
+)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferdServer]:
+    data = tmp_path_factory.mktemp("jobs")
+    push_source(data, "calc", arithmetic_model("x * 2"))
+    push_source(data, "slow", SLOW, "--batching", '{"max_batch_size": 8}')
+    push_source(data, "boom", BOOM)
+    folder = build_tiny_gpt2(data / "src" / "tiny")
+    run_cli("models", "push", "tiny", str(folder), "--version", "v1", data_dir=data)
+    env = {
+        "INFERD_JOBS__MAX_ITEMS": "20000",
+        "INFERD_JOBS__CALLBACK_SECRET": SECRET,
+        "INFERD_JOBS__CALLBACK_FIRST_DELAY_S": "0.2",
+        "INFERD_JOBS__CHUNK_ITEMS": "100",
+    }
+    server = InferdServer(data, workers=2, env=env)
+    try:
+        server.wait_ready(timeout_s=120)
+        yield server
+    finally:
+        assert server.stop() == 0, server.log()[-3000:]
+
+
+def wait_job(server: InferdServer, job_id: str, timeout_s: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        job = server.client.get(f"/api/v1/batch/{job_id}").json()
+        if job["status"] in ("succeeded", "failed", "cancelled"):
+            return job
+        time.sleep(0.1)
+    raise AssertionError(f"job {job_id} not done: {job}\n{server.log()[-3000:]}")
+
+
+def results(server: InferdServer, job_id: str) -> list[dict[str, Any]]:
+    reply = server.client.get(f"/api/v1/batch/{job_id}/results")
+    assert reply.status_code == 200
+    assert reply.headers["content-type"].startswith("application/x-ndjson")
+    return [json.loads(line) for line in reply.text.splitlines()]
+
+
+def test_a_batch_of_thousands_comes_back_in_input_order(server: InferdServer):
+    n = 5000
+    reply = server.client.post(
+        "/api/v1/batch", json={"model": "calc", "inputs": [{"x": float(i)} for i in range(n)]}
+    )
+    assert reply.status_code == 202, reply.text
+    body = reply.json()
+    assert body["status"] == "queued" and body["total"] == n
+    assert reply.headers["location"] == f"/api/v1/batch/{body['batch_id']}"
+    job = wait_job(server, body["batch_id"])
+    assert (job["status"], job["succeeded"], job["failed"], job["progress"]) == (
+        "succeeded",
+        n,
+        0,
+        1.0,
+    )
+    assert job["items_per_s"] > 0 and job["started_at"] and job["finished_at"]
+    lines = results(server, body["batch_id"])
+    assert [line["index"] for line in lines] == list(range(n))
+    assert all(line["output"] == {"y": 2.0 * line["index"]} for line in lines)
+    # the next job of this model gets an estimate from this one's rate
+    again = server.client.post("/api/v1/batch", json={"model": "calc", "inputs": [{"x": 1.0}]})
+    assert again.json()["estimated_time"] is not None
+    wait_job(server, again.json()["batch_id"])
+
+
+def test_input_files_and_their_bad_lines(server: InferdServer):
+    inputs = server.data_dir / "inputs"
+    inputs.mkdir(exist_ok=True)
+    lines = [json.dumps({"x": float(i)}) for i in range(10)]
+    lines[3] = "{not json"
+    lines[6] = json.dumps({"z": 1.0})  # not this model's input
+    (inputs / "in.jsonl").write_text("\n".join(lines) + "\n\n")
+    job = server.client.post("/api/v1/batch", json={"model": "calc", "input_uri": "in.jsonl"})
+    assert job.status_code == 202, job.text
+    done = wait_job(server, job.json()["batch_id"])
+    assert (done["status"], done["succeeded"], done["failed"]) == ("succeeded", 8, 2)
+    out = results(server, done["batch_id"])
+    assert [line["index"] for line in out] == list(range(10))
+    assert out[3]["status"] == 422 and "not JSON" in out[3]["error"]["message"]
+    assert out[6]["status"] == 422 and out[6]["error"]["code"] == "invalid_input"
+    assert out[9]["output"] == {"y": 18.0}
+    # CSV (a header naming the input), gzipped, by absolute path
+    with gzip.open(inputs / "in.csv.gz", "wt") as f:
+        f.write("x\n1.5\n2.5\n")
+    uri = f"file://{inputs / 'in.csv.gz'}"
+    job = server.client.post("/api/v1/batch", json={"model": "calc", "input_uri": uri})
+    done = wait_job(server, job.json()["batch_id"])
+    assert [r["output"] for r in results(server, done["batch_id"])] == [{"y": 3.0}, {"y": 5.0}]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "says"),
+    [
+        ({"model": "nope", "inputs": [{"x": 1}]}, 404, "nope"),
+        ({"model": "calc", "version": "v9", "inputs": [{"x": 1}]}, 404, "v9"),
+        ({"model": "calc", "input_uri": "missing.jsonl"}, 422, "no such file"),
+        ({"model": "calc", "input_uri": "/etc/passwd.jsonl"}, 403, "outside"),
+        ({"model": "calc", "input_uri": "data.parquet"}, 422, ".jsonl"),
+        ({"model": "calc", "inputs": [{"x": 1}], "callback_url": "ftp://x/y"}, 422, "http"),
+        ({"model": "calc", "inputs": [{"x": 1}], "input_uri": "a.jsonl"}, 422, "either"),
+        ({"model": "calc", "inputs": []}, 422, "non-empty"),
+        ({"model": "calc", "inputs": [{"x": 1}], "priority": "urgent"}, 422, "priority"),
+        ({"model": "calc", "inputs": [{"x": 1}] * 20001}, 413, "20000"),
+        ({"inputs": [{"x": 1}]}, 422, "model"),
+    ],
+)
+def test_bad_submissions_are_refused_at_once(server: InferdServer, body, status, says):
+    reply = server.client.post("/api/v1/batch", json=body)
+    assert reply.status_code == status, reply.text
+    assert says in reply.json()["error"]["message"]
+
+
+def test_unknown_ids_and_non_json(server: InferdServer):
+    assert server.client.get("/api/v1/batch/b-nope").status_code == 404
+    assert server.client.get("/api/v1/batch/b-nope/results").status_code == 404
+    assert server.client.get("/api/v1/requests/r-nope").status_code == 404
+    reply = server.client.post("/api/v1/batch", content=b"{oops")
+    assert reply.status_code == 400 and "invalid JSON" in reply.json()["error"]["message"]
+
+
+def test_model_errors_fail_only_their_items(server: InferdServer):
+    inputs = [{"x": float(i if i % 50 else -1)} for i in range(300)]
+    job = server.client.post("/api/v1/batch", json={"model": "boom", "inputs": inputs}).json()
+    done = wait_job(server, job["batch_id"])
+    assert (done["status"], done["succeeded"], done["failed"]) == ("succeeded", 294, 6)
+    bad = [line for line in results(server, job["batch_id"]) if "error" in line]
+    assert [line["index"] for line in bad] == [0, 50, 100, 150, 200, 250]
+    assert all(line["status"] == 500 and "negative x" in line["error"]["message"] for line in bad)
+
+
+def test_cancel_stops_a_job(server: InferdServer):
+    n = 3000  # 375 batches of 8 at 30 ms: ~11 s
+    job = server.client.post(
+        "/api/v1/batch", json={"model": "slow", "inputs": [{"x": float(i)} for i in range(n)]}
+    ).json()
+    deadline = time.monotonic() + 30
+    while server.client.get(f"/api/v1/batch/{job['batch_id']}").json()["succeeded"] == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    cancelled = server.client.delete(f"/api/v1/batch/{job['batch_id']}")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    time.sleep(1.5)  # chunks in flight finish; no new one starts
+    settled = len(results(server, job["batch_id"]))
+    time.sleep(1.0)
+    assert len(results(server, job["batch_id"])) == settled < n
+    assert server.client.get(f"/api/v1/batch/{job['batch_id']}").json()["status"] == "cancelled"
+    again = server.client.delete(f"/api/v1/batch/{job['batch_id']}")
+    assert again.status_code == 409
+
+
+class Receiver:
+    """A callback endpoint: answers 500 to the first ``fail_first`` calls, then 200."""
+
+    def __init__(self, fail_first: int) -> None:
+        self.calls: list[tuple[dict[str, str], bytes, int]] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["content-length"]))
+                status = 500 if len(receiver.calls) < fail_first else 200
+                receiver.calls.append(
+                    ({k.lower(): v for k, v in self.headers.items()}, body, status)
+                )
+                self.send_response(status)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_callback_is_signed_and_retried_until_delivered(server: InferdServer):
+    receiver = Receiver(fail_first=1)
+    try:
+        job = server.client.post(
+            "/api/v1/batch",
+            json={
+                "model": "calc",
+                "inputs": [{"x": 1.0}, {"x": 2.0}],
+                "callback_url": receiver.url,
+            },
+        ).json()
+        deadline = time.monotonic() + 30
+        while len(receiver.calls) < 2:
+            assert time.monotonic() < deadline, receiver.calls
+            time.sleep(0.05)
+        for headers, body, _ in receiver.calls:
+            assert verify(SECRET, headers[TIMESTAMP_HEADER], body, headers[SIGNATURE_HEADER])
+            assert not verify("another secret", headers[TIMESTAMP_HEADER], body,
+                              headers[SIGNATURE_HEADER])  # fmt: skip
+        summary = json.loads(receiver.calls[1][1])
+        assert summary["batch_id"] == job["batch_id"] and summary["status"] == "succeeded"
+        assert summary["succeeded"] == 2
+        deadline = time.monotonic() + 10
+        while (status := server.client.get(f"/api/v1/batch/{job['batch_id']}").json())["callback"][
+            "state"
+        ] != "delivered":
+            assert time.monotonic() < deadline, status
+            time.sleep(0.05)
+        assert [a["status"] for a in status["callback"]["attempts"]] == [500, 200]
+    finally:
+        receiver.close()
+
+
+def test_a_batch_of_prompts_on_a_generative_model(server: InferdServer):
+    prompts = [{"prompt": "The server", "max_tokens": 4, "temperature": 0} for _ in range(3)]
+    prompts.append({"prompt": "x", "max_tokens": -1})
+    job = server.client.post("/api/v1/batch", json={"model": "tiny", "inputs": prompts}).json()
+    done = wait_job(server, job["batch_id"])
+    assert (done["succeeded"], done["failed"]) == (3, 1)
+    out = results(server, job["batch_id"])
+    assert len({line["output"]["text"] for line in out[:3]}) == 1  # greedy: the same text
+    assert out[0]["output"]["usage"]["completion_tokens"] <= 4
+    assert out[3]["status"] == 422
+
+
+def _poll(server: InferdServer, url: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 30
+    while (state := server.client.get(url).json())["status"] not in ("succeeded", "failed"):
+        assert time.monotonic() < deadline, state
+        time.sleep(0.05)
+    return state
+
+
+def test_async_requests_round_trip(server: InferdServer):
+    body = {"inputs": [{"x": 4.0}, {"x": 5.0}]}
+    sync = server.client.post("/api/v1/models/calc/predict", json=body).json()
+    reply = server.client.post(
+        "/api/v1/models/calc/predict?async=true", json=body, headers={"x-request-id": "later-1"}
+    )
+    assert reply.status_code == 202, reply.text
+    queued = reply.json()
+    assert queued["status"] == "queued" and queued["request_id"] == "later-1"
+    assert reply.headers["location"] == queued["status_url"]
+    state = _poll(server, queued["status_url"])
+    assert state["status_code"] == 200 and state["request_id"] == "later-1"
+    assert state["result"]["outputs"] == sync["outputs"]
+    assert state["result"]["request_id"] == "later-1"  # the same id, end to end
+    # Prefer: respond-async, the model in the body; a generation too
+    reply = server.client.post(
+        "/api/v1/predict",
+        json={"model": "calc", "input": {"x": 1.0}},
+        headers={"prefer": "respond-async"},
+    )
+    assert reply.status_code == 202 and reply.headers["preference-applied"] == "respond-async"
+    assert _poll(server, reply.json()["status_url"])["result"]["prediction"] == 2.0
+    reply = server.client.post(
+        "/api/v1/models/tiny/generate?async=1", json={"prompt": "The", "max_tokens": 3}
+    )
+    assert _poll(server, reply.json()["status_url"])["result"]["usage"]["completion_tokens"] <= 3
+    # an error answer is the request's result, as it would have been online
+    reply = server.client.post(
+        "/api/v1/models/boom/predict?async=true", json={"inputs": [{"x": -1}]}
+    )
+    state = _poll(server, reply.json()["status_url"])
+    assert state["status_code"] == 500 and state["result"]["error"]["code"] == "model_error"
+
+
+def test_async_requests_are_checked_before_they_are_queued(server: InferdServer):
+    unknown = server.client.post("/api/v1/models/nope/predict?async=true", json={"inputs": []})
+    assert unknown.status_code == 404
+    stream = server.client.post(
+        "/api/v1/models/tiny/generate?async=true", json={"prompt": "x", "stream": True}
+    )
+    assert stream.status_code == 422 and "stream" in stream.json()["error"]["message"]
+    not_json = server.client.post("/api/v1/models/calc/predict?async=true", content=b"[")
+    assert not_json.status_code == 400
+    # not asked: answered online as always
+    online = server.client.post(
+        "/api/v1/models/calc/predict?async=false", json={"inputs": [{"x": 1}]}
+    )
+    assert online.status_code == 200
