@@ -17,6 +17,7 @@ from rich.table import Table
 import inferd
 from inferd.config import Settings, load_settings
 from inferd.errors import InferdError
+from inferd.jobs import cli as jobs_cli
 
 if TYPE_CHECKING:
     from inferd.registry.deployments import DeploymentRecord, TrafficRecord
@@ -32,6 +33,7 @@ models_app = typer.Typer(
 app.add_typer(models_app, name="models")
 keys_app = typer.Typer(help="API keys: create, list, revoke.", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
+app.add_typer(jobs_cli.app, name="jobs")
 console = Console(stderr=True)
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="YAML settings file.")]
