@@ -55,6 +55,7 @@ def test_kill_9_in_the_middle_of_a_job_loses_and_duplicates_nothing(
         first.process.wait()
     finally:
         first.client.close()
+        first._log.close()
     second = InferdServer(tmp_path, workers=1, env=env)
     try:
         second.wait_ready(timeout_s=120)

@@ -81,47 +81,60 @@ class JobRunner:
         self._running: dict[str, tuple[str, asyncio.Task[None]]] = {}
         """Message id -> (topic, its task)."""
         self._task: asyncio.Task[None] | None = None
+        self._slot_free = asyncio.Event()
         self._leases: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._job_of: dict[str, str] = {}
+        """Message id -> the job its chunk belongs to (for chunks in flight)."""
+        self._dropped: set[str] = set()
+        """Messages whose task was cancelled because their job ended (acknowledged)."""
         self.chunks_done = 0
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._task = loop.create_task(self._run(), name="job-runner")
         self._leases = loop.create_task(self._renew_leases(), name="job-leases")
+        self._watcher = loop.create_task(self._watch_cancelled(), name="job-cancels")
 
     async def stop(self) -> None:
         """Stop taking work; what runs is cancelled (its messages come back after their
         leases: nothing is lost)."""
-        for task in (self._task, self._leases, *(t for _, t in self._running.values())):
+        own = (self._task, self._leases, self._watcher)
+        for task in (*own, *(t for _, t in self._running.values())):
             if task is not None:
                 task.cancel()
-        tasks = [t for t in (self._task, self._leases) if t is not None]
+        tasks = [t for t in own if t is not None]
         await asyncio.gather(
             *tasks, *(t for _, t in self._running.values()), return_exceptions=True
         )
         await self._client.aclose()
 
     async def _run(self) -> None:
+        """Keep ``concurrency`` chunks in flight: take more as soon as one finishes; poll
+        the queue every ``poll_s`` only while it is empty."""
         while True:
             free = self.concurrency - len(self._running)
+            if free <= 0:
+                self._slot_free.clear()
+                await self._slot_free.wait()
+                continue
             taken = 0
-            if free > 0:
-                for topic in TOPICS:
-                    try:
-                        messages = await self.queue.take(topic, free - taken, self.lease_s)
-                    except Exception:
-                        logger.exception("job queue: take failed; retrying")
-                        messages = []
-                    for message in messages:
-                        task = asyncio.get_running_loop().create_task(self._one(topic, message))
-                        self._running[message.id] = (topic, task)
-                    taken += len(messages)
-                    if taken >= free:
-                        break
+            for topic in TOPICS:
+                try:
+                    messages = await self.queue.take(topic, free - taken, self.lease_s)
+                except Exception:
+                    logger.exception("job queue: take failed; retrying")
+                    messages = []
+                for message in messages:
+                    task = asyncio.get_running_loop().create_task(self._one(topic, message))
+                    self._running[message.id] = (topic, task)
+                taken += len(messages)
+                if taken >= free:
+                    break
             if taken == 0:
-                await asyncio.sleep(self.poll_s)
-            else:
-                await asyncio.sleep(0)
+                self._slot_free.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._slot_free.wait(), self.poll_s)
 
     async def _renew_leases(self) -> None:
         while True:
@@ -133,9 +146,29 @@ class JobRunner:
                 with contextlib.suppress(Exception):
                     await self.queue.extend(topic, ids, self.lease_s)
 
+    async def _watch_cancelled(self, every_s: float = 0.5) -> None:
+        """Chunks in flight of a job that ended meanwhile (cancelled) stop at once: their
+        requests are cancelled (the gateway and the replica drop them) and their messages
+        acknowledged."""
+        while True:
+            await asyncio.sleep(every_s)
+            jobs = set(self._job_of.values())
+            if not jobs:
+                continue
+            try:
+                statuses = await asyncio.to_thread(self.store.statuses, jobs)
+            except Exception:
+                logger.exception("job runner: reading job statuses failed")
+                continue
+            for mid, job_id in list(self._job_of.items()):
+                if statuses.get(job_id, "cancelled") in TERMINAL and mid in self._running:
+                    self._dropped.add(mid)
+                    self._running[mid][1].cancel()
+
     async def _one(self, topic: str, message: Delivery) -> None:
         try:
             chunk = _decoder.decode(message.payload)
+            self._job_of[message.id] = chunk.job_id
             if message.deliveries > 1:
                 logger.info("job %s: items from %d delivered again (attempt %d)",
                             chunk.job_id, chunk.start, message.deliveries)  # fmt: skip
@@ -143,6 +176,9 @@ class JobRunner:
             await self.queue.ack(topic, [message.id])
             self.chunks_done += 1
         except asyncio.CancelledError:
+            if message.id in self._dropped:  # its job ended: the chunk is not wanted
+                with contextlib.suppress(Exception):
+                    await self.queue.ack(topic, [message.id])
             raise
         except msgspec.DecodeError:
             logger.error("job queue: undecodable message %s dropped", message.id)
@@ -152,12 +188,16 @@ class JobRunner:
             logger.exception("job chunk failed; it will be delivered again")
         finally:
             self._running.pop(message.id, None)
+            self._job_of.pop(message.id, None)
+            self._dropped.discard(message.id)
+            self._slot_free.set()
 
     async def _chunk(self, chunk: Chunk) -> None:
         job = await asyncio.to_thread(self.store.get, chunk.job_id)
         if job is None or job["status"] in TERMINAL:
             return  # cancelled (or removed): its remaining chunks are dropped
-        await asyncio.to_thread(self.store.start, chunk.job_id)
+        if job["status"] != "running":
+            await asyncio.to_thread(self.store.start, chunk.job_id)
         if job["kind"] == "request":
             results = [await self._request(job, chunk)]
         else:

@@ -39,6 +39,7 @@ class Result:
 class JobStore:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self._insert = _insert_ignore(engine).returning(job_results.c.item)
 
     def create(
         self,
@@ -83,6 +84,11 @@ class JobStore:
                 .where(and_(jobs.c.id == job_id, jobs.c.status == "accepting"))
                 .values(status="queued")
             )
+
+    def statuses(self, job_ids: set[str]) -> dict[str, str]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(jobs.c.id, jobs.c.status).where(jobs.c.id.in_(job_ids)))
+            return {job_id: status for job_id, status in rows}
 
     def start(self, job_id: str) -> None:
         with self.engine.begin() as conn:
@@ -132,13 +138,15 @@ class JobStore:
             for name, part in (("succeeded", ok), ("failed", bad)):
                 added[name] = 0
                 if part:
-                    statement = _insert_ignore(self.engine).values([
-                        {"job_id": job_id, "item": r.item, "status_code": r.status_code,
-                         "output": r.output}
-                        for r in part
-                    ])  # fmt: skip
-                    inserted = conn.execute(statement.returning(job_results.c.item)).all()
-                    added[name] = len(inserted)  # rowcount is not reliable across drivers
+                    # One cached statement, executed for many rows (SQLAlchemy batches them
+                    # into multi-row INSERTs); RETURNING tells which rows were new: the
+                    # drivers' rowcount is not reliable for this on every backend.
+                    inserted = conn.execute(
+                        self._insert,
+                        [{"job_id": job_id, "item": r.item, "status_code": r.status_code,
+                          "output": r.output} for r in part],
+                    ).all()  # fmt: skip
+                    added[name] = len(inserted)
             if not any(added.values()):
                 return False
             conn.execute(
