@@ -20,6 +20,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -55,6 +56,23 @@ def run_job(base: str, rows: int) -> dict[str, float]:
             "run_rows_per_s": rows / ran}  # fmt: skip
 
 
+def latency_during_job(base: str, url: str, rows: int) -> dict[str, float]:
+    """One online client (closed loop, 5 s) while a batch job of ``rows`` runs."""
+    result: dict[str, dict[str, float]] = {}
+    worker = threading.Thread(target=lambda: result.update(job=run_job(base, rows)))
+    worker.start()
+    with httpx.Client(base_url=base, timeout=60) as client:
+        while not _running(client):
+            time.sleep(0.05)
+    during = run_inferd_bench(url, 1, 5)
+    worker.join()
+    return during
+
+
+def _running(client: httpx.Client) -> bool:
+    return bool(client.get("/api/v1/batch", params={"status": "running"}).json()["jobs"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=100_000)
@@ -77,7 +95,17 @@ def main() -> None:
         for round_ in range(args.rounds):
             online = run_inferd_bench(url, 64, args.duration)
             job = run_job(base, args.rows)
-            runs.append({"round": round_, "online_rows_per_s": online["rps"], **job})
+            alone = run_inferd_bench(url, 1, 5)
+            during = latency_during_job(base, url, args.rows * 2)
+            runs.append({
+                "round": round_, "online_rows_per_s": online["rps"], **job,
+                "c1_p50_alone_ms": alone["p50_ms"], "c1_p99_alone_ms": alone["p99_ms"],
+                "c1_p50_during_ms": during["p50_ms"], "c1_p99_during_ms": during["p99_ms"],
+            })  # fmt: skip
+            print(
+                f"  one client alone p50 {alone['p50_ms']:.2f} p99 {alone['p99_ms']:.2f} ms;"
+                f" during a job p50 {during['p50_ms']:.2f} p99 {during['p99_ms']:.2f} ms"
+            )
             print(
                 f"round {round_}: online {online['rps']:.0f} rows/s "
                 f"(p99 {online['p99_ms']:.1f} ms);"
@@ -105,6 +133,12 @@ def write_results(runs: list[dict[str, object]], args: argparse.Namespace) -> No
         "",
         f"submit (upload + queue) {med('submit_s'):.1f} s, whole job {med('wall_s'):.1f} s "
         f"(medians of {len(runs)} rounds)",
+        "",
+        "| one online client (closed loop, 5 s) | p50 ms | p99 ms |",
+        "|---|---|---|",
+        f"| alone | {med('c1_p50_alone_ms'):.2f} | {med('c1_p99_alone_ms'):.2f} |",
+        f"| while a {args.rows * 2:,}-row job runs | {med('c1_p50_during_ms'):.2f} | "
+        f"{med('c1_p99_during_ms'):.2f} |",
         "",
     ])  # fmt: skip
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -116,3 +116,28 @@ def test_online_p99_holds_while_a_batch_job_runs(tmp_path: Path):
         server.client.delete(f"/api/v1/batch/{job['batch_id']}")
     finally:
         assert server.stop() == 0, server.log()[-3000:]
+
+
+def test_an_unreachable_queue_refuses_jobs_with_503_and_the_server_keeps_serving(tmp_path: Path):
+    """Kafka configured but no broker (as on this machine): submitting is refused with a
+    clear 503, online requests are unaffected, the runner waits for the queue quietly."""
+    from tests.conftest import free_port
+
+    push_source(tmp_path, "calc", arithmetic_model("x + 1"))
+    env = {"INFERD_QUEUE_URL": f"kafka://127.0.0.1:{free_port()}"}
+    server = InferdServer(tmp_path, workers=1, env=env)
+    try:
+        server.wait_ready(timeout_s=120)
+        reply = server.client.post("/api/v1/batch", json={"model": "calc", "inputs": [{"x": 1}]})
+        assert reply.status_code == 503, reply.text
+        assert reply.json()["error"]["code"] == "queue_unavailable"
+        reply = server.client.post(
+            "/api/v1/models/calc/predict?async=true", json={"inputs": [{"x": 1}]}
+        )
+        assert reply.status_code == 503
+        online = server.client.post("/api/v1/models/calc/predict", json={"inputs": [{"x": 1}]})
+        assert online.json()["outputs"] == [{"y": 2.0}]
+        time.sleep(2)
+        assert server.log().count("unreachable") == 1  # said once, not once per poll
+    finally:
+        assert server.stop() == 0, server.log()[-3000:]

@@ -116,6 +116,21 @@ async def submit_batch(request: Request) -> Response:
     return json_response(reply, status_code=202, headers={"location": location})
 
 
+@router.get("/batch")
+async def list_batches(
+    request: Request, status: str | None = None, model: str | None = None, limit: int = 100
+) -> Response:
+    """Batch jobs, newest first (the caller's own; an admin sees all)."""
+    if status is not None and status not in (*TERMINAL, "accepting", "queued", "running"):
+        raise InvalidInput(f"unknown status {status!r}")
+    if not 1 <= limit <= 1000:
+        raise InvalidInput("'limit' must be 1 to 1000")
+    principal: Principal | None = request.scope.get("inferd.principal")
+    owner = None if principal is None or "admin" in principal.scopes else _owner(request.scope)
+    found = await asyncio.to_thread(_jobs(request).store.find, "batch", status, model, owner, limit)
+    return json_response({"jobs": [describe(job) for job in found], "count": len(found)})
+
+
 @router.get("/batch/{batch_id}")
 async def batch_status(batch_id: str, request: Request) -> Response:
     """A batch job's status, progress (items done, failed), throughput and ETA."""

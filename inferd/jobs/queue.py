@@ -364,8 +364,13 @@ class KafkaQueue(JobQueue):
         if self._producer is None:
             from aiokafka import AIOKafkaProducer
 
-            self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all")
-            await self._producer.start()
+            producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all")
+            try:
+                await producer.start()
+            except BaseException:
+                await producer.stop()
+                raise
+            self._producer = producer
         return self._producer
 
     async def _consumer(self, topic: str) -> Any:
@@ -377,7 +382,11 @@ class KafkaQueue(JobQueue):
                 self.topic_name(topic), bootstrap_servers=self.bootstrap, group_id=GROUP,
                 client_id=self.consumer, enable_auto_commit=False, auto_offset_reset="earliest",
             )  # fmt: skip
-            await consumer.start()
+            try:
+                await consumer.start()
+            except BaseException:
+                await consumer.stop()
+                raise
             self._consumers[topic] = consumer
             self._leased[topic] = {}
         return consumer

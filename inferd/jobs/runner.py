@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from typing import Any
 
 import httpx
@@ -82,6 +83,9 @@ class JobRunner:
         """Message id -> (topic, its task)."""
         self._task: asyncio.Task[None] | None = None
         self._slot_free = asyncio.Event()
+        self._down_since: float | None = None
+        self._down_logged = 0.0
+        self._down_wait = 0.5
         self._leases: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._job_of: dict[str, str] = {}
@@ -122,9 +126,11 @@ class JobRunner:
             for topic in TOPICS:
                 try:
                     messages = await self.queue.take(topic, free - taken, self.lease_s)
-                except Exception:
-                    logger.exception("job queue: take failed; retrying")
+                except Exception as exc:
+                    await self._queue_down(exc)
                     messages = []
+                else:
+                    self._down_since = None
                 for message in messages:
                     task = asyncio.get_running_loop().create_task(self._one(topic, message))
                     self._running[message.id] = (topic, task)
@@ -135,6 +141,19 @@ class JobRunner:
                 self._slot_free.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._slot_free.wait(), self.poll_s)
+
+    async def _queue_down(self, exc: Exception) -> None:
+        """The queue cannot be read: say so (once a minute), wait, try again (backoff up
+        to 30 s); the gateways refuse new jobs meanwhile (503)."""
+        now = time.monotonic()
+        if self._down_since is None:
+            self._down_since, self._down_logged, self._down_wait = now, 0.0, 0.5
+        if now - self._down_logged > 60:
+            self._down_logged = now
+            logger.error("job queue %s unreachable: %s: %s", self.queue.url,
+                         type(exc).__name__, exc)  # fmt: skip
+        await asyncio.sleep(self._down_wait)
+        self._down_wait = min(self._down_wait * 2, 30.0)
 
     async def _renew_leases(self) -> None:
         while True:

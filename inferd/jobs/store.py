@@ -85,6 +85,26 @@ class JobStore:
                 .values(status="queued")
             )
 
+    def find(
+        self,
+        kind: str,
+        status: str | None = None,
+        model: str | None = None,
+        owner: str | None = None,
+        limit: int = 100,
+    ) -> list[dict[str, Any]]:
+        """Jobs of ``kind``, newest first, filtered (``owner`` None: everyone's)."""
+        query = select(jobs).where(jobs.c.kind == kind)
+        if status is not None:
+            query = query.where(jobs.c.status == status)
+        if model is not None:
+            query = query.where(jobs.c.model_name == model)
+        if owner is not None:
+            query = query.where(jobs.c.owner == owner)
+        with self.engine.connect() as conn:
+            rows = conn.execute(query.order_by(jobs.c.id.desc()).limit(limit)).mappings()
+            return [{str(k): v for k, v in row.items()} for row in rows]
+
     def statuses(self, job_ids: set[str]) -> dict[str, str]:
         with self.engine.connect() as conn:
             rows = conn.execute(select(jobs.c.id, jobs.c.status).where(jobs.c.id.in_(job_ids)))
@@ -99,12 +119,14 @@ class JobStore:
             )
 
     def recent_rate(self, model: str) -> float | None:
-        """Items per second of the model's last batch job that succeeded."""
+        """Items per second of the model's last batch job that succeeded (of 500 inputs
+        or more: a smaller one measures latency, not throughput)."""
         with self.engine.connect() as conn:
             row = conn.execute(
                 select(jobs.c.total, jobs.c.started_at, jobs.c.finished_at)
                 .where(and_(jobs.c.model_name == model, jobs.c.kind == "batch",
-                            jobs.c.status == "succeeded", jobs.c.started_at.is_not(None)))
+                            jobs.c.status == "succeeded", jobs.c.started_at.is_not(None),
+                            jobs.c.total >= 500))
                 .order_by(jobs.c.finished_at.desc())
                 .limit(1)
             ).first()  # fmt: skip
