@@ -310,3 +310,27 @@ def test_async_requests_are_checked_before_they_are_queued(server: InferdServer)
         "/api/v1/models/calc/predict?async=false", json={"inputs": [{"x": 1}]}
     )
     assert online.status_code == 200
+
+
+def test_a_cancelled_job_calls_back_too(server: InferdServer):
+    receiver = Receiver(fail_first=0)
+    try:
+        job = server.client.post(
+            "/api/v1/batch",
+            json={"model": "slow", "inputs": [{"x": float(i)} for i in range(2000)],
+                  "callback_url": receiver.url},
+        ).json()  # fmt: skip
+        assert server.client.delete(f"/api/v1/batch/{job['batch_id']}").status_code == 200
+        deadline = time.monotonic() + 15
+        while not receiver.calls:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        headers, body, _ = receiver.calls[0]
+        summary = json.loads(body)
+        assert (summary["batch_id"], summary["status"]) == (job["batch_id"], "cancelled")
+        assert summary["error"] == "cancelled by the client"
+        assert verify(SECRET, headers[TIMESTAMP_HEADER], body, headers[SIGNATURE_HEADER])
+        time.sleep(2.5)
+        assert len(receiver.calls) == 1  # delivered once
+    finally:
+        receiver.close()

@@ -71,15 +71,22 @@ class CallbackSender:
         self.first_delay_s = first_delay_s
         self.max_delay_s = max_delay_s
         self._tasks: set[asyncio.Task[None]] = set()
+        self._sending: set[str] = set()
+        """Jobs whose callback is being delivered (one delivery per job at a time)."""
         self._client = httpx.AsyncClient(timeout=timeout_s, follow_redirects=False)
 
     def send_soon(self, job_id: str) -> None:
+        if job_id in self._sending:
+            return
+        self._sending.add(job_id)
         task = asyncio.get_running_loop().create_task(self.deliver(job_id))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda _: self._sending.discard(job_id))
 
     async def resume(self) -> None:
-        """Callbacks of jobs that ended before a restart and were not delivered."""
+        """Callbacks of jobs that ended and were not delivered: cancelled or failed
+        ones (ended elsewhere, by a gateway), and any a restart interrupted."""
         for job in await asyncio.to_thread(self.store.pending_callbacks):
             self.send_soon(job["id"])
 

@@ -220,7 +220,14 @@ class JobRunner:
         if job["kind"] == "request":
             results = [await self._request(job, chunk)]
         else:
-            results = await self._batch(job, chunk)
+            try:
+                results = await self._batch(job, chunk)
+            except JobFailed as exc:
+                logger.warning("job %s failed: %s", chunk.job_id, exc)
+                ended = await asyncio.to_thread(self.store.finish, chunk.job_id, "failed", str(exc))
+                if ended and self.callbacks is not None:
+                    self.callbacks.send_soon(chunk.job_id)
+                return
         finished = await asyncio.to_thread(self.store.add_results, chunk.job_id, results)
         if finished and self.callbacks is not None:
             self.callbacks.send_soon(chunk.job_id)
@@ -277,10 +284,10 @@ class JobRunner:
                 Result(i, 200, orjson.dumps(o).decode())
                 for i, o in zip(items, outputs, strict=True)
             ]
+        if status == 404:  # the model (or its pinned version) is gone: the job cannot go on
+            raise JobFailed(_message(body))
         if len(rows) == 1:
             return [Result(items[0], status, body.decode())]
-        if status == 404:  # the model (or pinned version) is gone: every row says so
-            return [Result(i, status, body.decode()) for i in items]
         found = []
         for row, item in zip(rows, items, strict=True):
             found.extend(await self._predict(job, [row], [item]))
@@ -307,6 +314,17 @@ class JobRunner:
                     delay = max(delay, min(float(retry_after), 30.0))
             await asyncio.sleep(delay * random.uniform(0.5, 1.0))
             delay = min(delay * 2, 30.0)
+
+
+class JobFailed(Exception):
+    """The job cannot go on (its model was removed): it ends ``failed``, saying why."""
+
+
+def _message(body: bytes) -> str:
+    try:
+        return str(orjson.loads(body)["error"]["message"])
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return body.decode("utf-8", "replace")[:500]
 
 
 def _path(job: dict[str, Any]) -> str:

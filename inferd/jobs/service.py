@@ -46,6 +46,7 @@ class JobService:
             cfg.concurrency, cfg.lease_s, callbacks=self.callbacks,
         )  # fmt: skip
         self._upkeep: asyncio.Task[None] | None = None
+        self._callbacks: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         if isinstance(self.queue, SqliteQueue):
@@ -54,7 +55,18 @@ class JobService:
                 logger.info("job queue: %d chunk(s) of a stopped server taken up again", released)
         self.runner.start()
         await self.callbacks.resume()
-        self._upkeep = asyncio.get_running_loop().create_task(self._upkeep_forever())
+        loop = asyncio.get_running_loop()
+        self._upkeep = loop.create_task(self._upkeep_forever())
+        self._callbacks = loop.create_task(self._callbacks_forever())
+
+    async def _callbacks_forever(self, every_s: float = 2.0) -> None:
+        """Jobs ended by a gateway (cancelled) or a failure get their callback too."""
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                await self.callbacks.resume()
+            except Exception:
+                logger.exception("jobs: looking for pending callbacks failed")
 
     async def _upkeep_forever(self) -> None:
         while True:
@@ -68,10 +80,11 @@ class JobService:
             await asyncio.sleep(UPKEEP_INTERVAL_S)
 
     async def stop(self) -> None:
-        if self._upkeep is not None:
-            self._upkeep.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._upkeep
+        for task in (self._upkeep, self._callbacks):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.runner.stop()
         await self.callbacks.close()
         await self.queue.close()

@@ -206,12 +206,18 @@ class JobStore:
         with self.engine.begin() as conn:
             conn.execute(update(jobs).where(jobs.c.id == job_id).values(callback=callback))
 
-    def pending_callbacks(self) -> list[dict[str, Any]]:
-        """Finished jobs whose callback is not delivered yet (after a restart)."""
+    def pending_callbacks(self, within_s: float = 86400.0) -> list[dict[str, Any]]:
+        """Jobs that ended in the last ``within_s`` and whose callback is not delivered
+        yet (cancelled ones, failed ones, and any a restart interrupted)."""
+        since = datetime.now(UTC) - timedelta(seconds=within_s)
         with self.engine.connect() as conn:
             rows = conn.execute(
                 select(jobs).where(
-                    and_(jobs.c.status.in_(TERMINAL), jobs.c.callback_url.is_not(None))
+                    and_(
+                        jobs.c.status.in_(TERMINAL),
+                        jobs.c.callback_url.is_not(None),
+                        jobs.c.finished_at > since,
+                    )
                 )
             ).mappings()
             found = [{str(k): v for k, v in r.items()} for r in rows]
