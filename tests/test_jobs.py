@@ -334,3 +334,36 @@ def test_a_cancelled_job_calls_back_too(server: InferdServer):
         assert len(receiver.calls) == 1  # delivered once
     finally:
         receiver.close()
+
+
+def test_async_v2_and_openai_requests(server: InferdServer):
+    v2 = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2], "data": [1.0, 2.0]}]}
+    sync = server.client.post("/v2/models/calc/versions/v1/infer", json=v2).json()
+    reply = server.client.post("/v2/models/calc/versions/v1/infer?async=true", json=v2)
+    assert reply.status_code == 202, reply.text
+    state = _poll(server, reply.json()["status_url"])
+    assert state["status_code"] == 200
+    assert state["result"]["outputs"] == sync["outputs"]
+    assert (
+        server.client.post("/v2/models/calc/versions/v9/infer?async=true", json=v2).status_code
+        == 404
+    )
+    binary = server.client.post(
+        "/v2/models/calc/infer?async=true", content=b"{}",
+        headers={"inference-header-content-length": "2"},
+    )  # fmt: skip
+    assert binary.status_code == 422 and "binary" in binary.json()["error"]["message"]
+    reply = server.client.post(
+        "/v1/completions",
+        json={"model": "tiny", "prompt": "The server", "max_tokens": 3},
+        headers={"prefer": "respond-async"},
+    )
+    assert reply.status_code == 202, reply.text
+    state = _poll(server, reply.json()["status_url"])
+    assert state["result"]["object"] == "text_completion"
+    assert state["result"]["usage"]["completion_tokens"] <= 3
+    chat = server.client.post(
+        "/v1/chat/completions?async=true",
+        json={"model": "nope", "messages": [{"role": "user", "content": "hi"}]},
+    )
+    assert chat.status_code == 404

@@ -5,9 +5,9 @@
   "estimated_time", ...}``; ``GET /api/v1/batch/{id}`` (status, progress, ETA, callback
   attempts); ``GET /api/v1/batch/{id}/results`` (JSON Lines in input order, streamed:
   ``{"index", "output"}`` or ``{"index", "status", "error"}``); ``DELETE`` cancels.
-- Any ``/api/v1`` predict or generate request with ``?async=true`` or
-  ``Prefer: respond-async`` -> 202 ``{"id", "status": "queued", "status_url"}``;
-  ``GET /api/v1/requests/{id}`` -> its status and, once done, its answer.
+- A predict or generate request (``/api/v1``, V2 infer/generate, OpenAI completions)
+  with ``?async=true`` or ``Prefer: respond-async`` -> 202 ``{"id", "status": "queued",
+  "status_url"}``; ``GET /api/v1/requests/{id}`` -> its status and, once done, its answer.
 """
 
 from __future__ import annotations
@@ -196,7 +196,10 @@ async def async_status(request_id: str, request: Request) -> Response:
         rows = await asyncio.to_thread(jobs.store.results_page, request_id, -1, 1)
         if rows:
             reply["status_code"] = rows[0][1]
-            reply["result"] = orjson.loads(rows[0][2])
+            try:
+                reply["result"] = orjson.loads(rows[0][2])
+            except orjson.JSONDecodeError:  # not JSON (a proxy's error page): as text
+                reply["result"] = rows[0][2]
     if job["error"]:
         reply["error"] = job["error"]
     return json_response(reply)
@@ -204,7 +207,13 @@ async def async_status(request_id: str, request: Request) -> Response:
 
 # -- asynchronous requests -------------------------------------------------------------------
 
-ASYNC_PATHS = re.compile(r"^/api/v1/(models/(?P<model>[^/]+)/)?(predict|generate)$")
+ASYNC_PATHS = re.compile(
+    r"^/(api/v1/(models/(?P<model>[^/]+)/)?(predict|generate)"
+    r"|v2/models/(?P<v2model>[^/]+)(/versions/(?P<v2version>[^/]+))?/(infer|generate)"
+    r"|v1/(chat/)?completions)$"
+)
+"""The requests that may be sent asynchronously: predict and generate on ``/api/v1``,
+V2 infer and generate (JSON bodies), OpenAI completions and chat completions."""
 
 
 def wants_async(scope: Scope) -> bool:
@@ -251,19 +260,23 @@ class AsyncGate:
 async def _submit_async(request: Request) -> Response:
     jobs = _jobs(request)
     state = request.app.state
+    if request.headers.get("inference-header-content-length") is not None:
+        raise InvalidInput("an asynchronous V2 request takes a JSON body, not the binary extension")
     raw = await read_body(request, state.settings.max_body_bytes)
     body = parse_json(raw)
     if not isinstance(body, dict):
         raise InvalidInput("request body must be a JSON object")
     match = ASYNC_PATHS.match(request.url.path)
     assert match is not None
-    model = match.group("model") or body.get("model")
+    model = match.group("model") or match.group("v2model") or body.get("model")
     if not isinstance(model, str):
         raise InvalidInput("missing 'model': the name of the model to call")
-    if body.get("stream"):
+    if body.get("stream") or request.url.path.endswith("_stream"):
         raise InvalidInput("an asynchronous request cannot stream: drop 'stream' or '?async'")
     params = body.get("params")
-    version = params.get("version") if isinstance(params, dict) else body.get("version")
+    version = match.group("v2version") or (
+        params.get("version") if isinstance(params, dict) else body.get("version")
+    )
     target, _ = state.router.resolve(model, version if isinstance(version, str) else None)
     authorize_model(request.scope, target.model)
     rid = request_id_of(request)
