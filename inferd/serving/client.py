@@ -140,6 +140,9 @@ class ReplicaClient:
         )  # fmt: skip
         if tracing.tracer is not None and tracing.recording():
             return await self._traced_infer(tracing.tracer, message, timeout_s)
+        return await self._send_infer(message, timeout_s)
+
+    async def _send_infer(self, message: p.Infer, timeout_s: float) -> Columns:
         self.outstanding += 1
         try:
             reply = await self._call(message, timeout_s)
@@ -157,14 +160,7 @@ class ReplicaClient:
         attributes = {"inferd.replica": self.replica_id, "inferd.rows": message.rows}
         with tracer.start_as_current_span(name, kind=SpanKind.CLIENT, attributes=attributes):
             message.trace = tracing.carrier()
-            self.outstanding += 1
-            try:
-                reply = await self._call(message, timeout_s)
-            finally:
-                self.outstanding -= 1
-            if isinstance(reply, p.InferResult):
-                return {name: p.from_tensor(t) for name, t in reply.outputs.items()}
-            raise _as_error(reply)
+            return await self._send_infer(message, timeout_s)
 
     async def generate(
         self,
