@@ -26,6 +26,7 @@ from inferd.config import Settings
 from inferd.control.controller import Controller
 from inferd.control.gateways import GatewayPool
 from inferd.control.publisher import TablePublisher
+from inferd.jobs.service import JobService
 from inferd.observability import feedback
 from inferd.observability.exposition import (
     RequestMetrics,
@@ -136,6 +137,7 @@ async def render_metrics(
     gateways: GatewayPool,
     writer: InferenceLog | None = None,
     registry: Registry | None = None,
+    jobs: JobService | None = None,
 ) -> str:
     """``/metrics``: requests from every gateway, then every replica and process, then
     accuracy from feedback."""
@@ -158,19 +160,25 @@ async def render_metrics(
     write_processes(out, processes)
     write_gpus(out)
     if registry is not None and writer is not None:  # feedback needs the inference log
-        thresholds = []
-        for name, model in controller.models.items():
-            for version, vset in model.versions.items():
-                value = vset.record.metadata.get("accuracy_threshold")
-                if isinstance(value, int | float) and not isinstance(value, bool):
-                    thresholds.append(({"model": name, "version": version}, float(value)))
-        try:
-            rows = await asyncio.to_thread(feedback.accuracy, registry.engine)
-        except Exception:
-            logger.exception("reading feedback for /metrics failed")
-            rows = []
-        write_accuracy(out, rows, thresholds)
+        await _write_accuracy(out, controller, registry)
+    if jobs is not None:
+        await jobs.write_metrics(out)
     return out.render()
+
+
+async def _write_accuracy(out: Text, controller: Controller, registry: Registry) -> None:
+    thresholds = []
+    for name, model in controller.models.items():
+        for version, vset in model.versions.items():
+            value = vset.record.metadata.get("accuracy_threshold")
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                thresholds.append(({"model": name, "version": version}, float(value)))
+    try:
+        rows = await asyncio.to_thread(feedback.accuracy, registry.engine)
+    except Exception:
+        logger.exception("reading feedback for /metrics failed")
+        rows = []
+    write_accuracy(out, rows, thresholds)
 
 
 async def serve(
@@ -223,10 +231,11 @@ async def serve(
         for sock in reserved:
             sock.close()
         if settings.jobs.runner:
-            from inferd.jobs.service import JobService
-
             jobs = JobService(settings, registry)
             await jobs.start()
+            publisher.on_metrics = functools.partial(
+                render_metrics, requests, controller, gateways, writer, registry, jobs
+            )
         models = ", ".join(sorted(controller.models)) or "none yet"
         grpc = f", gRPC on {settings.host}:{settings.grpc_port}" if settings.grpc_port >= 0 else ""
         progress(

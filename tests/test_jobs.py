@@ -88,6 +88,15 @@ def test_a_batch_of_thousands_comes_back_in_input_order(server: InferdServer):
     lines = results(server, body["batch_id"])
     assert [line["index"] for line in lines] == list(range(n))
     assert all(line["output"] == {"y": 2.0 * line["index"]} for line in lines)
+    metrics = server.client.get("/metrics").text
+    assert 'inferd_jobs{kind="batch",status="succeeded"}' in metrics
+    assert 'inferd_job_queue_messages{topic="batch"}' in metrics
+    ok = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith('inferd_job_items_total{result="succeeded"}')
+    ]
+    assert ok and float(ok[0].split()[-1]) >= n
     # the next job of this model gets an estimate from this one's rate
     again = server.client.post("/api/v1/batch", json={"model": "calc", "inputs": [{"x": 1.0}]})
     assert again.json()["estimated_time"] is not None

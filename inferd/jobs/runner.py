@@ -93,6 +93,9 @@ class JobRunner:
         self._dropped: set[str] = set()
         """Messages whose task was cancelled because their job ended (acknowledged)."""
         self.chunks_done = 0
+        self.items_ok = 0
+        self.items_failed = 0
+        self.redelivered = 0
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -189,6 +192,7 @@ class JobRunner:
             chunk = _decoder.decode(message.payload)
             self._job_of[message.id] = chunk.job_id
             if message.deliveries > 1:
+                self.redelivered += 1
                 logger.info("job %s: items from %d delivered again (attempt %d)",
                             chunk.job_id, chunk.start, message.deliveries)  # fmt: skip
             await self._chunk(chunk)
@@ -229,6 +233,9 @@ class JobRunner:
                     self.callbacks.send_soon(chunk.job_id)
                 return
         finished = await asyncio.to_thread(self.store.add_results, chunk.job_id, results)
+        ok = sum(1 for r in results if r.status_code == 200)
+        self.items_ok += ok
+        self.items_failed += len(results) - ok
         if finished and self.callbacks is not None:
             self.callbacks.send_soon(chunk.job_id)
 

@@ -11,8 +11,9 @@ from inferd.config import Settings
 from inferd.jobs import describe
 from inferd.jobs.callbacks import CallbackSender
 from inferd.jobs.queue import SqliteQueue, queue_for
-from inferd.jobs.runner import JobRunner
+from inferd.jobs.runner import TOPICS, JobRunner
 from inferd.jobs.store import JobStore
+from inferd.observability.exposition import Text
 from inferd.registry import Registry
 
 logger = logging.getLogger(__name__)
@@ -78,6 +79,28 @@ class JobService:
             except Exception:
                 logger.exception("jobs upkeep failed; retrying later")
             await asyncio.sleep(UPKEEP_INTERVAL_S)
+
+    async def write_metrics(self, out: Text) -> None:
+        """Jobs by kind and status, queue depth per topic, the runner's item counts."""
+        try:
+            counts = await asyncio.to_thread(self.store.counts)
+            depths = {topic: await self.queue.depth(topic) for topic in TOPICS}
+        except Exception:
+            logger.exception("reading the jobs for /metrics failed")
+            return
+        out.family("inferd_jobs", "gauge", "Jobs kept, by kind (batch, request) and status.")
+        for (kind, status), n in sorted(counts.items()):
+            out.sample("inferd_jobs", {"kind": kind, "status": status}, n)
+        out.family("inferd_job_queue_messages", "gauge", "Chunks on the job queue, not acked.")
+        for topic, n in depths.items():
+            out.sample("inferd_job_queue_messages", {"topic": topic}, n)
+        runner = self.runner
+        out.family("inferd_job_items_total", "counter", "Job inputs run by this server.")
+        for result, n in (("succeeded", runner.items_ok), ("failed", runner.items_failed)):
+            out.sample("inferd_job_items_total", {"result": result}, n)
+        out.family("inferd_job_chunks_redelivered_total", "counter",
+                   "Chunks delivered again (a lease ended: a runner died or stalled).")  # fmt: skip
+        out.sample("inferd_job_chunks_redelivered_total", {}, runner.redelivered)
 
     async def stop(self) -> None:
         for task in (self._upkeep, self._callbacks):

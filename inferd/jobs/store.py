@@ -105,6 +105,16 @@ class JobStore:
             rows = conn.execute(query.order_by(jobs.c.id.desc()).limit(limit)).mappings()
             return [{str(k): v for k, v in row.items()} for row in rows]
 
+    def counts(self) -> dict[tuple[str, str], int]:
+        """Jobs kept, by (kind, status)."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(jobs.c.kind, jobs.c.status, func.count()).group_by(
+                    jobs.c.kind, jobs.c.status
+                )
+            )
+            return {(kind, status): int(n) for kind, status, n in rows}
+
     def statuses(self, job_ids: set[str]) -> dict[str, str]:
         with self.engine.connect() as conn:
             rows = conn.execute(select(jobs.c.id, jobs.c.status).where(jobs.c.id.in_(job_ids)))
