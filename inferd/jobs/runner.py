@@ -34,8 +34,13 @@ from inferd.jobs.store import TERMINAL, JobStore, Result
 logger = logging.getLogger(__name__)
 
 TOPICS = ("requests", "batch")
-RETRY_STATUS = (429, 502, 503, 504)
-"""A refusal for capacity (or a gateway restarting): the chunk waits and tries again."""
+RETRY_STATUS = (429, 502, 503)
+"""A refusal for capacity (or a gateway restarting): the chunk waits and tries again,
+for as long as it takes."""
+DEADLINE_RETRIES = 8
+"""A 504 (the request's deadline passed, e.g. while a job at the lowest priority waited
+behind online traffic) is tried again this many times, with backoff, before it stands
+as the items' result: a model too slow for the deadline must not loop for ever."""
 
 
 class Chunk(msgspec.Struct, array_like=True):
@@ -305,7 +310,7 @@ class JobRunner:
     ) -> tuple[int, bytes]:
         """POST until the answer is not a capacity refusal (backoff with jitter, honouring
         Retry-After); connection errors too (the gateway restarting)."""
-        delay = 0.1
+        delay, timeouts = 0.1, 0
         while True:
             try:
                 reply = await self._client.post(
@@ -314,7 +319,11 @@ class JobRunner:
             except httpx.TransportError as exc:
                 logger.warning("job runner: gateway unreachable (%s); retrying", exc)
             else:
-                if reply.status_code not in RETRY_STATUS:
+                if reply.status_code == 504:
+                    timeouts += 1
+                if reply.status_code not in RETRY_STATUS and (
+                    reply.status_code != 504 or timeouts > DEADLINE_RETRIES
+                ):
                     return reply.status_code, reply.content
                 retry_after = reply.headers.get("retry-after", "")
                 if retry_after.isdigit():
