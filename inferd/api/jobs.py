@@ -175,7 +175,11 @@ async def cancel_batch(batch_id: str, request: Request) -> Response:
     job = _visible(await jobs.get(batch_id), request.scope, batch_id)
     if job["status"] in TERMINAL:
         raise Conflict(f"job {batch_id} already {job['status']}")
-    await asyncio.to_thread(jobs.store.finish, batch_id, "cancelled", "cancelled by the client")
+    if not await asyncio.to_thread(
+        jobs.store.finish, batch_id, "cancelled", "cancelled by the client"
+    ):  # it ended meanwhile
+        ended = await jobs.get(batch_id) or job
+        raise Conflict(f"job {batch_id} already {ended['status']}")
     return json_response(describe(await jobs.get(batch_id) or job))
 
 
