@@ -141,3 +141,33 @@ def test_queue_urls_name_their_backend(tmp_path: Path):
     assert isinstance(queue_for(REDIS), RedisStreamsQueue)
     with pytest.raises(ValueError, match="queue URL"):
         queue_for("amqp://localhost")
+
+
+@pytest.mark.redis
+def test_a_runner_polling_redis_stops_promptly(tmp_path: Path, redis_url: str):
+    """Stopping lands in the middle of a Redis command now and then: redis-py 8 may
+    swallow that cancellation, so the runner stops on its own flag as well."""
+    import random
+    import time
+
+    from sqlalchemy import create_engine
+
+    from inferd.jobs.runner import JobRunner
+    from inferd.jobs.store import JobStore
+
+    async def scenario() -> list[float]:
+        took = []
+        for i in range(15):
+            queue = RedisStreamsQueue(redis_url, f"stopper-{i}")
+            store = JobStore(create_engine(f"sqlite:///{tmp_path / 'unused.db'}"))
+            runner = JobRunner(store, queue, "http://127.0.0.1:9", "token", poll_s=0.0)
+            runner.start()
+            await asyncio.sleep(random.uniform(0.01, 0.1))
+            started = time.monotonic()
+            await asyncio.wait_for(runner.stop(), 10)
+            took.append(time.monotonic() - started)
+            await asyncio.wait_for(queue.close(), 5)
+        return took
+
+    took = run(scenario())
+    assert max(took) < 6.0, took

@@ -9,6 +9,7 @@ connections, and exits when it loses the controller.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import sys
@@ -100,7 +101,8 @@ async def run_gateway(settings: Settings, control_socket: Path) -> None:
             await cache.close()
         if limits is not None:
             await limits.close()
-        await jobs.queue.close()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(jobs.queue.close(), 5.0)
         registry.close()
 
 

@@ -246,7 +246,9 @@ class RedisStreamsQueue(JobQueue):
 
         self.url = url
         self.consumer = consumer
-        self._redis = redis.from_url(url)
+        # RESP2: redis-py 8's RESP3 parser can spin for ever on a connection whose read
+        # was cancelled mid-reply (seen when a runner stops during XAUTOCLAIM).
+        self._redis = redis.from_url(url, protocol=2)
         self._groups: set[str] = set()
 
     @staticmethod

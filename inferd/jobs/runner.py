@@ -37,6 +37,7 @@ TOPICS = ("requests", "batch")
 RETRY_STATUS = (429, 502, 503)
 """A refusal for capacity (or a gateway restarting): the chunk waits and tries again,
 for as long as it takes."""
+STOP_TIMEOUT_S = 5.0
 DEADLINE_RETRIES = 8
 """A 504 (the request's deadline passed, e.g. while a job at the lowest priority waited
 behind online traffic) is tried again this many times, with backoff, before it stands
@@ -88,6 +89,7 @@ class JobRunner:
         """Message id -> (topic, its task)."""
         self._task: asyncio.Task[None] | None = None
         self._slot_free = asyncio.Event()
+        self._stopping = False
         self._down_since: float | None = None
         self._down_logged = 0.0
         self._down_wait = 0.5
@@ -111,20 +113,24 @@ class JobRunner:
     async def stop(self) -> None:
         """Stop taking work; what runs is cancelled (its messages come back after their
         leases: nothing is lost)."""
-        own = (self._task, self._leases, self._watcher)
-        for task in (*own, *(t for _, t in self._running.values())):
-            if task is not None:
-                task.cancel()
-        tasks = [t for t in own if t is not None]
-        await asyncio.gather(
-            *tasks, *(t for _, t in self._running.values()), return_exceptions=True
-        )
+        # The loops also stop on their own flag: a queue client may swallow a
+        # cancellation that lands inside one of its commands (redis-py 8 does).
+        self._stopping = True
+        self._slot_free.set()
+        own = [t for t in (self._task, self._leases, self._watcher) if t is not None]
+        tasks = [*own, *(t for _, t in self._running.values())]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=STOP_TIMEOUT_S)
+            if late:
+                logger.warning("job runner: %d task(s) did not stop in time", len(late))
         await self._client.aclose()
 
     async def _run(self) -> None:
         """Keep ``concurrency`` chunks in flight: take more as soon as one finishes; poll
         the queue every ``poll_s`` only while it is empty."""
-        while True:
+        while not self._stopping:
             free = self.concurrency - len(self._running)
             if free <= 0:
                 self._slot_free.clear()
@@ -132,6 +138,8 @@ class JobRunner:
                 continue
             taken = 0
             for topic in TOPICS:
+                if self._stopping:
+                    return
                 try:
                     messages = await self.queue.take(topic, free - taken, self.lease_s)
                 except Exception as exc:
@@ -164,7 +172,7 @@ class JobRunner:
         self._down_wait = min(self._down_wait * 2, 30.0)
 
     async def _renew_leases(self) -> None:
-        while True:
+        while not self._stopping:
             await asyncio.sleep(self.lease_s / 3)
             by_topic: dict[str, list[str]] = {}
             for mid, (topic, _) in list(self._running.items()):
@@ -177,7 +185,7 @@ class JobRunner:
         """Chunks in flight of a job that ended meanwhile (cancelled) stop at once: their
         requests are cancelled (the gateway and the replica drop them) and their messages
         acknowledged."""
-        while True:
+        while not self._stopping:
             await asyncio.sleep(every_s)
             jobs = set(self._job_of.values())
             if not jobs:

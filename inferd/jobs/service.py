@@ -110,4 +110,7 @@ class JobService:
                     await task
         await self.runner.stop()
         await self.callbacks.close()
-        await self.queue.close()
+        try:
+            await asyncio.wait_for(self.queue.close(), 5.0)
+        except TimeoutError:
+            logger.warning("job queue: closing timed out")
