@@ -150,7 +150,9 @@ class RedisCache:
     def __init__(self, url: str) -> None:
         import redis.asyncio as redis
 
-        self._redis = redis.from_url(url)
+        # RESP2 (see inferd.jobs.queue): a request cancelled mid-command (its client went
+        # away) must not leave redis-py 8's RESP3 parser spinning on the connection.
+        self._redis = redis.from_url(url, protocol=2)
         self.hits = 0
         self.misses = 0
 
