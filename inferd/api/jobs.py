@@ -188,13 +188,14 @@ async def async_status(request_id: str, request: Request) -> Response:
     """An asynchronous request: its status, and once done its status code and answer."""
     jobs = _jobs(request)
     job = _visible(await jobs.get(request_id), request.scope, request_id)
+    shown = describe(job)
     reply: dict[str, Any] = {
         "id": job["id"],
         "request_id": job["request"].get("headers", {}).get("x-request-id"),
         "model": job["model_name"],
         "status": job["status"],
-        "created_at": describe(job)["created_at"],
-        "finished_at": describe(job)["finished_at"],
+        "created_at": shown["created_at"],
+        "finished_at": shown["finished_at"],
     }
     if job["status"] == "succeeded":
         rows = await asyncio.to_thread(jobs.store.results_page, request_id, -1, 1)

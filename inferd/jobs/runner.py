@@ -99,7 +99,6 @@ class JobRunner:
         """Message id -> the job its chunk belongs to (for chunks in flight)."""
         self._dropped: set[str] = set()
         """Messages whose task was cancelled because their job ended (acknowledged)."""
-        self.chunks_done = 0
         self.items_ok = 0
         self.items_failed = 0
         self.redelivered = 0
@@ -210,7 +209,6 @@ class JobRunner:
                             chunk.job_id, chunk.start, message.deliveries)  # fmt: skip
             await self._chunk(chunk)
             await self.queue.ack(topic, [message.id])
-            self.chunks_done += 1
         except asyncio.CancelledError:
             if message.id in self._dropped:  # its job ended: the chunk is not wanted
                 with contextlib.suppress(Exception):
