@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import (
@@ -46,6 +46,12 @@ class BatchingConfig(BaseModel):
     Retry-After) while the queue holds this share of ``max_queue_rows`` or more."""
     batch_queue_share: float = Field(0.25, gt=0, le=1)
     """The same for the last level (``batch``), when it comes after the default one."""
+    length_buckets: list[Annotated[int, Field(ge=1)]] = Field(
+        default_factory=lambda: [16, 32, 64, 128, 256, 512]
+    )
+    """Text models: upper bounds (tokens) of the length buckets. A batch holds requests of
+    one bucket (the oldest request's), so short texts are not padded to long ones; an
+    empty list batches texts of any length together."""
 
     @model_validator(mode="after")
     def _default_priority_is_a_level(self) -> BatchingConfig:
@@ -278,6 +284,9 @@ class Settings(BaseSettings):
     """Folder for replica sockets; default a short private folder under /tmp."""
     demo_llm: bool = True
     """With --demo, also build and serve the small demo GPT-2 and its LoRA adapter."""
+    demo_text: bool = True
+    """With --demo, also serve all-MiniLM-L6-v2 and the sentiment classifier trained over
+    it (needs ``inferd[demo]``)."""
     log_level: str = "INFO"
     """Log level of every inferd process."""
     log_json: bool = False

@@ -191,7 +191,12 @@ async def serve(
         from inferd.demo.install import install_demo
 
         await asyncio.to_thread(
-            install_demo, registry, settings.data_dir / "demo-src", progress, settings.demo_llm
+            install_demo,
+            registry,
+            settings.data_dir / "demo-src",
+            progress,
+            settings.demo_llm,
+            settings.demo_text,
         )
     if not settings.auth.enabled and not _loopback(settings.host):
         warning = (

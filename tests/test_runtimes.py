@@ -431,4 +431,13 @@ def test_manifest_overrides_inference_and_arguments_override_manifest(tmp_path: 
 
 
 def test_every_builtin_runtime_is_listed() -> None:
-    assert set(RUNTIMES) == {"sklearn", "xgboost", "lightgbm", "onnx", "torch", "python", "gpt2"}
+    assert set(RUNTIMES) == {
+        "sklearn",
+        "xgboost",
+        "lightgbm",
+        "onnx",
+        "torch",
+        "python",
+        "gpt2",
+        "transformers",
+    }

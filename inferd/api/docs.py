@@ -58,6 +58,26 @@ PREDICT_ONE = {
     }
 }
 
+EMBED = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["model", "inputs"],
+                    "properties": {
+                        "model": {"type": "string"},
+                        "inputs": {"type": "array", "items": {"type": "string"}},
+                        "params": {"type": "object"},
+                    },
+                },
+                "example": {"model": "all-minilm-l6-v2", "inputs": ["Hello world", "How are you"]},
+            }
+        },
+    }
+}
+
 DEPLOY = {
     "requestBody": {
         "required": True,

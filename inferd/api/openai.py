@@ -1,4 +1,5 @@
-"""OpenAI-compatible API: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``.
+"""OpenAI-compatible API: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``,
+``/v1/embeddings``.
 
 Framing follows what the official clients parse: ``text_completion`` and
 ``chat.completion.chunk`` objects as ``data:`` lines, a final usage chunk with empty
@@ -9,6 +10,7 @@ as an HTTP status, inside it as a ``data:`` error object.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import time
 import uuid
@@ -21,6 +23,7 @@ from starlette.responses import Response, StreamingResponse
 
 from inferd.api.generate import Chunks, cache_header, collect, start, usage
 from inferd.api.http import json_response, read_json
+from inferd.api.v1 import embed_texts, embedding_reply
 from inferd.errors import BadRequest, InferdError, InvalidInput, ModelNotReady
 from inferd.runtimes import GENERATIVE
 
@@ -29,18 +32,24 @@ router = APIRouter(prefix="/v1", tags=["openai"])
 
 def openai_error(exc: InferdError) -> Response:
     kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
-    body = {"error": {"message": exc.message, "type": kind, "param": None, "code": exc.code}}
+    param = exc.details.get("param", exc.details.get("field"))
+    body = {"error": {"message": exc.message, "type": kind, "param": param, "code": exc.code}}
     return json_response(body, status_code=exc.status_code, headers=exc.headers())
 
 
 @router.get("/models")
 async def models(request: Request) -> Response:
-    """Generative models being served, in OpenAI's list shape."""
+    """Generative and embedding models being served, in OpenAI's list shape."""
     table = request.app.state.router.table
     data = []
     for name, route in table.models.items():
         serving = route.versions.get(route.default_version or "")
-        if serving is None or serving.framework not in GENERATIVE:
+        if serving is None:
+            continue
+        if serving.framework not in GENERATIVE:
+            outputs = serving.signature.get("outputs") or ()
+            if any(o.get("name") == "embedding" for o in outputs):  # embedding models
+                data.append({"id": name, "object": "model", "created": 0, "owned_by": "inferd"})
             continue
         data.append({"id": name, "object": "model", "created": 0, "owned_by": "inferd"})
         data += [
@@ -155,6 +164,67 @@ async def _stream(
                 + b"\n\n"
             )
         yield b"data: [DONE]\n\n"
+
+
+@router.post("/embeddings")
+async def embeddings(request: Request) -> Response:
+    """OpenAI embeddings: ``input`` a string or a list of strings; ``encoding_format``
+    float (default) or base64 (little-endian float32, what the official client asks for)."""
+    try:
+        body = await read_json(request, request.app.state.settings.max_body_bytes)
+        if not isinstance(body, dict):
+            raise BadRequest("request body must be a JSON object")
+        model = body.get("model")
+        if not isinstance(model, str):
+            raise InvalidInput("'model' is required", param="model")
+        request.scope["inferd.model"] = model
+        texts = _embedding_input(body.get("input"))
+        fmt = body.get("encoding_format") or "float"
+        if fmt not in ("float", "base64"):
+            raise InvalidInput("'encoding_format' must be float or base64", param="encoding_format")
+        dimensions = body.get("dimensions")
+        if dimensions is not None and (not isinstance(dimensions, int) or dimensions < 1):
+            raise InvalidInput("'dimensions' must be a positive integer", param="dimensions")
+        user = body.get("user")
+        params = {"user": user} if isinstance(user, str) else {}
+        outcome, rid = await embed_texts(
+            request, model, {"inputs": texts, "params": params}, dimensions
+        )
+    except InferdError as exc:
+        return openai_error(exc)
+    vectors, used, cut = embedding_reply(outcome)
+    if fmt == "base64":
+        little = vectors.astype("<f4", copy=False)
+        encoded = [base64.b64encode(row.tobytes()).decode() for row in little]
+        data: list[Any] = [
+            {"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(encoded)
+        ]
+    else:
+        data = [
+            {"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(vectors)
+        ]
+    reply: dict[str, Any] = {
+        "object": "list",
+        "data": data,
+        "model": model,
+        "usage": {"prompt_tokens": used, "total_tokens": used},
+    }
+    if cut:
+        reply["truncated"] = cut  # not OpenAI's: which inputs were cut to the model's limit
+    return json_response(reply, headers={"x-request-id": rid})
+
+
+def _embedding_input(value: Any) -> list[str]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise InvalidInput("'input' must be a string or a non-empty list of strings", param="input")
+    if any(isinstance(v, int | list) for v in value):
+        raise InvalidInput(
+            "'input' as token ids is not supported: send the text, the model tokenizes it",
+            param="input",
+        )
+    return value
 
 
 @router.post("/completions")

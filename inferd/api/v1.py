@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,7 @@ from inferd.api.http import (
 from inferd.errors import BadRequest, InvalidInput, PayloadTooLarge
 from inferd.observability.logging import request_id_var
 from inferd.routing.dataplane import DataPlane, InferOutcome
+from inferd.routing.router import Target
 from inferd.serving.batcher import priority_code
 
 router = APIRouter(prefix="/api/v1", tags=["inference"])
@@ -52,7 +54,16 @@ def _params(body: dict[str, Any]) -> tuple[str | None, float | None, str | None,
     return version, timeout_ms / 1000 if timeout_ms else None, user, priority
 
 
-async def _run(request: Request, model: str, body: Any, rows_key: str) -> tuple[InferOutcome, str]:
+async def _run(
+    request: Request,
+    model: str,
+    body: Any,
+    rows_key: str,
+    check: Callable[[Target, list[Any]], None] | None = None,
+) -> tuple[InferOutcome, str]:
+    """Route, authorise, check and run one predict-shaped request; ``check`` sees the
+    target version and the rows before they are sent (to refuse what this route cannot
+    serve)."""
     started = time.perf_counter()
     rid = request_id_of(request)
     request_id_var.set(rid)
@@ -73,6 +84,8 @@ async def _run(request: Request, model: str, body: Any, rows_key: str) -> tuple[
     limit = request.app.state.settings.max_rows_per_request
     if isinstance(rows, list) and len(rows) > limit:
         raise PayloadTooLarge(f"{len(rows)} rows exceed the limit of {limit} per request")
+    if check is not None:
+        check(target, rows)
     columns, n = rows_to_columns(rows, target.signature)
     outcome = await plane.infer(
         target, columns, n, rid, started, timeout_s, priority, pinned=version is not None
@@ -124,6 +137,8 @@ async def predict_one(request: Request) -> Response:
     outcome, rid = await _run(request, model, body, "input")
     row = columns_to_rows(outcome.outputs, outcome.target.signature)[0]
     result: dict[str, Any] = _answered_by(outcome, model)
+    truncated = bool(row.pop("truncated", False))  # text models: the text was cut
+    tokens = row.pop("tokens", None)
     if "label" in row and "probabilities" in row:
         result["prediction"] = row["label"]
         result["confidence"] = round(float(np.max(row["probabilities"])), 6)
@@ -131,6 +146,90 @@ async def predict_one(request: Request) -> Response:
         result["prediction"] = next(iter(row.values()))
     else:
         result["outputs"] = row
+    if truncated:
+        result["truncated"] = True
+        result["tokens"] = int(tokens)
+    result["latency_ms"] = round(outcome.latency_ms, 3)
+    result["request_id"] = rid
+    return json_response(result, headers=outcome_headers(outcome, rid))
+
+
+def _embedding_check(target: Target, rows: list[Any]) -> None:
+    """An embedding model, and texts it can embed."""
+    if not any(spec.name == "embedding" for spec in target.signature.outputs):
+        raise InvalidInput(
+            f"model {target.model!r} ({target.framework}) does not make embeddings; "
+            "use /api/v1/predict"
+        )
+    check_texts(rows, "inputs")
+
+
+def check_texts(texts: list[Any], field: str) -> None:
+    """Non-empty strings (the list itself was checked non-empty and within limits)."""
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise InvalidInput(
+                f"'{field}[{i}]' must be a string, got {type(text).__name__}", field=field
+            )
+        if not text:
+            raise InvalidInput(f"'{field}[{i}]' is an empty string", field=field)
+
+
+async def embed_texts(
+    request: Request, model: str, body: dict[str, Any], dimensions: int | None = None
+) -> tuple[InferOutcome, str]:
+    """Embed ``body["inputs"]`` (a non-empty list) with ``model``; ``params`` as for
+    predict. ``dimensions``: refuse unless the model makes embeddings that wide."""
+
+    def check(target: Target, rows: list[Any]) -> None:
+        _embedding_check(target, rows)
+        if dimensions is not None:
+            width = next(s for s in target.signature.outputs if s.name == "embedding").shape[-1]
+            if dimensions != width:
+                raise InvalidInput(
+                    f"model {target.model!r} makes embeddings of {width} dimensions, not "
+                    f"{dimensions}", field="dimensions",
+                )  # fmt: skip
+
+    return await _run(request, model, body, "inputs", check)
+
+
+def embedding_reply(outcome: InferOutcome) -> tuple[np.ndarray, int, list[int]]:
+    """The embeddings (rows x dimensions, FP32), the tokens embedded, the indices of
+    the texts that were truncated to the model's maximum length."""
+    outputs = outcome.outputs
+    tokens = outputs.get("tokens")
+    truncated = outputs.get("truncated")
+    used = int(tokens.sum()) if tokens is not None else 0
+    cut = np.flatnonzero(truncated).tolist() if truncated is not None else []
+    return outputs["embedding"], used, cut
+
+
+@router.post("/embed", openapi_extra=docs.EMBED)
+async def embed(request: Request) -> Response:
+    """Embed texts: ``{"model", "inputs": [...]}`` -> ``{"embeddings", "dimensions"}``."""
+    body = await read_json(request, request.app.state.settings.max_body_bytes)
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str):
+        raise InvalidInput("missing 'model': the name of the embedding model")
+    request.scope["inferd.model"] = model
+    inputs = body.get("inputs")
+    if isinstance(inputs, str):
+        body = {**body, "inputs": [inputs]}
+    elif not isinstance(inputs, list) or not inputs:
+        raise InvalidInput("'inputs' must be a non-empty list of strings", field="inputs")
+    outcome, rid = await embed_texts(request, model, body)
+    embeddings, used, cut = embedding_reply(outcome)
+    result: dict[str, Any] = {
+        **_answered_by(outcome, model),
+        "embeddings": embeddings,
+        "dimensions": int(embeddings.shape[1]),
+        "usage": {"prompt_tokens": used, "total_tokens": used},
+    }
+    if cut:
+        result["truncated"] = cut
     result["latency_ms"] = round(outcome.latency_ms, 3)
     result["request_id"] = rid
     return json_response(result, headers=outcome_headers(outcome, rid))

@@ -10,7 +10,11 @@ from inferd.registry import Registry
 
 
 def install_demo(
-    registry: Registry, work_dir: Path, progress: Callable[[str], None], llm: bool = True
+    registry: Registry,
+    work_dir: Path,
+    progress: Callable[[str], None],
+    llm: bool = True,
+    text: bool = True,
 ) -> list[str]:
     """Returns ``model:version`` of every demo model, newly pushed or already there."""
     from inferd.demo.build import build_demo_models
@@ -18,6 +22,8 @@ def install_demo(
 
     if llm:
         install_llm_demo(registry, work_dir, progress)
+    if text:
+        install_text_demo(registry, work_dir, progress)
     missing = []
     for name, version in DEMO_VERSIONS.items():
         try:
@@ -90,3 +96,53 @@ def install_llm_demo(registry: Registry, work_dir: Path, progress: Callable[[str
         f"adapter '{adapter_name}' fine-tuned on product reviews.",
     )
     progress(f"registered {name}:{version} (gpt2) with adapter {adapter_name}")
+
+
+def install_text_demo(
+    registry: Registry, work_dir: Path, progress: Callable[[str], None]
+) -> list[str]:
+    """all-MiniLM-L6-v2 from its PyPI package, and a sentiment classifier trained over it
+    here (see :mod:`inferd.demo.text`); nothing when the package is not installed."""
+    from inferd.demo.text import (
+        CLASSIFIER_DEMO,
+        EMBEDDING_BATCHING,
+        EMBEDDING_DEMO,
+        build_sentiment_classifier,
+        embedding_metadata,
+        minilm_folder,
+    )
+    from inferd.runtimes import inspect_artifact
+
+    base = minilm_folder()
+    if base is None:
+        progress("text demo skipped: install it with pip install 'inferd[demo]'")
+        return []
+    for (name, version), description in (
+        (EMBEDDING_DEMO, "all-MiniLM-L6-v2 sentence embeddings (384 dimensions, normalised)."),
+        (CLASSIFIER_DEMO, "Product-review sentiment from all-MiniLM-L6-v2: negative or positive."),
+    ):
+        try:
+            registry.get_version(name, version)
+            continue
+        except ModelNotFound:
+            pass
+        if name == EMBEDDING_DEMO[0]:
+            folder, metadata = base, embedding_metadata(base)
+        else:
+            progress(f"training the demo text classifier {name} locally (~10 s) ...")
+            folder = work_dir / "text" / name
+            metadata = build_sentiment_classifier(base, folder, progress)
+        framework, signature = inspect_artifact(folder, "transformers", metadata)
+        registry.push(
+            name,
+            folder,
+            version,
+            framework=framework,
+            signature=signature,
+            metadata=metadata,
+            description=description,
+            owner="inferd-demo",
+            batching=EMBEDDING_BATCHING,
+        )
+        progress(f"registered {name}:{version} (transformers)")
+    return [f"{n}:{v}" for n, v in (EMBEDDING_DEMO, CLASSIFIER_DEMO)]

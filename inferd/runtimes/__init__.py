@@ -31,6 +31,7 @@ RUNTIMES: dict[str, str] = {
     "torch": "inferd.runtimes.torch:TorchRuntime",
     "python": "inferd.runtimes.python:PythonRuntime",
     "gpt2": "inferd.runtimes.gpt2:GPT2Runtime",
+    "transformers": "inferd.runtimes.transformers:TransformersRuntime",
 }
 GENERATIVE = ("gpt2",)
 """Frameworks whose replicas run the LLM engine and generate text (the others predict)."""
@@ -110,7 +111,7 @@ def inspect_artifact(
             resolved = dataclasses.replace(resolved, labels=tuple(meta["labels"]))
         batch = {k: np.repeat(v, _WARMUP_ROWS, axis=0) for k, v in runtime.warmup_inputs().items()}
         try:
-            outputs = runtime.predict_batch(batch)
+            outputs = runtime.run(batch)
         except Exception as exc:
             shapes = {name: array.shape for name, array in batch.items()}
             raise ValueError(f"{framework} model failed its warm-up on {shapes}: {exc}") from exc

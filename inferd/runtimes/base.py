@@ -151,6 +151,20 @@ class Runtime(ABC):
     def predict_batch(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run the model on a columnar batch; every output keeps the batch dimension."""
 
+    def prepare(self, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], Any]:
+        """Per-request work done once, before batching (tokenizing, for text models).
+
+        Called in the replica's event-loop thread with one request's columns, so it must
+        be cheap. Returns the columns :meth:`predict_batch` takes (batches concatenate
+        them row-wise, so every column keeps the batch dimension) and each row's length
+        (an int array; requests of similar lengths are batched together) or None.
+        """
+        return inputs, None
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """:meth:`prepare` then :meth:`predict_batch`: a whole inference, off the batcher."""
+        return self.predict_batch(self.prepare(inputs)[0])
+
     def unload(self) -> None:  # noqa: B027 -- optional hook
         """Release what ``load`` took beyond what process exit frees."""
 

@@ -27,9 +27,13 @@ class GPT2Runtime(Runtime):
         if not config.is_file() or not any(artifact_dir.glob("*.safetensors")):
             return False
         try:
-            return json.loads(config.read_text()).get("model_type") == "gpt2"
+            found = json.loads(config.read_text())
         except (OSError, ValueError):
             return False
+        # a GPT-2 sequence classifier is the transformers runtime's
+        architectures = found.get("architectures") or ()
+        classifier = any(str(a).endswith("ForSequenceClassification") for a in architectures)
+        return found.get("model_type") == "gpt2" and not classifier
 
     def load(self) -> None:
         from types import SimpleNamespace

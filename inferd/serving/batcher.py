@@ -13,6 +13,14 @@ its deadline, or was cancelled, is dropped before it is computed; when a batch f
 each of its requests is computed alone, so a failure is the failing requests' only;
 at most ``max_queue_rows`` rows wait, beyond that ``submit`` raises :class:`Overloaded`.
 
+Text (length-bucketed batching): a request may come with each row's length (tokens).
+A batch is padded to its longest row, so short texts batched with long ones pay for
+the long ones. With ``length_buckets`` (upper bounds, e.g. 16, 32, 64 ... tokens), a
+batch takes the oldest request and then only requests of its length bucket, oldest
+first; the others wait for the next batch (nothing starves: the oldest request always
+goes next). A request larger than ``max_batch_size`` is cut into pieces of rows sorted
+by length. ``stats.tokens`` / ``stats.padded_tokens`` count real and padded tokens.
+
 Priorities (the Open Inference Protocol's schedule policy): each request has a level
 from 1 (first) to ``priority_levels``; 0 means ``default_priority``; the names ``high``,
 ``normal``, ``low`` and ``batch`` travel as negative numbers (:data:`NAMED_PRIORITIES`)
@@ -100,6 +108,10 @@ class _Pending:
     arrived: float = field(default_factory=time.monotonic)
     priority: int = 0
     trace: BatchTrace | None = None
+    length: int = 0
+    """Its longest row (tokens), 0 when rows have no length."""
+    tokens: int = 0
+    """Sum of its rows' lengths."""
 
 
 @dataclass(slots=True)
@@ -113,9 +125,13 @@ class BatchStats:
     shed: int = 0
     """Taken out of the queue to make room for a request of a better level."""
     compute_s: float = 0.0
+    tokens: int = 0
+    """Text models: tokens of the rows computed."""
+    padded_tokens: int = 0
+    """Text models: tokens computed, padding included (rows x longest row, per batch)."""
 
     def as_dict(self) -> dict[str, float]:
-        return {
+        stats = {
             "batches": self.batches,
             "rows": self.rows,
             "requests": self.requests,
@@ -124,6 +140,10 @@ class BatchStats:
             "shed": self.shed,
             "compute_s": round(self.compute_s, 6),
         }
+        if self.padded_tokens:
+            stats["tokens"] = self.tokens
+            stats["padded_tokens"] = self.padded_tokens
+        return stats
 
 
 class DynamicBatcher:
@@ -152,6 +172,7 @@ class DynamicBatcher:
         """Queued rows beyond which a request of each level is refused (index: level)."""
         self.shed_by_level: dict[int, int] = {}
         """Requests refused or shed, per level."""
+        self._bounds = np.asarray(sorted(config.length_buckets), dtype=np.int64)
 
     @property
     def queued_rows(self) -> int:
@@ -179,8 +200,10 @@ class DynamicBatcher:
         timeout_s: float,
         priority: int = 0,
         trace: BatchTrace | None = None,
+        lengths: np.ndarray | None = None,
     ) -> asyncio.Future[Columns]:
-        """Queue one request; ``trace``, when given, is filled with its batch's timing."""
+        """Queue one request; ``trace``, when given, is filled with its batch's timing;
+        ``lengths``: each row's length (tokens), for length-bucketed batching."""
         config = self._config
         if priority < 0 and priority in self._named:
             level = self._named[priority]
@@ -210,9 +233,13 @@ class DynamicBatcher:
             queue = self._levels[level] = deque()
         deadline = time.monotonic() + timeout_s
         if rows > config.max_batch_size:
-            self._split(queue, inputs, rows, deadline, future, level, trace)
-        else:
+            self._split(queue, inputs, rows, deadline, future, level, trace, lengths)
+        elif lengths is None:
             queue.append(_Pending(inputs, rows, deadline, future, priority=level, trace=trace))
+        else:
+            length, tokens = int(lengths.max()), int(lengths.sum())
+            queue.append(_Pending(inputs, rows, deadline, future, priority=level, trace=trace,
+                                  length=length, tokens=tokens))  # fmt: skip
         self._queued_rows += rows
         self._wakeup.set()
         return future
@@ -226,45 +253,33 @@ class DynamicBatcher:
         future: asyncio.Future[Columns],
         level: int,
         trace: BatchTrace | None,
+        lengths: np.ndarray | None = None,
     ) -> None:
         """Queue a request larger than ``max_batch_size`` as pieces of that size, so it
         never holds the model for more than one batch while better-priority requests wait
         (a 4096-row batch job request would otherwise compute alone, for as long as 128
-        batches). ``future`` gets the pieces' outputs joined in order, or the first
-        failure; cancelling it drops the pieces not yet computed."""
+        batches). With ``lengths``, rows are sorted by length first, so each piece pads
+        little. ``future`` gets the pieces' outputs joined in the request's order, or the
+        first failure; cancelling it drops the pieces not yet computed."""
         loop = asyncio.get_running_loop()
         size = self._config.max_batch_size
+        order = None if lengths is None else np.argsort(lengths, kind="stable")
+        if order is not None:
+            inputs = {name: array[order] for name, array in inputs.items()}
+            lengths = lengths[order]  # type: ignore[index]
         parts: list[asyncio.Future[Columns]] = []
         for start in range(0, rows, size):
             end = min(rows, start + size)
             part: asyncio.Future[Columns] = loop.create_future()
             piece = {name: array[start:end] for name, array in inputs.items()}
-            queue.append(_Pending(piece, end - start, deadline, part, priority=level,
-                                  trace=trace if start == 0 else None))  # fmt: skip
+            item = _Pending(piece, end - start, deadline, part, priority=level,
+                            trace=trace if start == 0 else None)  # fmt: skip
+            if lengths is not None:
+                item.length = int(lengths[end - 1])
+                item.tokens = int(lengths[start:end].sum())
+            queue.append(item)
             parts.append(part)
-
-        def part_done(part: asyncio.Future[Columns]) -> None:
-            if future.done():
-                return
-            if part.cancelled() or part.exception() is not None:
-                if part.cancelled():
-                    future.cancel()
-                else:
-                    future.set_exception(part.exception())  # type: ignore[arg-type]
-                for other in parts:
-                    other.cancel()
-            elif all(p.done() for p in parts):
-                results = [p.result() for p in parts]
-                future.set_result({n: np.concatenate([r[n] for r in results]) for n in results[0]})
-
-        def outer_done(_: asyncio.Future[Columns]) -> None:
-            if future.cancelled():
-                for part in parts:
-                    part.cancel()
-
-        for part in parts:
-            part.add_done_callback(part_done)
-        future.add_done_callback(outer_done)
+        _join(future, parts, None if order is None else np.argsort(order))
 
     def _make_room(self, level: int, rows: int) -> bool:
         """Shed queued requests of levels worse than ``level``, newest first, until
@@ -343,13 +358,59 @@ class DynamicBatcher:
         rows = 0
         now = time.monotonic()
         levels = self._levels
-        for level in sorted(levels) if len(levels) > 1 else list(levels):
+        order = sorted(levels) if len(levels) > 1 else list(levels)
+        bucket = -1
+        if len(self._bounds) and levels[order[0]][0].length:
+            bucket = self._bucket(levels[order[0]][0].length)
+        for level in order:
             queue = levels[level]
-            rows = self._take_level(queue, batch, rows, max_rows, now)
+            if bucket < 0:
+                rows = self._take_level(queue, batch, rows, max_rows, now)
+            else:
+                rows = self._take_bucket(queue, batch, rows, max_rows, now, bucket)
             if queue:
-                break  # the batch is full
+                break  # the batch is full, or the rest of this level waits for the next
             del levels[level]
         return batch
+
+    def _bucket(self, length: int) -> int:
+        """The length bucket of a request: the first bound it fits under (the last bucket
+        holds everything longer than every bound)."""
+        return int(np.searchsorted(self._bounds, length))
+
+    def _take_bucket(
+        self,
+        queue: deque[_Pending],
+        batch: list[_Pending],
+        rows: int,
+        max_rows: int,
+        now: float,
+        bucket: int,
+    ) -> int:
+        """Like :meth:`_take_level`, but only requests of ``bucket``, oldest first; the
+        others keep their places in the queue."""
+        kept: deque[_Pending] = deque()
+        while queue:
+            item = queue.popleft()
+            if item.future.done():
+                self._queued_rows -= item.rows
+                continue
+            if (batch and rows + item.rows > max_rows) or self._bucket(item.length) != bucket:
+                kept.append(item)
+                if rows >= max_rows:
+                    break
+                continue
+            self._queued_rows -= item.rows
+            if now > item.deadline:
+                self.stats.expired += 1
+                item.future.set_exception(RequestTimeout("request expired in the replica queue"))
+                continue
+            batch.append(item)
+            rows += item.rows
+        kept.extend(queue)
+        queue.clear()
+        queue.extend(kept)
+        return rows
 
     def _take_level(
         self, queue: deque[_Pending], batch: list[_Pending], rows: int, max_rows: int, now: float
@@ -387,6 +448,9 @@ class DynamicBatcher:
             error = exc
         elapsed = time.perf_counter() - started
         self._account(batch, rows, started_ns, elapsed)
+        if batch[0].length:
+            self.stats.tokens += sum(p.tokens for p in batch)
+            self.stats.padded_tokens += rows * max(p.length for p in batch)
         if error is not None:
             if len(batch) == 1:
                 if not batch[0].future.done():
@@ -436,6 +500,41 @@ class DynamicBatcher:
                 trace = p.trace
                 trace.started_ns, trace.rows, trace.requests = started_ns, rows, len(batch)
                 trace.ended_ns = started_ns + int(elapsed * 1e9)
+
+
+def _join(
+    future: asyncio.Future[Columns],
+    parts: list[asyncio.Future[Columns]],
+    inverse: np.ndarray | None,
+) -> None:
+    """``future`` gets the pieces' outputs concatenated (rows put back in the request's
+    order by ``inverse``), or the first failure; cancelling it cancels the pieces."""
+
+    def part_done(part: asyncio.Future[Columns]) -> None:
+        if future.done():
+            return
+        if part.cancelled() or part.exception() is not None:
+            if part.cancelled():
+                future.cancel()
+            else:
+                future.set_exception(part.exception())  # type: ignore[arg-type]
+            for other in parts:
+                other.cancel()
+        elif all(p.done() for p in parts):
+            results = [p.result() for p in parts]
+            joined = {n: np.concatenate([r[n] for r in results]) for n in results[0]}
+            if inverse is not None:
+                joined = {n: array[inverse] for n, array in joined.items()}
+            future.set_result(joined)
+
+    def outer_done(_: asyncio.Future[Columns]) -> None:
+        if future.cancelled():
+            for part in parts:
+                part.cancel()
+
+    for part in parts:
+        part.add_done_callback(part_done)
+    future.add_done_callback(outer_done)
 
 
 def _admission_limit(config: BatchingConfig, level: int) -> int:

@@ -54,11 +54,14 @@ class ReplicaCore:
         self._latency = Sketch()
         self._failed = 0
         self._shadow = {"compared": 0, "agreed": 0, "failed": 0}
+        self._prepares = False
+        """The runtime does per-request work before batching (tokenizing)."""
 
     async def load(self) -> None:
         runtime = await load_off_loop(self, self._load_and_warm_up, self._executor)
         self.runtime = runtime
         self.signature = runtime.signature
+        self._prepares = type(runtime).prepare is not Runtime.prepare
         config = BatchingConfig(**self.spec.batching)
         self._queue_timeout_s = config.queue_timeout_ms / 1000
         self.batcher = DynamicBatcher(runtime.predict_batch, config, self._executor)
@@ -69,7 +72,7 @@ class ReplicaCore:
         declared = Signature.from_dict(self.spec.signature) if self.spec.signature else None
         config = RuntimeConfig(self.spec.threads, dict(self.spec.metadata), declared)
         runtime = load_runtime(self.spec.framework, Path(self.spec.artifact_dir), config)
-        runtime.predict_batch(runtime.warmup_inputs())
+        runtime.run(runtime.warmup_inputs())
         return runtime
 
     def submit(
@@ -84,7 +87,12 @@ class ReplicaCore:
             raise ModelNotReady(f"replica is {self.state}")
         self._check_inputs(inputs, rows)
         timeout_s = min(timeout_s, self._queue_timeout_s)
-        future = self.batcher.submit(inputs, rows, timeout_s, priority, trace)
+        if self._prepares:
+            assert self.runtime is not None
+            inputs, lengths = self.runtime.prepare(inputs)
+            future = self.batcher.submit(inputs, rows, timeout_s, priority, trace, lengths)
+        else:
+            future = self.batcher.submit(inputs, rows, timeout_s, priority, trace)
         self.inflight += 1
         future.add_done_callback(functools.partial(self._done, time.perf_counter()))
         return future

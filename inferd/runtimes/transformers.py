@@ -1,0 +1,512 @@
+"""Hugging Face transformer encoders: sentence embeddings and text classification.
+
+A version folder is a Hugging Face model folder (``config.json``, ``model.safetensors``
+or ``pytorch_model.bin``, ``tokenizer.json``), or a sentence-transformers folder (the
+same plus ``modules.json`` naming a Transformer, a Pooling, optionally Dense and
+Normalize modules). The task follows from the folder, or metadata ``task``:
+
+- ``embedding``: a sentence-transformers folder (its modules say the pooling, dense
+  layers and normalisation), or a plain encoder (mean pooling unless metadata
+  ``pooling`` says cls/max/mean_sqrt_len/lasttoken/weightedmean; ``normalize``).
+  Outputs ``embedding`` (FP32, one row of ``dimensions`` per text).
+- ``classification``: ``*ForSequenceClassification`` checkpoints; labels from the
+  config's ``id2label``. Outputs ``label`` and ``probabilities`` (softmax; sigmoid for
+  ``multi_label_classification``); a one-output regression head gives ``prediction``.
+
+Every text model also returns ``tokens`` (INT32, tokens the model saw) and
+``truncated`` (BOOL: the text was longer than ``max_length`` and was cut).
+
+Texts are tokenized once per request in :meth:`prepare` (the replica does it before
+batching, so the batcher knows each text's length and groups similar ones); a batch is
+padded to its longest member. Metadata: ``dtype`` (float32, bfloat16; float16 on CUDA),
+``device`` (auto, cpu, cuda, cuda:N), ``max_length`` (at most the model's own),
+``quantization`` (``int8``/``int8-all``: PyTorch dynamic quantization of the linear
+layers, CPU; see :data:`QUANTIZATIONS`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from inferd.errors import InvalidInput
+from inferd.runtimes.base import Runtime, Signature, TensorSpec
+
+logger = logging.getLogger(__name__)
+
+TASKS = ("embedding", "classification")
+DTYPES = ("float32", "bfloat16", "float16")
+QUANTIZATIONS = ("int8", "int8-all")
+"""PyTorch dynamic quantization: ``int8`` every linear layer but the down-projections,
+``int8-all`` every one (faster, less accurate)."""
+POOLING_MODES = ("mean", "cls", "max", "mean_sqrt_len", "lasttoken", "weightedmean")
+_ST_POOLING_FLAGS = {  # sentence-transformers Pooling config flags -> our mode names
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
+_ACTIVATIONS = {  # sentence-transformers Dense activations -> torch functions
+    "Tanh": "tanh",
+    "Identity": None,
+    "ReLU": "relu",
+    "GELU": "gelu",
+    "Sigmoid": "sigmoid",
+}
+_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+_UNBOUNDED = 1_000_000  # tokenizer_config's "no limit" is 1e30
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a JSON object")
+    return data
+
+
+def _config(folder: Path) -> dict[str, Any] | None:
+    try:
+        return _read_json(folder / "config.json")
+    except (OSError, ValueError):
+        return None
+
+
+def _has_weights(folder: Path) -> bool:
+    return any((folder / name).is_file() for name in _WEIGHT_FILES) or any(
+        folder.glob("model-*.safetensors")
+    )
+
+
+def is_sequence_classifier(config: dict[str, Any]) -> bool:
+    architectures = config.get("architectures") or ()
+    return any(str(a).endswith("ForSequenceClassification") for a in architectures)
+
+
+@dataclass(frozen=True)
+class _Module:
+    kind: str
+    path: Path
+
+
+def _st_modules(folder: Path) -> list[_Module] | None:
+    """The modules of a sentence-transformers folder, or None for a plain HF folder."""
+    path = folder / "modules.json"
+    if not path.is_file():
+        return None
+    entries = json.loads(path.read_text())
+    if not isinstance(entries, list):
+        raise ValueError(f"{path} must hold a list of modules")
+    modules = []
+    for entry in sorted(entries, key=lambda e: e.get("idx", 0)):
+        kind = str(entry.get("type", "")).rsplit(".", 1)[-1]
+        modules.append(_Module(kind, folder / str(entry.get("path", ""))))
+    return modules
+
+
+def _model_folder(artifact_dir: Path) -> Path:
+    """Where config.json and the weights are: the folder, or the Transformer module's."""
+    modules = _st_modules(artifact_dir)
+    if modules and modules[0].kind == "Transformer":
+        return modules[0].path
+    return artifact_dir
+
+
+class TransformersRuntime(Runtime):
+    framework = "transformers"
+    file_suffixes = (".safetensors", ".bin")
+
+    @classmethod
+    def detect(cls, artifact_dir: Path) -> bool:
+        try:
+            folder = _model_folder(artifact_dir)
+        except (OSError, ValueError):
+            return False
+        config = _config(folder)
+        if config is None or not _has_weights(folder):
+            return False
+        # GPT-2 language models belong to the generation runtime; its classifiers are ours.
+        return config.get("model_type") != "gpt2" or is_sequence_classifier(config)
+
+    # -- loading -------------------------------------------------------------------
+
+    def load(self) -> None:
+        import torch
+
+        self._torch = torch
+        meta = self.config.metadata
+        self._modules = _st_modules(self.artifact_dir)
+        self._folder = _model_folder(self.artifact_dir)
+        hf_config = _config(self._folder)
+        if hf_config is None:
+            raise ValueError(f"transformers: no readable config.json in {self._folder}")
+        self._hf_config = hf_config
+        self.task = self._task(meta.get("task"))
+        self.device = self._device(str(meta.get("device", "auto")))
+        self.dtype_name = str(meta.get("dtype", "float32"))
+        dtype = self._dtype(self.dtype_name)
+        self.quantization = meta.get("quantization")
+        if self.quantization not in (None, *QUANTIZATIONS):
+            raise ValueError(
+                f"transformers: quantization {self.quantization!r} is not one of {QUANTIZATIONS}"
+            )
+        if self.quantization and (self.device.type != "cpu" or self.dtype_name != "float32"):
+            raise ValueError("transformers: int8 quantization runs on the CPU, from float32")
+        if self.device.type == "cpu":
+            torch.set_num_threads(self.config.threads)
+
+        self.model = self._load_model(dtype)
+        self._lower_case = False
+        self._load_tokenizer(meta.get("max_length"))
+        self._lower = self._lower_case
+        labels = self.labels()
+        self._regression = len(labels) == 1 and self._hf_config.get("problem_type") in (
+            None,
+            "regression",
+        )
+        if self.task == "embedding":
+            self._load_embedding_head(meta)
+        else:
+            self._pooling = None
+            self._dense: list[tuple[Any, str | None]] = []
+            self._normalize = False
+        if self.quantization is not None:
+            every = self.quantization == "int8-all"
+            self.model = _quantize_int8(torch, self.model, every)
+            self._dense = [(_quantize_int8(torch, d, every), act) for d, act in self._dense]
+
+    def _task(self, declared: Any) -> str:
+        if declared is not None:
+            if declared not in TASKS:
+                raise ValueError(f"transformers: task {declared!r} is not one of {TASKS}")
+            return str(declared)
+        if self._modules is not None:
+            return "embedding"
+        if is_sequence_classifier(self._hf_config):
+            return "classification"
+        return "embedding"
+
+    def _device(self, name: str) -> Any:
+        torch = self._torch
+        if name == "auto":
+            name = "cuda" if torch.cuda.is_available() else "cpu"
+        try:
+            device = torch.device(name)
+        except RuntimeError as exc:
+            raise ValueError(f"transformers: device {name!r}: {exc}") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("transformers: device cuda asked for, but CUDA is not available")
+        if device.type not in ("cpu", "cuda"):
+            raise ValueError(f"transformers: device {name!r}: use auto, cpu, cuda or cuda:N")
+        return device
+
+    def _dtype(self, name: str) -> Any:
+        torch = self._torch
+        if name not in DTYPES:
+            raise ValueError(f"transformers: dtype {name!r} is not one of {DTYPES}")
+        if name == "float16" and self.device.type == "cpu":
+            raise ValueError("transformers: float16 needs a CUDA device; on CPU use bfloat16")
+        if name == "bfloat16" and self.device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise ValueError("transformers: this GPU does not support bfloat16; use float16")
+        return getattr(torch, name)
+
+    def _load_model(self, dtype: Any) -> Any:
+        import transformers
+
+        cls = (
+            transformers.AutoModelForSequenceClassification
+            if self.task == "classification"
+            else transformers.AutoModel
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            transformers.logging.set_verbosity_error()
+            transformers.utils.logging.disable_progress_bar()
+            model = cls.from_pretrained(str(self._folder), dtype=dtype, local_files_only=True)
+        return model.to(self.device).eval()
+
+    def _load_tokenizer(self, max_length: Any) -> None:
+        from tokenizers import Tokenizer
+
+        path = self._folder / "tokenizer.json"
+        if path.is_file():
+            tokenizer = Tokenizer.from_file(str(path))
+        else:  # a slow-tokenizer folder (vocab.txt, spiece.model): convert it once
+            import transformers
+
+            fast = transformers.AutoTokenizer.from_pretrained(
+                str(self._folder), use_fast=True, local_files_only=True
+            )
+            tokenizer = fast.backend_tokenizer
+        limit = self._model_max_length()
+        if max_length is not None:
+            if not isinstance(max_length, int) or not 1 < max_length <= limit:
+                raise ValueError(
+                    f"transformers: max_length must be 2 to {limit}, not {max_length!r}"
+                )
+            limit = max_length
+        self.max_length = limit
+        tokenizer.no_padding()
+        tokenizer.enable_truncation(limit)
+        self.tokenizer = tokenizer
+        pad = self._hf_config.get("pad_token_id")
+        self.pad_id = int(pad) if isinstance(pad, int) else 0
+
+    def _model_max_length(self) -> int:
+        """The longest input the model takes: sentence-transformers' max_seq_length, the
+        tokenizer's model_max_length, the position embeddings -- the smallest known."""
+        limits = []
+        positions = self._hf_config.get("max_position_embeddings")
+        if isinstance(positions, int):
+            if self._hf_config.get("model_type") in ("roberta", "xlm-roberta", "camembert"):
+                positions -= 2  # their position ids start after the padding index
+            limits.append(positions)
+        tok_config = self._folder / "tokenizer_config.json"
+        if tok_config.is_file():
+            value = _read_json(tok_config).get("model_max_length")
+            if isinstance(value, int | float) and 0 < value < _UNBOUNDED:
+                limits.append(int(value))
+        st_config = self.artifact_dir / "sentence_bert_config.json"
+        if st_config.is_file():
+            st = _read_json(st_config)
+            if isinstance(st.get("max_seq_length"), int):
+                limits.append(st["max_seq_length"])
+            self._lower_case = bool(st.get("do_lower_case"))
+        return min(limits) if limits else 512
+
+    def _load_embedding_head(self, meta: dict[str, Any]) -> None:
+        torch = self._torch
+        self._dense = []
+        pooling = meta.get("pooling")
+        normalize = meta.get("normalize")
+        if self._modules is not None:
+            found_pooling = None
+            found_normalize = False
+            for module in self._modules[1:]:
+                if module.kind == "Pooling":
+                    found_pooling = _st_pooling(module.path)
+                elif module.kind == "Dense":
+                    self._dense.append(self._load_dense(module.path))
+                elif module.kind == "Normalize":
+                    found_normalize = True
+                else:
+                    raise ValueError(
+                        f"transformers: sentence-transformers module {module.kind!r} "
+                        f"({module.path.name}) is not supported; Pooling, Dense and Normalize are"
+                    )
+            pooling = pooling or found_pooling
+            normalize = found_normalize if normalize is None else normalize
+        pooling = pooling or "mean"
+        if pooling not in POOLING_MODES:
+            raise ValueError(f"transformers: pooling {pooling!r} is not one of {POOLING_MODES}")
+        self._pooling = pooling
+        self._normalize = bool(normalize)
+        hidden = self._hf_config.get("hidden_size") or self._hf_config.get("dim")
+        dims = self._dense[-1][0].out_features if self._dense else hidden
+        if not isinstance(dims, int):
+            with torch.inference_mode():
+                dims = int(self._embed_ids([np.asarray([0, 0])]).shape[1])
+        self.dimensions = dims
+
+    def _load_dense(self, folder: Path) -> tuple[Any, str | None]:
+        torch = self._torch
+        config = _read_json(folder / "config.json")
+        activation = str(config.get("activation_function", "Identity")).rsplit(".", 1)[-1]
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"transformers: Dense activation {activation!r} is not supported")
+        layer = torch.nn.Linear(
+            int(config["in_features"]), int(config["out_features"]), bool(config.get("bias", True))
+        )
+        if (folder / "model.safetensors").is_file():
+            from safetensors.torch import load_file
+
+            state = load_file(str(folder / "model.safetensors"))
+        else:
+            state = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        layer.load_state_dict({k.removeprefix("linear."): v for k, v in state.items()})
+        return layer.to(self.device, next(self.model.parameters()).dtype).eval(), _ACTIVATIONS[
+            activation
+        ]
+
+    # -- signature -----------------------------------------------------------------
+
+    def infer_signature(self) -> Signature:
+        text = (TensorSpec("text", "BYTES"),)
+        extra = (TensorSpec("tokens", "INT32"), TensorSpec("truncated", "BOOL"))
+        if self.task == "embedding":
+            outputs = (TensorSpec("embedding", "FP32", (-1, self.dimensions)), *extra)
+            return Signature(text, outputs)
+        if self._regression:
+            return Signature(text, (TensorSpec("prediction", "FP32"), *extra))
+        labels = self.labels()
+        outputs = (
+            TensorSpec("label", "INT64"),
+            TensorSpec("probabilities", "FP32", (-1, len(labels))),
+            *extra,
+        )
+        return Signature(text, outputs, labels=tuple(labels))
+
+    def labels(self) -> list[str]:
+        id2label = self._hf_config.get("id2label") or {}
+        n = int(self._hf_config.get("num_labels") or len(id2label) or 2)
+        return [str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}"))) for i in range(n)]
+
+    def warmup_inputs(self) -> dict[str, np.ndarray]:
+        texts = np.empty(1, dtype=object)
+        texts[0] = "warm up"
+        return {"text": texts}
+
+    # -- inference -----------------------------------------------------------------
+
+    def prepare(self, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Tokenize: ``{"ids": object array of int64 arrays, "truncated": bool array}``
+        and each text's token count."""
+        texts = inputs["text"]
+        strings = [_text(i, t) for i, t in enumerate(texts.reshape(-1))]
+        if self._lower:
+            strings = [s.lower() for s in strings]
+        if len(strings) == 1:
+            encodings = [self.tokenizer.encode(strings[0])]
+        else:
+            encodings = self.tokenizer.encode_batch(strings)
+        ids = np.empty(len(encodings), dtype=object)
+        ids[:] = [np.asarray(e.ids, dtype=np.int64) for e in encodings]
+        truncated = np.fromiter((bool(e.overflowing) for e in encodings), bool, len(encodings))
+        lengths = np.fromiter((len(e.ids) for e in encodings), np.int64, len(encodings))
+        return {"ids": ids, "truncated": truncated}, lengths
+
+    def predict_batch(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if "ids" not in inputs:  # raw texts (push-time checks): tokenize here
+            inputs = self.prepare(inputs)[0]
+        ids = list(inputs["ids"])
+        tokens = np.fromiter((len(row) for row in ids), np.int32, len(ids))
+        extra = {"tokens": tokens, "truncated": np.asarray(inputs["truncated"], dtype=bool)}
+        with self._torch.inference_mode():
+            if self.task == "embedding":
+                return {"embedding": self._embed_ids(ids).numpy(), **extra}
+            return {**self._classify_ids(ids), **extra}
+
+    def _batch_tensors(self, ids: list[np.ndarray]) -> tuple[Any, Any]:
+        torch = self._torch
+        longest = max(len(row) for row in ids)
+        input_ids = np.full((len(ids), longest), self.pad_id, dtype=np.int64)
+        mask = np.zeros((len(ids), longest), dtype=np.int64)
+        for i, row in enumerate(ids):
+            input_ids[i, : len(row)] = row
+            mask[i, : len(row)] = 1
+        return (
+            torch.from_numpy(input_ids).to(self.device),
+            torch.from_numpy(mask).to(self.device),
+        )
+
+    def _embed_ids(self, ids: list[np.ndarray]) -> Any:
+        torch = self._torch
+        input_ids, mask = self._batch_tensors(ids)
+        hidden = self.model(input_ids=input_ids, attention_mask=mask).last_hidden_state
+        embedding = _pool(torch, self._pooling, hidden, mask)
+        for layer, activation in self._dense:
+            embedding = layer(embedding)
+            if activation is not None:
+                embedding = getattr(torch, activation)(embedding)
+        if self._normalize:
+            embedding = torch.nn.functional.normalize(embedding, p=2, dim=1)
+        return embedding.float().cpu()
+
+    def _classify_ids(self, ids: list[np.ndarray]) -> dict[str, np.ndarray]:
+        torch = self._torch
+        input_ids, mask = self._batch_tensors(ids)
+        logits = self.model(input_ids=input_ids, attention_mask=mask).logits.float()
+        if self._regression:
+            return {"prediction": logits[:, 0].cpu().numpy()}
+        if self._hf_config.get("problem_type") == "multi_label_classification":
+            probabilities = torch.sigmoid(logits)
+        else:
+            probabilities = torch.softmax(logits, dim=1)
+        return {
+            "label": probabilities.argmax(dim=1).cpu().numpy().astype(np.int64),
+            "probabilities": probabilities.cpu().numpy(),
+        }
+
+    def unload(self) -> None:
+        self.model = None
+        self._dense = []
+
+
+def _text(row: int, value: Any) -> str:
+    if isinstance(value, bytes):
+        try:
+            value = value.decode()
+        except UnicodeDecodeError:
+            raise InvalidInput(f"'text' of row {row} is not UTF-8") from None
+    elif not isinstance(value, str):
+        raise InvalidInput(f"'text' of row {row} must be a string, not {type(value).__name__}")
+    if not value:
+        raise InvalidInput(f"'text' of row {row} is an empty string")
+    return value
+
+
+def _st_pooling(folder: Path) -> str:
+    config = _read_json(folder / "config.json")
+    mode = config.get("pooling_mode")  # newer sentence-transformers write one name
+    if isinstance(mode, str):
+        mode = {"mean_tokens": "mean", "cls_token": "cls", "max_tokens": "max"}.get(mode, mode)
+        modes = [mode]
+    else:
+        modes = [name for flag, name in _ST_POOLING_FLAGS.items() if config.get(flag)]
+    if len(modes) != 1:
+        raise ValueError(
+            f"transformers: {folder}/config.json asks for pooling {modes or 'none'}; "
+            "exactly one mode is supported"
+        )
+    return modes[0]
+
+
+def _pool(torch: Any, mode: str, hidden: Any, mask: Any) -> Any:
+    """sentence-transformers' Pooling, for right-padded batches."""
+    if mode == "cls":
+        return hidden[:, 0]
+    if mode == "lasttoken":
+        last = mask.sum(dim=1) - 1
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+    expanded = mask.unsqueeze(-1).to(hidden.dtype)
+    if mode == "max":
+        return hidden.masked_fill(expanded == 0, -1e9).max(dim=1).values
+    if mode == "weightedmean":
+        positions = torch.arange(1, hidden.shape[1] + 1, device=hidden.device, dtype=hidden.dtype)
+        expanded = expanded * positions.view(1, -1, 1)
+    summed = (hidden * expanded).sum(dim=1)
+    counts = expanded.sum(dim=1).clamp(min=1e-9)
+    if mode == "mean_sqrt_len":
+        return summed / counts.sqrt()
+    return summed / counts
+
+
+def _quantize_int8(torch: Any, module: Any, every_layer: bool = False) -> Any:
+    """Dynamic int8 quantization of the linear layers, except (unless ``every_layer``) the
+    down-projections (more inputs than outputs: the feed-forward output layers), whose
+    inputs carry the large activation outliers of BERT-family models: quantizing those
+    per tensor costs most of the accuracy for a third of the speed-up."""
+    linear = torch.nn.Linear
+    if isinstance(module, linear):
+        names = {""} if every_layer or module.in_features <= module.out_features else set()
+    else:
+        names = {
+            name
+            for name, layer in module.named_modules()
+            if isinstance(layer, linear)
+            and (every_layer or layer.in_features <= layer.out_features)
+        }
+    if not names:
+        return module
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao.quantization's deprecation notice
+        if names == {""}:
+            return torch.ao.quantization.quantize_dynamic(module, {linear}, dtype=torch.qint8)
+        return torch.ao.quantization.quantize_dynamic(module, names, dtype=torch.qint8)
