@@ -375,3 +375,100 @@ def test_shed_counts_are_kept_by_priority_name():
         return b.shed_counts()
 
     assert run(_with_batcher(gate, config, body)) == {"low": 1, "batch": 2}
+
+
+def _texts(lengths: list[int]) -> dict[str, np.ndarray]:
+    """A text-model request: one row per length, each row its length (as a runtime's
+    prepared ids would be)."""
+    return {"x": np.asarray([[n, 0, 0] for n in lengths], dtype=np.float32)}
+
+
+def test_length_buckets_batch_similar_lengths_and_count_padding():
+    """While one batch computes, short (5-token) and long (200-token) texts queue up
+    interleaved; every later batch holds one bucket only, oldest request first, and
+    the padding counted is what those batches pad."""
+    batches: list[list[int]] = []
+
+    def predict(inputs):
+        batches.append(inputs["x"][:, 0].astype(int).tolist())
+        time.sleep(0.03)
+        return {"y": inputs["x"][:, 0]}
+
+    async def body(b):
+        first = b.submit(_texts([7]), 1, 5.0, lengths=np.asarray([7]))
+        await asyncio.sleep(0.01)  # the first batch is computing now
+        lengths = [5, 200, 6, 180, 5, 210, 4, 190] * 4
+        futures = [b.submit(_texts([n]), 1, 5.0, lengths=np.asarray([n])) for n in lengths]
+        results = await asyncio.gather(first, *futures)
+        return b.stats, [int(r["y"][0]) for r in results[1:]], lengths
+
+    stats, answered, lengths = run(
+        _with_batcher(predict, BatchingConfig(max_batch_size=64, max_wait_ms=0), body)
+    )
+    assert answered == lengths  # every request got its own row back
+    assert batches[0] == [7]
+    assert batches[1] == [5, 6, 5, 4] * 4  # the oldest (short) bucket, in arrival order
+    assert batches[2] == [200, 180, 210, 190] * 4
+    assert stats.tokens == 7 + sum(lengths)
+    assert stats.padded_tokens == 7 + 16 * 6 + 16 * 210
+    assert stats.as_dict()["padded_tokens"] == stats.padded_tokens
+
+
+def test_without_length_buckets_texts_of_any_length_share_a_batch():
+    batches: list[list[int]] = []
+
+    def predict(inputs):
+        batches.append(inputs["x"][:, 0].astype(int).tolist())
+        time.sleep(0.03)
+        return {"y": inputs["x"][:, 0]}
+
+    async def body(b):
+        first = b.submit(_texts([7]), 1, 5.0, lengths=np.asarray([7]))
+        await asyncio.sleep(0.01)
+        lengths = [5, 200, 6, 180]
+        await asyncio.gather(
+            first, *(b.submit(_texts([n]), 1, 5.0, lengths=np.asarray([n])) for n in lengths)
+        )
+        return b.stats
+
+    config = BatchingConfig(max_batch_size=64, max_wait_ms=0, length_buckets=[])
+    stats = run(_with_batcher(predict, config, body))
+    assert batches == [[7], [5, 200, 6, 180]]
+    assert stats.padded_tokens == 7 + 4 * 200  # the short texts padded to 200
+
+
+def test_a_long_request_is_split_into_pieces_of_similar_lengths_and_rejoined_in_order():
+    batches: list[list[int]] = []
+
+    def predict(inputs):
+        batches.append(inputs["x"][:, 0].astype(int).tolist())
+        return {"y": inputs["x"][:, 0] * 10}
+
+    lengths = [50, 3, 40, 4, 60, 2, 30, 5]
+
+    async def body(b):
+        return await b.submit(_texts(lengths), len(lengths), 5.0, lengths=np.asarray(lengths))
+
+    result = run(_with_batcher(predict, BatchingConfig(max_batch_size=4, max_wait_ms=0), body))
+    assert result["y"].astype(int).tolist() == [10 * n for n in lengths]
+    assert batches == [[2, 3, 4, 5], [30, 40, 50, 60]]
+
+
+def test_the_oldest_request_is_never_passed_over_by_its_bucket_rule():
+    """Long texts keep arriving; a lone short one still goes in the next batch."""
+    batches: list[list[int]] = []
+
+    def predict(inputs):
+        batches.append(inputs["x"][:, 0].astype(int).tolist())
+        time.sleep(0.02)
+        return {"y": inputs["x"][:, 0]}
+
+    async def body(b):
+        first = b.submit(_texts([100]), 1, 5.0, lengths=np.asarray([100]))
+        await asyncio.sleep(0.005)
+        short = b.submit(_texts([3]), 1, 5.0, lengths=np.asarray([3]))
+        longs = [b.submit(_texts([100]), 1, 5.0, lengths=np.asarray([100])) for _ in range(8)]
+        await asyncio.gather(first, short, *longs)
+
+    run(_with_batcher(predict, BatchingConfig(max_batch_size=64, max_wait_ms=0), body))
+    assert batches == [[100], [3], [100] * 8]

@@ -85,7 +85,7 @@ async def _run(
     if isinstance(rows, list) and len(rows) > limit:
         raise PayloadTooLarge(f"{len(rows)} rows exceed the limit of {limit} per request")
     if check is not None:
-        check(target, rows)
+        check(target, rows if isinstance(rows, list) else [])
     columns, n = rows_to_columns(rows, target.signature)
     outcome = await plane.infer(
         target, columns, n, rid, started, timeout_s, priority, pinned=version is not None

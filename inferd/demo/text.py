@@ -30,9 +30,10 @@ _TOKENIZER_FILES = (
     "vocab.txt",
     "special_tokens_map.json",
 )
-EMBEDDING_BATCHING = {"max_batch_size": 64, "max_wait_ms": 2.0}
-"""Text models batch more rows than the tabular default: a MiniLM forward pass of 64
-short sentences costs little more per sentence than one of 8."""
+EMBEDDING_BATCHING = {"max_batch_size": 64, "max_wait_ms": 2.0, "replicas": 2}
+"""Batches of up to 64 texts, and two replicas of one thread each: on a 2-core machine
+that embeds a third more sentences per second than one replica of two threads (whose
+OpenMP threads stall whenever the gateways take a core; bench/embeddings.py)."""
 
 
 def minilm_folder() -> Path | None:
@@ -115,15 +116,16 @@ def build_sentiment_classifier(
                 model.bert(*batch(x_train[i : i + 64])).last_hidden_state[:, 0]
                 for i in range(0, len(x_train), 64)
             ])  # fmt: skip
-        head = torch.nn.Sequential(model.bert.pooler, model.dropout, model.classifier)
+        pooler: Any = model.bert.pooler
+        head = torch.nn.ModuleList([pooler, model.dropout, model.classifier])
         head.train()
         optimizer = torch.optim.AdamW(head.parameters(), lr=2e-3)
         targets = torch.tensor([index[y] for y in y_train])
         order = torch.Generator().manual_seed(SEED)
         for _ in range(epochs):
             for rows in torch.randperm(len(x_train), generator=order).split(32):
-                pooled = head[0].activation(head[0].dense(states[rows].clone()))
-                logits = head[2](head[1](pooled))
+                pooled = pooler.activation(pooler.dense(states[rows].clone()))
+                logits = model.classifier(model.dropout(pooled))
                 loss = torch.nn.functional.cross_entropy(logits, targets[rows])
                 optimizer.zero_grad()
                 loss.backward()

@@ -189,6 +189,11 @@ REPLICA_COUNTERS = {
     "rejected": ("inferd_requests_rejected_total", "Requests refused: the queue was full."),
     "compute_s": ("inferd_compute_seconds_total", "Seconds spent computing batches."),
     "preemptions": ("inferd_preemptions_total", "Generations preempted (KV cache full)."),
+    "tokens": ("inferd_batch_tokens_total", "Text models: tokens of the texts computed."),
+    "padded_tokens": (
+        "inferd_batch_padded_tokens_total",
+        "Text models: tokens computed including padding (rows x longest row per batch).",
+    ),
 }
 REPLICA_HISTOGRAMS = {
     "request_s": ("inferd_replica_request_duration_seconds", "Queue + compute in the replica."),

@@ -61,8 +61,8 @@ def read_eval_set(path: Path | None) -> EvalSet:
     if not rows or any(not isinstance(r, dict) or not r.get("text") for r in rows):
         raise InvalidInput(f"{path}: every row needs a non-empty 'text'")
     texts = [str(r["text"]) for r in rows]
-    labels = [str(r["label"]) for r in rows] if all(r.get("label") for r in rows) else None
-    return EvalSet(texts, labels, str(path))
+    labelled = all(r.get("label") for r in rows)
+    return EvalSet(texts, [str(r["label"]) for r in rows] if labelled else None, str(path))
 
 
 def _texts(batch: list[str]) -> dict[str, np.ndarray]:

@@ -54,6 +54,13 @@ _ST_POOLING_FLAGS = {  # sentence-transformers Pooling config flags -> our mode 
     "pooling_mode_weightedmean_tokens": "weightedmean",
     "pooling_mode_lasttoken": "lasttoken",
 }
+_POOLING_NAMES = {  # other spellings of the modes
+    "mean_tokens": "mean",
+    "cls_token": "cls",
+    "max_tokens": "max",
+    "mean_sqrt_len_tokens": "mean_sqrt_len",
+    "weightedmean_tokens": "weightedmean",
+}
 _ACTIVATIONS = {  # sentence-transformers Dense activations -> torch functions
     "Tanh": "tanh",
     "Identity": None,
@@ -174,7 +181,7 @@ class TransformersRuntime(Runtime):
         if self.task == "embedding":
             self._load_embedding_head(meta)
         else:
-            self._pooling = None
+            self._pooling: str | None = None
             self._dense: list[tuple[Any, str | None]] = []
             self._normalize = False
         if self.quantization is not None:
@@ -303,7 +310,7 @@ class TransformersRuntime(Runtime):
                     )
             pooling = pooling or found_pooling
             normalize = found_normalize if normalize is None else normalize
-        pooling = pooling or "mean"
+        pooling = _POOLING_NAMES.get(pooling, pooling) if isinstance(pooling, str) else "mean"
         if pooling not in POOLING_MODES:
             raise ValueError(f"transformers: pooling {pooling!r} is not one of {POOLING_MODES}")
         self._pooling = pooling
@@ -341,8 +348,8 @@ class TransformersRuntime(Runtime):
         text = (TensorSpec("text", "BYTES"),)
         extra = (TensorSpec("tokens", "INT32"), TensorSpec("truncated", "BOOL"))
         if self.task == "embedding":
-            outputs = (TensorSpec("embedding", "FP32", (-1, self.dimensions)), *extra)
-            return Signature(text, outputs)
+            embedding = TensorSpec("embedding", "FP32", (-1, self.dimensions))
+            return Signature(text, (embedding, *extra))
         if self._regression:
             return Signature(text, (TensorSpec("prediction", "FP32"), *extra))
         labels = self.labels()
@@ -410,7 +417,7 @@ class TransformersRuntime(Runtime):
         torch = self._torch
         input_ids, mask = self._batch_tensors(ids)
         hidden = self.model(input_ids=input_ids, attention_mask=mask).last_hidden_state
-        embedding = _pool(torch, self._pooling, hidden, mask)
+        embedding = _pool(torch, self._pooling or "mean", hidden, mask)
         for layer, activation in self._dense:
             embedding = layer(embedding)
             if activation is not None:
@@ -454,10 +461,9 @@ def _text(row: int, value: Any) -> str:
 
 def _st_pooling(folder: Path) -> str:
     config = _read_json(folder / "config.json")
-    mode = config.get("pooling_mode")  # newer sentence-transformers write one name
-    if isinstance(mode, str):
-        mode = {"mean_tokens": "mean", "cls_token": "cls", "max_tokens": "max"}.get(mode, mode)
-        modes = [mode]
+    mode = config.get("pooling_mode")  # sentence-transformers 5+: a name (or names)
+    if isinstance(mode, str | list):
+        modes = [_POOLING_NAMES.get(m, m) for m in ([mode] if isinstance(mode, str) else mode)]
     else:
         modes = [name for flag, name in _ST_POOLING_FLAGS.items() if config.get(flag)]
     if len(modes) != 1:
