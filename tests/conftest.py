@@ -78,16 +78,22 @@ class InferdServer:
         return self.log_path.read_text()
 
     def wait_ready(self, timeout_s: float = 120, path: str = "/health/ready") -> None:
+        """Until ``path`` answers 200 on 8 new connections in a row: each gateway process
+        answers for itself (the kernel spreads connections over them), and one may get
+        the routing table a moment after another."""
         deadline = time.monotonic() + timeout_s
+        in_a_row = 0
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise AssertionError(f"server exited with {self.process.returncode}:\n{self.log()}")
             try:
-                if self.client.get(path).status_code == 200:
-                    return
+                ok = httpx.get(self.url + path, timeout=10).status_code == 200
             except httpx.TransportError:
-                pass
-            time.sleep(0.1)
+                ok = False
+            in_a_row = in_a_row + 1 if ok else 0
+            if in_a_row >= 8:
+                return
+            time.sleep(0.01 if ok else 0.1)
         raise AssertionError(f"server not ready within {timeout_s}s:\n{self.log()[-5000:]}")
 
     def wait_for(self, predicate, timeout_s: float = 60, what: str = "condition") -> None:
