@@ -195,10 +195,13 @@ def write_results(
             if name == "ceiling"
             else f"{name}, {args.connections} concurrent single-sentence requests"
         )
+        latency = (
+            f"{m['p50_ms']:.1f} | {m['p99_ms']:.1f} | {m['errors']:.0f}"
+            if "p50_ms" in m
+            else "- | - | -"
+        )
         lines.append(
-            f"| {what} | {m['rps']:.0f} | {m['rps'] / med['ceiling']['rps']:.2f} | "
-            f"{m.get('p50_ms', float('nan')):.1f} | {m.get('p99_ms', float('nan')):.1f} | "
-            f"{m.get('errors', 0):.0f} |"
+            f"| {what} | {m['rps']:.0f} | {m['rps'] / med['ceiling']['rps']:.2f} | {latency} |"
         )
     ratio = med["inferd int8"]["rps"] / med["inferd float32"]["rps"]
     lines += [
