@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -228,3 +229,26 @@ def test_length_buckets_keep_padding_low_under_mixed_traffic(
     assert real == 256 * sum(sizes)
     # mixing would pad every short text to the long ones: computed ~ 2x real
     assert computed / real < 1.1, (real, computed)
+
+
+def test_embed_and_openai_embeddings_run_asynchronously(demo_server: InferdServer) -> None:
+    online = demo_server.client.post("/api/v1/embed", json={"model": MODEL, "inputs": TEXTS})
+    for path, body in (
+        ("/api/v1/embed?async=true", {"model": MODEL, "inputs": TEXTS}),
+        ("/v1/embeddings?async=true", {"model": MODEL, "input": TEXTS, "encoding_format": "float"}),
+    ):
+        queued = demo_server.client.post(path, json=body)
+        assert queued.status_code == 202, queued.text
+        url = queued.json()["status_url"]
+        deadline = time.monotonic() + 60
+        while (state := demo_server.client.get(url).json())["status"] in ("queued", "running"):
+            assert time.monotonic() < deadline, state
+            time.sleep(0.1)
+        assert state["status"] == "succeeded" and state["status_code"] == 200, state
+        result = state["result"]
+        vectors = (
+            result["embeddings"]
+            if "embeddings" in result
+            else [d["embedding"] for d in result["data"]]
+        )
+        np.testing.assert_allclose(vectors, online.json()["embeddings"], atol=1e-6, rtol=0)

@@ -5,9 +5,10 @@
   "estimated_time", ...}``; ``GET /api/v1/batch/{id}`` (status, progress, ETA, callback
   attempts); ``GET /api/v1/batch/{id}/results`` (JSON Lines in input order, streamed:
   ``{"index", "output"}`` or ``{"index", "status", "error"}``); ``DELETE`` cancels.
-- A predict or generate request (``/api/v1``, V2 infer/generate, OpenAI completions)
-  with ``?async=true`` or ``Prefer: respond-async`` -> 202 ``{"id", "status": "queued",
-  "status_url"}``; ``GET /api/v1/requests/{id}`` -> its status and, once done, its answer.
+- A predict, generate or embed request (``/api/v1``, V2 infer/generate, OpenAI
+  completions and embeddings) with ``?async=true`` or ``Prefer: respond-async`` -> 202
+  ``{"id", "status": "queued", "status_url"}``; ``GET /api/v1/requests/{id}`` -> its
+  status and, once done, its answer.
 """
 
 from __future__ import annotations
@@ -213,12 +214,13 @@ async def async_status(request_id: str, request: Request) -> Response:
 # -- asynchronous requests -------------------------------------------------------------------
 
 ASYNC_PATHS = re.compile(
-    r"^/(api/v1/(models/(?P<model>[^/]+)/)?(predict|generate)"
+    r"^/(api/v1/(models/(?P<model>[^/]+)/)?(predict|generate)|api/v1/embed"
     r"|v2/models/(?P<v2model>[^/]+)(/versions/(?P<v2version>[^/]+))?/(infer|generate)"
-    r"|v1/(chat/)?completions)$"
+    r"|v1/(chat/)?completions|v1/embeddings)$"
 )
-"""The requests that may be sent asynchronously: predict and generate on ``/api/v1``,
-V2 infer and generate (JSON bodies), OpenAI completions and chat completions."""
+"""The requests that may be sent asynchronously: predict, generate and embed on
+``/api/v1``, V2 infer and generate (JSON bodies), OpenAI completions, chat completions
+and embeddings."""
 
 
 def wants_async(scope: Scope) -> bool:
