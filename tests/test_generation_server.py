@@ -475,9 +475,12 @@ def test_queued_requests_wait_past_the_idle_timeout_then_get_503_at_the_queue_ti
     try:
         server.wait_ready(timeout_s=120)
         with httpx.Client(base_url=server.url, timeout=60) as client:
-            started = time.perf_counter()
-            assert first_byte(client)[0] == 200
-            one = time.perf_counter() - started  # one request alone, start to finish
+            durations = []  # one request alone, start to finish: the fastest of 3
+            for _ in range(3):  # (the first is slower: connection, cold caches)
+                started = time.perf_counter()
+                assert first_byte(client)[0] == 200
+                durations.append(time.perf_counter() - started)
+            one = min(durations)
             # Request k waits about k * one: enough of them that some wait between the
             # two timeouts and some beyond the queue timeout, whatever this machine's speed.
             count = min(200, math.ceil((queue_s + 1.0) / one) + 2)

@@ -124,16 +124,22 @@ async def predict(model: str, request: Request) -> Response:
     )
 
 
-@router.post("/predict", openapi_extra=docs.PREDICT_ONE)
-async def predict_one(request: Request) -> Response:
-    """Predict one input: ``{"model", "input"}`` -> ``{"prediction", "confidence"}``."""
-    body = await read_json(request, request.app.state.settings.max_body_bytes)
+def _model_of(request: Request, body: Any, what: str) -> str:
+    """The ``model`` a body names (a JSON object's string field)."""
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     model = body.get("model")
     if not isinstance(model, str):
-        raise InvalidInput("missing 'model': the name of the model to call")
+        raise InvalidInput(f"missing 'model': the name of the {what}")
     request.scope["inferd.model"] = model
+    return model
+
+
+@router.post("/predict", openapi_extra=docs.PREDICT_ONE)
+async def predict_one(request: Request) -> Response:
+    """Predict one input: ``{"model", "input"}`` -> ``{"prediction", "confidence"}``."""
+    body = await read_json(request, request.app.state.settings.max_body_bytes)
+    model = _model_of(request, body, "model to call")
     outcome, rid = await _run(request, model, body, "input")
     row = columns_to_rows(outcome.outputs, outcome.target.signature)[0]
     result: dict[str, Any] = _answered_by(outcome, model)
@@ -209,12 +215,7 @@ def embedding_reply(outcome: InferOutcome) -> tuple[np.ndarray, int, list[int]]:
 async def embed(request: Request) -> Response:
     """Embed texts: ``{"model", "inputs": [...]}`` -> ``{"embeddings", "dimensions"}``."""
     body = await read_json(request, request.app.state.settings.max_body_bytes)
-    if not isinstance(body, dict):
-        raise BadRequest("request body must be a JSON object")
-    model = body.get("model")
-    if not isinstance(model, str):
-        raise InvalidInput("missing 'model': the name of the embedding model")
-    request.scope["inferd.model"] = model
+    model = _model_of(request, body, "embedding model")
     inputs = body.get("inputs")
     if isinstance(inputs, str):
         body = {**body, "inputs": [inputs]}

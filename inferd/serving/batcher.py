@@ -401,9 +401,7 @@ class DynamicBatcher:
                     break
                 continue
             self._queued_rows -= item.rows
-            if now > item.deadline:
-                self.stats.expired += 1
-                item.future.set_exception(RequestTimeout("request expired in the replica queue"))
+            if self._expired(item, now):
                 continue
             batch.append(item)
             rows += item.rows
@@ -423,13 +421,19 @@ class DynamicBatcher:
             self._queued_rows -= item.rows
             if item.future.done():
                 continue
-            if now > item.deadline:
-                self.stats.expired += 1
-                item.future.set_exception(RequestTimeout("request expired in the replica queue"))
+            if self._expired(item, now):
                 continue
             batch.append(item)
             rows += item.rows
         return rows
+
+    def _expired(self, item: _Pending, now: float) -> bool:
+        """Fail ``item`` if its deadline passed while it was queued."""
+        if now <= item.deadline:
+            return False
+        self.stats.expired += 1
+        item.future.set_exception(RequestTimeout("request expired in the replica queue"))
+        return True
 
     async def _execute(self, loop: asyncio.AbstractEventLoop, batch: list[_Pending]) -> None:
         if len(batch) == 1:
