@@ -231,7 +231,16 @@ def test_fallbacks_errors_and_grpc_are_logged(server, data):
     result = client.infer("fb", [features], request_id="grpc-1", model_version="good")
     assert result.as_numpy("prediction").tolist() == [4.0]
     client.close()
-    server.wait_for(lambda: _logs(server, request_id="grpc-1"), timeout_s=10, what="grpc row")
+    # each gateway process writes its rows about once a second: wait for all of them
+    server.wait_for(
+        lambda: (
+            _logs(server, request_id="grpc-1")
+            and _logs(server, model="nope")
+            and len(_logs(server, model="fb")) >= 32
+        ),  # 30 predictions, the 422, the gRPC one
+        timeout_s=15,
+        what="every request's row",
+    )
     rows = _logs(server, model="fb")
     fell_back = [r for r in rows if r["fallback_from"] == "bad"]
     assert 3 <= len(fell_back) <= 25 and all(r["version"] == "good" for r in fell_back)
