@@ -383,16 +383,24 @@ def _texts(lengths: list[int]) -> dict[str, np.ndarray]:
     return {"x": np.asarray([[n, 0, 0] for n in lengths], dtype=np.float32)}
 
 
-def test_length_buckets_batch_similar_lengths_and_count_padding():
-    """While one batch computes, short (5-token) and long (200-token) texts queue up
-    interleaved; every later batch holds one bucket only, oldest request first, and
-    the padding counted is what those batches pad."""
+def _by_length(delay_s: float = 0.0, scale: int = 1):
+    """A predict function recording each batch's row lengths; it answers each row's
+    length times ``scale``."""
     batches: list[list[int]] = []
 
     def predict(inputs):
         batches.append(inputs["x"][:, 0].astype(int).tolist())
-        time.sleep(0.03)
-        return {"y": inputs["x"][:, 0]}
+        time.sleep(delay_s)
+        return {"y": inputs["x"][:, 0] * scale}
+
+    return batches, predict
+
+
+def test_length_buckets_batch_similar_lengths_and_count_padding():
+    """While one batch computes, short (5-token) and long (200-token) texts queue up
+    interleaved; every later batch holds one bucket only, oldest request first, and
+    the padding counted is what those batches pad."""
+    batches, predict = _by_length(0.03)
 
     async def body(b):
         first = b.submit(_texts([7]), 1, 5.0, lengths=np.asarray([7]))
@@ -415,12 +423,7 @@ def test_length_buckets_batch_similar_lengths_and_count_padding():
 
 
 def test_without_length_buckets_texts_of_any_length_share_a_batch():
-    batches: list[list[int]] = []
-
-    def predict(inputs):
-        batches.append(inputs["x"][:, 0].astype(int).tolist())
-        time.sleep(0.03)
-        return {"y": inputs["x"][:, 0]}
+    batches, predict = _by_length(0.03)
 
     async def body(b):
         first = b.submit(_texts([7]), 1, 5.0, lengths=np.asarray([7]))
@@ -438,11 +441,7 @@ def test_without_length_buckets_texts_of_any_length_share_a_batch():
 
 
 def test_a_long_request_is_split_into_pieces_of_similar_lengths_and_rejoined_in_order():
-    batches: list[list[int]] = []
-
-    def predict(inputs):
-        batches.append(inputs["x"][:, 0].astype(int).tolist())
-        return {"y": inputs["x"][:, 0] * 10}
+    batches, predict = _by_length(scale=10)
 
     lengths = [50, 3, 40, 4, 60, 2, 30, 5]
 
@@ -456,12 +455,7 @@ def test_a_long_request_is_split_into_pieces_of_similar_lengths_and_rejoined_in_
 
 def test_the_oldest_request_is_never_passed_over_by_its_bucket_rule():
     """Long texts keep arriving; a lone short one still goes in the next batch."""
-    batches: list[list[int]] = []
-
-    def predict(inputs):
-        batches.append(inputs["x"][:, 0].astype(int).tolist())
-        time.sleep(0.02)
-        return {"y": inputs["x"][:, 0]}
+    batches, predict = _by_length(0.02)
 
     async def body(b):
         first = b.submit(_texts([100]), 1, 5.0, lengths=np.asarray([100]))

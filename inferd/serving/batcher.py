@@ -38,6 +38,7 @@ Retry-After estimated from the queue and the measured throughput.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import math
 import time
 from collections import deque
@@ -112,6 +113,8 @@ class _Pending:
     """Its longest row (tokens), 0 when rows have no length."""
     tokens: int = 0
     """Sum of its rows' lengths."""
+    bucket: int = -1
+    """Its length bucket (-1: rows have no length, or buckets are off)."""
 
 
 @dataclass(slots=True)
@@ -172,7 +175,7 @@ class DynamicBatcher:
         """Queued rows beyond which a request of each level is refused (index: level)."""
         self.shed_by_level: dict[int, int] = {}
         """Requests refused or shed, per level."""
-        self._bounds = np.asarray(sorted(config.length_buckets), dtype=np.int64)
+        self._bounds = sorted(config.length_buckets)
 
     @property
     def queued_rows(self) -> int:
@@ -239,7 +242,8 @@ class DynamicBatcher:
         else:
             length, tokens = int(lengths.max()), int(lengths.sum())
             queue.append(_Pending(inputs, rows, deadline, future, priority=level, trace=trace,
-                                  length=length, tokens=tokens))  # fmt: skip
+                                  length=length, tokens=tokens,
+                                  bucket=self._bucket(length)))  # fmt: skip
         self._queued_rows += rows
         self._wakeup.set()
         return future
@@ -277,6 +281,7 @@ class DynamicBatcher:
             if lengths is not None:
                 item.length = int(lengths[end - 1])
                 item.tokens = int(lengths[start:end].sum())
+                item.bucket = self._bucket(item.length)
             queue.append(item)
             parts.append(part)
         _join(future, parts, None if order is None else np.argsort(order))
@@ -359,9 +364,7 @@ class DynamicBatcher:
         now = time.monotonic()
         levels = self._levels
         order = sorted(levels) if len(levels) > 1 else list(levels)
-        bucket = -1
-        if len(self._bounds) and levels[order[0]][0].length:
-            bucket = self._bucket(levels[order[0]][0].length)
+        bucket = levels[order[0]][0].bucket  # the oldest best request's
         for level in order:
             queue = levels[level]
             if bucket < 0:
@@ -375,8 +378,8 @@ class DynamicBatcher:
 
     def _bucket(self, length: int) -> int:
         """The length bucket of a request: the first bound it fits under (the last bucket
-        holds everything longer than every bound)."""
-        return int(np.searchsorted(self._bounds, length))
+        holds everything longer than every bound); -1 when buckets are off."""
+        return bisect.bisect_left(self._bounds, length) if self._bounds else -1
 
     def _take_bucket(
         self,
@@ -395,7 +398,7 @@ class DynamicBatcher:
             if item.future.done():
                 self._queued_rows -= item.rows
                 continue
-            if (batch and rows + item.rows > max_rows) or self._bucket(item.length) != bucket:
+            if (batch and rows + item.rows > max_rows) or item.bucket != bucket:
                 kept.append(item)
                 if rows >= max_rows:
                     break
