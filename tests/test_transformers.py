@@ -37,6 +37,17 @@ def _texts(texts: list[str]) -> dict[str, np.ndarray]:
     return {"text": array}
 
 
+def _st_modules():
+    """sentence-transformers' module classes (Transformer, Pooling, Dense), from wherever
+    this version keeps them (6.x moved them and warns on the old path)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from sentence_transformers import models
+    return models
+
+
 def _runtime(folder: Path, **metadata: object) -> Runtime:
     return load_runtime("transformers", folder, RuntimeConfig(1, dict(metadata)))
 
@@ -146,7 +157,9 @@ def test_classification_equals_the_model_run_directly(classifier: Path) -> None:
 def test_sentence_transformers_modules_dense_and_cls_pooling(tmp_path: Path) -> None:
     """A folder whose modules say CLS pooling, a Dense layer with tanh, no normalisation."""
     import torch
-    from sentence_transformers import SentenceTransformer, models
+    from sentence_transformers import SentenceTransformer
+
+    models = _st_modules()
     from transformers import BertConfig, BertModel
 
     assert MINILM is not None
@@ -172,11 +185,21 @@ def test_sentence_transformers_modules_dense_and_cls_pooling(tmp_path: Path) -> 
     np.testing.assert_allclose(out["embedding"], expected, atol=1e-5, rtol=0)
     assert out["truncated"].tolist() == [False] * 5 + [True, True]  # 64 tokens at most
     assert out["tokens"][-2:].tolist() == [64, 64]
+    # int8-all quantizes the Dense layer too (it is a root module of its own)
+    quantized = _runtime(folder, quantization="int8-all")
+    assert type(quantized._dense[0][0]).__module__.startswith("torch.ao.nn.quantized")
+    got = quantized.run(_texts(TEXTS))["embedding"]
+    cosine = (got * expected).sum(axis=1) / (
+        np.linalg.norm(got, axis=1) * np.linalg.norm(expected, axis=1)
+    )
+    assert cosine.min() > 0.9
 
 
 @pytest.mark.parametrize("pooling", ["max", "mean_sqrt_len_tokens", "lasttoken", "weightedmean"])
 def test_other_pooling_modes_equal_sentence_transformers(tmp_path: Path, pooling: str) -> None:
-    from sentence_transformers import SentenceTransformer, models
+    from sentence_transformers import SentenceTransformer
+
+    models = _st_modules()
 
     assert MINILM is not None
     transformer = models.Transformer(str(MINILM))

@@ -77,6 +77,8 @@ def build_sentiment_classifier(
     from sklearn.model_selection import train_test_split
     from tokenizers import Tokenizer
 
+    from inferd.runtimes.transformers import pad_batch
+
     started = time.monotonic()
     texts, labels = read_reviews()
     x_train, x_test, y_train, y_test = train_test_split(
@@ -87,13 +89,7 @@ def build_sentiment_classifier(
     tokenizer.enable_truncation(128)
 
     def batch(rows: list[str]) -> tuple[Any, Any]:
-        encoded = tokenizer.encode_batch(rows)
-        longest = max(len(e.ids) for e in encoded)
-        ids = np.zeros((len(rows), longest), dtype=np.int64)
-        mask = np.zeros_like(ids)
-        for i, e in enumerate(encoded):
-            ids[i, : len(e.ids)] = e.ids
-            mask[i, : len(e.ids)] = 1
+        ids, mask = pad_batch([e.ids for e in tokenizer.encode_batch(rows)])
         return torch.from_numpy(ids), torch.from_numpy(mask)
 
     index = {label: i for i, label in enumerate(LABELS)}

@@ -170,9 +170,10 @@ class TransformersRuntime(Runtime):
             torch.set_num_threads(self.config.threads)
 
         self.model = self._load_model(dtype)
-        self._lower_case = False
+        st_config = self.artifact_dir / "sentence_bert_config.json"
+        self._st_config = _read_json(st_config) if st_config.is_file() else {}
+        self._lower = bool(self._st_config.get("do_lower_case"))
         self._load_tokenizer(meta.get("max_length"))
-        self._lower = self._lower_case
         labels = self.labels()
         self._regression = len(labels) == 1 and self._hf_config.get("problem_type") in (
             None,
@@ -280,12 +281,8 @@ class TransformersRuntime(Runtime):
             value = _read_json(tok_config).get("model_max_length")
             if isinstance(value, int | float) and 0 < value < _UNBOUNDED:
                 limits.append(int(value))
-        st_config = self.artifact_dir / "sentence_bert_config.json"
-        if st_config.is_file():
-            st = _read_json(st_config)
-            if isinstance(st.get("max_seq_length"), int):
-                limits.append(st["max_seq_length"])
-            self._lower_case = bool(st.get("do_lower_case"))
+        if isinstance(self._st_config.get("max_seq_length"), int):
+            limits.append(self._st_config["max_seq_length"])
         return min(limits) if limits else 512
 
     def _load_embedding_head(self, meta: dict[str, Any]) -> None:
@@ -401,17 +398,9 @@ class TransformersRuntime(Runtime):
             return {**self._classify_ids(ids), **extra}
 
     def _batch_tensors(self, ids: list[np.ndarray]) -> tuple[Any, Any]:
+        input_ids, mask = pad_batch(ids, self.pad_id)
         torch = self._torch
-        longest = max(len(row) for row in ids)
-        input_ids = np.full((len(ids), longest), self.pad_id, dtype=np.int64)
-        mask = np.zeros((len(ids), longest), dtype=np.int64)
-        for i, row in enumerate(ids):
-            input_ids[i, : len(row)] = row
-            mask[i, : len(row)] = 1
-        return (
-            torch.from_numpy(input_ids).to(self.device),
-            torch.from_numpy(mask).to(self.device),
-        )
+        return torch.from_numpy(input_ids).to(self.device), torch.from_numpy(mask).to(self.device)
 
     def _embed_ids(self, ids: list[np.ndarray]) -> Any:
         torch = self._torch
@@ -444,6 +433,18 @@ class TransformersRuntime(Runtime):
     def unload(self) -> None:
         self.model = None
         self._dense = []
+
+
+def pad_batch(ids: list[Any], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Token-id rows padded on the right to the longest: (input ids, attention mask),
+    both int64 of shape (rows, longest)."""
+    longest = max(len(row) for row in ids)
+    input_ids = np.full((len(ids), longest), pad_id, dtype=np.int64)
+    mask = np.zeros((len(ids), longest), dtype=np.int64)
+    for i, row in enumerate(ids):
+        input_ids[i, : len(row)] = row
+        mask[i, : len(row)] = 1
+    return input_ids, mask
 
 
 def _text(row: int, value: Any) -> str:
@@ -500,19 +501,16 @@ def _quantize_int8(torch: Any, module: Any, every_layer: bool = False) -> Any:
     inputs carry the large activation outliers of BERT-family models: quantizing those
     per tensor costs most of the accuracy for a third of the speed-up."""
     linear = torch.nn.Linear
-    if isinstance(module, linear):
-        names = {""} if every_layer or module.in_features <= module.out_features else set()
-    else:
-        names = {
-            name
-            for name, layer in module.named_modules()
-            if isinstance(layer, linear)
-            and (every_layer or layer.in_features <= layer.out_features)
-        }
+    # Wrapped, because quantize_dynamic replaces submodules only: a Dense module's own
+    # linear layer is a root and would stay float32.
+    root = torch.nn.Sequential(module)
+    names = {
+        name
+        for name, layer in root.named_modules()
+        if isinstance(layer, linear) and (every_layer or layer.in_features <= layer.out_features)
+    }
     if not names:
         return module
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.ao.quantization's deprecation notice
-        if names == {""}:
-            return torch.ao.quantization.quantize_dynamic(module, {linear}, dtype=torch.qint8)
-        return torch.ao.quantization.quantize_dynamic(module, names, dtype=torch.qint8)
+        return torch.ao.quantization.quantize_dynamic(root, names, dtype=torch.qint8)[0]
