@@ -3,6 +3,9 @@
     InferdError (500)                  base; ``code`` is a stable machine-readable name
     ├── BadRequest (400)               body is not valid JSON / not the expected shape
     ├── PayloadTooLarge (413)          body or rows over the configured limit
+    │   └── PromptTooLong (413)        a prompt longer than the model's context or the
+    │                                  server's llm.max_prompt_tokens (OpenAI routes: 400
+    │                                  ``context_length_exceeded``, as OpenAI answers)
     ├── InvalidInput (422)             input does not match the model signature
     ├── Unauthorized (401)             no, malformed, unknown, revoked or expired credential
     ├── Forbidden (403)                a valid credential without the scope or model
@@ -49,6 +52,10 @@ class BadRequest(InferdError):
 class PayloadTooLarge(InferdError):
     status_code = 413
     code = "payload_too_large"
+
+
+class PromptTooLong(PayloadTooLarge):
+    code = "prompt_too_long"
 
 
 class InvalidInput(InferdError):

@@ -111,7 +111,9 @@ def test_prompt_and_max_tokens_caps(llm: InferdServer):
     openai = llm.client.post(
         "/v1/completions", json={"model": "tiny", "prompt": long_prompt, "max_tokens": 4}
     )
-    assert openai.status_code == 413 and openai.json()["error"]["code"] == "payload_too_large"
+    error = openai.json()["error"]  # OpenAI's answer to a prompt too long
+    assert openai.status_code == 400 and error["code"] == "context_length_exceeded", error
+    assert too_long.json()["error"]["code"] == "prompt_too_long"
     assert _generate(llm, max_tokens=64, temperature=0.5).status_code == 200
     assert _generate(llm, max_tokens=4, priority="low").status_code == 200
     urgent = _generate(llm, max_tokens=4, priority="urgent")

@@ -130,7 +130,7 @@ def test_openai_client_completions_and_chat(llm: InferdServer):
     assert any(c.choices and c.choices[0].finish_reason for c in streamed)
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="nope", prompt="x", max_tokens=2)
-    with pytest.raises(openai.UnprocessableEntityError):
+    with pytest.raises(openai.BadRequestError):  # OpenAI's status for invalid requests
         client.completions.create(model="tiny", prompt="x", max_tokens=0)
 
 
@@ -212,7 +212,7 @@ def test_client_disconnect_cancels_the_sequence(llm: InferdServer):
 @pytest.mark.parametrize(
     ("body", "status", "says"),
     [
-        ({"prompt": "word " * 200, "max_tokens": 4}, 400, "context"),
+        ({"prompt": "word " * 200, "max_tokens": 4}, 413, "context"),
         ({"prompt": PROMPT, "max_tokens": 0}, 422, "max_tokens"),
         ({"prompt": PROMPT, "max_tokens": 10**9}, 422, "max_tokens"),
         ({"prompt": PROMPT, "temperature": 9}, 422, "temperature"),
@@ -373,7 +373,7 @@ def test_lora_adapters_load_reload_unload_at_run_time(llm: InferdServer, tmp_pat
     gone = gen("tiny:mine")
     assert gone.status_code == 404 and "mine" in gone.json()["error"]["message"]
     missing = c.post("/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": "/nope"})
-    assert missing.status_code == 422
+    assert missing.status_code == 400
 
 
 @pytest.fixture(scope="module")
@@ -495,3 +495,106 @@ def test_queued_requests_wait_past_the_idle_timeout_then_get_503_at_the_queue_ti
         assert "queue timeout" in refused[0]["error"]["message"]
     finally:
         assert server.stop() == 0, server.log()[-3000:]
+
+
+USER = {"role": "user", "content": "hi"}
+CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "says"),
+    [
+        ({"messages": "hi"}, "messages", "non-empty list of messages"),
+        ({"messages": []}, "messages", "non-empty list of messages"),
+        ({"messages": ["hi"]}, "messages.[0]", "must be an object"),
+        ({"messages": [{"content": "hi"}]}, "messages.[0].role", "must be one of"),
+        ({"messages": [{"role": "function", "content": "x", "name": "f"}]}, "messages.[0].role",
+         "'system', 'developer', 'user', 'assistant', 'tool', not 'function'"),
+        ({"messages": [{**USER, "foo": 1}]}, "messages.[0].foo", "unknown field 'foo'"),
+        ({"messages": [USER, {"role": "user"}]}, "messages.[1].content", "a string or a non"),
+        ({"messages": [{"role": "user", "content": 7}]}, "messages.[0].content", "a string"),
+        ({"messages": [{"role": "user", "content": []}]}, "messages.[0].content", "non-empty"),
+        ({"messages": [{"role": "user", "content": [{"text": "x"}]}]},
+         "messages.[0].content.[0].type", "content part with a 'type'"),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+         "messages.[0].content.[0].text", "must be a string"),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": "x", "y": 1}]}]},
+         "messages.[0].content.[0].y", "unknown field 'y' in a text part"),
+        ({"messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:,"}}]}]},
+         "messages.[0].content.[0]", "image_url parts are not supported"),
+        ({"messages": [{"role": "system", "content": [
+            {"type": "image_url", "image_url": {"url": "data:,"}}]}]},
+         "messages.[0].content.[0].type", "a system message takes no 'image_url' parts"),
+        ({"messages": [{"role": "user", "content": [{"type": "refusal", "refusal": "no"}]}]},
+         "messages.[0].content.[0].type", "a user message takes no 'refusal' parts"),
+        ({"messages": [USER, {"role": "tool", "content": "42"}]}, "messages.[1].tool_call_id",
+         "must be a string"),
+        ({"messages": [USER, {"role": "assistant"}]}, "messages.[1].content", "a string or"),
+        ({"messages": [USER, {"role": "assistant", "content": None, "tool_calls": [{"id": 1}]}]},
+         "messages.[1].tool_calls.[0]", "'type': 'function'"),
+        ({"messages": [{**USER, "name": 3}]}, "messages.[0].name", "non-empty string"),
+        ({"messages": [USER], "foo": 1}, "foo", "Unrecognized request argument supplied: foo"),
+        ({"messages": [USER], "tools": [{"type": "function", "function": {"name": "f"}}]},
+         "tools", "tool calling is not available"),
+        ({"messages": [USER], "response_format": {"type": "json_object"}}, "response_format",
+         "structured outputs"),
+        ({"messages": [USER], "n": 2}, "n", "one choice per request"),
+        ({"messages": [USER], "logit_bias": {"5": 10}}, "logit_bias", "not supported"),
+        ({"messages": [USER], "presence_penalty": 0.5}, "presence_penalty", "not supported"),
+        ({"messages": [USER], "top_logprobs": 3}, "top_logprobs", "not supported"),
+        ({"messages": [USER], "max_tokens": 3, "max_completion_tokens": 4}, "max_tokens",
+         "not both"),
+    ],
+)  # fmt: skip
+def test_chat_requests_are_checked_against_the_openai_reference(
+    llm: InferdServer, body: dict, param: str, says: str
+):
+    reply = llm.client.post("/v1/chat/completions", json={"model": "tiny", **body})
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param, error
+    assert says in error["message"], error
+    assert_chat_works(llm)
+
+
+def assert_chat_works(llm: InferdServer) -> None:
+    ok = llm.client.post(
+        "/v1/chat/completions", json={"model": "tiny", "messages": [USER], "max_tokens": 2}
+    )
+    assert ok.status_code == 200, ok.text
+
+
+def test_chat_messages_of_every_role_and_part(llm: InferdServer):
+    import openai
+
+    client = openai.OpenAI(base_url=f"{llm.url}/v1", api_key="unused")
+    reply = client.chat.completions.create(
+        model="tiny",
+        messages=[
+            {"role": "developer", "content": "Be brief."},
+            {"role": "system", "content": [{"type": "text", "text": "You are a server."}]},
+            {
+                "role": "user",
+                "name": "ann",
+                "content": [{"type": "text", "text": "Add "}, {"type": "text", "text": "1 and 2."}],
+            },
+            {"role": "assistant", "content": None, "tool_calls": [CALL]},
+            {"role": "tool", "tool_call_id": "c1", "content": "3"},
+            {"role": "assistant", "content": [{"type": "refusal", "refusal": "No."}]},
+            {"role": "user", "content": "Again?"},
+        ],
+        max_completion_tokens=3,
+        response_format={"type": "text"},
+        temperature=0,
+        extra_body={"top_k": 5, "ignore_eos": True},
+    )
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.usage.completion_tokens == 3
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "bot", "content": "x"}], max_tokens=2
+        )
+    assert info.value.body["param"] == "messages.[0].role"
+    with pytest.raises(openai.BadRequestError, match="Unrecognized request argument"):
+        client.completions.create(model="tiny", prompt="x", extra_body={"foo": 1})

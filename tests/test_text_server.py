@@ -90,7 +90,7 @@ def test_openai_client_embeddings(demo_server: InferdServer, encoder) -> None:
     one = client.embeddings.create(model=MODEL, input="Hello world")
     np.testing.assert_allclose(one.data[0].embedding, expected[0], atol=1e-5, rtol=0)
     assert MODEL in [m.id for m in client.models.list().data]
-    with pytest.raises(openai.UnprocessableEntityError, match="384 dimensions, not 12"):
+    with pytest.raises(openai.BadRequestError, match="384 dimensions, not 12"):
         client.embeddings.create(model=MODEL, input="x", dimensions=12)
     with pytest.raises(openai.NotFoundError):
         client.embeddings.create(model="nope", input="x")
@@ -177,10 +177,10 @@ def test_v2_bytes_inputs_over_rest_and_grpc(demo_server: InferdServer, encoder) 
         ("/api/v1/embed", {"model": "nope", "inputs": ["a"]}, 404, "'nope'"),
         ("/api/v1/embed", {"model": MODEL, "inputs": ["a"] * 4097}, 413, "limit of 4096"),
         ("/api/v1/embed", [1], 400, "JSON object"),
-        ("/v1/embeddings", {"model": MODEL, "input": []}, 422, "non-empty list of strings"),
-        ("/v1/embeddings", {"model": MODEL, "input": [1, 2]}, 422, "token ids"),
-        ("/v1/embeddings", {"model": MODEL, "input": [""]}, 422, "is an empty string"),
-        ("/v1/embeddings", {"model": MODEL, "input": "a", "encoding_format": "x"}, 422, "float"),
+        ("/v1/embeddings", {"model": MODEL, "input": []}, 400, "non-empty list of strings"),
+        ("/v1/embeddings", {"model": MODEL, "input": [1, 2]}, 400, "token ids"),
+        ("/v1/embeddings", {"model": MODEL, "input": [""]}, 400, "is an empty string"),
+        ("/v1/embeddings", {"model": MODEL, "input": "a", "encoding_format": "x"}, 400, "float"),
         ("/v1/embeddings", {"model": MODEL, "input": ["a"] * 4097}, 413, "limit of 4096"),
         ("/api/v1/predict", {"model": "sentiment-minilm", "input": {"text": ""}}, 422, "empty"),
         ("/api/v1/predict", {"model": "sentiment-minilm", "input": {"text": 5}}, 422, "string"),

@@ -101,7 +101,6 @@ def test_generate_stream_events_add_up_to_the_same_text(llm: InferdServer):
         ({"text_input": PROMPT, "parameters": {"temperature": 9}}, "temperature"),
         ({"text_input": PROMPT, "parameters": {"stop": [""]}}, "stop"),
         ({"text_input": PROMPT, "id": 7}, "id"),
-        ({"text_input": "word " * 200, "parameters": {"max_tokens": 4}}, "context"),
         ([PROMPT], "JSON object"),
     ],
 )
@@ -112,6 +111,14 @@ def test_bad_requests_are_400_before_any_event(
     assert reply.status_code == 400, reply.text
     assert reply.headers["content-type"] == "application/json"
     assert says in reply.json()["error"]
+
+
+def test_a_prompt_over_the_context_is_413(llm: InferdServer):
+    for route in ("generate", "generate_stream"):
+        body = {"text_input": "word " * 200, "parameters": {"max_tokens": 4}}
+        reply = llm.client.post(f"/v2/models/tiny/{route}", json=body)
+        assert reply.status_code == 413, reply.text
+        assert "context" in reply.json()["error"]
 
 
 def test_unknown_model_or_version_is_404(llm: InferdServer):

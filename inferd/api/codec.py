@@ -7,21 +7,26 @@ signature expected, because that is what a user needs to fix the request.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
+from inferd.api.numbers import json_array
 from inferd.errors import InvalidInput
 from inferd.runtimes.base import Signature, TensorSpec
 
 
-def rows_to_columns(rows: Any, signature: Signature) -> tuple[dict[str, np.ndarray], int]:
+def rows_to_columns(
+    rows: Any, signature: Signature, allow_non_finite: bool = False
+) -> tuple[dict[str, np.ndarray], int]:
+    """Rows -> columns; every number checked against its datatype (see
+    :mod:`inferd.api.numbers`; ``allow_non_finite``: the version takes NaN and ±inf)."""
     if not isinstance(rows, list) or not rows:
         raise InvalidInput("'inputs' must be a non-empty list of rows")
     specs = signature.inputs
     if len(specs) == 1 and not isinstance(rows[0], dict):
         # A single-input model also takes bare rows: {"inputs": [[0.5, 1.2, ...]]}.
-        return {specs[0].name: _column(rows, specs[0])}, len(rows)
+        return {specs[0].name: _column(rows, specs[0], allow_non_finite)}, len(rows)
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
             raise InvalidInput(f"row {i} must be an object with fields {_names(specs)}")
@@ -34,7 +39,7 @@ def rows_to_columns(rows: Any, signature: Signature) -> tuple[dict[str, np.ndarr
         except KeyError:
             i = next(i for i, row in enumerate(rows) if spec.name not in row)
             _report_fields(i, rows[i], specs)
-        columns[spec.name] = _column(values, spec)
+        columns[spec.name] = _column(values, spec, allow_non_finite)
     return columns, len(rows)
 
 
@@ -54,25 +59,38 @@ def _report_fields(i: int, row: dict[str, Any], specs: tuple[TensorSpec, ...]) -
     raise InvalidInput(f"row {i}: {'; '.join(parts)}; the model takes {_names(specs)}")
 
 
-def _column(values: list[Any], spec: TensorSpec) -> np.ndarray:
+def _column(values: list[Any], spec: TensorSpec, allow_non_finite: bool) -> np.ndarray:
     if spec.datatype == "BYTES":
         return _text_column(values, spec)
     try:
-        array = np.asarray(values, dtype=spec.numpy_dtype)
-    except (ValueError, TypeError):
-        raise InvalidInput(
-            f"{spec.name!r}: expected {spec.datatype} values of shape {_shape(spec)} per row "
-            "(numbers, all rows the same length)"
-        ) from None
-    want = spec.shape[1:]
-    got = array.shape[1:]
-    if len(got) != len(want) or any(w not in (-1, g) for w, g in zip(want, got, strict=True)):
-        raise InvalidInput(
-            f"{spec.name!r}: expected shape {_shape(spec)} per row, got {list(got) or 'a scalar'}",
-            expected=list(spec.shape),
-            got=[-1, *got],
-        )
+        array = json_array(values, spec, len(spec.shape), allow_non_finite, by_row=True)
+    except ValueError:  # nested other than the spec's shape, or ragged
+        try:
+            got = np.shape(values)[1:]
+        except ValueError:
+            got = None
+        if got is None or len(got) == len(spec.shape) - 1:
+            raise InvalidInput(
+                f"{spec.name!r}: expected {spec.datatype} values of shape {_shape(spec)} "
+                "per row (numbers, all rows the same length)"
+            ) from None
+        _wrong_shape(spec, tuple(got))
+    _check_shape(spec, array.shape[1:])
     return array
+
+
+def _check_shape(spec: TensorSpec, got: tuple[int, ...]) -> None:
+    want = spec.shape[1:]
+    if len(got) != len(want) or any(w not in (-1, g) for w, g in zip(want, got, strict=True)):
+        _wrong_shape(spec, got)
+
+
+def _wrong_shape(spec: TensorSpec, got: tuple[int, ...]) -> NoReturn:
+    raise InvalidInput(
+        f"{spec.name!r}: expected shape {_shape(spec)} per row, got {list(got) or 'a scalar'}",
+        expected=list(spec.shape),
+        got=[-1, *got],
+    )
 
 
 def _text_column(values: list[Any], spec: TensorSpec) -> np.ndarray:

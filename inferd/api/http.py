@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from inferd import nonfinite_json
 from inferd.errors import BadRequest, InferdError, PayloadTooLarge
 
 if TYPE_CHECKING:
@@ -182,15 +183,18 @@ def _sweeper() -> _Sweeper:
     return _SWEEPER
 
 
-async def read_json(request: Request, limit: int) -> Any:
-    return parse_json(await read_body(request, limit))
+async def read_json(request: Request, limit: int, non_finite: bool = False) -> Any:
+    return parse_json(await read_body(request, limit), non_finite)
 
 
-def parse_json(body: bytes) -> Any:
+def parse_json(body: bytes, non_finite: bool = False) -> Any:
+    """The JSON value of ``body``; 400 when it is not JSON. ``non_finite``: a body of
+    tensors may hold the literals NaN, Infinity and -Infinity (see
+    :mod:`inferd.nonfinite_json`), so that the tensor check names them."""
     if not body:
         raise BadRequest("request body is empty; expected a JSON object")
     try:
-        return orjson.loads(body)
+        return nonfinite_json.loads(body)[0] if non_finite else orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise BadRequest(f"invalid JSON: {exc}") from None
 

@@ -24,9 +24,10 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from inferd import nonfinite_json
 from inferd.api.auth import Principal, authorize_model
-from inferd.api.http import json_response, parse_json, read_body, read_json, request_id_of
-from inferd.errors import Conflict, InvalidInput, NotFound
+from inferd.api.http import json_response, parse_json, read_body, request_id_of
+from inferd.errors import BadRequest, Conflict, InvalidInput, NotFound
 from inferd.jobs import Jobs, describe, human_duration
 from inferd.jobs.inputs import inline_items, read_items
 from inferd.jobs.store import TERMINAL
@@ -80,7 +81,11 @@ async def submit_batch(request: Request) -> Response:
     """Queue a batch job over many inputs (inline, or a file: ``input_uri``)."""
     jobs = _jobs(request)
     settings = request.app.state.settings
-    body = await read_json(request, settings.jobs.max_body_bytes)
+    raw = await read_body(request, settings.jobs.max_body_bytes)
+    try:
+        body, non_finite = nonfinite_json.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"invalid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise InvalidInput("request body must be a JSON object")
     model, version = body.get("model"), body.get("version")
@@ -96,7 +101,7 @@ async def submit_batch(request: Request) -> Response:
     if ("inputs" in body) == ("input_uri" in body):
         raise InvalidInput("give either 'inputs' (a list) or 'input_uri' (a file or URL)")
     if "inputs" in body:
-        items = inline_items(body["inputs"], limit)
+        items = inline_items(body["inputs"], limit, non_finite)
         source = None
     else:
         uri = body["input_uri"]
@@ -270,7 +275,7 @@ async def _submit_async(request: Request) -> Response:
     if request.headers.get("inference-header-content-length") is not None:
         raise InvalidInput("an asynchronous V2 request takes a JSON body, not the binary extension")
     raw = await read_body(request, state.settings.max_body_bytes)
-    body = parse_json(raw)
+    body = parse_json(raw, non_finite=True)  # queued as it came: the route checks tensors
     if not isinstance(body, dict):
         raise InvalidInput("request body must be a JSON object")
     match = ASYNC_PATHS.match(request.url.path)

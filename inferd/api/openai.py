@@ -23,18 +23,26 @@ from starlette.responses import Response, StreamingResponse
 
 from inferd.api.generate import Chunks, cache_header, collect, start, usage
 from inferd.api.http import json_response, read_json
+from inferd.api.openai_schema import chat_prompt, check_fields
 from inferd.api.v1 import embed_texts, embedding_reply
-from inferd.errors import BadRequest, InferdError, InvalidInput, ModelNotReady
+from inferd.errors import BadRequest, InferdError, InvalidInput, ModelNotReady, PromptTooLong
 from inferd.runtimes import GENERATIVE
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
 
 def openai_error(exc: InferdError) -> Response:
+    """OpenAI's error shape and statuses: a request OpenAI would call invalid is a 400
+    (inferd's 422s; a prompt too long is ``context_length_exceeded``, as OpenAI says)."""
     kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
     param = exc.details.get("param", exc.details.get("field"))
-    body = {"error": {"message": exc.message, "type": kind, "param": param, "code": exc.code}}
-    return json_response(body, status_code=exc.status_code, headers=exc.headers())
+    status, code = exc.status_code, exc.code
+    if isinstance(exc, PromptTooLong):
+        status, code, param = 400, "context_length_exceeded", param or "messages"
+    elif status == 422:
+        status = 400
+    body = {"error": {"message": exc.message, "type": kind, "param": param, "code": code}}
+    return json_response(body, status_code=status, headers=exc.headers())
 
 
 @router.get("/models")
@@ -59,18 +67,6 @@ async def models(request: Request) -> Response:
     return json_response({"object": "list", "data": data})
 
 
-def _chat_prompt(messages: Any) -> str:
-    """A plain transcript: GPT-2 checkpoints carry no chat template."""
-    if not isinstance(messages, list) or not messages:
-        raise InvalidInput("'messages' must be a non-empty list")
-    lines = []
-    for m in messages:
-        if not isinstance(m, dict) or not isinstance(m.get("content"), str):
-            raise InvalidInput("each message needs a string 'content'")
-        lines.append(f"{m.get('role', 'user')}: {m['content']}")
-    return "\n".join(lines) + "\nassistant:"
-
-
 async def _body_and_model(request: Request) -> tuple[dict[str, Any], str]:
     """The JSON object of a request and the ``model`` it names."""
     body = await read_json(request, request.app.state.settings.max_body_bytes)
@@ -86,10 +82,11 @@ async def _body_and_model(request: Request) -> tuple[dict[str, Any], str]:
 async def _complete(request: Request, chat: bool) -> Response:
     try:
         body, model = await _body_and_model(request)
-        if body.get("n", 1) != 1:
-            raise InvalidInput("only n=1 is supported")
+        check_fields(body, chat)
         if chat:
-            body = {**body, "prompt": _chat_prompt(body.get("messages"))}
+            body = {**body, "prompt": chat_prompt(body.get("messages"))}
+            if "max_completion_tokens" in body:
+                body["max_tokens"] = body["max_completion_tokens"]
         chunks, _, rid, _ = await start(request, model, body)
     except InferdError as exc:
         return openai_error(exc)
@@ -179,6 +176,9 @@ async def embeddings(request: Request) -> Response:
     float (default) or base64 (little-endian float32, what the official client asks for)."""
     try:
         body, model = await _body_and_model(request)
+        for name in body:
+            if name not in _EMBEDDING_FIELDS:
+                raise InvalidInput(f"Unrecognized request argument supplied: {name}", param=name)
         texts = _embedding_input(body.get("input"))
         fmt = body.get("encoding_format") or "float"
         if fmt not in ("float", "base64"):
@@ -215,6 +215,9 @@ async def embeddings(request: Request) -> Response:
     return json_response(reply, headers={"x-request-id": rid})
 
 
+_EMBEDDING_FIELDS = frozenset({"model", "input", "encoding_format", "dimensions", "user"})
+
+
 def _embedding_input(value: Any) -> list[str]:
     if isinstance(value, str):
         value = [value]
@@ -236,7 +239,8 @@ async def completions(request: Request) -> Response:
 
 @router.post("/chat/completions")
 async def chat_completions(request: Request) -> Response:
-    """OpenAI chat completions over a plain ``role: content`` transcript."""
+    """OpenAI chat completions over a plain ``role: content`` transcript (messages are
+    checked against the reference: :mod:`inferd.api.openai_schema`)."""
     return await _complete(request, chat=True)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -48,7 +49,11 @@ def _params(body: dict[str, Any]) -> tuple[str | None, float | None, str | None,
     if user is not None and not isinstance(user, str):
         raise InvalidInput("'params.user' must be a string")
     timeout_ms = params.get("timeout_ms")
-    if timeout_ms is not None and (not isinstance(timeout_ms, int | float) or timeout_ms <= 0):
+    if timeout_ms is not None and (
+        not isinstance(timeout_ms, int | float)
+        or isinstance(timeout_ms, bool)
+        or not 0 < timeout_ms < math.inf
+    ):
         raise InvalidInput("'params.timeout_ms' must be a positive number")
     priority = priority_code(params.get("priority", 0), "'params.priority'")
     return version, timeout_ms / 1000 if timeout_ms else None, user, priority
@@ -86,7 +91,7 @@ async def _run(
         raise PayloadTooLarge(f"{len(rows)} rows exceed the limit of {limit} per request")
     if check is not None:
         check(target, rows if isinstance(rows, list) else [])
-    columns, n = rows_to_columns(rows, target.signature)
+    columns, n = rows_to_columns(rows, target.signature, target.allow_non_finite)
     outcome = await plane.infer(
         target, columns, n, rid, started, timeout_s, priority, pinned=version is not None
     )
@@ -109,7 +114,7 @@ def _answered_by(outcome: InferOutcome, model: str) -> dict[str, Any]:
 @router.post("/models/{model}/predict", openapi_extra=docs.PREDICT)
 async def predict(model: str, request: Request) -> Response:
     """Predict a batch of rows with a model (default version unless ``params.version``)."""
-    body = await read_json(request, request.app.state.settings.max_body_bytes)
+    body = await read_json(request, request.app.state.settings.max_body_bytes, non_finite=True)
     if isinstance(body, dict) and "inputs" not in body:
         raise InvalidInput("missing 'inputs': a list of rows, e.g. [{\"features\": [...]}]")
     outcome, rid = await _run(request, model, body, "inputs")
@@ -138,7 +143,7 @@ def _model_of(request: Request, body: Any, what: str) -> str:
 @router.post("/predict", openapi_extra=docs.PREDICT_ONE)
 async def predict_one(request: Request) -> Response:
     """Predict one input: ``{"model", "input"}`` -> ``{"prediction", "confidence"}``."""
-    body = await read_json(request, request.app.state.settings.max_body_bytes)
+    body = await read_json(request, request.app.state.settings.max_body_bytes, non_finite=True)
     model = _model_of(request, body, "model to call")
     outcome, rid = await _run(request, model, body, "input")
     row = columns_to_rows(outcome.outputs, outcome.target.signature)[0]

@@ -30,6 +30,7 @@ from inferd.api.http import (
     request_id_of,
     request_timeout,
 )
+from inferd.api.numbers import check_array, json_array
 from inferd.errors import BadRequest, InferdError, InvalidInput, ModelNotReady
 from inferd.observability.logging import request_id_var
 from inferd.routing.dataplane import DataPlane
@@ -145,7 +146,9 @@ async def infer(request: Request, model: str, version: str | None = None) -> Res
     user = user_of(params) or request.headers.get("x-user-id")
     request.scope["inferd.user"] = user  # for the inference log
     target = plane.target(model, version, user)
-    columns, rows = decode_inputs(body.get("inputs"), target.signature, binary)
+    columns, rows = decode_inputs(
+        body.get("inputs"), target.signature, binary, target.allow_non_finite
+    )
     wanted = requested_outputs(body.get("outputs"), target.signature)
     binary_default = bool(params.get("binary_data_output", False))
     priority, timeout_s = schedule_policy(params)
@@ -191,14 +194,14 @@ async def infer(request: Request, model: str, version: str | None = None) -> Res
 
 def _split_body(raw: bytes, header: str | None) -> tuple[Any, memoryview]:
     if header is None:
-        return parse_json(raw), memoryview(b"")
+        return parse_json(raw, non_finite=True), memoryview(b"")
     if not header.isdigit() or int(header) > len(raw):
         raise BadRequest(
             f"Inference-Header-Content-Length {header!r} must be a byte count within the "
             f"body's {len(raw)} bytes"
         )
     size = int(header)
-    return parse_json(raw[:size]), memoryview(raw)[size:]
+    return parse_json(raw[:size], non_finite=True), memoryview(raw)[size:]
 
 
 def _parameters(item: dict[str, Any]) -> dict[str, Any]:
@@ -269,10 +272,14 @@ class InputSet:
 
 
 def decode_inputs(
-    inputs: Any, signature: Signature, binary: memoryview | None = None
+    inputs: Any,
+    signature: Signature,
+    binary: memoryview | None = None,
+    allow_non_finite: bool = False,
 ) -> tuple[dict[str, np.ndarray], int]:
     """Protocol input tensors -> columns named as the signature's inputs, and the row count.
-    Tensors with a ``binary_data_size`` parameter take their bytes from ``binary``, in order."""
+    Tensors with a ``binary_data_size`` parameter take their bytes from ``binary``, in order.
+    Every number is checked against its datatype (:mod:`inferd.api.numbers`)."""
     binary = binary if binary is not None else memoryview(b"")
     offset = 0
     if not isinstance(inputs, list) or not inputs:
@@ -282,7 +289,7 @@ def decode_inputs(
         if not isinstance(tensor, dict):
             raise InvalidInput(f"inputs[{i}] must be an object with name, shape, datatype, data")
         spec = found.spec(tensor.get("name"))
-        array, offset = _decode_tensor(tensor, spec, binary, offset)
+        array, offset = _decode_tensor(tensor, spec, binary, offset, allow_non_finite)
         found.add(spec.name, array)
     if offset != len(binary):
         raise InvalidInput(
@@ -293,12 +300,16 @@ def decode_inputs(
 
 
 def _decode_tensor(
-    tensor: dict[str, Any], spec: TensorSpec, binary: memoryview, offset: int
+    tensor: dict[str, Any],
+    spec: TensorSpec,
+    binary: memoryview,
+    offset: int,
+    allow_non_finite: bool,
 ) -> tuple[np.ndarray, int]:
     """One input, from its JSON ``data`` or from ``binary`` at ``offset``; the next offset."""
     size = _parameters(tensor).get("binary_data_size")
     if size is None:
-        return _tensor(tensor, spec), offset
+        return _tensor(tensor, spec, allow_non_finite), offset
     if not isinstance(size, int) or isinstance(size, bool) or size < 0:
         raise InvalidInput(f"input {spec.name!r}: binary_data_size must be a byte count")
     if offset + size > len(binary):
@@ -307,12 +318,16 @@ def _decode_tensor(
             f"{len(binary)} bytes of binary data after the JSON header"
         )
     shape = check_header(spec, tensor.get("shape"), tensor.get("datatype"))
-    return from_bytes(spec, shape, binary[offset : offset + size]), offset + size
+    data = binary[offset : offset + size]
+    return from_bytes(spec, shape, data, allow_non_finite), offset + size
 
 
-def from_bytes(spec: TensorSpec, shape: list[int], data: memoryview | bytes) -> np.ndarray:
+def from_bytes(
+    spec: TensorSpec, shape: list[int], data: memoryview | bytes, allow_non_finite: bool = False
+) -> np.ndarray:
     """A tensor from its bytes in the binary layout (little-endian elements, or BYTES as
-    length-prefixed items); numeric data is not copied."""
+    length-prefixed items); numeric data is not copied, but checked (finite floats unless
+    ``allow_non_finite``, BOOL bytes 0 or 1)."""
     count = math.prod(shape)
     if spec.datatype == "BYTES":
         flat = from_length_prefixed(data, spec.name)
@@ -323,7 +338,7 @@ def from_bytes(spec: TensorSpec, shape: list[int], data: memoryview | bytes) -> 
                 f"input {spec.name!r}: binary_data_size is {len(data)} bytes; shape {shape} "
                 f"of {spec.datatype} needs {count * dtype.itemsize}"
             )
-        flat = np.frombuffer(data, dtype=dtype)
+        flat = check_array(np.frombuffer(data, dtype=dtype), spec, allow_non_finite)
     if flat.size != count:
         raise InvalidInput(
             f"input {spec.name!r}: binary data has {flat.size} elements; shape {shape} "
@@ -389,25 +404,37 @@ def check_header(spec: TensorSpec, shape: Any, datatype: Any) -> list[int]:
     return shape
 
 
-def _tensor(tensor: dict[str, Any], spec: TensorSpec) -> np.ndarray:
+def _tensor(tensor: dict[str, Any], spec: TensorSpec, allow_non_finite: bool) -> np.ndarray:
     shape = check_header(spec, tensor.get("shape"), tensor.get("datatype"))
     name, datatype = spec.name, spec.datatype
     if "data" not in tensor:
         raise InvalidInput(f"input {name!r}: no 'data'")
     data = tensor["data"]
-    try:
-        if datatype == "BYTES":
-            flat = _flat_text(data, name)
-        else:
-            flat = np.asarray(data, dtype=spec.numpy_dtype).reshape(-1)
-    except (ValueError, TypeError):
-        raise InvalidInput(f"input {name!r}: data is not a list of {datatype} values") from None
+    if datatype == "BYTES":
+        flat = _flat_text(data, name)
+    else:
+        data = data if isinstance(data, list) else [data]
+        try:
+            flat = json_array(data, spec, _depth(data), allow_non_finite).reshape(-1)
+        except ValueError:
+            raise InvalidInput(
+                f"input {name!r}: data is not a list of {datatype} values (flat, or nested "
+                "lists all of one depth)"
+            ) from None
     needed = math.prod(shape)
     if flat.size != needed:
         raise InvalidInput(
             f"input {name!r}: data has {flat.size} elements; shape {shape} needs {needed}"
         )
     return flat.reshape(shape)
+
+
+def _depth(data: list[Any]) -> int:
+    """How deep ``data`` is nested, by its first elements (flat: 1)."""
+    depth, item = 1, data
+    while item and isinstance(item[0], list):
+        depth, item = depth + 1, item[0]
+    return depth
 
 
 def _flat_text(data: Any, name: str) -> np.ndarray:

@@ -652,6 +652,7 @@ class Controller:
                     _cache_ttl(s.record),
                     s.record.sha256,
                     _overflow_model(s.record, name),
+                    allow_non_finite=s.record.metadata.get("allow_non_finite") is True,
                 )
                 for v, s in state.versions.items()
             }

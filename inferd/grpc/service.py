@@ -37,6 +37,7 @@ from inferd.api import v2_repository as repo
 from inferd.api.generate import start_generation
 from inferd.api.http import new_request_id
 from inferd.api.limits import RateLimits, TokenBudget
+from inferd.api.numbers import check_array
 from inferd.config import Settings
 from inferd.errors import InferdError, InvalidInput, ModelNotReady
 from inferd.grpc import grpc_service_pb2 as pb
@@ -83,6 +84,13 @@ _CONTENTS = {
     "BYTES": "bytes_contents",
 }
 """The typed field of ``InferTensorContents`` for each datatype (FP16 has none: raw only)."""
+_WIDE = {
+    "INT8": np.dtype(np.int32),
+    "INT16": np.dtype(np.int32),
+    "UINT8": np.dtype(np.uint32),
+    "UINT16": np.dtype(np.uint32),
+}
+"""Datatypes whose typed field is wider: read as the field's type, then range-checked."""
 
 Unary = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Any]]
 
@@ -379,7 +387,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
 
 
 def decode_inputs(request: Any, target: Target) -> tuple[dict[str, np.ndarray], int]:
-    """The request's input tensors -> columns and row count, checked like REST inputs."""
+    """The request's input tensors -> columns and row count, checked like REST inputs.
+    As in Triton, a request carries its data either in ``raw_input_contents`` (one entry
+    per input, in order) or in every input's typed ``contents``, never both."""
     raw = request.raw_input_contents
     if not request.inputs:
         raise InvalidInput("the request has no inputs")
@@ -389,19 +399,28 @@ def decode_inputs(request: Any, target: Target) -> tuple[dict[str, np.ndarray], 
             "give one per input, in order, or none"
         )
     found = v2.InputSet(target.signature)
+    allow = target.allow_non_finite
     for i, tensor in enumerate(request.inputs):
         spec = found.spec(tensor.name)
         shape = v2.check_header(spec, list(tensor.shape), tensor.datatype)
         if raw:
-            array = v2.from_bytes(spec, shape, raw[i])
+            if tensor.HasField("contents"):
+                raise InvalidInput(
+                    f"input {spec.name!r} has typed contents and the request has "
+                    "raw_input_contents: send each input's data one way, raw or typed"
+                )
+            array = v2.from_bytes(spec, shape, raw[i], allow)
         else:
-            array = from_contents(spec, shape, tensor.contents)
+            array = from_contents(spec, shape, tensor.contents, allow)
         found.add(spec.name, array)
     return found.columns()
 
 
-def from_contents(spec: TensorSpec, shape: list[int], contents: Any) -> np.ndarray:
-    """A tensor from the typed lists of ``InferTensorContents``."""
+def from_contents(
+    spec: TensorSpec, shape: list[int], contents: Any, allow_non_finite: bool = False
+) -> np.ndarray:
+    """A tensor from the typed lists of ``InferTensorContents`` (checked: finite floats
+    unless ``allow_non_finite``, INT8/16 and UINT8/16 within range)."""
     field = _CONTENTS.get(spec.datatype)
     if field is None:
         raise InvalidInput(
@@ -417,12 +436,8 @@ def from_contents(spec: TensorSpec, shape: list[int], contents: Any) -> np.ndarr
         flat = np.empty(len(texts), dtype=object)
         flat[:] = texts
     else:
-        try:
-            flat = np.array(values, dtype=spec.numpy_dtype)
-        except (OverflowError, ValueError):
-            raise InvalidInput(
-                f"input {spec.name!r}: contents out of the range of {spec.datatype}"
-            ) from None
+        wide = _WIDE.get(spec.datatype, spec.numpy_dtype)
+        flat = check_array(np.array(values, dtype=wide), spec, allow_non_finite)
     count = math.prod(shape)
     if flat.size != count:
         raise InvalidInput(

@@ -5,7 +5,7 @@ Files: JSON Lines (``.jsonl``, ``.ndjson``, ``.json``; one input object per line
 lines skipped) or CSV (``.csv``; a header row), optionally gzipped (``.gz``). A CSV row
 becomes ``{column: value}`` when its columns are the model's inputs, else, for a model
 with one input, ``{input: [values...]}`` (a feature vector); values that parse as numbers
-are numbers.
+are numbers (``nan`` and ``inf`` too), an empty cell is null (a missing value).
 
 Where: a local path (``/data/in.jsonl``, ``file:///data/in.jsonl``) must lie inside one of
 ``jobs.input_roots`` (default ``<data_dir>/inputs``) — the API never reads other files
@@ -19,22 +19,24 @@ from __future__ import annotations
 import csv
 import gzip
 import io
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlsplit
 
-import orjson
-
+from inferd import nonfinite_json
 from inferd.errors import Forbidden, InvalidInput, PayloadTooLarge
 
 
-def inline_items(inputs: Any, limit: int) -> list[bytes]:
+def inline_items(inputs: Any, limit: int, non_finite: bool = False) -> list[bytes]:
+    """Each input as JSON; ``non_finite``: the body held NaN or ±Infinity literals, kept
+    as such (the predict route refuses them, naming the element, or takes them)."""
     if not isinstance(inputs, list) or not inputs:
         raise InvalidInput("'inputs' must be a non-empty list of inputs")
     if len(inputs) > limit:
         raise PayloadTooLarge(f"{len(inputs)} inputs exceed the limit of {limit} per job")
-    return [orjson.dumps(item) for item in inputs]
+    return [nonfinite_json.dumps(item, non_finite) for item in inputs]
 
 
 def read_items(uri: str, roots: list[Path], limit: int, input_names: list[str]) -> list[bytes]:
@@ -120,10 +122,16 @@ def _csv_items(stream: IO[bytes], input_names: list[str]) -> Iterator[bytes]:
             continue
         values = [_number(v) for v in row]
         item = dict(zip(header, values, strict=False)) if named else {input_names[0]: values}
-        yield orjson.dumps(item)
+        non_finite = any(isinstance(v, float) and not math.isfinite(v) for v in values)
+        yield nonfinite_json.dumps(item, non_finite)
 
 
 def _number(text: str) -> Any:
+    """A cell's value: an int, a float (``nan``, ``inf`` too: the model's check decides),
+    None for an empty cell (a missing value: refused unless the version allows
+    non-finite inputs, where it is NaN), else the text."""
+    if not text.strip():
+        return None
     try:
         return int(text)
     except ValueError:

@@ -300,6 +300,8 @@ class Registry:
             json.dumps(metadata)
         except (TypeError, ValueError) as exc:
             raise InvalidInput(f"metadata is not JSON-serialisable: {exc}") from None
+        if not isinstance(metadata.get("allow_non_finite", False), bool):
+            raise InvalidInput("metadata allow_non_finite must be true or false")
         batching = _check_batching(batching)
         if self._version_exists(name, version):
             raise _version_exists_error(name, version)

@@ -98,6 +98,8 @@ class Target:
     version: str
     signature: Signature
     framework: str
+    allow_non_finite: bool = False
+    """Float inputs may be NaN or ±Infinity (the version's metadata says so)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,12 +160,16 @@ class Router:
         for model in table.models.values():
             for vroute in model.versions.values():
                 key = (model.name, vroute.version)
-                targets[key] = self._targets.get(key) or Target(
-                    model.name,
-                    vroute.version,
-                    Signature.from_dict(vroute.signature),
-                    vroute.framework,
-                )
+                known = self._targets.get(key)
+                if known is None or known.allow_non_finite != vroute.allow_non_finite:
+                    known = Target(
+                        model.name,
+                        vroute.version,
+                        Signature.from_dict(vroute.signature),
+                        vroute.framework,
+                        vroute.allow_non_finite,
+                    )
+                targets[key] = known
                 for r in vroute.replicas:
                     if r.state in ("ready", "draining"):
                         wanted[r.id] = r.address

@@ -51,6 +51,9 @@ class VersionRoute(msgspec.Struct, frozen=True):
     overflow_model: str | None = None
     """A lightweight model taking the same inputs that answers this version's requests
     while it is saturated (its ``metadata.overflow_model``); None: they get 503."""
+    allow_non_finite: bool = False
+    """Float inputs may be NaN or ±Infinity (its ``metadata.allow_non_finite``; see
+    :mod:`inferd.api.numbers`)."""
 
 
 class ModelRoute(msgspec.Struct, frozen=True):

@@ -21,6 +21,7 @@ from inferd.errors import (
     ModelNotReady,
     Overloaded,
     PayloadTooLarge,
+    PromptTooLong,
     RequestTimeout,
 )
 from inferd.observability import tracing
@@ -38,6 +39,7 @@ _ERRORS: dict[str, type[InferdError]] = {
         ModelNotReady,
         Overloaded,
         PayloadTooLarge,
+        PromptTooLong,
         RequestTimeout,
     )
 }

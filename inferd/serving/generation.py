@@ -21,14 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from inferd.errors import (
-    BadRequest,
     InferdError,
     InvalidInput,
     ModelNotFound,
     ModelNotReady,
     Overloaded,
-    PayloadTooLarge,
 )
+from inferd.errors import PromptTooLong as PromptTooLongError
 from inferd.llm.engine import EngineFull, LLMEngine, PromptOverLimit, PromptTooLong, TokenOutput
 from inferd.llm.metrics import GenerationMetrics
 from inferd.llm.sequence import SamplingParams
@@ -182,10 +181,8 @@ class GenerationCore:
             cmd.accepted.set_exception(ModelNotFound(f"adapter {cmd.adapter!r} is not loaded"))
         except EngineFull as exc:
             cmd.accepted.set_exception(Overloaded(str(exc)))
-        except PromptOverLimit as exc:
-            cmd.accepted.set_exception(PayloadTooLarge(str(exc)))
-        except PromptTooLong as exc:
-            cmd.accepted.set_exception(BadRequest(str(exc)))
+        except (PromptOverLimit, PromptTooLong) as exc:
+            cmd.accepted.set_exception(PromptTooLongError(str(exc)))
         except ValueError as exc:
             cmd.accepted.set_exception(InvalidInput(str(exc)))
         else:

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from inferd.config import BatchingConfig
-from inferd.errors import InferdError, InvalidInput, ModelNotReady
+from inferd.errors import InferdError, InvalidInput, ModelError, ModelNotReady
 from inferd.observability.metrics import REQUEST_BUCKETS_S, Histogram, Sketch
 from inferd.process import die_with_parent
 from inferd.runtimes import load_runtime
@@ -64,7 +64,10 @@ class ReplicaCore:
         self._prepares = type(runtime).prepare is not Runtime.prepare
         config = BatchingConfig(**self.spec.batching)
         self._queue_timeout_s = config.queue_timeout_ms / 1000
-        self.batcher = DynamicBatcher(runtime.predict_batch, config, self._executor)
+        predict = runtime.predict_batch
+        if self.spec.metadata.get("allow_non_finite") is not True:
+            predict = functools.partial(finite_outputs, predict)
+        self.batcher = DynamicBatcher(predict, config, self._executor)
         self.batcher.start()
         mark_ready(self)
 
@@ -194,6 +197,30 @@ def agrees(outputs: Columns, reference: dict[str, Any], tolerance: float) -> boo
         if not same:
             return False
     return True
+
+
+def finite_outputs(predict: Callable[[Columns], Columns], inputs: Columns) -> Columns:
+    """``predict(inputs)``, refused with :class:`ModelError` when a float output holds NaN
+    or ±Infinity: a client must never get them as an answer (JSON writes them as null),
+    unless the version's metadata says ``allow_non_finite: true``. A batch refused so is
+    computed again request by request (the batcher's rule), so only the requests whose
+    rows came out non-finite fail."""
+    outputs = predict(inputs)
+    for name, array in outputs.items():
+        if array.dtype.kind != "f":
+            continue
+        finite = np.isfinite(array)
+        if finite.all():
+            continue
+        index = int(np.flatnonzero(~finite.reshape(-1))[0])
+        value = array.reshape(-1)[index]
+        literal = "NaN" if np.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+        row = index // (array.size // len(array)) if array.ndim and array.size else 0
+        raise ModelError(
+            f"the model returned {literal} in output {name!r} (row {row}); it must return "
+            "finite numbers (or its version sets metadata allow_non_finite: true)"
+        )
+    return outputs
 
 
 def rss_bytes() -> int:

@@ -1,0 +1,216 @@
+"""What the OpenAI reference accepts in a completions or chat completions request, and
+what inferd's models can do with it.
+
+Checked before anything runs, each refusal a 400 in OpenAI's error shape naming the
+``param`` (``messages.[2].content``, as OpenAI writes it):
+
+- fields: OpenAI's own request fields, plus inferd's extensions (``top_k``,
+  ``ignore_eos``, ``priority``, ``adapter``, as vLLM takes them through the client's
+  ``extra_body``); any other is "Unrecognized request argument supplied". Fields of the
+  reference that would change the answer in ways the engine cannot honour (``tools``,
+  ``response_format`` other than text, ``logit_bias``, penalties, ``top_logprobs``,
+  ``n`` > 1, audio) are refused by name instead of ignored.
+- chat messages: roles ``system``, ``developer``, ``user``, ``assistant``, ``tool``;
+  each role's fields and nothing else; ``content`` a string or a list of content parts
+  of the kinds the role takes (text everywhere, refusal for the assistant; image, audio
+  and file parts are valid shapes that a text model refuses); ``tool`` messages name
+  their ``tool_call_id``; an assistant message without ``content`` carries
+  ``tool_calls``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inferd.errors import InvalidInput
+
+_SHARED = frozenset(
+    {
+        "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "n",
+        "stop", "seed", "logprobs", "user", "presence_penalty", "frequency_penalty",
+        "logit_bias", "metadata", "store", "service_tier",
+    }
+)  # fmt: skip
+_CHAT = _SHARED | {
+    "messages", "max_completion_tokens", "top_logprobs", "parallel_tool_calls", "tools",
+    "tool_choice", "functions", "function_call", "response_format", "modalities", "audio",
+    "prediction", "reasoning_effort", "web_search_options", "verbosity", "prompt_cache_key",
+    "safety_identifier",
+}  # fmt: skip
+_COMPLETIONS = _SHARED | {"prompt", "suffix", "echo", "best_of"}
+EXTENSIONS = frozenset({"top_k", "ignore_eos", "priority", "adapter"})
+"""inferd's own sampling fields (sent with the client's ``extra_body``)."""
+
+_ROLE_FIELDS = {
+    "system": {"role", "content", "name"},
+    "developer": {"role", "content", "name"},
+    "user": {"role", "content", "name"},
+    "assistant": {"role", "content", "name", "refusal", "tool_calls", "function_call", "audio"},
+    "tool": {"role", "content", "tool_call_id"},
+}
+_PART_FIELDS = {
+    "text": {"type", "text"},
+    "refusal": {"type", "refusal"},
+    "image_url": {"type", "image_url"},
+    "input_audio": {"type", "input_audio"},
+    "file": {"type", "file"},
+}
+_ROLE_PARTS = {
+    "system": {"text"},
+    "developer": {"text"},
+    "tool": {"text"},
+    "user": {"text", "image_url", "input_audio", "file"},
+    "assistant": {"text", "refusal"},
+}
+
+
+def _bad(message: str, param: str) -> InvalidInput:
+    return InvalidInput(message, param=param)
+
+
+def check_fields(body: dict[str, Any], chat: bool) -> None:
+    """Unknown fields, and known ones the engine cannot honour, refused by name."""
+    known = (_CHAT if chat else _COMPLETIONS) | EXTENSIONS
+    for name in body:
+        if name not in known:
+            raise _bad(f"Unrecognized request argument supplied: {name}", name)
+    unsupported = {
+        "tools": bool(body.get("tools")),
+        "functions": bool(body.get("functions")),
+        "tool_choice": body.get("tool_choice") not in (None, "none", "auto"),
+        "function_call": body.get("function_call") not in (None, "none", "auto"),
+        "response_format": _format_type(body.get("response_format")) not in (None, "text"),
+        "logit_bias": bool(body.get("logit_bias")),
+        "presence_penalty": body.get("presence_penalty") not in (None, 0, 0.0),
+        "frequency_penalty": body.get("frequency_penalty") not in (None, 0, 0.0),
+        "top_logprobs": body.get("top_logprobs") not in (None, 0),
+        "audio": body.get("audio") is not None,
+        "modalities": body.get("modalities") not in (None, ["text"]),
+        "prediction": body.get("prediction") is not None,
+        "web_search_options": body.get("web_search_options") is not None,
+        "suffix": body.get("suffix") not in (None, ""),
+        "echo": bool(body.get("echo")),
+        "best_of": body.get("best_of") not in (None, 1),
+        "n": body.get("n") not in (None, 1),
+    }
+    for name, refused in unsupported.items():
+        if refused:
+            raise _bad(f"'{name}' is not supported by inferd's engine: {_why(name)}", name)
+    both = chat and "max_completion_tokens" in body and "max_tokens" in body
+    if both and body["max_tokens"] != body["max_completion_tokens"]:
+        raise _bad("give max_tokens or max_completion_tokens, not both", "max_tokens")
+
+
+def _format_type(value: Any) -> Any:
+    return value.get("type") if isinstance(value, dict) else value
+
+
+def _why(name: str) -> str:
+    if name in ("tools", "functions", "tool_choice", "function_call"):
+        return "tool calling is not available for this model"
+    if name == "response_format":
+        return "structured outputs are not available for this model; use type text"
+    if name in ("n", "best_of"):
+        return "one choice per request (send n requests)"
+    return "drop it, or use its default"
+
+
+def chat_messages(messages: Any) -> list[tuple[str, str]]:
+    """The messages as (role, text) pairs, after checking them against the reference.
+    Raises InvalidInput (a 400 on OpenAI's routes) naming the message and field."""
+    if not isinstance(messages, list) or not messages:
+        raise _bad("'messages' must be a non-empty list of messages", "messages")
+    return [_message(m, i) for i, m in enumerate(messages)]
+
+
+def _message(message: Any, i: int) -> tuple[str, str]:
+    where = f"messages.[{i}]"
+    if not isinstance(message, dict):
+        raise _bad(f"{where} must be an object with 'role' and 'content'", where)
+    role = message.get("role")
+    if role not in _ROLE_FIELDS:
+        raise _bad(
+            f"{where}.role must be one of {', '.join(map(repr, _ROLE_FIELDS))}, not {role!r}",
+            f"{where}.role",
+        )
+    unknown = sorted(set(message) - _ROLE_FIELDS[role])
+    if unknown:
+        allowed = ", ".join(sorted(_ROLE_FIELDS[role]))
+        raise _bad(
+            f"{where}: unknown field {unknown[0]!r} (a {role} message takes {allowed})",
+            f"{where}.{unknown[0]}",
+        )
+    name = message.get("name")
+    if name is not None and (not isinstance(name, str) or not name):
+        raise _bad(f"{where}.name must be a non-empty string", f"{where}.name")
+    if role == "tool" and not isinstance(message.get("tool_call_id"), str):
+        raise _bad(f"{where}.tool_call_id must be a string", f"{where}.tool_call_id")
+    calls = _tool_calls(message.get("tool_calls"), where) if role == "assistant" else ""
+    content = message.get("content")
+    if content is None and role == "assistant" and (calls or message.get("function_call")):
+        return role, calls
+    if content is None and role == "assistant" and isinstance(message.get("refusal"), str):
+        return role, message["refusal"]
+    text = _content(content, role, f"{where}.content")
+    return role, text + calls
+
+
+def _content(content: Any, role: str, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list) or not content:
+        raise _bad(f"{where} must be a string or a non-empty list of content parts", where)
+    texts = []
+    for j, part in enumerate(content):
+        at = f"{where}.[{j}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in _PART_FIELDS:
+            raise _bad(f"{at} must be a content part with a 'type' (e.g. text)", f"{at}.type")
+        if kind not in _ROLE_PARTS[role]:
+            raise _bad(f"{at}: a {role} message takes no {kind!r} parts", f"{at}.type")
+        unknown = sorted(set(part) - _PART_FIELDS[kind])
+        if unknown:
+            raise _bad(f"{at}: unknown field {unknown[0]!r} in a {kind} part", f"{at}.{unknown[0]}")
+        value = part.get(kind)
+        if kind in ("text", "refusal"):
+            if not isinstance(value, str):
+                raise _bad(f"{at}.{kind} must be a string", f"{at}.{kind}")
+            texts.append(value)
+        else:
+            raise _bad(f"{at}: {kind} parts are not supported: this model takes text", at)
+    return "".join(texts)
+
+
+def _tool_calls(calls: Any, where: str) -> str:
+    """An assistant's earlier tool calls, as text for the transcript ("" for none)."""
+    if calls is None:
+        return ""
+    at = f"{where}.tool_calls"
+    if not isinstance(calls, list):
+        raise _bad(f"{at} must be a list", at)
+    lines = []
+    for k, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if (
+            not isinstance(call, dict)
+            or set(call) - {"id", "type", "function"}
+            or not isinstance(call.get("id"), str)
+            or call.get("type") != "function"
+            or not isinstance(function, dict)
+            or not isinstance(function.get("name"), str)
+            or not isinstance(function.get("arguments"), str)
+        ):
+            raise _bad(
+                f"{at}.[{k}] must be {{'id': str, 'type': 'function', 'function': "
+                "{'name': str, 'arguments': str}}",
+                f"{at}.[{k}]",
+            )
+        lines.append(f"{function['name']}({function['arguments']})")
+    return "\n".join(lines)
+
+
+def chat_prompt(messages: Any) -> str:
+    """A plain ``role: text`` transcript ending with ``assistant:`` (GPT-2 checkpoints
+    carry no chat template)."""
+    lines = [f"{role}: {text}" for role, text in chat_messages(messages)]
+    return "\n".join(lines) + "\nassistant:"
