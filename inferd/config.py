@@ -31,8 +31,10 @@ class BatchingConfig(BaseModel):
     """Rows queued in the replica beyond which new requests get 503 (Retry-After); a
     request of a better level takes the place of queued ones of worse levels instead
     (they get the 503: shed, newest first)."""
-    queue_timeout_ms: float = Field(10_000, gt=0)
-    """A request still queued after this long fails with 504 without running."""
+    queue_timeout_ms: float | None = Field(None, gt=0)
+    """A cap on how long a request may wait in the replica's queue, below its deadline
+    (then 504 without running). None: the request's deadline is the only bound (its
+    ``X-Request-Timeout`` / ``timeout``, else ``request_timeout_s``)."""
     priority_levels: int = Field(4, ge=1, le=100)
     """Request priorities: 1 is served first, ``priority_levels`` last (strictly: a level
     waits while a better one has requests). Requests name theirs with ``priority``: a

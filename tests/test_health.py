@@ -43,6 +43,12 @@ def test_readiness_overall_and_per_model(server: InferdServer):
         time.sleep(0.2)
     assert overall.status_code == 503 and overall.headers["retry-after"] == "1"
     assert overall.json()["waiting_for"] == ["lazy"]
+    health = c.get("/health")  # the same, with live and ready spelled out; public too
+    assert health.status_code == 503 and health.headers["retry-after"] == "1"
+    assert health.json() == {
+        "status": "not_ready", "live": True, "ready": False,
+        "models": {"sum": "v1", "lazy": None}, "waiting_for": ["lazy"],
+    }  # fmt: skip
     assert c.get("/health/live").json() == {"status": "live"}
     ready = c.get("/health/ready/sum")  # no credential needed, auth is on
     assert ready.status_code == 200 and ready.json() == {
@@ -71,3 +77,12 @@ def test_a_replica_logs_a_failed_request_with_its_id(server: InferdServer):
         time.sleep(0.1)
     line = next(x for x in server.log().splitlines() if "predict failed" in x)
     assert "[replica sum:v1]" in line and "[req req-666-abc]" in line
+
+
+def test_health_when_ready(demo_server: InferdServer):
+    reply = demo_server.client.get("/health")
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert (body["status"], body["live"], body["ready"]) == ("ready", True, True)
+    assert body["models"]["iris"] == "v1" and "waiting_for" not in body
+    assert body["models"] == demo_server.client.get("/health/ready").json()["models"]

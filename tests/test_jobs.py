@@ -361,7 +361,7 @@ def test_async_v2_and_openai_requests(server: InferdServer):
         "/v2/models/calc/infer?async=true", content=b"{}",
         headers={"inference-header-content-length": "2"},
     )  # fmt: skip
-    assert binary.status_code == 422 and "binary" in binary.json()["error"]["message"]
+    assert binary.status_code == 400 and "binary" in binary.json()["error"]  # V2's shape
     reply = server.client.post(
         "/v1/completions",
         json={"model": "tiny", "prompt": "The server", "max_tokens": 3},

@@ -14,7 +14,6 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -42,7 +41,7 @@ from inferd.api.jobs import AsyncGate
 from inferd.api.limits import RateLimitGate, RateLimits, rate_limits_for
 from inferd.api.status import StatusView
 from inferd.config import Settings
-from inferd.errors import InferdError
+from inferd.errors import InferdError, InvalidInput
 from inferd.jobs import Jobs
 from inferd.observability import tracing
 from inferd.observability.inference_log import RowBuffer
@@ -236,42 +235,46 @@ def _record(
     )
 
 
-def _error(request: Request, status: int, code: str, message: str, **extra: Any) -> Response:
-    rid = request_id_of(request)
-    body = {"error": {"code": code, "message": message, **extra, "request_id": rid}}
-    return json_response(body, status_code=status, headers={"x-request-id": rid})
-
-
 def error_response(request: Request, exc: Exception) -> Response:
-    """The JSON error for any exception; tracebacks only ever go to the log."""
+    """The JSON error for any exception, in the shape of the API family its path belongs
+    to (OpenAI's under ``/v1/``, the Open Inference Protocol's under ``/v2/``, inferd's
+    elsewhere); tracebacks only ever go to the log."""
+    error = _as_inferd_error(request, exc)
+    if error.status_code >= 500:
+        logger.warning(
+            "%s %s -> %d %s: %s",
+            request.method, request.url.path, error.status_code, error.code, error.message,
+        )  # fmt: skip
+    rid = request_id_of(request)
+    path = request.url.path
+    if path.startswith("/v1/"):
+        response = openai.openai_error(error)
+    elif path.startswith("/v2/"):
+        response = v2.protocol_error(error)
+    else:
+        body = {"error": {"code": error.code, "message": error.message, **error.details}}
+        body["error"]["request_id"] = rid
+        response = json_response(body, status_code=error.status_code, headers=error.headers())
+    response.headers["x-request-id"] = rid
+    return response
+
+
+def _as_inferd_error(request: Request, exc: Exception) -> InferdError:
     if isinstance(exc, InferdError):
-        if exc.status_code >= 500:
-            logger.warning(
-                "%s %s -> %d %s: %s",
-                request.method,
-                request.url.path,
-                exc.status_code,
-                exc.code,
-                exc.message,
-            )
-        response = _error(request, exc.status_code, exc.code, exc.message, **exc.details)
-        response.headers.update(exc.headers())
-        return response
+        return exc
     if isinstance(exc, RequestValidationError):
         errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", "")} for e in exc.errors()]
-        return _error(
-            request, 422, "invalid_input", "request does not match the API schema", errors=errors
-        )
+        return InvalidInput("request does not match the API schema", errors=errors)
     if isinstance(exc, StarletteHTTPException):
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
         if exc.status_code == 404:
             message = f"no route {request.method} {request.url.path}"
-        return _error(request, exc.status_code, code, message)
+        error = InferdError(message)
+        error.status_code, error.code = exc.status_code, code
+        return error
     logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return _error(
-        request, 500, "internal_error", "internal server error; the server log has the details"
-    )
+    return InferdError("internal server error; the server log has the details")
 
 
 def _install_error_handlers(app: FastAPI) -> None:

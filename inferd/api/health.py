@@ -6,6 +6,8 @@
   model has a serving version with a ready replica (a model unloaded on purpose is
   not waited for); else 503 with ``Retry-After`` and what it waits for. A readiness
   probe failing means take the pod out of the Service, not restart it.
+- ``/health``: the same as ``/health/ready`` (same status codes), its body also
+  saying ``live`` and ``ready``.
 - ``/health/ready/{model}``: the same for one model: 200 when it can answer now, 503
   when it cannot yet (loading, no ready replica, unloaded), 404 when it is unknown.
 """
@@ -28,16 +30,28 @@ async def live() -> Response:
 
 @router.get("/health/ready")
 async def ready(request: Request) -> Response:
+    return _readiness(request, spelled_out=False)
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    """``/health/ready`` with ``live`` and ``ready`` spelled out: the endpoint the design
+    documents name, for load balancers and people."""
+    return _readiness(request, spelled_out=True)
+
+
+def _readiness(request: Request, spelled_out: bool) -> Response:
     table = request.app.state.router.table
-    models = {name: route.default_version for name, route in table.models.items()}
     not_ready = request.app.state.router.waiting_for()
-    if table.generation == 0 or not_ready:
-        return json_response(
-            {"status": "not_ready", "models": models, "waiting_for": not_ready},
-            status_code=503,
-            headers={"Retry-After": "1"},
-        )
-    return json_response({"status": "ready", "models": models})
+    ready = table.generation > 0 and not not_ready
+    body: dict[str, object] = {"status": "ready" if ready else "not_ready"}
+    if spelled_out:
+        body |= {"live": True, "ready": ready}
+    body["models"] = {name: route.default_version for name, route in table.models.items()}
+    if ready:
+        return json_response(body)
+    body["waiting_for"] = not_ready
+    return json_response(body, status_code=503, headers={"Retry-After": "1"})
 
 
 @router.get("/health/ready/{model}")

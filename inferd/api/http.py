@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 _JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 
-PUBLIC_PATHS = re.compile(r"^/(health/(live|ready(/[^/]+)?)|v2/health/(live|ready)|metrics)$")
+PUBLIC_PATHS = re.compile(r"^/(health(/live|/ready(/[^/]+)?)?|v2/health/(live|ready)|metrics)$")
 """Routes no credential or rate limit ever applies to (probes and scrapes)."""
 _MODEL_PATH = re.compile(r"^/(?:api/v1|v2)/models/([^/:]+)")
 

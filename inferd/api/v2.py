@@ -55,10 +55,15 @@ def protocol_errors(handler: Handler) -> Handler:
         try:
             return await handler(*args, **kwargs)
         except InferdError as exc:
-            status = 400 if isinstance(exc, InvalidInput) else exc.status_code
-            return json_response({"error": exc.message}, status_code=status, headers=exc.headers())
+            return protocol_error(exc)
 
     return wrapped
+
+
+def protocol_error(exc: InferdError) -> Response:
+    """The protocol's error body, ``{"error": message}``; bad input is 400 here."""
+    status = 400 if isinstance(exc, InvalidInput) else exc.status_code
+    return json_response({"error": exc.message}, status_code=status, headers=exc.headers())
 
 
 # -- server -------------------------------------------------------------------------------

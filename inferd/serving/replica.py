@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import os
 import sys
 import time
@@ -49,7 +50,8 @@ class ReplicaCore:
         self.batcher: DynamicBatcher | None = None
         self.started = time.monotonic()
         self.inflight = 0
-        self._queue_timeout_s = BatchingConfig().queue_timeout_ms / 1000
+        self._queue_timeout_s = math.inf
+        """The version's cap on queue time (``batching.queue_timeout_ms``; inf: none)."""
         self._request_s = Histogram(REQUEST_BUCKETS_S)
         self._latency = Sketch()
         self._failed = 0
@@ -63,7 +65,8 @@ class ReplicaCore:
         self.signature = runtime.signature
         self._prepares = type(runtime).prepare is not Runtime.prepare
         config = BatchingConfig(**self.spec.batching)
-        self._queue_timeout_s = config.queue_timeout_ms / 1000
+        if config.queue_timeout_ms is not None:
+            self._queue_timeout_s = config.queue_timeout_ms / 1000
         predict = runtime.predict_batch
         if self.spec.metadata.get("allow_non_finite") is not True:
             predict = functools.partial(finite_outputs, predict)
