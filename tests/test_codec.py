@@ -46,7 +46,7 @@ def test_multiple_inputs():
         ({"features": [1, 2, 3]}, TABULAR, "non-empty list"),
         ([{"features": [1, 2]}], TABULAR, "expected shape [3] per row, got [2]"),
         ([{"features": [1, 2, 3]}, {"features": [1, 2]}], TABULAR, "all rows the same length"),
-        ([{"features": ["a", "b", "c"]}], TABULAR, "row 0, element [0]: the string \"a\" is not"),
+        ([{"features": ["a", "b", "c"]}], TABULAR, 'row 0, element [0]: the string "a" is not'),
         ([{"feature": [1, 2, 3]}], TABULAR, "missing field(s) ['features']"),
         ([{"a": 1}], TWO, "missing field(s) ['b']"),
         ([{"a": 1, "b": [1, 2], "c": 3}], TWO, "unknown field(s) ['c']"),

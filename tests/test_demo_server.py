@@ -119,7 +119,7 @@ def test_torch_digits_predict(demo_server: InferdServer):
             {"inputs": [{"features": ["x"] * 30}]},
             422,
             "invalid_input",
-            "the string \"x\" is not a number (FP32)",
+            'the string "x" is not a number (FP32)',
         ),
         (
             "/api/v1/models/fraud/predict",
