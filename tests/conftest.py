@@ -268,10 +268,13 @@ def registry(database_url: str, artifact_root: Path) -> Iterator[Registry]:
 
 @contextlib.contextmanager
 def served(
-    data_dir: Path, workers: int = 2, ready_timeout_s: float = 120
+    data_dir: Path,
+    workers: int = 2,
+    ready_timeout_s: float = 120,
+    env: dict[str, str] | None = None,
 ) -> Iterator[InferdServer]:
     """``inferd serve`` on ``data_dir``, ready; stopped (and checked to exit 0) after."""
-    server = InferdServer(data_dir, workers=workers)
+    server = InferdServer(data_dir, workers=workers, env=env)
     try:
         server.wait_ready(timeout_s=ready_timeout_s)
         yield server
@@ -311,3 +314,15 @@ def build_tiny_gpt2(folder: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     GPT2LMHeadModel(config).save_pretrained(folder, safe_serialization=True)
     return folder
+
+
+def fake_gpus(folder: Path, *names: str) -> dict[str, str]:
+    """An environment whose ``nvidia-smi`` reports ``names`` as GPUs 0, 1, ... (what the
+    local backend reads to place replicas; this machine has no GPU): a ``PATH`` with a
+    script answering ``--query-gpu=index,name --format=csv,noheader`` first."""
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = "\n".join(f"{i}, {name}" for i, name in enumerate(names))
+    tool = folder / "nvidia-smi"
+    tool.write_text(f"#!/bin/sh\ncat <<'EOF'\n{lines}\nEOF\n")
+    tool.chmod(0o755)
+    return {"PATH": f"{folder}{os.pathsep}{os.environ.get('PATH', '')}"}

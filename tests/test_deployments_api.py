@@ -30,7 +30,7 @@ from inferd.registry import Registry
 from inferd.registry.deployments import DeploymentRecord
 from inferd.routing.table import ModelRoute, ReplicaRoute, VersionRoute
 from inferd.runtimes.base import Signature
-from tests.conftest import InferdServer, run_cli, served
+from tests.conftest import InferdServer, fake_gpus, push_source, run_cli, served
 
 MODELS = Path(__file__).parent / "models"
 SIGNATURE = {
@@ -226,9 +226,18 @@ def _push(data: Path, model: str, *versions: str) -> None:
             )
 
 
+GPUS = ("NVIDIA T4", "NVIDIA A100-SXM4-80GB")
+"""What this module's server (and CLI) see as the machine's GPUs (a stand-in nvidia-smi)."""
+
+
 @pytest.fixture(scope="module")
-def server(data: Path) -> Iterator[InferdServer]:
-    with served(data) as srv:
+def gpu_env(data: Path) -> dict[str, str]:
+    return fake_gpus(data / "bin", *GPUS)
+
+
+@pytest.fixture(scope="module")
+def server(data: Path, gpu_env: dict[str, str]) -> Iterator[InferdServer]:
+    with served(data, env=gpu_env) as srv:
         yield srv
 
 
@@ -514,10 +523,10 @@ def test_openapi_documents_the_bodies(server: InferdServer) -> None:
 
 @pytest.mark.slow
 def test_cli_writes_what_the_server_then_shows(
-    server: InferdServer, model: str, data: Path
+    server: InferdServer, model: str, data: Path, gpu_env: dict[str, str]
 ) -> None:
     def cli(*args: str, check: bool = True) -> Any:
-        return run_cli(*args, data_dir=data, check=check)
+        return run_cli(*args, data_dir=data, check=check, env=gpu_env)
 
     cli("deploy", model, "v1", "--traffic", "100", "--replicas", "1", "--gpu", "A100")
     done = cli("traffic", model, "v1=80", "v2=20")
@@ -574,3 +583,49 @@ def test_cli_writes_what_the_server_then_shows(
     assert bad_json.returncode == 2 and "--rollout is not JSON" in bad_json.stderr
     bad_steps = cli("deploy", model, "v2", "--steps", "a,b", check=False)
     assert bad_steps.returncode == 2 and "--steps must be percents" in bad_steps.stderr
+
+
+DEVICES = """
+import os
+
+import numpy as np
+
+
+class Devices:
+    signature = {
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
+        "outputs": [{"name": "visible", "datatype": "BYTES", "shape": [-1]}],
+    }
+
+    def predict(self, batch):
+        seen = os.environ.get("CUDA_VISIBLE_DEVICES", "unset")
+        return {"visible": np.array([seen] * len(batch["x"]), dtype=object)}
+"""
+
+
+@pytest.mark.slow
+def test_a_gpu_deployment_runs_on_that_gpu_or_is_refused(server: InferdServer, data: Path) -> None:
+    push_source(data, "devices", DEVICES)
+    server.wait_for(
+        lambda: server.client.get("/health/ready/devices").status_code == 200,
+        what="the devices model",
+    )
+
+    def visible() -> str:
+        body = {"model": "devices", "input": {"x": 1.0}}
+        return str(server.client.post("/api/v1/predict", json=body).json()["prediction"])
+
+    assert visible() == "unset"  # no GPU asked for: placement left to the environment
+    refused = server.client.post(
+        "/api/v1/deployments",
+        json={"model_name": "devices", "version": "v1", "resources": {"gpu": "H100"}},
+    )
+    assert refused.status_code == 422, refused.text
+    message = refused.json()["error"]["message"]
+    assert "'H100' cannot be honoured" in message and "1: NVIDIA A100-SXM4-80GB" in message
+    shown = server.client.get("/api/v1/deployments/devices").json()
+    assert shown["mode"] == "automatic" and shown["history"] == []  # nothing recorded
+    done = _deploy(server.client, "devices", "v1", resources={"gpu": "a100"})
+    assert done["deployment"]["gpu_type"] == "a100"
+    # the deployment's replicas are restarted with only the A100 visible
+    server.wait_for(lambda: visible() == "1", timeout_s=60, what="a replica on the A100")

@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from inferd import devices
 from inferd.errors import Conflict, InferdError, InvalidInput, ModelNotFound
 from inferd.registry import Registry
 from inferd.registry.deployments import TrafficRecord
 from inferd.runtimes.base import Signature, TensorSpec
+from tests.conftest import fake_gpus
 
 SIGNATURE = Signature(
     inputs=(TensorSpec("x", "FP32", (-1,)),),
@@ -55,9 +57,32 @@ def statuses(reg: Registry, model: str) -> dict[str, str]:
 # -- deploy ----------------------------------------------------------------------------
 
 
-def test_first_deploy_adopts_the_newest_version(registry: Registry, source: Path) -> None:
+@pytest.fixture
+def a100(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """This process sees one A100 (a stand-in ``nvidia-smi`` first on PATH)."""
+    monkeypatch.setenv("PATH", fake_gpus(tmp_path / "bin", "NVIDIA A100-SXM4-80GB")["PATH"])
+    devices.local_gpus.cache_clear()
+    yield
+    devices.local_gpus.cache_clear()
+
+
+def test_a_gpu_this_machine_lacks_is_refused(registry: Registry, source: Path) -> None:
+    push(registry, source, "fraud", "v1")
+    devices.local_gpus.cache_clear()
+    if devices.local_gpus():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(InvalidInput, match=r"'A100' cannot be honoured.*has no GPU"):
+        registry.deployments.deploy("fraud", "v1", gpu_type="A100", actor="alice")
+    assert registry.deployments.list_all() == []  # nothing recorded
+
+
+def test_first_deploy_adopts_the_newest_version(
+    registry: Registry, source: Path, a100: None
+) -> None:
     push(registry, source, "fraud", "v1", "v2")  # automatic mode serves v2
     assert registry.deployments.list_all() == [] and registry.deployments.revision("fraud") == 0
+    with pytest.raises(InvalidInput, match=r"'H100' cannot be honoured.*0: NVIDIA A100"):
+        registry.deployments.deploy("fraud", "v1", gpu_type="H100", actor="alice")
 
     record = registry.deployments.deploy(
         "fraud", "v1", traffic_pct=10, replicas=2, gpu_type="A100", actor="alice"

@@ -29,12 +29,21 @@ BOOM = arithmetic_model("x * 2").replace(
 )
 
 
+PICKY = arithmetic_model("x * 2").replace(
+    "        x = batch",
+    "        if len(batch['x']) > 2:\n            raise ValueError('two rows at most')\n"
+    "        x = batch",
+)
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferdServer]:
     data = tmp_path_factory.mktemp("jobs")
     push_source(data, "calc", arithmetic_model("x * 2"))
     push_source(data, "slow", SLOW, "--batching", '{"max_batch_size": 8}')
     push_source(data, "boom", BOOM)
+    push_source(data, "fresh", arithmetic_model("x * 3"))
+    push_source(data, "picky", PICKY)
     folder = build_tiny_gpt2(data / "src" / "tiny")
     run_cli("models", "push", "tiny", str(folder), "--version", "v1", data_dir=data)
     env = {
@@ -376,3 +385,37 @@ def test_async_v2_and_openai_requests(server: InferdServer):
         json={"model": "nope", "messages": [{"role": "user", "content": "hi"}]},
     )
     assert chat.status_code == 404
+
+
+def test_every_job_has_an_estimate_that_says_how_it_was_made(server: InferdServer):
+    def submit(model: str, n: int) -> dict[str, Any]:
+        inputs = [{"x": float(i)} for i in range(n)]
+        reply = server.client.post("/api/v1/batch", json={"model": model, "inputs": inputs})
+        assert reply.status_code == 202, reply.text
+        return reply.json()
+
+    first = submit("fresh", 10)  # nothing measured yet: a probe
+    assert first["estimated_time"] and first["estimate"]["method"] == "probe", first
+    assert "a probe of 10 rows took" in first["estimate"]["basis"]
+    assert first["estimate"]["seconds"] > 0 and first["estimate"]["items_per_s"] > 0
+    wait_job(server, first["batch_id"])
+    second = submit("fresh", 600)  # the replica counted what it computed
+    assert second["estimate"]["method"] == "replicas", second
+    assert "ms of compute per row over" in second["estimate"]["basis"]
+    status = server.client.get(f"/api/v1/batch/{second['batch_id']}").json()
+    assert status["estimated_time"] and status["estimate"]["method"] in ("replicas", "progress")
+    done = wait_job(server, second["batch_id"])
+    assert done["estimated_time"] == "0s"
+    third = submit("fresh", 10)  # a finished job of 500+ inputs: its rate
+    assert third["estimate"]["method"] == "history", third
+    assert "last batch job ran at" in third["estimate"]["basis"]
+    wait_job(server, third["batch_id"])
+    picky = submit("picky", 5)  # the probe of 5 rows fails: a stated default
+    assert picky["estimate"]["method"] == "default", picky
+    assert "two rows at most" in picky["estimate"]["basis"] and picky["estimated_time"]
+    assert wait_job(server, picky["batch_id"])["succeeded"] == 5
+    prompts = [{"prompt": "The server", "max_tokens": 4}] * 3
+    reply = server.client.post("/api/v1/batch", json={"model": "tiny", "inputs": prompts})
+    estimate = reply.json()["estimate"]
+    assert estimate["method"] in ("probe", "replicas") and estimate["seconds"] > 0, estimate
+    wait_job(server, reply.json()["batch_id"])

@@ -26,9 +26,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from inferd import nonfinite_json
 from inferd.api.auth import Principal, authorize_model
+from inferd.api.estimates import estimate_job
 from inferd.api.http import json_response, parse_json, read_body, request_id_of
 from inferd.errors import BadRequest, Conflict, InvalidInput, NotFound
-from inferd.jobs import Jobs, describe, human_duration
+from inferd.jobs import Jobs, describe
 from inferd.jobs.inputs import inline_items, read_items
 from inferd.jobs.store import TERMINAL
 from inferd.runtimes import GENERATIVE
@@ -110,14 +111,19 @@ async def submit_batch(request: Request) -> Response:
         names = [spec.name for spec in target.signature.inputs]
         items = await asyncio.to_thread(read_items, uri, settings.job_input_roots, limit, names)
         source = uri
-    route = "generate" if target.framework in GENERATIVE else "predict"
-    job = await jobs.submit(
-        "batch", model, version, items, {"route": route, "input_uri": source}, priority,
-        callback_url, _owner(request.scope),
+    generative = target.framework in GENERATIVE
+    state = request.app.state
+    estimate = await estimate_job(
+        state.router, state.dataplane, settings, target, items,
+        await jobs.recent_rate(model), generative,
     )  # fmt: skip
-    estimate = await jobs.estimate_s(model, len(items))
+    job = await jobs.submit(
+        "batch", model, version, items,
+        {"route": "generate" if generative else "predict", "input_uri": source,
+         "estimate": estimate.to_dict()},
+        priority, callback_url, _owner(request.scope),
+    )  # fmt: skip
     reply = describe(job)
-    reply["estimated_time"] = None if estimate is None else human_duration(estimate)
     location = f"/api/v1/batch/{job['id']}"
     return json_response(reply, status_code=202, headers={"location": location})
 

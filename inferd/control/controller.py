@@ -31,9 +31,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from inferd import devices
 from inferd.config import Settings
 from inferd.control import canary
 from inferd.control.backend import LocalBackend
+from inferd.errors import InvalidInput
 from inferd.registry import ModelRecord, Registry, VersionRecord
 from inferd.registry.deployments import DeploymentRecord
 from inferd.registry.tables import utcnow
@@ -77,6 +79,11 @@ class VersionSet:
     """deploying | active | failed, as last written to the registry (deployments only)."""
     fallback: bool = True
     """Failed requests (not pinned here) are retried on the serving version."""
+    gpu_type: str | None = None
+    """The deployment's ``resources.gpu``: its replicas see only GPUs of that type."""
+    gpus: list[int] | None = None
+    """The devices of ``gpu_type`` (None: no GPU asked for); replicas started for another
+    placement are replaced, each once a new one is ready."""
 
     def ready_count(self) -> int:
         return sum(r.state == "ready" for r in self.replicas)
@@ -244,6 +251,9 @@ class Controller:
                 model.versions[row.version] = vset
                 logger.info("deploying %s:%s with %d replica(s)", model.name, row.version, desired)
             vset.desired, vset.fallback = desired, row.fallback
+            if row.gpu_type != vset.gpu_type:
+                vset.gpu_type = row.gpu_type
+                vset.gpus = None if row.gpu_type is None else _gpus(vset)
             self._scale(vset)
             if row.strategy == "blue-green":
                 self._blue_green(model, row, vset)
@@ -436,10 +446,16 @@ class Controller:
 
     def _scale(self, vset: VersionSet) -> None:
         """Start or stop replicas until ``desired`` run; extra ones drain (not-ready and
-        newest first) and only then leave the set."""
-        live = [r for r in vset.replicas if not r.stopping]
+        newest first) and only then leave the set. Replicas placed on other GPUs than
+        the deployment's (its ``resources.gpu`` changed) are replaced: new ones start,
+        and the old ones drain once the new ones are all ready."""
+        live = [r for r in vset.replicas if not r.stopping and r.spec.gpus == vset.gpus]
+        misplaced = [r for r in vset.replicas if not r.stopping and r.spec.gpus != vset.gpus]
         for _ in range(vset.desired - len(live)):
             self._start_replica(vset)
+        if misplaced and sum(r.state == "ready" for r in live) >= vset.desired:
+            for replica in misplaced:
+                self._spawn(self._scale_down(vset, replica))
         extra = len(live) - vset.desired
         if extra > 0:
             victims = sorted(live, key=lambda r: (r.state == "ready", -live.index(r)))
@@ -553,6 +569,7 @@ class Controller:
             log_level=self.settings.log_level,
             log_json=self.settings.log_json,
             llm={**self.settings.llm.model_dump(), **_adapters(vset.record)},
+            gpus=vset.gpus,
         )
         replica = Replica(rid, spec)
         vset.replicas.append(replica)
@@ -669,6 +686,17 @@ class Controller:
             r for m in self.models.values() for v in m.versions.values() for r in v.replicas
         ]
         await asyncio.gather(*(self._stop_replica(r) for r in replicas))
+
+
+def _gpus(vset: VersionSet) -> list[int]:
+    """The devices of the deployment's GPU type; none (CPU) for a deployment recorded
+    before this machine lost them (new ones are refused at deploy time)."""
+    assert vset.gpu_type is not None
+    try:
+        return devices.place(vset.gpu_type)
+    except InvalidInput as exc:
+        logger.error("%s:%s: %s", vset.record.model_name, vset.record.version, exc.message)
+        return []
 
 
 def _cache_ttl(record: VersionRecord) -> float | None:

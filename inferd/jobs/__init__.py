@@ -73,11 +73,10 @@ class Jobs:
     async def get(self, job_id: str) -> dict[str, Any] | None:
         return await asyncio.to_thread(self.store.get, job_id)
 
-    async def estimate_s(self, model: str, items: int) -> float | None:
-        """Seconds a job of ``items`` inputs should take, at the rate this model's last
-        finished batch job ran (None before the first one)."""
-        rate = await asyncio.to_thread(self.store.recent_rate, model)
-        return None if not rate else items / rate
+    async def recent_rate(self, model: str) -> float | None:
+        """Inputs per second of this model's last finished batch job (500+ inputs;
+        None before the first one)."""
+        return await asyncio.to_thread(self.store.recent_rate, model)
 
 
 def describe(job: dict[str, Any]) -> dict[str, Any]:
@@ -86,12 +85,24 @@ def describe(job: dict[str, Any]) -> dict[str, Any]:
     total = job["total"]
     started, finished = job["started_at"], job["finished_at"]
     rate = eta = None
+    estimate = (job["request"] or {}).get("estimate")
     if started is not None:
         elapsed = ((finished or datetime.now(UTC)) - started).total_seconds()
         if elapsed > 0 and done:
             rate = done / elapsed
             if finished is None:
                 eta = (total - done) / rate
+                estimate = {
+                    "seconds": round(eta, 3), "items_per_s": round(rate, 3),
+                    "method": "progress",
+                    "basis": f"{done} of {total} inputs done at {rate:.1f} inputs/s",
+                }  # fmt: skip
+    if finished is not None:
+        estimated_time: str | None = "0s"
+    elif eta is not None:
+        estimated_time = human_duration(eta)
+    else:  # queued, or started without a result yet: the estimate made at submission
+        estimated_time = None if estimate is None else human_duration(estimate["seconds"])
     return {
         "batch_id": job["id"],
         "status": job["status"],
@@ -104,7 +115,8 @@ def describe(job: dict[str, Any]) -> dict[str, Any]:
         "progress": round(done / total, 4) if total else 1.0,
         "items_per_s": None if rate is None else round(rate, 1),
         "eta_s": None if eta is None else round(eta, 1),
-        "estimated_time": None if eta is None else human_duration(eta),
+        "estimated_time": estimated_time,
+        "estimate": estimate,
         "created_at": _iso(job["created_at"]),
         "started_at": _iso(started),
         "finished_at": _iso(finished),

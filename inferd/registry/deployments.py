@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
+from inferd import devices
 from inferd.errors import Conflict, InvalidInput, ModelNotFound
 from inferd.registry.tables import Deployment, Model, ModelVersion, TrafficChange, utcnow
 from inferd.runtimes import GENERATIVE
@@ -586,6 +587,8 @@ def _check_deploy(traffic_pct: Any, replicas: Any, strategy: Any, gpu_type: Any 
         raise InvalidInput(f"replicas must be at most {MAX_REPLICAS}, not {replicas}")
     if gpu_type is not None and (not isinstance(gpu_type, str) or not 0 < len(gpu_type) <= 64):
         raise InvalidInput(f"gpu must be a GPU type name of 1 to 64 characters, not {gpu_type!r}")
+    if gpu_type is not None:
+        devices.place(gpu_type)  # refused unless this machine has one
     if strategy not in STRATEGIES:
         raise InvalidInput(f"strategy {strategy!r} is not available; use one of {list(STRATEGIES)}")
 

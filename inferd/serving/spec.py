@@ -23,6 +23,8 @@ class ReplicaSpec(msgspec.Struct, frozen=True):
     log_json: bool = False
     llm: dict[str, Any] = {}
     """Engine settings of generative models (kv_cache_mb, max_num_seqs, dtype, adapters)."""
+    gpus: list[int] | None = None
+    """The GPU devices it may use (its deployment's ``resources.gpu``); None: not set."""
 
     def to_json(self) -> str:
         return msgspec.json.encode(self).decode()
