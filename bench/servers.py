@@ -18,12 +18,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    """A server in its own session (so ``stop`` takes its children too), logging to ``log``."""
+def start(
+    cmd: list[str], env: dict[str, str], log: Path, cwd: Path = ROOT
+) -> subprocess.Popen[bytes]:
+    """A server in its own session (so ``stop`` takes its children too), logging to ``log``;
+    ``cwd``: where ``python -m inferd`` finds its package (another checkout for an A/B)."""
     return subprocess.Popen(
         cmd,
         env={**os.environ, **env},
-        cwd=ROOT,
+        cwd=cwd,
         stdout=log.open("w"),
         stderr=subprocess.STDOUT,
         start_new_session=True,

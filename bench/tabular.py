@@ -1,6 +1,10 @@
 """Tabular benchmark: inferd vs a plain uvicorn app, same model, same machine, same run.
 
     .venv/bin/python bench/tabular.py [--duration 20] [--connections 64 500] [--rounds 1]
+    .venv/bin/python bench/tabular.py --compare f98e67e --rounds 5 --connections 64
+
+``--compare REF`` also runs inferd as of git commit REF (a temporary worktree, same
+virtualenv), alternating with this checkout round by round: an A/B for regressions.
 
 Builds the demo fraud model (XGBoost, 30 features) locally, registers it in a scratch
 data folder, starts ``inferd serve`` and the plain app (bench/plain_app.py, 2 uvicorn
@@ -188,6 +192,10 @@ def main() -> None:
         default=None,
         help="load generator (default: wrk when installed, else inferd bench)",
     )
+    parser.add_argument(
+        "--compare", metavar="REF", help="also run inferd at this git commit (A/B rounds)"
+    )
+    parser.add_argument("--no-plain", action="store_true", help="skip the plain app")
     args = parser.parse_args()
     if args.loadgen is None:
         args.loadgen = "wrk" if shutil.which("wrk") else "inferd"
@@ -195,53 +203,67 @@ def main() -> None:
         sys.exit("wrk is not installed (apt-get install wrk); or use --loadgen inferd")
     work = Path(tempfile.mkdtemp(prefix="inferd-bench-"))
     model_file = prepare(work)
-    servers = {
-        "inferd": (
-            [sys.executable, "-m", "inferd", "serve", "--workers", str(args.workers),
-             "--data-dir", str(work / "data"), "--grpc-port", "-1", "--port"],
-            {"INFERD_LOG_LEVEL": "WARNING"},
-        ),
-        "plain": (
+    inferd = [sys.executable, "-m", "inferd", "serve", "--workers", str(args.workers),
+              "--data-dir", str(work / "data"), "--grpc-port", "-1", "--port"]  # fmt: skip
+    servers: dict[str, tuple[list[str], dict[str, str], Path]] = {
+        "inferd": (inferd, {"INFERD_LOG_LEVEL": "WARNING"}, ROOT),
+    }
+    if args.compare:
+        base = work / "baseline"
+        subprocess.run(["git", "worktree", "add", "--detach", str(base), args.compare],
+                       cwd=ROOT, check=True, capture_output=True)  # fmt: skip
+        servers[f"inferd@{args.compare}"] = (inferd, {"INFERD_LOG_LEVEL": "WARNING"}, base)
+    if not args.no_plain:
+        servers["plain"] = (
             [sys.executable, "-m", "uvicorn", "bench.plain_app:app", "--workers", "2",
              "--no-access-log", "--log-level", "warning", "--port"],
-            {"INFERD_BENCH_MODEL": str(model_file)},
-        ),
-    }  # fmt: skip
+            {"INFERD_BENCH_MODEL": str(model_file)}, ROOT,
+        )  # fmt: skip
     rows: list[dict[str, object]] = []
     try:
-        for _ in range(args.rounds):
-            for name, (cmd, env) in servers.items():
+        for round_ in range(args.rounds):
+            order = list(servers) if round_ % 2 == 0 else list(reversed(servers))
+            for name in order:
+                cmd, env, cwd = servers[name]
                 port = free_port()
-                proc = start([*cmd, str(port)], env, work / f"{name}.log")
+                proc = start([*cmd, str(port)], env, work / f"{name}.log", cwd)
                 try:
                     url = f"http://127.0.0.1:{port}/api/v1/models/fraud/predict"
                     measure(name, proc, url, args, rows)
                 finally:
                     stop(proc)
     finally:
+        if args.compare:
+            subprocess.run(["git", "worktree", "remove", "--force", str(work / "baseline")],
+                           cwd=ROOT, capture_output=True)  # fmt: skip
         shutil.rmtree(work, ignore_errors=True)
-    write_results(rows, args)
+    write_results(rows, args, list(servers))
 
 
-def write_results(rows: list[dict[str, object]], args: argparse.Namespace) -> None:
+def write_results(
+    rows: list[dict[str, object]], args: argparse.Namespace, names: list[str]
+) -> None:
+    """Medians per server and connection count; ratios against the plain app, or
+    against the baseline commit when there is no plain app."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "tabular.json").write_text(json.dumps({"args": vars(args), "runs": rows}, indent=2))
+    against = "plain" if "plain" in names else names[-1]
     lines = [
         "| connections | server | req/s (median) | p50 ms | p99 ms | errors | idle RSS MiB |"
-        " ratio vs plain |",
+        f" ratio vs {against} |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for c in args.connections:
         med = {}
-        for server in ("inferd", "plain"):
+        for server in names:
             runs = [r for r in rows if r["server"] == server and r["connections"] == c]
             med[server] = {
                 k: statistics.median(float(r[k]) for r in runs)  # type: ignore[arg-type]
                 for k in ("rps", "p50_ms", "p99_ms", "errors", "idle_rss_mb")
             }
-        for server in ("inferd", "plain"):
+        for server in names:
             m = med[server]
-            ratio = m["rps"] / med["plain"]["rps"]
+            ratio = m["rps"] / med[against]["rps"]
             lines.append(
                 f"| {c} | {server} | {m['rps']:.0f} | {m['p50_ms']:.1f} | "
                 f"{m['p99_ms']:.1f} | {m['errors']:.0f} | {m['idle_rss_mb']:.0f} | "

@@ -337,14 +337,14 @@ def test_failures_mark_the_spans_server_faults_as_errors(traced):
     runtime = _one(spans, "inferd.runtime predict")
     assert gateway.status == replica.status == runtime.status == 2  # ERROR
     assert replica.attributes["inferd.error"] == "model_error"
-    # a prompt over the model's context: the replica refuses it (400), not the server's fault
+    # a prompt over the model's context: the replica refuses it (413), not the server's fault
     trace_id, _, header = _traceparent(6)
     reply = server.client.post(
         "/api/v1/models/tiny/generate",
         json={"prompt": "The server answers " * 60, "max_tokens": 4},
         headers={"traceparent": header},
     )
-    assert reply.status_code == 400, reply.text
+    assert reply.status_code == 413, reply.text
     spans = collector.trace(trace_id, 3)
     replica = next(s for s in spans if s.name == "inferd.replica generate" and s.kind == 2)
     assert replica.attributes["inferd.error"] == reply.json()["error"]["code"]
