@@ -60,12 +60,15 @@ def _element_type(datatype: str, allow_non_finite: bool) -> Any:
 
 
 @functools.lru_cache(maxsize=256)
-def _json_type(datatype: str, depth: int, allow_non_finite: bool) -> Any:
-    """``list[list[...element...]]``, ``depth`` lists deep."""
+def _json_type(datatype: str, depth: int, allow_non_finite: bool) -> type[msgspec.Struct]:
+    """A one-field array-like Struct holding ``depth`` nested lists of the datatype's
+    elements: ``msgspec.convert((values,), it)`` validates ``values`` in C. (A Struct,
+    not the bare ``list[...]`` type: msgspec finds a Struct's compiled validator without
+    hashing an ``Annotated`` alias in Python, 3.5 -> 1 us per call.)"""
     kind = _element_type(datatype, allow_non_finite)
     for _ in range(depth):
         kind = list[kind]  # type: ignore[valid-type]
-    return kind
+    return msgspec.defstruct(f"{datatype}x{depth}", [("values", kind)], array_like=True)
 
 
 def json_array(
@@ -80,17 +83,18 @@ def json_array(
     first index is the row, as in ``/api/v1`` rows, else the flat element index).
     Values nested other than ``depth`` deep, or ragged, raise ValueError, for the caller
     to report as a shape error."""
-    kind = _json_type(spec.datatype, depth, allow_non_finite)
     try:
-        msgspec.convert(values, kind)
+        msgspec.convert((values,), _json_type(spec.datatype, depth, allow_non_finite))
     except msgspec.ValidationError:
         raise _refusal(values, spec, depth, allow_non_finite, by_row) from None
     try:
-        with np.errstate(over="ignore"):  # finite values too large: found just below
+        if not allow_non_finite:  # every value is in the datatype's range: none overflows
+            return np.asarray(values, dtype=spec.numpy_dtype)
+        with np.errstate(over="ignore"):  # finite values too large for the type: below
             array = np.asarray(values, dtype=spec.numpy_dtype)
     except OverflowError:  # UINT64 above 2**64 - 1 (msgspec cannot bound it)
         raise _refusal(values, spec, depth, allow_non_finite, by_row) from None
-    if allow_non_finite and array.dtype.kind == "f" and spec.datatype != "FP64":
+    if array.dtype.kind == "f" and spec.datatype != "FP64":
         _check_overflow(values, array, spec, by_row)
     return array
 
