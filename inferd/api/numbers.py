@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -85,8 +86,8 @@ def json_array(
     to report as a shape error."""
     try:
         msgspec.convert((values,), _json_type(spec.datatype, depth, allow_non_finite))
-    except msgspec.ValidationError:
-        raise _refusal(values, spec, depth, allow_non_finite, by_row) from None
+    except msgspec.ValidationError as exc:
+        raise _refusal(values, spec, depth, allow_non_finite, by_row, exc) from None
     try:
         if not allow_non_finite:  # every value is in the datatype's range: none overflows
             return np.asarray(values, dtype=spec.numpy_dtype)
@@ -148,12 +149,64 @@ def check_array(array: np.ndarray, spec: TensorSpec, allow_non_finite: bool = Fa
 # -- describing a refusal (only refused requests get here) ------------------------------
 
 
+_AT = re.compile(r"- at `\$\[0\]((?:\[\d+\])*)`$")
+"""Where msgspec says a value failed: after the wrapping Struct's field, the indices."""
+
+
 def _refusal(
-    values: Any, spec: TensorSpec, depth: int, allow_non_finite: bool, by_row: bool
+    values: Any,
+    spec: TensorSpec,
+    depth: int,
+    allow_non_finite: bool,
+    by_row: bool,
+    error: msgspec.ValidationError | None = None,
 ) -> InvalidInput | ValueError:
-    """InvalidInput naming the first bad element of ``values``, or a ValueError when
-    their nesting breaks first (a shape error, for the caller to word)."""
+    """InvalidInput naming the bad element of ``values`` that msgspec's ``error`` points
+    at (or, without one, the first found by walking them), or a ValueError when their
+    nesting breaks there (a shape error, for the caller to word). Going straight to the
+    element keeps a refusal cheap however large the body: the walk is only a fallback."""
     accepts = _accepts(spec.datatype, allow_non_finite)
+    match = _AT.search(str(error)) if error is not None else None
+    if match is not None:
+        path = tuple(int(i) for i in re.findall(r"\d+", match.group(1)))
+        try:
+            item = values
+            for i in path:
+                item = item[i]
+        except (IndexError, KeyError, TypeError):
+            item = path = None  # type: ignore[assignment]
+        if path is not None:
+            if len(path) < depth or isinstance(item, list):
+                return ValueError("the values are not nested as the shape says")
+            problem = accepts(item)
+            if problem is not None:
+                return _invalid(spec, path, by_row, _flat_index(values, path), problem)
+    return _walk(values, spec, depth, accepts, by_row)
+
+
+def _flat_index(values: Any, path: tuple[int, ...]) -> int:
+    """The row-major index of ``path`` in nested lists as regular as their first items."""
+    sizes, item = [], values
+    for _ in path:
+        sizes.append(len(item) if isinstance(item, list) else 1)
+        item = item[0] if isinstance(item, list) and item else None
+    index = 0
+    for level, i in enumerate(path):
+        stride = 1
+        for size in sizes[level + 1 :]:
+            stride *= size
+        index += i * stride
+    return index
+
+
+def _walk(
+    values: Any,
+    spec: TensorSpec,
+    depth: int,
+    accepts: Callable[[Any], str | None],
+    by_row: bool,
+) -> InvalidInput | ValueError:
+    """The first bad element of ``values`` (or the first break in their nesting)."""
     flat_index = 0
     stack: list[tuple[Any, tuple[int, ...]]] = [(values, ())]
     while stack:
