@@ -104,6 +104,16 @@ class InferdServer:
             time.sleep(0.1)
         raise AssertionError(f"timed out waiting for {what}:\n{self.log()[-5000:]}")
 
+    def wait_job(self, job_id: str, timeout_s: float = 60) -> dict:
+        """A batch job's status document once it ended (succeeded, failed, cancelled)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            job = self.client.get(f"/api/v1/batch/{job_id}").json()
+            if job["status"] in ("succeeded", "failed", "cancelled"):
+                return dict(job)
+            time.sleep(0.1)
+        raise AssertionError(f"job {job_id} not done: {job}\n{self.log()[-3000:]}")
+
     def stop(self, timeout_s: float = 30) -> int:
         self.client.close()
         if self.process.poll() is None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import struct
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -367,13 +366,7 @@ def test_grpc(server: InferdServer, stub: Any, request_: Any, says: str):
 
 
 def wait_job(server: InferdServer, job_id: str, timeout_s: float = 60) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        job = server.client.get(f"/api/v1/batch/{job_id}").json()
-        if job["status"] in ("succeeded", "failed", "cancelled"):
-            return job
-        time.sleep(0.1)
-    raise AssertionError(f"job {job_id} not done: {job}")
+    return server.wait_job(job_id, timeout_s)
 
 
 def job_results(server: InferdServer, body: Any, raw: bool = False) -> list[dict[str, Any]]:

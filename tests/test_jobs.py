@@ -61,13 +61,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferdServer]:
 
 
 def wait_job(server: InferdServer, job_id: str, timeout_s: float = 60) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        job = server.client.get(f"/api/v1/batch/{job_id}").json()
-        if job["status"] in ("succeeded", "failed", "cancelled"):
-            return job
-        time.sleep(0.1)
-    raise AssertionError(f"job {job_id} not done: {job}\n{server.log()[-3000:]}")
+    return server.wait_job(job_id, timeout_s)
 
 
 def results(server: InferdServer, job_id: str) -> list[dict[str, Any]]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -33,7 +32,6 @@ from inferd.routing.dataplane import DataPlane
 from inferd.routing.router import Router, Target
 from inferd.serving.batcher import NAMED_PRIORITIES
 
-logger = logging.getLogger(__name__)
 PROBE_ROWS = 32
 PROBE_TIMEOUT_S = 5.0
 DEFAULT_ITEM_S = 0.01
