@@ -17,9 +17,9 @@ take them, in JSON as the literals ``NaN``, ``Infinity``, ``-Infinity`` or as ``
 (a missing value, NaN), and the version's outputs may hold them. A refusal names the
 input, the element and the datatype.
 
-Cost: no Python loop per element on an accepted request. JSON values are validated by
-msgspec's C converter against a type built once per datatype and nesting depth; binary
-data by numpy; only a refused request walks its elements, to name the first bad one.
+Cost: no Python loop per element, accepted or refused. JSON values are validated by
+msgspec's C converter against a type built once per datatype and nesting depth (a
+refusal goes straight to the element msgspec names); binary data by numpy.
 """
 
 from __future__ import annotations
