@@ -6,6 +6,7 @@ import asyncio
 import os
 import re
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -191,10 +192,20 @@ def parse_json(body: bytes, non_finite: bool = False) -> Any:
     """The JSON value of ``body``; 400 when it is not JSON. ``non_finite``: a body of
     tensors may hold the literals NaN, Infinity and -Infinity (see
     :mod:`inferd.nonfinite_json`), so that the tensor check names them."""
+    return parse_tensor_json(body)[0] if non_finite else _parse(body, orjson.loads)
+
+
+def parse_tensor_json(body: bytes) -> tuple[Any, bool]:
+    """A body of tensors (NaN and ±Infinity literals allowed), and whether it held any."""
+    value: tuple[Any, bool] = _parse(body, nonfinite_json.loads)
+    return value
+
+
+def _parse(body: bytes, loads: Callable[[bytes], Any]) -> Any:
     if not body:
         raise BadRequest("request body is empty; expected a JSON object")
     try:
-        return nonfinite_json.loads(body)[0] if non_finite else orjson.loads(body)
+        return loads(body)
     except orjson.JSONDecodeError as exc:
         raise BadRequest(f"invalid JSON: {exc}") from None
 

@@ -24,11 +24,16 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from inferd import nonfinite_json
 from inferd.api.auth import Principal, authorize_model
 from inferd.api.estimates import estimate_job
-from inferd.api.http import json_response, parse_json, read_body, request_id_of
-from inferd.errors import BadRequest, Conflict, InvalidInput, NotFound
+from inferd.api.http import (
+    json_response,
+    parse_json,
+    parse_tensor_json,
+    read_body,
+    request_id_of,
+)
+from inferd.errors import Conflict, InvalidInput, NotFound
 from inferd.jobs import Jobs, describe
 from inferd.jobs.inputs import inline_items, read_items
 from inferd.jobs.store import TERMINAL
@@ -82,11 +87,7 @@ async def submit_batch(request: Request) -> Response:
     """Queue a batch job over many inputs (inline, or a file: ``input_uri``)."""
     jobs = _jobs(request)
     settings = request.app.state.settings
-    raw = await read_body(request, settings.jobs.max_body_bytes)
-    try:
-        body, non_finite = nonfinite_json.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"invalid JSON: {exc}") from None
+    body, non_finite = parse_tensor_json(await read_body(request, settings.jobs.max_body_bytes))
     if not isinstance(body, dict):
         raise InvalidInput("request body must be a JSON object")
     model, version = body.get("model"), body.get("version")

@@ -23,7 +23,7 @@ from starlette.responses import Response, StreamingResponse
 
 from inferd.api.generate import Chunks, cache_header, collect, start, usage
 from inferd.api.http import json_response, read_json
-from inferd.api.openai_schema import chat_prompt, check_fields
+from inferd.api.openai_schema import EMBEDDINGS, chat_prompt, check_fields, check_known
 from inferd.api.v1 import embed_texts, embedding_reply
 from inferd.errors import BadRequest, InferdError, InvalidInput, ModelNotReady, PromptTooLong
 from inferd.runtimes import GENERATIVE
@@ -80,16 +80,13 @@ async def _body_and_model(request: Request) -> tuple[dict[str, Any], str]:
 
 
 async def _complete(request: Request, chat: bool) -> Response:
-    try:
-        body, model = await _body_and_model(request)
-        check_fields(body, chat)
-        if chat:
-            body = {**body, "prompt": chat_prompt(body.get("messages"))}
-            if "max_completion_tokens" in body:
-                body["max_tokens"] = body["max_completion_tokens"]
-        chunks, _, rid, _ = await start(request, model, body)
-    except InferdError as exc:
-        return openai_error(exc)
+    body, model = await _body_and_model(request)
+    check_fields(body, chat)
+    if chat:
+        body = {**body, "prompt": chat_prompt(body.get("messages"))}
+        if "max_completion_tokens" in body:
+            body["max_tokens"] = body["max_completion_tokens"]
+    chunks, _, rid, _ = await start(request, model, body)
     meta = {
         "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
         "created": int(time.time()),
@@ -103,10 +100,7 @@ async def _complete(request: Request, chat: bool) -> Response:
             media_type="text/event-stream",
             headers={"x-request-id": rid, "cache-control": "no-cache", **cache_header(request)},
         )
-    try:
-        text, last = await collect(chunks)
-    except InferdError as exc:
-        return openai_error(exc)
+    text, last = await collect(chunks)
     choice: dict[str, Any] = {"index": 0, "finish_reason": last.finish_reason, "logprobs": None}
     if chat:
         choice["message"] = {"role": "assistant", "content": text}
@@ -174,25 +168,20 @@ async def _stream(
 async def embeddings(request: Request) -> Response:
     """OpenAI embeddings: ``input`` a string or a list of strings; ``encoding_format``
     float (default) or base64 (little-endian float32, what the official client asks for)."""
-    try:
-        body, model = await _body_and_model(request)
-        for name in body:
-            if name not in _EMBEDDING_FIELDS:
-                raise InvalidInput(f"Unrecognized request argument supplied: {name}", param=name)
-        texts = _embedding_input(body.get("input"))
-        fmt = body.get("encoding_format") or "float"
-        if fmt not in ("float", "base64"):
-            raise InvalidInput("'encoding_format' must be float or base64", param="encoding_format")
-        dimensions = body.get("dimensions")
-        if dimensions is not None and (not isinstance(dimensions, int) or dimensions < 1):
-            raise InvalidInput("'dimensions' must be a positive integer", param="dimensions")
-        user = body.get("user")
-        params = {"user": user} if isinstance(user, str) else {}
-        outcome, rid = await embed_texts(
-            request, model, {"inputs": texts, "params": params}, dimensions
-        )
-    except InferdError as exc:
-        return openai_error(exc)
+    body, model = await _body_and_model(request)
+    check_known(body, EMBEDDINGS)
+    texts = _embedding_input(body.get("input"))
+    fmt = body.get("encoding_format") or "float"
+    if fmt not in ("float", "base64"):
+        raise InvalidInput("'encoding_format' must be float or base64", param="encoding_format")
+    dimensions = body.get("dimensions")
+    if dimensions is not None and (not isinstance(dimensions, int) or dimensions < 1):
+        raise InvalidInput("'dimensions' must be a positive integer", param="dimensions")
+    user = body.get("user")
+    params = {"user": user} if isinstance(user, str) else {}
+    outcome, rid = await embed_texts(
+        request, model, {"inputs": texts, "params": params}, dimensions
+    )
     vectors, used, cut = embedding_reply(outcome)
     if fmt == "base64":
         little = vectors.astype("<f4", copy=False)
@@ -213,9 +202,6 @@ async def embeddings(request: Request) -> Response:
     if cut:
         reply["truncated"] = cut  # not OpenAI's: which inputs were cut to the model's limit
     return json_response(reply, headers={"x-request-id": rid})
-
-
-_EMBEDDING_FIELDS = frozenset({"model", "input", "encoding_format", "dimensions", "user"})
 
 
 def _embedding_input(value: Any) -> list[str]:
@@ -246,24 +232,21 @@ async def chat_completions(request: Request) -> Response:
 
 async def _adapter_op(request: Request, load: bool) -> Response:
     """Send a load/unload to every replica of the base model's serving version."""
-    try:
-        body = await read_json(request, request.app.state.settings.max_body_bytes)
-        name = body.get("lora_name") if isinstance(body, dict) else None
-        if not isinstance(name, str) or not name or ":" in name:
-            raise InvalidInput("'lora_name' must be a non-empty string without ':'")
-        path = body.get("lora_path")
-        if load and not isinstance(path, str):
-            raise InvalidInput("'lora_path' must be the folder of a PEFT adapter")
-        router = request.app.state.router
-        base = body.get("base_model") or _only_generative_model(router)
-        target = router.target(base)
-        clients = router.clients_of(target.model, target.version)
-        if not clients:
-            raise ModelNotReady(f"no replica of {base!r} is running")
-        for client in clients:
-            await client.adapter(name, path if load else None)
-    except InferdError as exc:
-        return openai_error(exc)
+    body = await read_json(request, request.app.state.settings.max_body_bytes)
+    name = body.get("lora_name") if isinstance(body, dict) else None
+    if not isinstance(name, str) or not name or ":" in name:
+        raise InvalidInput("'lora_name' must be a non-empty string without ':'")
+    path = body.get("lora_path")
+    if load and not isinstance(path, str):
+        raise InvalidInput("'lora_path' must be the folder of a PEFT adapter")
+    router = request.app.state.router
+    base = body.get("base_model") or _only_generative_model(router)
+    target = router.target(base)
+    clients = router.clients_of(target.model, target.version)
+    if not clients:
+        raise ModelNotReady(f"no replica of {base!r} is running")
+    for client in clients:
+        await client.adapter(name, path if load else None)
     verb = "loaded" if load else "unloaded"
     return json_response(
         {verb: name, "base_model": base, "replicas": len(clients), "model": f"{base}:{name}"}

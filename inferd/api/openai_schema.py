@@ -68,12 +68,19 @@ def _bad(message: str, param: str) -> InvalidInput:
     return InvalidInput(message, param=param)
 
 
-def check_fields(body: dict[str, Any], chat: bool) -> None:
-    """Unknown fields, and known ones the engine cannot honour, refused by name."""
-    known = (_CHAT if chat else _COMPLETIONS) | EXTENSIONS
+EMBEDDINGS = frozenset({"model", "input", "encoding_format", "dimensions", "user"})
+
+
+def check_known(body: dict[str, Any], known: frozenset[str]) -> None:
+    """A field the reference does not have is refused, as OpenAI words it."""
     for name in body:
         if name not in known:
             raise _bad(f"Unrecognized request argument supplied: {name}", name)
+
+
+def check_fields(body: dict[str, Any], chat: bool) -> None:
+    """Unknown fields, and known ones the engine cannot honour, refused by name."""
+    check_known(body, (_CHAT if chat else _COMPLETIONS) | EXTENSIONS)
     unsupported = {
         "tools": bool(body.get("tools")),
         "functions": bool(body.get("functions")),

@@ -10,10 +10,8 @@ version 404, not ready 503.
 
 from __future__ import annotations
 
-import functools
 import math
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -44,24 +42,10 @@ EXTENSIONS: list[str] = ["binary_tensor_data", "schedule_policy", "generate", "m
 HEADER_LENGTH = "inference-header-content-length"
 """Binary tensor extension: the body is this many bytes of JSON, then the tensors' bytes."""
 
-Handler = Callable[..., Awaitable[Response]]
-
-
-def protocol_errors(handler: Handler) -> Handler:
-    """Every failure as ``{"error": message}``; input problems are 400 in this protocol."""
-
-    @functools.wraps(handler)
-    async def wrapped(*args: Any, **kwargs: Any) -> Response:
-        try:
-            return await handler(*args, **kwargs)
-        except InferdError as exc:
-            return protocol_error(exc)
-
-    return wrapped
-
 
 def protocol_error(exc: InferdError) -> Response:
-    """The protocol's error body, ``{"error": message}``; bad input is 400 here."""
+    """The protocol's error body, ``{"error": message}``; bad input is 400 here. Every
+    ``/v2/`` failure answers so (``inferd.api.app.error_response``)."""
     status = 400 if isinstance(exc, InvalidInput) else exc.status_code
     return json_response({"error": exc.message}, status_code=status, headers=exc.headers())
 
@@ -100,7 +84,6 @@ def _target(request: Request, model: str, version: str | None) -> Target:
 
 @router.get("/models/{model}")
 @router.get("/models/{model}/versions/{version}")
-@protocol_errors
 async def model_metadata(request: Request, model: str, version: str | None = None) -> Response:
     return json_response(metadata_of(request.app.state.router, model, version))
 
@@ -123,7 +106,6 @@ def _spec(spec: TensorSpec) -> dict[str, Any]:
 
 @router.get("/models/{model}/ready")
 @router.get("/models/{model}/versions/{version}/ready")
-@protocol_errors
 async def model_ready(request: Request, model: str, version: str | None = None) -> Response:
     try:
         _target(request, model, version)
@@ -137,7 +119,6 @@ async def model_ready(request: Request, model: str, version: str | None = None) 
 
 @router.post("/models/{model}/infer")
 @router.post("/models/{model}/versions/{version}/infer")
-@protocol_errors
 async def infer(request: Request, model: str, version: str | None = None) -> Response:
     started = time.perf_counter()
     rid = request_id_of(request)

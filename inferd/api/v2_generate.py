@@ -32,7 +32,6 @@ from inferd.api.generate import (
     usage,
 )
 from inferd.api.http import json_response, read_json
-from inferd.api.v2 import protocol_errors
 from inferd.errors import BadRequest, InferdError, InvalidInput
 from inferd.serving import protocol as p
 
@@ -80,7 +79,6 @@ def _finish(chunk: p.TokenChunk) -> dict[str, Any]:
 
 @router.post("/models/{model}/generate")
 @router.post("/models/{model}/versions/{version}/generate")
-@protocol_errors
 async def generate(request: Request, model: str, version: str | None = None) -> Response:
     """Generate text and answer it whole."""
     chunks, rid, head = await _start(request, model, version)
@@ -93,7 +91,6 @@ async def generate(request: Request, model: str, version: str | None = None) -> 
 
 @router.post("/models/{model}/generate_stream")
 @router.post("/models/{model}/versions/{version}/generate_stream")
-@protocol_errors
 async def generate_stream(request: Request, model: str, version: str | None = None) -> Response:
     """Generate text as Server-Sent Events, one per token chunk."""
     chunks, rid, head = await _start(request, model, version)

@@ -24,7 +24,6 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from inferd.api.http import json_response, parse_json, read_body
-from inferd.api.v2 import protocol_errors
 from inferd.config import Settings
 from inferd.errors import BadRequest, InvalidInput, ModelError, RequestTimeout
 from inferd.registry import ModelRecord, Registry
@@ -169,7 +168,6 @@ def _parameters(body: dict[str, Any]) -> dict[str, Any]:
 
 
 @router.post("/index")
-@protocol_errors
 async def index(request: Request) -> Response:
     """Every model with its state; ``{"ready": true}`` lists only the serving ones."""
     ready = (await _body(request)).get("ready", False)
@@ -181,7 +179,6 @@ async def index(request: Request) -> Response:
 
 
 @router.post("/models/{model}/load")
-@protocol_errors
 async def load(request: Request, model: str) -> Response:
     """Load a model and wait until it serves its newest version."""
     params = _parameters(await _body(request))
@@ -194,7 +191,6 @@ async def load(request: Request, model: str) -> Response:
 
 
 @router.post("/models/{model}/unload")
-@protocol_errors
 async def unload(request: Request, model: str) -> Response:
     """Unload a model and wait until its replicas have stopped.
 

@@ -99,9 +99,7 @@ def describe(job: dict[str, Any]) -> dict[str, Any]:
                 }  # fmt: skip
     if finished is not None:
         estimated_time: str | None = "0s"
-    elif eta is not None:
-        estimated_time = human_duration(eta)
-    else:  # queued, or started without a result yet: the estimate made at submission
+    else:  # by progress, else (queued, no result yet) the estimate made at submission
         estimated_time = None if estimate is None else human_duration(estimate["seconds"])
     return {
         "batch_id": job["id"],
