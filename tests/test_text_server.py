@@ -216,10 +216,10 @@ def test_length_buckets_keep_padding_low_under_mixed_traffic(
     ]
 
     def send(body: str) -> int:  # 512 long and short texts on 2 cores: allow a slow spell
+        headers = {"content-type": "application/json", "x-request-timeout": "120s"}
         return demo_server.client.post(
-            "/api/v1/embed", content=body, headers={"content-type": "application/json"},
-            timeout=120,
-        ).status_code  # fmt: skip
+            "/api/v1/embed", content=body, headers=headers, timeout=130
+        ).status_code
 
     with ThreadPoolExecutor(64) as pool:
         assert set(pool.map(send, bodies)) == {200}
