@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any
 
 import pytest
+from msgspec.structs import replace
 
 from inferd.control.canary import Figures, ReplicaSample, judge, window
 from inferd.errors import Conflict
 from inferd.observability.metrics import Sketch
 from inferd.registry import Registry
-from inferd.registry.deployments import CANARY_DEFAULTS
+from inferd.registry.rollout import CanaryRollout
 from inferd.runtimes.base import Signature, TensorSpec
 from inferd.serving.protocol import to_tensor
 from inferd.serving.replica import agrees
@@ -75,7 +75,7 @@ def test_a_window_counts_only_what_happened_inside_it():
     assert figures.compute.count == 35
 
 
-ROLLOUT: dict[str, Any] = {**CANARY_DEFAULTS, "min_requests": 50}
+ROLLOUT = CanaryRollout(steps=[1, 100], min_requests=50)
 
 
 def test_verdicts():
@@ -85,15 +85,15 @@ def test_verdicts():
     assert judge(good, stable, ROLLOUT, final=True).outcome == "pass"
     slower = judge(_figures(200, 0, 0.024), stable, ROLLOUT, final=True)
     assert slower.outcome == "fail" and "compute p50" in slower.reason and "+2" in slower.reason
-    total = judge(_figures(200, 0, 0.024), stable, {**ROLLOUT, "latency": "total"}, final=True)
+    total = judge(_figures(200, 0, 0.024), stable, replace(ROLLOUT, latency="total"), final=True)
     assert total.outcome == "fail" and total.reason.startswith("total p50")
     tiny = judge(_figures(200, 0, 0.00103), _figures(2000, 0, 0.00089), ROLLOUT, final=True)
     assert tiny.outcome == "pass"  # +15 %, but 0.14 ms: under min_latency_increase_ms
-    strict = {**ROLLOUT, "min_latency_increase_ms": 0.0}
+    strict = replace(ROLLOUT, min_latency_increase_ms=0.0)
     assert judge(_figures(200, 0, 0.00103), _figures(2000, 0, 0.00089), strict, True).outcome == (
         "fail"
     )
-    lenient = {**ROLLOUT, "max_latency_increase": 0.3}
+    lenient = replace(ROLLOUT, max_latency_increase=0.3)
     assert judge(_figures(200, 0, 0.024), stable, lenient, final=True).outcome == "pass"
     # Errors fail before the window ends, once min_requests were answered.
     failing = judge(_figures(60, 6, 0.020), stable, ROLLOUT, final=False)
@@ -104,7 +104,7 @@ def test_verdicts():
     crashed = _figures(200, 0, 0.020)
     crashed.crashes = 1
     assert judge(crashed, stable, ROLLOUT, final=False).reason.startswith("canary replicas crashed")
-    capped = judge(good, stable, {**ROLLOUT, "max_p99_ms": 10}, final=True)
+    capped = judge(good, stable, replace(ROLLOUT, max_p99_ms=10.0), final=True)
     assert capped.outcome == "fail" and "over the 10 ms limit" in capped.reason
     # Without enough stable traffic to compare with, latency is not judged relatively.
     assert judge(_figures(200, 0, 0.05), _figures(10, 0, 0.02), ROLLOUT, True).outcome == "pass"
@@ -147,7 +147,7 @@ def _split(registry: Registry) -> dict[str, int]:
 def test_canary_steps_then_promotion(deployed: Registry):
     d = deployed.deployments
     record = d.deploy("m", "v2", strategy="canary", rollout={"steps": [5, 25, 100]})
-    assert record.traffic_pct == 5 and record.rollout["state"] == "progressing"
+    assert record.traffic_pct == 5 and record.canary.state == "progressing"
     assert _split(deployed) == {"v2": 5, "v1": 95}
     with pytest.raises(Conflict, match="already deployed"):
         d.deploy("m", "v2", strategy="canary")
@@ -159,7 +159,7 @@ def test_canary_steps_then_promotion(deployed: Registry):
     promoted = d.advance_canary("m", "v2", 1, {}, "step 2 of 2 passed")
     assert promoted is not None and promoted.reason == "canary_promoted"
     (v2,) = [r for r in d.list_all("m") if r.version == "v2"]
-    assert v2.rollout["state"] == "promoted" and v2.rollout["promoted_at"]
+    assert v2.canary.state == "promoted" and v2.canary.promoted_at
     assert _split(deployed) == {"v2": 100, "v1": 0}
     assert d.finish_rollout("m", "v2") == ["v1"]  # the controller, after keep_old_s
     assert d.finish_rollout("m", "v2") == []  # once
@@ -174,7 +174,7 @@ def test_canary_rollback_records_why_and_halts_without_auto_rollback(deployed: R
     assert change.detail == "compute p50 24 ms vs 20 ms" and change.actor == "inferd"
     assert _split(deployed) == {"v2": 0, "v1": 100}
     (v2,) = [r for r in d.list_all("m") if r.version == "v2"]
-    assert (v2.status, v2.rollout["state"], v2.rollout["analysis"]) == (
+    assert (v2.status, v2.canary.state, v2.canary.analysis) == (
         "rolled_back",
         "rolled_back",
         {"x": 1},
@@ -188,7 +188,7 @@ def test_canary_rollback_records_why_and_halts_without_auto_rollback(deployed: R
     d.deploy("m", "v2", strategy="canary", rollout={"auto_rollback": False})
     assert d.end_canary("m", "v2", 0, "too slow", None, False) is None
     (v2,) = [r for r in d.list_all("m") if r.version == "v2"]
-    assert v2.rollout["state"] == "halted" and v2.rollout["reason"] == "too slow"
+    assert v2.canary.state == "halted" and v2.canary.reason == "too slow"
     assert _split(deployed) == {"v2": 1, "v1": 99}  # where it was, for a person to decide
 
 
@@ -199,7 +199,7 @@ def test_a_person_taking_over_stops_the_canary(deployed: Registry):
         d.deploy("m", "v3", strategy="canary", traffic_pct=10)
     d.set_traffic("m", {"v2": 30, "v1": 70}, actor="carol")
     (v2,) = [r for r in d.list_all("m") if r.version == "v2"]
-    assert v2.rollout["state"] == "overridden" and "carol" in v2.rollout["reason"]
+    assert v2.canary.state == "overridden" and "carol" in v2.canary.reason
     assert d.advance_canary("m", "v2", 0, {}, "late") is None
     d.set_traffic("m", {"v1": 100})
     d.undeploy("m", "v2")
@@ -207,14 +207,17 @@ def test_a_person_taking_over_stops_the_canary(deployed: Registry):
     d.deploy("m", "v2", strategy="canary", traffic_pct=10)
     d.rollback("m", actor="dave")
     (v2,) = [r for r in d.list_all("m") if r.version == "v2"]
-    assert (v2.status, v2.rollout["state"], v2.traffic_pct) == ("rolled_back", "rolled_back", 0)
-    assert v2.rollout["reason"] == "rollback by dave"
+    assert (v2.status, v2.canary.state, v2.traffic_pct) == ("rolled_back", "rolled_back", 0)
+    assert v2.canary.reason == "rollback by dave"
 
 
 def test_shadow_deployments(deployed: Registry):
     d = deployed.deployments
     record = d.deploy("m", "v2", strategy="shadow", traffic_pct=25, rollout={"tolerance": 0.01})
-    assert record.traffic_pct == 0 and record.rollout == {"mirror_pct": 25, "tolerance": 0.01}
+    assert record.traffic_pct == 0 and record.to_dict()["rollout"] == {
+        "mirror_pct": 25,
+        "tolerance": 0.01,
+    }
     assert _split(deployed) == {"v2": 0, "v1": 100}
     with pytest.raises(Conflict, match="already has a shadow"):
         d.deploy("m", "v3", strategy="shadow")

@@ -39,6 +39,7 @@ from typing import Any
 import httpx
 
 from inferd.observability.metrics import Sketch
+from inferd.registry.rollout import CanaryRollout
 from inferd.serving.client import ReplicaClient
 
 logger = logging.getLogger(__name__)
@@ -152,28 +153,28 @@ class Verdict:
     reason: str
 
 
-def judge(canary: Figures, stable: Figures, rollout: dict[str, Any], final: bool) -> Verdict:
+def judge(canary: Figures, stable: Figures, rollout: CanaryRollout, final: bool) -> Verdict:
     """The built-in checks (the webhook is the caller's, after a pass)."""
     if canary.crashes:
         return Verdict("fail", f"canary replicas crashed {canary.crashes} time(s) in the window")
-    minimum = int(rollout["min_requests"])
+    minimum = rollout.min_requests
     if canary.requests >= minimum:
         increase = canary.error_rate - stable.error_rate
-        if increase > rollout["max_error_rate_increase"]:
+        if increase > rollout.max_error_rate_increase:
             return Verdict(
                 "fail",
                 f"error rate {canary.error_rate:.2%} ({canary.errors}/{canary.requests}) vs "
                 f"stable {stable.error_rate:.2%} ({stable.errors}/{stable.requests}); "
-                f"limit +{rollout['max_error_rate_increase']:.2%}",
+                f"limit +{rollout.max_error_rate_increase:.2%}",
             )
     if not final:
         return Verdict("wait", "analysis window still open")
     if canary.requests < minimum:
         return Verdict("wait", f"waiting for traffic: {canary.requests} of {minimum} requests")
-    metric, limit = rollout["latency"], rollout["max_latency_increase"]
-    slack_ms = float(rollout.get("min_latency_increase_ms", 0.0))
+    metric, limit = rollout.latency, rollout.max_latency_increase
+    slack_ms = rollout.min_latency_increase_ms
     compared = []
-    for q in sorted({0.5, float(rollout["quantile"])}):
+    for q in sorted({0.5, rollout.quantile}):
         mine, theirs = (
             (f.compute if metric == "compute" else f.latency).quantile(q) for f in (canary, stable)
         )
@@ -187,7 +188,7 @@ def judge(canary: Figures, stable: Figures, rollout: dict[str, Any], final: bool
                 f"{canary.requests} and {stable.requests} requests",
             )
         compared.append(name)
-    p99, ceiling = canary.latency.quantile(0.99), rollout.get("max_p99_ms")
+    p99, ceiling = canary.latency.quantile(0.99), rollout.max_p99_ms
     if ceiling is not None and p99 is not None and p99 * 1000 > ceiling:
         return Verdict("fail", f"p99 {p99 * 1000:.2f} ms over the {ceiling:g} ms limit")
     errors = f"errors {canary.errors}/{canary.requests} vs stable {stable.errors}/{stable.requests}"
