@@ -630,17 +630,14 @@ def deployments(
 
 def _rollout_text(record: DeploymentRecord) -> str:
     """A deployment's strategy and where it stands, in a few words."""
-    rollout = record.rollout or {}
-    if record.strategy == "shadow":
-        return f"shadow, mirrors {rollout.get('mirror_pct')}%"
-    if record.strategy == "canary":
-        steps, step = rollout.get("steps", []), rollout.get("step", 0)
-        text = f"canary {rollout.get('state')}, step {step + 1}/{len(steps)}"
-        reason = rollout.get("reason")
-        return f"{text}: {reason}" if reason else text
-    if record.strategy == "blue-green":
-        return "blue-green, switched" if rollout.get("switched_at") else "blue-green, waiting"
-    return record.strategy
+    if (shadow := record.shadow) is not None:
+        return f"shadow, mirrors {shadow.mirror_pct}%"
+    if (canary := record.canary) is not None:
+        text = f"canary {canary.state.value}, step {canary.step + 1}/{len(canary.steps)}"
+        return f"{text}: {canary.reason}" if canary.reason else text
+    if (blue_green := record.blue_green) is not None:
+        return "blue-green, switched" if blue_green.switched_at else "blue-green, waiting"
+    return record.strategy.value
 
 
 def _history_table(history: list[TrafficRecord]) -> Table:

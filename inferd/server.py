@@ -151,9 +151,9 @@ async def render_metrics(
         for version, vset in model.versions.items():
             for replica in vset.replicas:
                 labels = {"model": name, "version": version, "replica": replica.id}
-                states.append((labels, replica.state, replica.restarts))
+                states.append((labels, replica.state.value, replica.restarts))
                 if replica.state in ("ready", "draining"):
-                    reachable.append((labels, replica.spec.address))
+                    reachable.append((labels, replica.address))
                 if replica.pid:
                     processes.append(({"process": "replica", "id": replica.id}, replica.pid))
     write_replicas(out, states, await replica_statuses(reachable))

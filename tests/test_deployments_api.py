@@ -28,6 +28,7 @@ from inferd.api.deployments import (
 from inferd.errors import BadRequest, InvalidInput
 from inferd.registry import Registry
 from inferd.registry.deployments import DeploymentRecord
+from inferd.registry.rollout import DeploymentStatus, Strategy
 from inferd.routing.table import ModelRoute, ReplicaRoute, VersionRoute
 from inferd.runtimes.base import Signature
 from tests.conftest import InferdServer, fake_gpus, push_source, run_cli, served
@@ -90,7 +91,17 @@ def test_automatic_mode_view_shows_what_runs() -> None:
 
 def _row(version: str, pct: int, status: str = "deploying") -> DeploymentRecord:
     return DeploymentRecord(
-        "id-" + version, "m", version, status, 2, None, pct, "rolling", None, NOW, NOW
+        deployment_id="id-" + version,
+        model_name="m",
+        version=version,
+        status=DeploymentStatus(status),
+        replicas=2,
+        gpu_type=None,
+        traffic_pct=pct,
+        strategy=Strategy.ROLLING,
+        batching=None,
+        created_at=NOW,
+        updated_at=NOW,
     )
 
 

@@ -67,7 +67,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class DeploymentRecord:
     deployment_id: str
     model_name: str
@@ -116,7 +116,7 @@ class DeploymentRecord:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TrafficRecord:
     revision: int
     model_name: str

@@ -1,0 +1,349 @@
+"""The controller and its supervisors against an in-memory replica backend and a clock
+the test moves: no processes, no sockets, no waiting.
+
+The backend here is a second implementation of :mod:`inferd.control.backends`'s
+interface, written without touching the controller: that is the check that a backend
+whose replicas live elsewhere is a new module, not a controller change. The registry
+is the real one, on a SQLite file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable, Coroutine, Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from inferd.clock import Clock
+from inferd.config import Settings
+from inferd.control.backends import ReplicaHandle
+from inferd.control.controller import RETIRE_DELAY_S, Controller
+from inferd.registry import Registry
+from inferd.routing.table import RoutingTable
+from inferd.runtimes.base import Signature, TensorSpec
+from inferd.serving.spec import ReplicaSpec
+
+SIGNATURE = Signature(
+    inputs=(TensorSpec("x", "FP32", (-1,)),),
+    outputs=(TensorSpec("prediction", "FP32", (-1,)),),
+)
+
+
+class FakeClock(Clock):
+    """Time moves only when the test says so."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+        self.start = datetime.now().astimezone()
+        self._sleepers: list[tuple[float, asyncio.Future[None]]] = []
+
+    def monotonic(self) -> float:
+        return self.t
+
+    def now(self) -> datetime:
+        return self.start + timedelta(seconds=self.t)
+
+    async def sleep(self, seconds: float) -> None:
+        if seconds <= 0:
+            await asyncio.sleep(0)
+            return
+        future = asyncio.get_running_loop().create_future()
+        self._sleepers.append((self.t + seconds, future))
+        await future
+
+    async def advance(self, seconds: float) -> None:
+        self.t += seconds
+        for deadline, future in list(self._sleepers):
+            if deadline <= self.t:
+                self._sleepers.remove((deadline, future))
+                if not future.done():
+                    future.set_result(None)
+        await settle()
+
+
+class FakeReplica:
+    """A replica that is ready, fails or goes when the test says so."""
+
+    def __init__(self, spec: ReplicaSpec, incarnation: int, clock: FakeClock) -> None:
+        self.spec = spec
+        self.incarnation = incarnation
+        self.clock = clock
+        self.address = f"fake:{spec.replica_id}#{incarnation}"
+        self.pid = 0
+        self._ready = asyncio.Event()
+        self._exit: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    @property
+    def replica_id(self) -> str:
+        return self.spec.replica_id
+
+    @property
+    def gone(self) -> bool:
+        return self._exit.done()
+
+    def make_ready(self) -> None:
+        self._ready.set()
+
+    def exit(self, reason: str) -> None:
+        if not self._exit.done():
+            self._exit.set_result(reason)
+
+    async def wait_ready(self, timeout_s: float) -> str | None:
+        gone = asyncio.ensure_future(asyncio.shield(self._exit))
+        ready = asyncio.ensure_future(self.clock.wait(self._ready, timeout_s))
+        await asyncio.wait((gone, ready), return_when=asyncio.FIRST_COMPLETED)
+        gone.cancel()
+        ready.cancel()
+        if self._ready.is_set() and not self.gone:
+            return None
+        return "" if self.gone else f"not ready after {timeout_s:.0f}s"
+
+    async def wait_gone(self) -> str:
+        return await asyncio.shield(self._exit)
+
+
+class FakeBackend:
+    name = "fake"
+
+    def __init__(self, clock: FakeClock, ready_at_once: bool = True) -> None:
+        self.clock = clock
+        self.ready_at_once = ready_at_once
+        self.started: list[FakeReplica] = []
+        self.stopped: list[tuple[str, bool]] = []
+        self._incarnations = itertools.count(1)
+
+    async def start(self, spec: ReplicaSpec) -> ReplicaHandle:
+        replica = FakeReplica(spec, next(self._incarnations), self.clock)
+        if self.ready_at_once:
+            replica.make_ready()
+        self.started.append(replica)
+        return replica
+
+    async def stop(self, handle: ReplicaHandle, *, drain: bool = True) -> None:
+        assert isinstance(handle, FakeReplica)
+        self.stopped.append((handle.address, drain))
+        handle.exit("stopped")
+
+    def running(self, version: str | None = None) -> list[FakeReplica]:
+        return [
+            r for r in self.started if not r.gone and (version is None or r.spec.version == version)
+        ]
+
+
+async def settle(rounds: int = 50) -> None:
+    """Let every task that can run, run (nothing here waits on real time)."""
+    for _ in range(rounds):
+        await asyncio.sleep(0)
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    """Poll (registry writes run in threads) until ``condition`` holds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not condition():
+        assert loop.time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+class World:
+    def __init__(self, tmp_path: Path, ready_at_once: bool = True) -> None:
+        self.registry = Registry(f"sqlite:///{tmp_path / 'registry.db'}", tmp_path / "artifacts")
+        self.source = tmp_path / "model.py"
+        self.source.write_text("class M:\n    pass\n")
+        self.clock = FakeClock()
+        self.backend = FakeBackend(self.clock, ready_at_once)
+        self.tables: list[RoutingTable] = []
+        settings = Settings(
+            data_dir=tmp_path, load_timeout_s=10, restart_backoff_max_s=4, replicas=1
+        )
+        self.controller = Controller(
+            settings,
+            self.registry,
+            tmp_path,
+            self.tables.append,
+            backend=self.backend,
+            clock=self.clock,
+        )
+
+    def push(self, model: str, *versions: str) -> None:
+        for version in versions:
+            self.registry.push(model, self.source, version, framework="python", signature=SIGNATURE)
+
+    async def reconcile(self) -> None:
+        await self.controller.reconcile()
+        await settle()
+
+    def split(self, model: str) -> dict[str, int]:
+        return {d.version: d.traffic_pct for d in self.registry.deployments.list_all(model)}
+
+    def statuses(self, model: str) -> dict[str, str]:
+        return {d.version: d.status for d in self.registry.deployments.list_all(model)}
+
+    def serving(self, model: str) -> str | None:
+        return self.tables[-1].models[model].default_version
+
+    def states(self, model: str, version: str) -> list[str]:
+        return [r.state for r in self.tables[-1].models[model].versions[version].replicas]
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    w = World(tmp_path)
+    yield w
+    w.registry.close()
+
+
+def run(coro: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    asyncio.run(coro())
+
+
+def test_a_new_version_serves_once_ready_and_the_old_one_drains(world: World) -> None:
+    async def scenario() -> None:
+        world.backend.ready_at_once = False
+        world.push("m", "v1")
+        await world.reconcile()
+        (v1,) = world.backend.running("v1")
+        assert world.serving("m") is None and world.states("m", "v1") == ["loading"]
+        v1.make_ready()
+        await settle()
+        assert world.serving("m") == "v1" and world.states("m", "v1") == ["ready"]
+
+        world.push("m", "v2")
+        await world.reconcile()
+        (v2,) = world.backend.running("v2")
+        assert world.serving("m") == "v1"  # v2 is not ready: v1 keeps serving
+        v2.make_ready()
+        await settle()
+        assert world.serving("m") == "v2"
+        assert world.backend.running("v1") == [v1]  # drains only after RETIRE_DELAY_S
+        await world.clock.advance(RETIRE_DELAY_S)
+        assert world.backend.running("v1") == [] and (v1.address, True) in world.backend.stopped
+        assert "v1" not in world.tables[-1].models["m"].versions
+        await world.controller.stop()
+
+    run(scenario)
+
+
+def test_a_crashed_replica_restarts_with_doubling_backoff(world: World) -> None:
+    async def scenario() -> None:
+        world.push("m", "v1")
+        await world.reconcile()
+        (first,) = world.backend.running()
+        first.exit("exited with code 137")
+        await settle()
+        (route,) = world.tables[-1].models["m"].versions["v1"].replicas
+        assert (route.state, route.restarts, route.message) == (
+            "failed",
+            1,
+            "exited with code 137",
+        )
+        await world.clock.advance(0.49)
+        assert world.backend.running() == []
+        await world.clock.advance(0.01)
+        (second,) = world.backend.running()  # restarted after 0.5 s, as the same replica
+        assert second.replica_id == first.replica_id and second.incarnation != first.incarnation
+        assert world.states("m", "v1") == ["ready"]
+        second.exit("exited with code 1")  # it had become ready: the backoff is back to 0.5
+        await settle()
+        await world.clock.advance(0.5)
+        (third,) = world.backend.running()
+        world.backend.ready_at_once = False
+        third.exit("exited with code 1")
+        await settle()
+        await world.clock.advance(0.5)
+        (fourth,) = world.backend.running()  # never ready: the next backoff doubles
+        fourth.exit("exited with code 1")
+        await settle()
+        await world.clock.advance(0.5)
+        assert world.backend.running() == []
+        await world.clock.advance(0.5)
+        assert len(world.backend.running()) == 1
+        await world.controller.stop()
+
+    run(scenario)
+
+
+def test_a_replica_that_never_loads_is_stopped_and_retried(world: World) -> None:
+    async def scenario() -> None:
+        world.backend.ready_at_once = False
+        world.push("m", "v1")
+        await world.reconcile()
+        (stuck,) = world.backend.running()
+        await world.clock.advance(10)  # load_timeout_s
+        assert stuck.gone and (stuck.address, False) in world.backend.stopped  # killed
+        (route,) = world.tables[-1].models["m"].versions["v1"].replicas
+        assert (route.state, route.message) == ("failed", "not ready after 10s")
+        await world.clock.advance(0.5)
+        assert len(world.backend.running()) == 1
+        await world.controller.stop()
+        assert world.backend.running() == []
+
+    run(scenario)
+
+
+def test_stop_ends_a_backoff_at_once(world: World) -> None:
+    async def scenario() -> None:
+        world.push("m", "v1")
+        await world.reconcile()
+        world.backend.running()[0].exit("exited with code 1")
+        await settle()
+        await asyncio.wait_for(world.controller.stop(), 1.0)  # no clock advance needed
+        assert world.states("m", "v1") == ["stopped"]
+
+    run(scenario)
+
+
+def test_scaling_drains_not_ready_replicas_first(world: World) -> None:
+    async def scenario() -> None:
+        world.push("m", "v1")
+        world.registry.deployments.deploy("m", "v1", replicas=3)
+        await world.reconcile()
+        assert len(world.backend.running("v1")) == 3 and world.states("m", "v1") == ["ready"] * 3
+        world.registry.deployments.scale("m", "v1", 1)
+        world.backend.running("v1")[0].exit("exited with code 1")  # the oldest, now failed
+        await settle()
+        await world.reconcile()
+        await settle()
+        survivors = world.backend.running("v1")
+        assert len(survivors) == 1 and world.states("m", "v1") == ["ready"]
+        assert survivors[0].replica_id.endswith("-2")  # the failed one went, then the newest
+        await world.controller.stop()
+
+    run(scenario)
+
+
+def test_blue_green_switches_when_all_replicas_are_ready(world: World) -> None:
+    async def scenario() -> None:
+        world.push("m", "v1")
+        world.registry.deployments.deploy("m", "v1")
+        await world.reconcile()
+        world.push("m", "v2")
+        world.backend.ready_at_once = False
+        world.registry.deployments.deploy(
+            "m", "v2", strategy="blue-green", replicas=2, rollout={"keep_old_s": 60}
+        )
+        await world.reconcile()
+        first, second = world.backend.running("v2")
+        first.make_ready()
+        await settle()
+        await world.reconcile()
+        assert world.tables[-1].models["m"].traffic == {"v2": 0, "v1": 100}
+        second.make_ready()
+        await settle()
+        await world.reconcile()  # the pass sees every replica ready: the switch step runs
+        await until(lambda: world.split("m") == {"v2": 100, "v1": 0})
+        await world.reconcile()
+        assert world.serving("m") == "v2" and world.backend.running("v1")  # kept warm
+        await world.clock.advance(61)  # the keep window is over: v1 goes
+        await world.reconcile()
+        await until(lambda: world.statuses("m") == {"v2": "active", "v1": "draining"})
+        await world.reconcile()
+        await world.clock.advance(RETIRE_DELAY_S)
+        await until(lambda: world.backend.running("v1") == [] and world.split("m") == {"v2": 100})
+        await world.controller.stop()
+
+    run(scenario)
