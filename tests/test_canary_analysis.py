@@ -151,25 +151,26 @@ def test_canary_steps_then_promotion(deployed: Registry):
     assert _split(deployed) == {"v2": 5, "v1": 95}
     with pytest.raises(Conflict, match="already deployed"):
         d.deploy("m", "v2", strategy="canary")
-    assert d.advance_canary("m", "v2", 1, {}, "stale step") is None  # it is at step 0
-    assert d.advance_canary("m", "v2", 0, {"verdict": "pass"}, "step 1 of 2 passed").reason == (
-        "canary_step"
-    )
+    rollouts = deployed.rollouts
+    assert rollouts.advance_canary("m", "v2", 1, {}, "stale step") is None  # it is at step 0
+    passed = rollouts.advance_canary("m", "v2", 0, {"verdict": "pass"}, "step 1 of 2 passed")
+    assert passed is not None and passed.reason == "canary_step"
     assert _split(deployed) == {"v2": 25, "v1": 75}
-    promoted = d.advance_canary("m", "v2", 1, {}, "step 2 of 2 passed")
+    promoted = deployed.rollouts.advance_canary("m", "v2", 1, {}, "step 2 of 2 passed")
     assert promoted is not None and promoted.reason == "canary_promoted"
     (v2,) = [r for r in d.list_all("m") if r.version == "v2"]
     assert v2.canary.state == "promoted" and v2.canary.promoted_at
     assert _split(deployed) == {"v2": 100, "v1": 0}
-    assert d.finish_rollout("m", "v2") == ["v1"]  # the controller, after keep_old_s
-    assert d.finish_rollout("m", "v2") == []  # once
+    assert deployed.rollouts.finish_rollout("m", "v2") == ["v1"]  # the controller, after keep_old_s
+    assert deployed.rollouts.finish_rollout("m", "v2") == []  # once
 
 
 def test_canary_rollback_records_why_and_halts_without_auto_rollback(deployed: Registry):
     d = deployed.deployments
     d.deploy("m", "v2", strategy="canary", traffic_pct=10)
-    assert d.end_canary("m", "v2", 1, "stale", None, True) is None
-    change = d.end_canary("m", "v2", 0, "compute p50 24 ms vs 20 ms", {"x": 1}, True)
+    assert deployed.rollouts.end_canary("m", "v2", 1, "stale", None, True) is None
+    why = "compute p50 24 ms vs 20 ms"
+    change = deployed.rollouts.end_canary("m", "v2", 0, why, {"x": 1}, True)
     assert change is not None and change.reason == "canary_rollback"
     assert change.detail == "compute p50 24 ms vs 20 ms" and change.actor == "inferd"
     assert _split(deployed) == {"v2": 0, "v1": 100}
@@ -179,14 +180,14 @@ def test_canary_rollback_records_why_and_halts_without_auto_rollback(deployed: R
         "rolled_back",
         {"x": 1},
     )
-    d.set_status("m", "v2", "active")  # the controller cannot revive it
+    deployed.rollouts.set_status("m", "v2", "active")  # the controller cannot revive it
     assert [r.status for r in d.list_all("m") if r.version == "v2"] == ["rolled_back"]
     with pytest.raises(Exception, match="take no traffic"):
         d.set_traffic("m", {"v2": 50, "v1": 50})
     d.undeploy("m", "v2")  # removable like any other at 0 %
-    d.remove("m", "v2")
+    deployed.rollouts.remove("m", "v2")
     d.deploy("m", "v2", strategy="canary", rollout={"auto_rollback": False})
-    assert d.end_canary("m", "v2", 0, "too slow", None, False) is None
+    assert deployed.rollouts.end_canary("m", "v2", 0, "too slow", None, False) is None
     (v2,) = [r for r in d.list_all("m") if r.version == "v2"]
     assert v2.canary.state == "halted" and v2.canary.reason == "too slow"
     assert _split(deployed) == {"v2": 1, "v1": 99}  # where it was, for a person to decide
@@ -200,10 +201,10 @@ def test_a_person_taking_over_stops_the_canary(deployed: Registry):
     d.set_traffic("m", {"v2": 30, "v1": 70}, actor="carol")
     (v2,) = [r for r in d.list_all("m") if r.version == "v2"]
     assert v2.canary.state == "overridden" and "carol" in v2.canary.reason
-    assert d.advance_canary("m", "v2", 0, {}, "late") is None
+    assert deployed.rollouts.advance_canary("m", "v2", 0, {}, "late") is None
     d.set_traffic("m", {"v1": 100})
     d.undeploy("m", "v2")
-    d.remove("m", "v2")
+    deployed.rollouts.remove("m", "v2")
     d.deploy("m", "v2", strategy="canary", traffic_pct=10)
     d.rollback("m", actor="dave")
     (v2,) = [r for r in d.list_all("m") if r.version == "v2"]

@@ -450,8 +450,8 @@ def test_undeploy_drains_and_only_remove_deletes(deployed: Registry) -> None:
     with pytest.raises(Conflict, match="already deployed"):
         d.deploy("m", "v1", traffic_pct=0)  # until the controller removed it
 
-    d.remove("m", "v2")  # not draining: kept
-    d.remove("m", "v1")
+    deployed.rollouts.remove("m", "v2")  # not draining: kept
+    deployed.rollouts.remove("m", "v1")
     assert statuses(deployed, "m") == {"v3": "deploying", "v2": "deploying"}
     d.deploy("m", "v1", traffic_pct=0)  # gone: may be deployed again
     assert "v1" in statuses(deployed, "m")
@@ -461,9 +461,9 @@ def test_set_status_keeps_draining(deployed: Registry) -> None:
     d = deployed.deployments
     d.undeploy("m", "v1")
     revision = d.revision("m")
-    d.set_status("m", "v3", "active")
-    d.set_status("m", "v2", "failed")
-    d.set_status("m", "v1", "active")
-    d.set_status("m", "v9", "active")  # not deployed: nothing to do
+    deployed.rollouts.set_status("m", "v3", "active")
+    deployed.rollouts.set_status("m", "v2", "failed")
+    deployed.rollouts.set_status("m", "v1", "active")
+    deployed.rollouts.set_status("m", "v9", "active")  # not deployed: nothing to do
     assert statuses(deployed, "m") == {"v3": "active", "v2": "failed", "v1": "draining"}
     assert d.revision("m") == revision  # a status is no traffic change

@@ -17,8 +17,8 @@ from typing import Any
 from inferd.clock import SYSTEM, Clock
 from inferd.control import canary
 from inferd.control.state import ModelState
-from inferd.registry.deployments import Deployments
 from inferd.registry.rollout import CanaryRollout, DeploymentStatus
+from inferd.registry.rollout_progress import RolloutProgress
 
 logger = logging.getLogger(__name__)
 
@@ -41,11 +41,11 @@ class Window:
 class CanaryAnalyst:
     def __init__(
         self,
-        deployments: Deployments,
+        rollouts: RolloutProgress,
         clock: Clock = SYSTEM,
         sample: Sampler = canary.sample,
     ) -> None:
-        self.deployments = deployments
+        self.rollouts = rollouts
         self.clock = clock
         self.sample = sample
         self._windows: dict[tuple[str, str], Window] = {}
@@ -136,7 +136,7 @@ class CanaryAnalyst:
         if verdict.outcome == "pass":
             detail = f"step {step + 1} of {len(steps) - 1} passed: {verdict.reason}"
             change = await asyncio.to_thread(
-                self.deployments.advance_canary, model, version, step, analysis or {}, detail
+                self.rollouts.advance_canary, model, version, step, analysis or {}, detail
             )
             if change is not None:
                 logger.info(
@@ -146,7 +146,7 @@ class CanaryAnalyst:
             return
         rollback = plan.auto_rollback
         await asyncio.to_thread(
-            self.deployments.end_canary, model, version, step, verdict.reason, analysis, rollback
+            self.rollouts.end_canary, model, version, step, verdict.reason, analysis, rollback
         )
         logger.warning(
             "%s: canary %s failed at %d %%: %s; %s",

@@ -48,6 +48,7 @@ from inferd.errors import InvalidInput
 from inferd.registry import ModelRecord, Registry, VersionRecord
 from inferd.registry.deployments import DeploymentRecord
 from inferd.registry.rollout import DeploymentStatus
+from inferd.registry.rollout_progress import RolloutProgress
 from inferd.routing.table import RoutingTable
 from inferd.serving.spec import ReplicaSpec
 
@@ -72,7 +73,7 @@ class Controller:
         self.on_change = on_change
         self.backend = backend or backends.create("local", run_dir, settings.shutdown_grace_s)
         self.clock = clock
-        self.analyst = CanaryAnalyst(registry.deployments, clock)
+        self.analyst = CanaryAnalyst(registry.rollouts, clock)
         self.models: dict[str, ModelState] = {}
         self._generation = itertools.count(1)
         self._ids = itertools.count(1)
@@ -163,36 +164,15 @@ class Controller:
                 self._spawn(self._remove_deployment(model, row.version))  # nothing runs
             if row.status.gone or row.version not in registered:
                 continue
-            vset = model.versions.get(row.version)
-            if vset is not None and vset.retiring:
+            current = model.versions.get(row.version)
+            if current is not None and current.retiring:
                 continue  # still stopping from an unload or removal; a later pass restarts it
-            vset = self._deployed(model, row, registered[row.version], vset)
+            vset = _deployed(model, row, registered[row.version], self.settings.replicas)
             self._scale(vset)
             step = policy(row).next_step(row, vset, now)
             if step is not None:
                 self._once(model, row, step)
         self._pick_serving(model)
-
-    def _deployed(
-        self,
-        model: ModelState,
-        row: DeploymentRecord,
-        record: VersionRecord,
-        vset: VersionSet | None,
-    ) -> VersionSet:
-        """The running set of a deployed version, created or brought up to date."""
-        desired = row.replicas or int(
-            (record.batching or {}).get("replicas") or self.settings.replicas
-        )
-        if vset is None:
-            vset = VersionSet(record, desired, batching=row.batching, status=row.status)
-            model.versions[row.version] = vset
-            logger.info("deploying %s with %d replica(s)", vset.name, desired)
-        vset.desired, vset.fallback = desired, row.fallback
-        if row.gpu_type != vset.gpu_type:
-            vset.gpu_type = row.gpu_type
-            vset.gpus = None if row.gpu_type is None else _gpus(vset)
-        return vset
 
     # -- rollout steps --------------------------------------------------------------------
 
@@ -206,7 +186,7 @@ class Controller:
 
         async def run() -> None:
             try:
-                if await self._run_step(model, row, step):
+                if await _run_step(self.registry.rollouts, self.analyst, model, row, step):
                     self._spawn(self.reconcile())
             except Exception:
                 logger.exception("%s of %s:%s failed; the next pass retries", step, *key[:2])
@@ -214,24 +194,6 @@ class Controller:
                 self._steps.discard(key)
 
         self._spawn(run())
-
-    async def _run_step(self, model: ModelState, row: DeploymentRecord, step: Step) -> bool:
-        deployments = self.registry.deployments
-        if step is Step.SWITCH:
-            change = await asyncio.to_thread(deployments.switch_blue_green, model.name, row.version)
-            if change is not None:
-                logger.info(
-                    "%s: all replicas of %s ready; switched all traffic to it",
-                    model.name, row.version,
-                )  # fmt: skip
-            return change is not None
-        if step is Step.FINISH:
-            removed = await asyncio.to_thread(deployments.finish_rollout, model.name, row.version)
-            if removed:
-                logger.info("%s: keep window over; removing %s", model.name, ", ".join(removed))
-            return True
-        assert row.canary is not None
-        return await self.analyst.analyse(model, row.version, row.canary)
 
     # -- replicas -------------------------------------------------------------------------
 
@@ -354,25 +316,15 @@ class Controller:
             await self.reconcile()
 
     async def _remove_deployment(self, model: ModelState, version: str) -> None:
-        await asyncio.to_thread(self.registry.deployments.remove, model.name, version)
+        await asyncio.to_thread(self.registry.rollouts.remove, model.name, version)
         logger.info("%s:%s undeployed", model.name, version)
 
     # -- publishing -----------------------------------------------------------------------
 
     async def _write_statuses(self) -> None:
         """Record each deployed version's state (deploying/active/failed) when it changed."""
-        changes = []
-        for model in self.models.values():
-            if not model.traffic:
-                continue
-            for version, vset in model.versions.items():
-                state = vset.state()
-                deployed = version in model.traffic or version in model.mirrors
-                if deployed and not vset.retiring and state != vset.status:
-                    vset.status = state
-                    changes.append((model.name, version, state))
-        for change in changes:
-            await asyncio.to_thread(self.registry.deployments.set_status, *change)
+        for change in _status_changes(self.models):
+            await asyncio.to_thread(self.registry.rollouts.set_status, *change)
 
     def publish(self) -> None:
         self.on_change(routing_table(next(self._generation), self.models))
@@ -392,6 +344,63 @@ class Controller:
             r for m in self.models.values() for v in m.versions.values() for r in v.replicas
         ]
         await asyncio.gather(*(r.stop() for r in replicas))
+
+
+async def _run_step(
+    rollouts: RolloutProgress,
+    analyst: CanaryAnalyst,
+    model: ModelState,
+    row: DeploymentRecord,
+    step: Step,
+) -> bool:
+    """Run a rollout step; whether it changed the registry."""
+    if step is Step.SWITCH:
+        change = await asyncio.to_thread(rollouts.switch_blue_green, model.name, row.version)
+        if change is not None:
+            logger.info(
+                "%s: all replicas of %s ready; switched all traffic to it", model.name, row.version
+            )
+        return change is not None
+    if step is Step.FINISH:
+        removed = await asyncio.to_thread(rollouts.finish_rollout, model.name, row.version)
+        if removed:
+            logger.info("%s: keep window over; removing %s", model.name, ", ".join(removed))
+        return True
+    assert row.canary is not None
+    return await analyst.analyse(model, row.version, row.canary)
+
+
+def _deployed(
+    model: ModelState, row: DeploymentRecord, record: VersionRecord, default_replicas: int
+) -> VersionSet:
+    """The running set of a deployed version, created or brought up to date."""
+    desired = row.replicas or int((record.batching or {}).get("replicas") or default_replicas)
+    vset = model.versions.get(row.version)
+    if vset is None:
+        vset = VersionSet(record, desired, batching=row.batching, status=row.status)
+        model.versions[row.version] = vset
+        logger.info("deploying %s with %d replica(s)", vset.name, desired)
+    vset.desired, vset.fallback = desired, row.fallback
+    if row.gpu_type != vset.gpu_type:
+        vset.gpu_type = row.gpu_type
+        vset.gpus = None if row.gpu_type is None else _gpus(vset)
+    return vset
+
+
+def _status_changes(models: dict[str, ModelState]) -> list[tuple[str, str, DeploymentStatus]]:
+    """The deployed versions whose state differs from what was last recorded (now
+    recorded as written)."""
+    changes = []
+    for model in models.values():
+        if not model.traffic:
+            continue
+        for version, vset in model.versions.items():
+            state = vset.state()
+            deployed = version in model.traffic or version in model.mirrors
+            if deployed and not vset.retiring and state != vset.status:
+                vset.status = state
+                changes.append((model.name, version, state))
+    return changes
 
 
 def _replica_spec(settings: Settings, vset: VersionSet, replica_id: str) -> ReplicaSpec:

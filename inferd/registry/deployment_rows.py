@@ -7,9 +7,11 @@ are ``StrEnum`` s, so they compare equal to them and are stored as their values.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -18,7 +20,17 @@ from inferd.errors import Conflict, InvalidInput, ModelNotFound
 from inferd.registry import rollout as plans
 from inferd.registry.rollout import CanaryRollout, CanaryState, DeploymentStatus, Reason, Strategy
 from inferd.registry.tables import Deployment, Model, ModelVersion, TrafficChange, utcnow
+
+if TYPE_CHECKING:
+    from inferd.registry.registry import Registry
 from inferd.runtimes import GENERATIVE
+
+
+@contextlib.contextmanager
+def write(registry: Registry) -> Iterator[Session]:
+    """A session in one write transaction (the registry's own way of writing)."""
+    with Session(registry._write_engine) as session, session.begin():
+        yield session
 
 
 def scale_split(split: dict[str, int], total: int) -> dict[str, int]:

@@ -45,6 +45,7 @@ from inferd.config import BatchingConfig, Settings
 from inferd.errors import InvalidInput, ModelNotFound, VersionExists
 from inferd.registry.deployments import Deployments
 from inferd.registry.keys import ApiKeys
+from inferd.registry.rollout_progress import RolloutProgress
 from inferd.registry.store import ArtifactStore, StagedArtifact, check_name
 from inferd.registry.tables import Model, ModelVersion, utcnow
 from inferd.runtimes.base import Signature
@@ -240,6 +241,7 @@ class Registry:
         self._write_engine = self.engine.execution_options(**{_WRITE: True})
         self.store = ArtifactStore(artifact_root)
         self.deployments = Deployments(self)
+        self.rollouts = RolloutProgress(self)
         self.keys = ApiKeys(self)
         """Which versions run and the traffic split between them."""
         if migrate:
