@@ -21,7 +21,9 @@ import pytest
 from inferd.clock import Clock
 from inferd.config import Settings
 from inferd.control.backends import ReplicaHandle
+from inferd.control.canary import ReplicaSample
 from inferd.control.controller import RETIRE_DELAY_S, Controller
+from inferd.observability.metrics import Sketch
 from inferd.registry import Registry
 from inferd.routing.table import RoutingTable
 from inferd.runtimes.base import Signature, TensorSpec
@@ -344,6 +346,63 @@ def test_blue_green_switches_when_all_replicas_are_ready(world: World) -> None:
         await world.reconcile()
         await world.clock.advance(RETIRE_DELAY_S)
         await until(lambda: world.backend.running("v1") == [] and world.split("m") == {"v2": 100})
+        await world.controller.stop()
+
+    run(scenario)
+
+
+class Counters:
+    """What each replica has answered, as the canary analysis samples it."""
+
+    def __init__(self) -> None:
+        self.by_version: dict[str, tuple[int, int, float]] = {}
+
+    async def sample(
+        self, replicas: list[tuple[str, int, str]]
+    ) -> dict[tuple[str, int], ReplicaSample]:
+        out = {}
+        for rid, incarnation, _ in replicas:
+            version = rid.split("-")[1]
+            answered, failed, seconds = self.by_version.get(version, (0, 0, 0.01))
+            latency, compute = Sketch(), Sketch()
+            if answered:
+                latency.observe(seconds, answered)
+                compute.observe(seconds, answered)
+            out[(rid, incarnation)] = ReplicaSample(answered, failed, latency, compute)
+        return out
+
+
+def test_a_canary_moves_on_when_as_good_and_back_when_worse(world: World) -> None:
+    async def scenario() -> None:
+        counters = Counters()
+        world.controller.analyst.sample = counters.sample
+        world.push("m", "v1")
+        world.registry.deployments.deploy("m", "v1")
+        await world.reconcile()
+        world.push("m", "v2")
+        steps = {"steps": [10, 50, 100], "step_s": 30, "min_requests": 5}
+        world.registry.deployments.deploy("m", "v2", strategy="canary", rollout=steps)
+        await world.reconcile()
+        await world.reconcile()  # all canary replicas ready: the window opens
+        assert world.serving("m") == "v1"  # a canary in progress never serves by default
+        counters.by_version = {"v1": (900, 0, 0.010), "v2": (100, 0, 0.010)}
+        await world.clock.advance(29)
+        await world.reconcile()
+        assert world.split("m") == {"v2": 10, "v1": 90}  # the window is still open
+        await world.clock.advance(1)  # the window is over: as good, so the next step
+        await world.reconcile()
+        await until(lambda: world.split("m") == {"v2": 50, "v1": 50})
+        await world.reconcile()  # a new window, from the counters as they are now
+        counters.by_version = {"v1": (1800, 0, 0.010), "v2": (200, 0, 0.020)}  # twice as slow
+        await world.clock.advance(30)
+        await world.reconcile()
+        await until(lambda: world.split("m") == {"v2": 0, "v1": 100})
+        (v2,) = [d for d in world.registry.deployments.list_all("m") if d.version == "v2"]
+        assert v2.status == "rolled_back" and v2.canary is not None
+        assert v2.canary.reason is not None and v2.canary.reason.startswith("compute p50")
+        await world.reconcile()
+        await world.clock.advance(RETIRE_DELAY_S)
+        await until(lambda: world.backend.running("v2") == [])
         await world.controller.stop()
 
     run(scenario)
