@@ -134,10 +134,10 @@ async def _probe_predict(
         else:
             columns[spec.name] = np.zeros(shape, dtype=spec.numpy_dtype)
     started = time.perf_counter()
-    await plane.infer(
-        target, columns, rows, "estimate-probe", started, PROBE_TIMEOUT_S,
-        NAMED_PRIORITIES["batch"], pinned=True,
-    )  # fmt: skip
+    probe = plane.request(
+        "estimate-probe", started, PROBE_TIMEOUT_S, NAMED_PRIORITIES["batch"], pinned=True
+    )
+    await plane.infer(target, columns, rows, probe)
     elapsed = max(time.perf_counter() - started, 1e-6)
     rate = rows / elapsed * replicas
     return rate, f"a probe of {rows} rows took {elapsed * 1000:.1f} ms, on {replicas} replica(s)"

@@ -194,9 +194,11 @@ async def start_generation(
     # Before its first token a request may be queued in the replica for up to the LLM
     # queue timeout (the replica answers 503 then); this bound only catches a hung replica.
     first_s = settings.llm.queue_timeout_s + timeout_s
-    stream = router.generate(
-        target, prompt, params, adapter, timeout_s, request_id, first_s, arrived_at
-    )
+    request = p.GenerateRequest(
+        prompt=prompt, params=params, adapter=adapter, request_id=request_id,
+        arrived_at=arrived_at, idle_timeout_s=timeout_s, first_timeout_s=first_s,
+    )  # fmt: skip
+    stream = router.generate(target, request)
     if budget is not None:
         stream = budget.charged(stream, target.model)
     if key is not None and cache is not None:

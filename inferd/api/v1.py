@@ -92,9 +92,8 @@ async def _run(
     if check is not None:
         check(target, rows if isinstance(rows, list) else [])
     columns, n = rows_to_columns(rows, target.signature, target.allow_non_finite)
-    outcome = await plane.infer(
-        target, columns, n, rid, started, timeout_s, priority, pinned=version is not None
-    )
+    infer = plane.request(rid, started, timeout_s, priority, pinned=version is not None)
+    outcome = await plane.infer(target, columns, n, infer)
     request.scope["inferd.outcome"] = outcome  # for the inference log
     return outcome, rid
 

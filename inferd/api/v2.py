@@ -139,9 +139,8 @@ async def infer(request: Request, model: str, version: str | None = None) -> Res
     binary_default = bool(params.get("binary_data_output", False))
     priority, timeout_s = schedule_policy(params)
     timeout_s = request_timeout(request, timeout_s)
-    outcome = await plane.infer(
-        target, columns, rows, rid, started, timeout_s, priority, pinned=version is not None
-    )
+    infer = plane.request(rid, started, timeout_s, priority, pinned=version is not None)
+    outcome = await plane.infer(target, columns, rows, infer)
     request.scope["inferd.outcome"] = outcome  # for the inference log
     target = outcome.target  # the fallback version, if the chosen one failed
     outputs, blobs = [], []

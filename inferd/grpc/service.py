@@ -249,9 +249,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             timeout_s = deadline_s if timeout_s is None else min(timeout_s, deadline_s)
         if timeout_s is not None:
             timeout_s = min(timeout_s, self.settings.max_request_timeout_s)
-        outcome = await self.plane.infer(
-            target, columns, rows, rid, started, timeout_s, priority, bool(request.model_version)
-        )
+        infer = self.plane.request(rid, started, timeout_s, priority, bool(request.model_version))
+        outcome = await self.plane.infer(target, columns, rows, infer)
         target = outcome.target  # the fallback version, if the chosen one failed
         response = pb.ModelInferResponse(
             model_name=target.model, model_version=target.version, id=request.id
