@@ -21,7 +21,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
 from inferd.api.auth import authorize_model
-from inferd.api.http import json_response, read_json, request_id_of
+from inferd.api.http import context_of, json_response, read_json, request_id_of
 from inferd.api.limits import TokenBudget, budget_of
 from inferd.config import BatchingConfig, Settings
 from inferd.errors import BadRequest, InferdError, InvalidInput
@@ -34,6 +34,7 @@ from inferd.routing.cache import (
     deterministic,
     generation_key,
 )
+from inferd.routing.context import RequestContext
 from inferd.routing.router import Router, Target
 from inferd.runtimes import GENERATIVE
 from inferd.serving import protocol as p
@@ -241,8 +242,9 @@ async def start(
     its request id (returned too)."""
     rid = request_id_of(request)
     state = request.app.state
+    context = context_of(request.scope)
     budget = budget_of(request)
-    if "inferd.principal" in request.scope:  # auth is on: may it use this model?
+    if context.principal is not None:  # auth is on: may it use this model?
         authorize_model(request.scope, state.router.resolve(name, version)[0].model)
     log: RowBuffer | None = state.inference_log
     cache = state.dataplane.cache
@@ -250,12 +252,12 @@ async def start(
         chunks, target, started, hit = await start_generation(
             state.router, state.settings, name, body, version, rid, budget, cache
         )
-        request.scope["inferd.cache_hit"] = hit
+        context.cache_hit = hit
         return chunks, target, rid, started
     path = request.url.path
     api = "v2" if path.startswith("/v2/") else "v1" if path.startswith("/api/") else "openai"
     user = body.get("user") if isinstance(body.get("user"), str) else None
-    user = user or request.headers.get("x-user-id")
+    context.user = user or request.headers.get("x-user-id")
     began = time.perf_counter()
     try:
         chunks, target, started, hit = await start_generation(
@@ -263,17 +265,18 @@ async def start(
         )
     except InferdError as exc:
         ms = (time.perf_counter() - began) * 1000
-        log.record(rid, name, version, api, exc.status_code, ms, user)
+        log.record(context.log_row(api, name, exc.status_code, ms, version))
         raise
-    request.scope["inferd.cache_hit"] = hit
-    row = (rid, target.model, target.version, api, user, began, hit)
-    return _logged(chunks, log, row), target, rid, started
+    context.cache_hit = hit
+    return _logged(chunks, log, context, api, target, began), target, rid, started
 
 
-async def _logged(chunks: Chunks, log: RowBuffer, row: tuple[Any, ...]) -> Chunks:
+async def _logged(
+    chunks: Chunks, log: RowBuffer, context: RequestContext, api: str, target: Target,
+    began: float,
+) -> Chunks:  # fmt: skip
     """The stream, logged when it ends: 200 with its token counts once finished, 499
     when the client went away first, the error's status when the replica failed."""
-    rid, model, version, api, user, began, hit = row
     status, last = 499, None
     try:
         async with contextlib.aclosing(chunks):
@@ -286,15 +289,14 @@ async def _logged(chunks: Chunks, log: RowBuffer, row: tuple[Any, ...]) -> Chunk
         raise
     finally:
         ms = (time.perf_counter() - began) * 1000
-        prompt = completion = None
         if last is not None and last.finished:  # a reader may stop at the last chunk
-            status, prompt, completion = 200, last.prompt_tokens, last.completion_tokens
-        log.record(rid, model, version, api, status, ms, user, None, hit, prompt, completion)
+            status = 200
+        log.record(context.log_row(api, target.model, status, ms, target.version, last=last))
 
 
 def cache_header(request: Request) -> dict[str, str]:
     """``X-Cache: hit|miss`` for a generation :func:`start` looked up in the cache."""
-    hit = request.scope.get("inferd.cache_hit")
+    hit = context_of(request.scope).cache_hit
     return {} if hit is None else {"x-cache": "hit" if hit else "miss"}
 
 

@@ -21,6 +21,7 @@ from starlette.responses import Response
 
 from inferd import __version__
 from inferd.api.http import (
+    context_of,
     json_response,
     outcome_headers,
     parse_json,
@@ -130,7 +131,8 @@ async def infer(request: Request, model: str, version: str | None = None) -> Res
     plane: DataPlane = request.app.state.dataplane
     params = _parameters(body)
     user = user_of(params) or request.headers.get("x-user-id")
-    request.scope["inferd.user"] = user  # for the inference log
+    context = context_of(request.scope)
+    context.user = user  # for the inference log
     target = plane.target(model, version, user)
     columns, rows = decode_inputs(
         body.get("inputs"), target.signature, binary, target.allow_non_finite
@@ -141,7 +143,7 @@ async def infer(request: Request, model: str, version: str | None = None) -> Res
     timeout_s = request_timeout(request, timeout_s)
     infer = plane.request(rid, started, timeout_s, priority, pinned=version is not None)
     outcome = await plane.infer(target, columns, rows, infer)
-    request.scope["inferd.outcome"] = outcome  # for the inference log
+    context.outcome = outcome  # for the inference log and the trace
     target = outcome.target  # the fallback version, if the chosen one failed
     outputs, blobs = [], []
     for name, array in outcome.outputs.items():

@@ -49,7 +49,8 @@ from inferd.observability.inference_log import RowBuffer
 from inferd.observability.logging import request_id_var
 from inferd.registry import Registry
 from inferd.routing.cache import ResultCache
-from inferd.routing.dataplane import DataPlane, InferOutcome, prediction_of
+from inferd.routing.context import RequestContext
+from inferd.routing.dataplane import DataPlane
 from inferd.routing.router import Router, Target
 from inferd.runtimes import GENERATIVE
 from inferd.runtimes.base import TensorSpec, datatype_of
@@ -177,63 +178,46 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
     @_errors
     async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
         deadline_s = context.time_remaining()  # the client's gRPC deadline, if it set one
+        call = RequestContext()
         if self.inference_log is None:
-            return (await self._infer(request, deadline_s))[0]
+            return await self._infer(request, call, deadline_s)
         started = time.perf_counter()
         try:
-            response, outcome = await self._infer(request, deadline_s)
+            response = await self._infer(request, call, deadline_s)
         except InferdError as exc:
-            self._log(request, started, exc.status_code)
+            self._log(request, call, started, exc.status_code)
             raise
         except Exception:
-            self._log(request, started, 500)
+            self._log(request, call, started, 500)
             raise
-        self._log(
-            request, started, 200, response.model_version, outcome.fallback_from,
-            prediction_of(outcome) if self.inference_log.keep_predictions else None,
-        )  # fmt: skip
+        self._log(request, call, started, 200)
         return response
 
-    def _log(
-        self,
-        request: Any,
-        started: float,
-        status: int,
-        version: str | None = None,
-        fallback: str | None = None,
-        prediction: str | None = None,
-    ) -> None:
+    def _log(self, request: Any, call: RequestContext, started: float, status: int) -> None:
         """An inference log row for a ModelInfer call (HTTP status codes, as for REST)."""
         assert self.inference_log is not None
-        rid = request.id or request_id_var.get()
-        self.inference_log.record(
-            "" if rid == "-" else rid,
-            request.model_name,
-            version,
-            "grpc",
-            status,
-            (time.perf_counter() - started) * 1000,
-            v2.user_of(parameters(request.parameters)),
-            fallback,
-            None,
-            None,
-            None,
-            prediction,
-        )
+        if call.request_id is None:  # refused before it had one
+            rid = request.id or request_id_var.get()
+            call.request_id = "" if rid == "-" else rid
+        if call.user is None:
+            call.user = v2.user_of(parameters(request.parameters))
+        ms = (time.perf_counter() - started) * 1000
+        keep = self.inference_log.keep_predictions
+        self.inference_log.record(call.log_row("grpc", request.model_name, status, ms, None, keep))
 
     async def _infer(
-        self, request: Any, deadline_s: float | None = None
-    ) -> tuple[pb.ModelInferResponse, InferOutcome]:
-        """The response, and the outcome (the version that failed first when a fallback
-        answered, the outputs).
-        ``deadline_s``: the call's gRPC deadline, bounding the ``timeout`` parameter."""
+        self, request: Any, call: RequestContext | None = None, deadline_s: float | None = None
+    ) -> pb.ModelInferResponse:
+        """The response; ``call`` (when given) learns the request id, the user and the
+        outcome. ``deadline_s``: the call's gRPC deadline, bounding the ``timeout``
+        parameter."""
         started = time.perf_counter()
-        rid = request.id or new_request_id()
+        call = RequestContext() if call is None else call
+        rid = call.request_id = request.id or new_request_id()
         request_id_var.set(rid)
         params = parameters(request.parameters)
-        target = self.plane.target(
-            request.model_name, request.model_version or None, v2.user_of(params)
-        )
+        call.user = v2.user_of(params)
+        target = self.plane.target(request.model_name, request.model_version or None, call.user)
         allowed(target.model)
         if target.framework in GENERATIVE:
             raise InvalidInput(
@@ -250,7 +234,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         if timeout_s is not None:
             timeout_s = min(timeout_s, self.settings.max_request_timeout_s)
         infer = self.plane.request(rid, started, timeout_s, priority, bool(request.model_version))
-        outcome = await self.plane.infer(target, columns, rows, infer)
+        outcome = call.outcome = await self.plane.infer(target, columns, rows, infer)
         target = outcome.target  # the fallback version, if the chosen one failed
         response = pb.ModelInferResponse(
             model_name=target.model, model_version=target.version, id=request.id
@@ -262,7 +246,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
                 output.datatype = datatype_of(array)
                 output.shape.extend(array.shape)
                 response.raw_output_contents.append(v2.to_binary(array))
-        return response, outcome
+        return response
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[Any], context: Any
@@ -308,7 +292,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             if target.framework in GENERATIVE:
                 await self._generate(request, target, send, budget)
             else:
-                send(pb.ModelStreamInferResponse(infer_response=(await self._infer(request))[0]))
+                send(pb.ModelStreamInferResponse(infer_response=await self._infer(request)))
         except InferdError as exc:
             send(pb.ModelStreamInferResponse(error_message=exc.message))
         except Exception:

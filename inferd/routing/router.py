@@ -19,9 +19,10 @@ import random
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from inferd.errors import InferdError, ModelNotFound, ModelNotReady
+from inferd.observability.inference_log import LogRow
 from inferd.routing.table import (
     LogRows,
     MetricsQuery,
@@ -232,7 +233,7 @@ class Router:
         self._control.write(encode_request(ReconcileRequest(model)))
         await self._control.drain()
 
-    def send_log_rows(self, rows: list[tuple[Any, ...]], counters: dict[str, int]) -> bool:
+    def send_log_rows(self, rows: list[LogRow], counters: dict[str, int]) -> bool:
         """Hand inference log rows (and counter deltas) to the server process; False when
         it is not there."""
         if self._control is None or self._control.is_closing():

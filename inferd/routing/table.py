@@ -15,6 +15,8 @@ from typing import Any
 
 import msgspec
 
+from inferd.observability.inference_log import LogRow
+
 
 class ReplicaRoute(msgspec.Struct, frozen=True):
     id: str
@@ -85,7 +87,7 @@ class LogRows(msgspec.Struct, frozen=True, tag="log"):
     """Gateway -> server: inference log rows (see :mod:`inferd.observability.inference_log`)
     that the server process writes, so gateways never hold a database driver's GIL."""
 
-    rows: list[tuple[Any, ...]]
+    rows: list[LogRow]
     counters: dict[str, int] = {}
     """Gateway counters (rate-limited, ...) since the last frame, for ``/metrics``."""
 
