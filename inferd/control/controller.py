@@ -658,17 +658,18 @@ class Controller:
         for name, state in self.models.items():
             versions = {
                 v: VersionRoute(
-                    v,
-                    s.record.framework,
-                    s.record.signature.to_dict(),
-                    [r.route() for r in s.replicas],
-                    s.desired,
-                    sorted(_adapters(s.record).get("adapters", {})),
-                    s.fallback,
-                    *state.mirrors.get(v, (0, 0.0)),
-                    _cache_ttl(s.record),
-                    s.record.sha256,
-                    _overflow_model(s.record, name),
+                    version=v,
+                    framework=s.record.framework,
+                    signature=s.record.signature.to_dict(),
+                    replicas=[r.route() for r in s.replicas],
+                    desired_replicas=s.desired,
+                    adapters=sorted(_adapters(s.record).get("adapters", {})),
+                    fallback=s.fallback,
+                    mirror_pct=state.mirrors.get(v, (0, 0.0))[0],
+                    tolerance=state.mirrors.get(v, (0, 0.0))[1],
+                    cache_ttl_s=_cache_ttl(s.record),
+                    digest=s.record.sha256,
+                    overflow_model=_overflow_model(s.record, name),
                     allow_non_finite=s.record.metadata.get("allow_non_finite") is True,
                 )
                 for v, s in state.versions.items()

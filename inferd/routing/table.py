@@ -28,7 +28,7 @@ class ReplicaRoute(msgspec.Struct, frozen=True):
     message: str = ""
 
 
-class VersionRoute(msgspec.Struct, frozen=True):
+class VersionRoute(msgspec.Struct, frozen=True, kw_only=True):
     version: str
     framework: str
     signature: dict[str, Any]
