@@ -17,8 +17,8 @@ import httpx
 import joblib
 import pytest
 
-from inferd.api.v2_repository import IndexEntry, _entry
 from inferd.control.publisher import TablePublisher
+from inferd.protocols.repository import IndexEntry, _entry
 from inferd.registry import Registry
 from inferd.routing.router import Router
 from inferd.routing.table import ModelRoute, ReplicaRoute, RoutingTable, VersionRoute

@@ -28,9 +28,9 @@ import orjson
 
 from inferd.config import Settings
 from inferd.errors import InferdError
+from inferd.priority import NAMED_PRIORITIES
 from inferd.routing.dataplane import DataPlane
 from inferd.routing.router import Router, Target
-from inferd.serving.batcher import NAMED_PRIORITIES
 
 PROBE_ROWS = 32
 PROBE_TIMEOUT_S = 5.0
@@ -146,7 +146,7 @@ async def _probe_predict(
 async def _probe_generation(
     router: Router, settings: Settings, target: Target, first: bytes, replicas: int, items: int
 ) -> tuple[float, str]:
-    from inferd.api.generate import start_generation
+    from inferd.routing.generation import start_generation
 
     body = orjson.loads(first)
     if not isinstance(body, dict):

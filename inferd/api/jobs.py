@@ -38,8 +38,8 @@ from inferd.errors import Conflict, InvalidInput, NotFound
 from inferd.jobs import Jobs, describe
 from inferd.jobs.inputs import inline_items, read_items
 from inferd.jobs.store import TERMINAL
+from inferd.priority import NAMED_PRIORITIES
 from inferd.runtimes import GENERATIVE
-from inferd.serving.batcher import NAMED_PRIORITIES
 
 router = APIRouter(prefix="/api/v1", tags=["jobs"])
 

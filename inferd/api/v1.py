@@ -14,7 +14,6 @@ from starlette.responses import Response
 
 from inferd.api import docs
 from inferd.api.auth import authorize_model
-from inferd.api.codec import columns_to_rows, rows_to_columns
 from inferd.api.http import (
     context_of,
     json_response,
@@ -25,9 +24,10 @@ from inferd.api.http import (
 )
 from inferd.errors import BadRequest, InvalidInput, PayloadTooLarge
 from inferd.observability.logging import request_id_var
+from inferd.priority import priority_code
+from inferd.protocols.codec import columns_to_rows, rows_to_columns
 from inferd.routing.dataplane import DataPlane, InferOutcome
 from inferd.routing.router import Target
-from inferd.serving.batcher import priority_code
 
 router = APIRouter(prefix="/api/v1", tags=["inference"])
 

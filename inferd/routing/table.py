@@ -55,7 +55,7 @@ class VersionRoute(msgspec.Struct, frozen=True, kw_only=True):
     while it is saturated (its ``metadata.overflow_model``); None: they get 503."""
     allow_non_finite: bool = False
     """Float inputs may be NaN or ±Infinity (its ``metadata.allow_non_finite``; see
-    :mod:`inferd.api.numbers`)."""
+    :mod:`inferd.protocols.numbers`)."""
 
 
 class ModelRoute(msgspec.Struct, frozen=True):
