@@ -314,7 +314,8 @@ async def measure(variant: str, path: str, rows: int, args: argparse.Namespace) 
         client = ZmqRawClient(path)
 
     async def call() -> Any:
-        return await client.infer(inputs, rows, TIMEOUT_S)
+        request = p.InferRequest(started=time.perf_counter(), timeout_s=TIMEOUT_S)
+        return await client.infer(inputs, rows, request)
 
     try:
         first = await call()

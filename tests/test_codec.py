@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inferd.api.codec import columns_to_rows, rows_to_columns
 from inferd.errors import InvalidInput
+from inferd.protocols.codec import columns_to_rows, rows_to_columns
 from inferd.runtimes.base import Signature, TensorSpec
 from inferd.serving import protocol as p
 

@@ -70,7 +70,12 @@ def test_version_state(
 
 
 def _route(default: str | None, **versions: list[ReplicaRoute]) -> ModelRoute:
-    routes = {v: VersionRoute(v, "python", SIGNATURE, r, len(r)) for v, r in versions.items()}
+    routes = {
+        v: VersionRoute(
+            version=v, framework="python", signature=SIGNATURE, replicas=r, desired_replicas=len(r)
+        )
+        for v, r in versions.items()
+    }
     return ModelRoute("m", default, routes)
 
 

@@ -16,11 +16,26 @@ import numpy as np
 import pytest
 from sqlalchemy import text
 
-from inferd.observability.inference_log import InferenceLog, maintain, query, user_hash
+from inferd.observability.inference_log import (
+    InferenceLog,
+    LogRow,
+    maintain,
+    query,
+    user_hash,
+)
 from inferd.registry import Registry
 from tests.conftest import InferdServer, run_cli, served
 
 # -- the writer, on both databases ----------------------------------------------------------
+
+
+def _row(
+    rid: str, model: str, version: str | None, api: str, status: int, ms: float, **rest: Any
+) -> LogRow:
+    return LogRow(
+        request_id=rid, model_name=model, version=version, api=api, status_code=status,
+        latency_ms=ms, **rest,
+    )  # fmt: skip
 
 
 def test_rows_are_written_in_batches_and_read_back(registry: Registry):
@@ -28,9 +43,10 @@ def test_rows_are_written_in_batches_and_read_back(registry: Registry):
     log = InferenceLog(registry.write_engine, flush_interval_s=0.05)
     log.start()
     for i in range(250):
-        log.record(f"r{i}", "fraud", "v2" if i % 5 else "v1", "v1", 200, 1.5, user=f"u{i % 10}")
-    log.record("bad", "fraud", None, "v2", 400, 0.3)
-    log.record("fb", "fraud", "v1", "grpc", 200, 9.0, fallback_from="v2")
+        version = "v2" if i % 5 else "v1"
+        log.record(_row(f"r{i}", "fraud", version, "v1", 200, 1.5, user=f"u{i % 10}"))
+    log.record(_row("bad", "fraud", None, "v2", 400, 0.3))
+    log.record(_row("fb", "fraud", "v1", "grpc", 200, 9.0, fallback_from="v2"))
     deadline = time.monotonic() + 10
     while log.written < 252 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -54,7 +70,7 @@ def test_rows_are_written_in_batches_and_read_back(registry: Registry):
 def test_the_buffer_is_bounded_and_a_full_one_drops_new_rows(registry: Registry):
     log = InferenceLog(registry.write_engine, max_buffer_rows=100)
     for i in range(150):
-        log.record(f"r{i}", "m", "v1", "v1", 200, 1.0)
+        log.record(_row(f"r{i}", "m", "v1", "v1", 200, 1.0))
     assert log.dropped == 50
     maintain(registry.write_engine, retention_days=7)
     assert log.flush() == 100
@@ -65,7 +81,7 @@ def test_a_database_that_refuses_rows_costs_the_rows_not_the_requests(tmp_path: 
 
     engine = create_registry_engine(f"sqlite:///{tmp_path / 'empty.db'}")  # no table
     log = InferenceLog(engine)
-    log.record("r", "m", "v1", "v1", 200, 1.0)
+    log.record(_row("r", "m", "v1", "v1", 200, 1.0))
     assert log.flush() == 0 and log.dropped == 1
     engine.dispose()
 
@@ -102,7 +118,7 @@ def test_postgres_partitions_by_day_and_retention_drops_old_ones(postgres_url: s
 def test_sqlite_retention_deletes_old_rows(tmp_path: Path):
     with Registry(f"sqlite:///{tmp_path / 'r.db'}", tmp_path / "artifacts") as registry:
         log = InferenceLog(registry.write_engine)
-        log.record("new", "m", "v1", "v1", 200, 1.0)
+        log.record(_row("new", "m", "v1", "v1", 200, 1.0))
         log.flush()
         with registry.write_engine.begin() as conn:
             conn.execute(

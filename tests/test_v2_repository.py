@@ -17,8 +17,8 @@ import httpx
 import joblib
 import pytest
 
-from inferd.api.v2_repository import IndexEntry, _entry
 from inferd.control.publisher import TablePublisher
+from inferd.protocols.repository import IndexEntry, _entry
 from inferd.registry import Registry
 from inferd.routing.router import Router
 from inferd.routing.table import ModelRoute, ReplicaRoute, RoutingTable, VersionRoute
@@ -37,7 +37,8 @@ def _route(loaded: bool, serving: str | None, *replicas: tuple[str, str]) -> Mod
         ReplicaRoute(f"r{i}", "unix:/x", state, message=msg)
         for i, (state, msg) in enumerate(replicas)
     ]
-    versions = {"v1": VersionRoute("v1", "sklearn", SIGNATURE, reps)} if replicas else {}
+    route = VersionRoute(version="v1", framework="sklearn", signature=SIGNATURE, replicas=reps)
+    versions = {"v1": route} if replicas else {}
     return ModelRoute("iris", serving, versions, loaded)
 
 

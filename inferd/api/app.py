@@ -36,7 +36,7 @@ from inferd.api import (
     v2_repository,
 )
 from inferd.api import jobs as jobs_api
-from inferd.api.http import DisconnectWatch, json_response, request_id_of
+from inferd.api.http import DisconnectWatch, context_of, json_response, request_id_of
 from inferd.api.jobs import AsyncGate
 from inferd.api.limits import RateLimitGate, RateLimits, rate_limits_for
 from inferd.api.status import StatusView
@@ -47,7 +47,7 @@ from inferd.observability import tracing
 from inferd.observability.inference_log import RowBuffer
 from inferd.registry import Registry
 from inferd.routing.cache import ResultCache
-from inferd.routing.dataplane import DataPlane, InferOutcome, prediction_of
+from inferd.routing.dataplane import DataPlane
 from inferd.routing.router import Router
 
 logger = logging.getLogger(__name__)
@@ -117,10 +117,8 @@ def create_app(
 
 class FastPath:
     """ASGI entry point: hot routes go straight to their handler, the rest to FastAPI.
-    Each hot request, answered or refused, becomes a row of the inference log: the
-    model (path, or ``scope["inferd.model"]``), the request id (``scope["inferd.rid"]``),
-    the version that answered and any fallback (``scope["inferd.outcome"]``) and the user
-    key (``scope["inferd.user"]``), as the handler left them."""
+    Each hot request, answered or refused, becomes a row of the inference log, from
+    its path's model and what the handler left in its :class:`RequestContext`."""
 
     def __init__(
         self,
@@ -142,7 +140,7 @@ class FastPath:
                 if scope["method"] == method and (match := pattern.match(scope["path"])):
                     started = time.perf_counter()
                     scope["app"] = self.app
-                    scope["inferd.route"] = route
+                    context_of(scope).route = route
                     request = Request(scope, receive)
                     params = match.groupdict()
                     watch = DisconnectWatch(scope, receive)
@@ -208,31 +206,14 @@ def _record(
     api: str,
     started: float,
 ) -> None:
-    """The request's inference log row, from what its handler left in the scope (reading
-    the response's headers back cost several times more)."""
-    model = params.get("model") or scope.get("inferd.model")
+    """The request's inference log row, from what its handler left in its context
+    (reading the response's headers back cost several times more)."""
+    context = context_of(scope)
+    model = params.get("model") or context.model
     if model is None:
         return  # refused before it named a model: not an inference on one
-    outcome: InferOutcome | None = scope.get("inferd.outcome")
-    version = None
-    if outcome is not None:
-        version = outcome.target.version
-        if outcome.degraded_from is not None:  # the overflow model answered
-            version = f"{outcome.target.model}:{version}"
-    log.record(
-        scope.get("inferd.rid", ""),
-        model,
-        version,
-        api,
-        response.status_code,
-        (time.perf_counter() - started) * 1000,
-        scope.get("inferd.user"),
-        None if outcome is None else outcome.fallback_from,
-        None if outcome is None else outcome.cache_hit,
-        None,
-        None,
-        prediction_of(outcome) if outcome is not None and log.keep_predictions else None,
-    )
+    ms = (time.perf_counter() - started) * 1000
+    log.record(context.log_row(api, model, response.status_code, ms, None, log.keep_predictions))
 
 
 def error_response(request: Request, exc: Exception) -> Response:

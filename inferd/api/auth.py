@@ -34,7 +34,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from inferd.api.http import PUBLIC_PATHS, model_in_path, refuse
+from inferd.api.http import PUBLIC_PATHS, context_of, model_in_path, refuse
 from inferd.config import AuthConfig
 from inferd.errors import Forbidden, InferdError, Unauthorized
 from inferd.registry.keys import ApiKeys, KeyRecord, parse_key, secret_matches
@@ -99,7 +99,7 @@ def internal_caller(scope: Scope, token: str | None) -> bool:
     requests are not rate limited (the job was, when it was submitted)."""
     if token is None:
         return False
-    principal: Principal | None = scope.get("inferd.principal")
+    principal = context_of(scope).principal
     if principal is not None:
         return principal is INTERNAL
     for name, value in scope["headers"]:
@@ -110,7 +110,7 @@ def internal_caller(scope: Scope, token: str | None) -> bool:
 
 def authorize_model(scope: Scope, model: str) -> None:
     """A handler's check for a model named in the body (no-op when auth is off)."""
-    principal: Principal | None = scope.get("inferd.principal")
+    principal = context_of(scope).principal
     if principal is not None:
         principal.allow_model(model)
 
@@ -276,5 +276,5 @@ class AuthGate:
             except InferdError as exc:
                 await refuse(exc, scope, receive, send)
                 return
-            scope["inferd.principal"] = principal
+            context_of(scope).principal = principal
         await self.app(scope, receive, send)

@@ -28,9 +28,9 @@ import orjson
 
 from inferd.config import Settings
 from inferd.errors import InferdError
+from inferd.priority import NAMED_PRIORITIES
 from inferd.routing.dataplane import DataPlane
 from inferd.routing.router import Router, Target
-from inferd.serving.batcher import NAMED_PRIORITIES
 
 PROBE_ROWS = 32
 PROBE_TIMEOUT_S = 5.0
@@ -134,10 +134,10 @@ async def _probe_predict(
         else:
             columns[spec.name] = np.zeros(shape, dtype=spec.numpy_dtype)
     started = time.perf_counter()
-    await plane.infer(
-        target, columns, rows, "estimate-probe", started, PROBE_TIMEOUT_S,
-        NAMED_PRIORITIES["batch"], pinned=True,
-    )  # fmt: skip
+    probe = plane.request(
+        "estimate-probe", started, PROBE_TIMEOUT_S, NAMED_PRIORITIES["batch"], pinned=True
+    )
+    await plane.infer(target, columns, rows, probe)
     elapsed = max(time.perf_counter() - started, 1e-6)
     rate = rows / elapsed * replicas
     return rate, f"a probe of {rows} rows took {elapsed * 1000:.1f} ms, on {replicas} replica(s)"
@@ -146,7 +146,7 @@ async def _probe_predict(
 async def _probe_generation(
     router: Router, settings: Settings, target: Target, first: bytes, replicas: int, items: int
 ) -> tuple[float, str]:
-    from inferd.api.generate import start_generation
+    from inferd.routing.generation import start_generation
 
     body = orjson.loads(first)
     if not isinstance(body, dict):

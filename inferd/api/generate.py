@@ -4,9 +4,9 @@
 one final ``data: {"finish_reason": ..., "usage": {...}}``. Without ``stream`` the reply is
 one JSON object. The client disconnecting cancels the sequence in the replica.
 
-Every transport that generates text (this API, OpenAI's, the Open Inference Protocol's
-generate extension, gRPC) starts through :func:`start_generation`, which needs no HTTP
-request: it resolves the model, checks the options and waits for the first chunk.
+Every transport that generates text starts through
+:func:`inferd.routing.generation.start_generation`; :func:`start` is its HTTP side (auth,
+the client's token budget, the inference log row).
 """
 
 from __future__ import annotations
@@ -21,215 +21,20 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
 from inferd.api.auth import authorize_model
-from inferd.api.http import json_response, read_json, request_id_of
-from inferd.api.limits import TokenBudget, budget_of
-from inferd.config import BatchingConfig, Settings
+from inferd.api.http import context_of, json_response, read_json, request_id_of
+from inferd.api.limits import budget_of
 from inferd.errors import BadRequest, InferdError, InvalidInput
 from inferd.observability.inference_log import RowBuffer
-from inferd.observability.logging import request_id_var
-from inferd.routing.cache import (
-    ResultCache,
-    chunk_columns,
-    columns_chunk,
-    deterministic,
-    generation_key,
-)
-from inferd.routing.router import Router, Target
-from inferd.runtimes import GENERATIVE
+from inferd.routing.context import RequestContext
+from inferd.routing.generation import Chunks, start_generation
+from inferd.routing.router import Target
 from inferd.serving import protocol as p
-from inferd.serving.batcher import NAMED_PRIORITIES, named_levels, priority_code
 
 router = APIRouter(prefix="/api/v1", tags=["generation"])
-MAX_STOPS = 4
 
 
-def sampling_params(body: dict[str, Any], default_max_tokens: int = 16) -> dict[str, Any]:
-    """Checked SamplingParams fields from a request body (inferd and OpenAI names agree)."""
-    max_tokens = body.get("max_tokens", default_max_tokens)
-    if (
-        not isinstance(max_tokens, int)
-        or isinstance(max_tokens, bool)
-        or not 1 <= max_tokens <= 65536
-    ):
-        raise InvalidInput("'max_tokens' must be an integer from 1 to 65536")
-    params: dict[str, Any] = {"max_tokens": max_tokens}
-    checks = {
-        "temperature": (lambda v: 0 <= v <= 2, "a number from 0 to 2"),
-        "top_p": (lambda v: 0 < v <= 1, "a number in (0, 1]"),
-        "top_k": (lambda v: v >= 0 and float(v).is_integer(), "an integer >= 0"),
-    }
-    for name, (ok, what) in checks.items():
-        value = body.get(name)
-        if value is None:
-            continue
-        if not isinstance(value, int | float) or isinstance(value, bool) or not ok(value):
-            raise InvalidInput(f"{name!r} must be {what}")
-        params[name] = int(value) if name == "top_k" else float(value)
-    seed = body.get("seed")
-    if seed is not None:
-        if not isinstance(seed, int) or isinstance(seed, bool):
-            raise InvalidInput("'seed' must be an integer")
-        params["seed"] = seed
-    params["stop"] = _stops(body.get("stop"))
-    if body.get("ignore_eos") is True:
-        params["ignore_eos"] = True
-    if body.get("logprobs"):
-        params["logprobs"] = True
-    priority = body.get("priority")
-    if priority is not None:
-        code = priority_code(priority)
-        level = GENERATION_LEVELS.get(code, code)
-        if level not in GENERATION_LEVELS.values():
-            raise InvalidInput(f"'priority' must be a level from 1 to 4, not {priority!r}")
-        params["priority"] = level
-    return params
-
-
-GENERATION_LEVELS = {
-    NAMED_PRIORITIES[name]: level for name, level in named_levels(BatchingConfig()).items()
-}
-"""Priority codes -> the engine's levels (the default ones: 1 high ... 4 batch); waiting
-generations start best first (see inferd.llm.scheduler)."""
-
-
-def _stops(stop: Any) -> tuple[str, ...]:
-    if stop is None:
-        return ()
-    stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-        raise InvalidInput("'stop' must be a string or a list of non-empty strings")
-    if len(stops) > MAX_STOPS:
-        raise InvalidInput(f"at most {MAX_STOPS} stop strings")
-    return tuple(stops)
-
-
-def prompt_of(body: dict[str, Any]) -> str | list[int]:
-    prompt = body.get("prompt")
-    if isinstance(prompt, str) and prompt:
-        return prompt
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-        return prompt
-    raise InvalidInput("'prompt' must be a non-empty string (or a list of token ids)")
-
-
-Chunks = AsyncGenerator[p.TokenChunk, None]
 Events = Callable[[p.TokenChunk], list[dict[str, Any]]]
 """What a stream sends for one chunk: zero or more ``data:`` objects."""
-
-
-async def _first_then_rest(stream: Chunks) -> Chunks:
-    """Fetch the first chunk before answering, so a refused request gets a real 4xx/5xx
-    status instead of an error inside a 200 stream."""
-    first = await anext(stream)
-
-    async def rest() -> AsyncGenerator[p.TokenChunk, None]:
-        async with contextlib.aclosing(stream):  # closing ``rest`` cancels at once, not at GC
-            yield first
-            async for chunk in stream:
-                yield chunk
-
-    return rest()
-
-
-async def start_generation(
-    router: Router,
-    settings: Settings,
-    name: str,
-    body: dict[str, Any],
-    version: str | None = None,
-    request_id: str = "",
-    budget: TokenBudget | None = None,
-    cache: ResultCache | None = None,
-) -> tuple[Chunks, Target, float, bool | None]:
-    """Resolve ``name`` (a model, an adapter, or ``base:adapter``), check ``body`` (its
-    ``prompt``, ``adapter`` and sampling fields) and start streaming; returns the chunks,
-    the target, the ``time.perf_counter()`` start once the first chunk is there, and
-    whether the result ``cache`` answered (None: not cacheable, or no cache). With a
-    client's token ``budget``, the generation starts only if it is not in debt and its
-    tokens are charged to it when the chunks end (a cached answer costs none).
-
-    Raises :class:`InferdError`: ``ModelNotFound`` for an unknown name or version,
-    ``InvalidInput`` for bad options or a model that does not generate text,
-    ``RateLimited`` for a budget in debt, and whatever the replica answers before its
-    first token (overloaded, prompt too long, ...)."""
-    started = time.perf_counter()
-    arrived_at = time.time()
-    request_id_var.set(request_id)
-    target, adapter = router.resolve(name, version)
-    if target.framework not in GENERATIVE:
-        raise InvalidInput(
-            f"model {target.model!r} is a {target.framework} model and does not generate "
-            "text; call predict (V2: infer) instead"
-        )
-    explicit = body.get("adapter")
-    if explicit is not None and not isinstance(explicit, str):
-        raise InvalidInput("'adapter' must be a string")
-    params = sampling_params(body)
-    limit = settings.llm.max_tokens_limit
-    if params["max_tokens"] > limit:
-        raise InvalidInput(
-            f"'max_tokens' {params['max_tokens']} is above this server's limit of {limit} "
-            "(llm.max_tokens_limit)"
-        )
-    prompt = prompt_of(body)
-    if budget is not None:
-        await budget.admit(target.model)
-    adapter = explicit or adapter
-    key, ttl = None, 0.0
-    if cache is not None and deterministic(params):
-        route = router.version_route(target.model, target.version)
-        ttl = (
-            settings.cache.ttl_s
-            if route is None or route.cache_ttl_s is None
-            else route.cache_ttl_s
-        )
-        if route is not None and ttl > 0 and (adapter is None or adapter in route.adapters):
-            key = generation_key(
-                target.model, target.version, route.digest, adapter, prompt, params
-            )
-            cached = await cache.get(key)
-            if cached is not None:
-                return _replay(columns_chunk(cached)), target, started, True
-    timeout_s = settings.request_timeout_s
-    # Before its first token a request may be queued in the replica for up to the LLM
-    # queue timeout (the replica answers 503 then); this bound only catches a hung replica.
-    first_s = settings.llm.queue_timeout_s + timeout_s
-    stream = router.generate(
-        target, prompt, params, adapter, timeout_s, request_id, first_s, arrived_at
-    )
-    if budget is not None:
-        stream = budget.charged(stream, target.model)
-    if key is not None and cache is not None:
-        stream = _kept(stream, cache, key, ttl)
-    return await _first_then_rest(stream), target, started, None if key is None else False
-
-
-async def _replay(chunk: p.TokenChunk) -> Chunks:
-    yield chunk
-
-
-CACHED_FINISH = ("stop", "length")
-"""Generations that ended by themselves: the only ones worth keeping."""
-
-
-async def _kept(stream: Chunks, cache: ResultCache, key: bytes, ttl_s: float) -> Chunks:
-    """The stream, kept whole in the result cache once it finished by itself."""
-    text: list[str] = []
-    ids: list[int] = []
-    logprobs: list[float] = []
-    async with contextlib.aclosing(stream):
-        async for chunk in stream:
-            text.append(chunk.text)
-            ids += chunk.token_ids
-            logprobs += chunk.logprobs or ()
-            if chunk.finished and chunk.finish_reason in CACHED_FINISH:
-                whole = p.TokenChunk(
-                    chunk.id, "".join(text), ids, True, chunk.finish_reason,
-                    chunk.prompt_tokens, chunk.completion_tokens,
-                    logprobs if chunk.logprobs is not None else None,
-                )  # fmt: skip
-                await cache.put(key, chunk_columns(whole), ttl_s)
-            yield chunk
 
 
 async def start(
@@ -239,8 +44,9 @@ async def start(
     its request id (returned too)."""
     rid = request_id_of(request)
     state = request.app.state
+    context = context_of(request.scope)
     budget = budget_of(request)
-    if "inferd.principal" in request.scope:  # auth is on: may it use this model?
+    if context.principal is not None:  # auth is on: may it use this model?
         authorize_model(request.scope, state.router.resolve(name, version)[0].model)
     log: RowBuffer | None = state.inference_log
     cache = state.dataplane.cache
@@ -248,12 +54,12 @@ async def start(
         chunks, target, started, hit = await start_generation(
             state.router, state.settings, name, body, version, rid, budget, cache
         )
-        request.scope["inferd.cache_hit"] = hit
+        context.cache_hit = hit
         return chunks, target, rid, started
     path = request.url.path
     api = "v2" if path.startswith("/v2/") else "v1" if path.startswith("/api/") else "openai"
     user = body.get("user") if isinstance(body.get("user"), str) else None
-    user = user or request.headers.get("x-user-id")
+    context.user = user or request.headers.get("x-user-id")
     began = time.perf_counter()
     try:
         chunks, target, started, hit = await start_generation(
@@ -261,17 +67,18 @@ async def start(
         )
     except InferdError as exc:
         ms = (time.perf_counter() - began) * 1000
-        log.record(rid, name, version, api, exc.status_code, ms, user)
+        log.record(context.log_row(api, name, exc.status_code, ms, version))
         raise
-    request.scope["inferd.cache_hit"] = hit
-    row = (rid, target.model, target.version, api, user, began, hit)
-    return _logged(chunks, log, row), target, rid, started
+    context.cache_hit = hit
+    return _logged(chunks, log, context, api, target, began), target, rid, started
 
 
-async def _logged(chunks: Chunks, log: RowBuffer, row: tuple[Any, ...]) -> Chunks:
+async def _logged(
+    chunks: Chunks, log: RowBuffer, context: RequestContext, api: str, target: Target,
+    began: float,
+) -> Chunks:  # fmt: skip
     """The stream, logged when it ends: 200 with its token counts once finished, 499
     when the client went away first, the error's status when the replica failed."""
-    rid, model, version, api, user, began, hit = row
     status, last = 499, None
     try:
         async with contextlib.aclosing(chunks):
@@ -284,15 +91,14 @@ async def _logged(chunks: Chunks, log: RowBuffer, row: tuple[Any, ...]) -> Chunk
         raise
     finally:
         ms = (time.perf_counter() - began) * 1000
-        prompt = completion = None
         if last is not None and last.finished:  # a reader may stop at the last chunk
-            status, prompt, completion = 200, last.prompt_tokens, last.completion_tokens
-        log.record(rid, model, version, api, status, ms, user, None, hit, prompt, completion)
+            status = 200
+        log.record(context.log_row(api, target.model, status, ms, target.version, last=last))
 
 
 def cache_header(request: Request) -> dict[str, str]:
     """``X-Cache: hit|miss`` for a generation :func:`start` looked up in the cache."""
-    hit = request.scope.get("inferd.cache_hit")
+    hit = context_of(request.scope).cache_hit
     return {} if hit is None else {"x-cache": "hit" if hit else "miss"}
 
 

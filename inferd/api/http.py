@@ -17,6 +17,7 @@ from starlette.types import Receive, Scope, Send
 
 from inferd import nonfinite_json
 from inferd.errors import BadRequest, InferdError, PayloadTooLarge
+from inferd.routing.context import RequestContext
 
 if TYPE_CHECKING:
     from inferd.routing.dataplane import InferOutcome
@@ -50,15 +51,28 @@ def _fallback(value: Any) -> Any:
     raise TypeError(f"cannot serialise {type(value).__name__}")
 
 
+CONTEXT = "inferd"
+"""The scope key of a request's :class:`RequestContext` (the only one inferd adds)."""
+
+
+def context_of(scope: Scope) -> RequestContext:
+    """The request's context, made by the first that asks (a middleware or a handler)."""
+    context: RequestContext | None = scope.get(CONTEXT)
+    if context is None:
+        context = scope[CONTEXT] = RequestContext()
+    return context
+
+
 def request_id_of(request: Request) -> str:
     """The client's ``X-Request-Id`` (up to 128 characters), else a new one; the same
     for every call on one request (its handler, its error response, its log row)."""
-    rid: str | None = request.scope.get("inferd.rid")
+    context = context_of(request.scope)
+    rid = context.request_id
     if rid is None:
         rid = request.headers.get("x-request-id")
         if not rid or len(rid) > 128:
             rid = new_request_id()
-        request.scope["inferd.rid"] = rid
+        context.request_id = rid
     return rid
 
 
@@ -104,11 +118,11 @@ class DisconnectWatch:
     then a watch costs a dict entry: one sweep per ``WATCH_AFTER_S`` starts the due ones."""
 
     __slots__ = (
-        "_born", "_receive", "_scope", "_sweeper", "_task", "_watcher", "disconnected"
+        "_born", "_context", "_receive", "_sweeper", "_task", "_watcher", "disconnected"
     )  # fmt: skip
 
     def __init__(self, scope: Scope, receive: Receive) -> None:
-        self._scope = scope
+        self._context = context_of(scope)
         self._receive = receive
         self._task = asyncio.current_task()
         self._watcher: asyncio.Task[None] | None = None
@@ -118,7 +132,7 @@ class DisconnectWatch:
 
     def _due(self) -> bool:
         """Start watching if the body was read (True: leave the sweep)."""
-        if not self._scope.get("inferd.body_read"):
+        if not self._context.body_read:
             return False
         self._watcher = asyncio.get_running_loop().create_task(self._watch())
         return True
@@ -230,7 +244,7 @@ async def read_body(request: Request, limit: int) -> bytes:
                     f"request body exceeds the limit of {limit} bytes", limit_bytes=limit
                 )
         body = bytes(chunks)
-    request.scope["inferd.body_read"] = True  # a DisconnectWatch may listen now
+    context_of(request.scope).body_read = True  # a DisconnectWatch may listen now
     return body
 
 

@@ -24,9 +24,10 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from inferd.api.auth import Principal, authorize_model
+from inferd.api.auth import authorize_model
 from inferd.api.estimates import estimate_job
 from inferd.api.http import (
+    context_of,
     json_response,
     parse_json,
     parse_tensor_json,
@@ -37,8 +38,8 @@ from inferd.errors import Conflict, InvalidInput, NotFound
 from inferd.jobs import Jobs, describe
 from inferd.jobs.inputs import inline_items, read_items
 from inferd.jobs.store import TERMINAL
+from inferd.priority import NAMED_PRIORITIES
 from inferd.runtimes import GENERATIVE
-from inferd.serving.batcher import NAMED_PRIORITIES
 
 router = APIRouter(prefix="/api/v1", tags=["jobs"])
 
@@ -51,13 +52,13 @@ def _jobs(request: Request) -> Jobs:
 
 
 def _owner(scope: Scope) -> str | None:
-    principal: Principal | None = scope.get("inferd.principal")
+    principal = context_of(scope).principal
     return None if principal is None else f"{principal.kind}:{principal.subject}"
 
 
 def _visible(job: dict[str, Any] | None, scope: Scope, job_id: str) -> dict[str, Any]:
     """The job, if it exists and the caller may see it (its owner, or an admin)."""
-    principal: Principal | None = scope.get("inferd.principal")
+    principal = context_of(scope).principal
     if job is not None and (
         principal is None or "admin" in principal.scopes or job["owner"] == _owner(scope)
     ):
@@ -138,7 +139,7 @@ async def list_batches(
         raise InvalidInput(f"unknown status {status!r}")
     if not 1 <= limit <= 1000:
         raise InvalidInput("'limit' must be 1 to 1000")
-    principal: Principal | None = request.scope.get("inferd.principal")
+    principal = context_of(request.scope).principal
     owner = None if principal is None or "admin" in principal.scopes else _owner(request.scope)
     found = await asyncio.to_thread(_jobs(request).store.find, "batch", status, model, owner, limit)
     return json_response({"jobs": [describe(job) for job in found], "count": len(found)})

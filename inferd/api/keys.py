@@ -8,7 +8,7 @@ import asyncio
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from inferd.api.http import json_response, read_json
+from inferd.api.http import context_of, json_response, read_json
 from inferd.errors import BadRequest, InvalidInput
 from inferd.registry.keys import SCOPES
 
@@ -16,7 +16,7 @@ router = APIRouter(prefix="/api/v1/keys", tags=["keys"])
 
 
 def _actor(request: Request) -> str:
-    principal = request.scope.get("inferd.principal")
+    principal = context_of(request.scope).principal
     return f"{principal.kind} {principal.subject}" if principal is not None else "api"
 
 

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferd.api.auth import internal_caller
-from inferd.api.http import PUBLIC_PATHS, model_in_path, refuse
+from inferd.api.http import PUBLIC_PATHS, context_of, model_in_path, refuse
 from inferd.config import RateLimitConfig, Settings, TokenLimit
 from inferd.errors import RateLimited
 from inferd.observability.inference_log import COUNTERS
@@ -311,7 +311,7 @@ def client_key(principal: Principal | None, address: str | None) -> str:
 
 def http_client(scope: Scope) -> str:
     client = scope.get("client")
-    return client_key(scope.get("inferd.principal"), client[0] if client else None)
+    return client_key(context_of(scope).principal, client[0] if client else None)
 
 
 def budget_of(request: Request) -> TokenBudget | None:

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
 from inferd.api.auth import authorize_model
-from inferd.api.http import json_response, read_json
+from inferd.api.http import context_of, json_response, read_json
 from inferd.errors import BadRequest, InvalidInput
 from inferd.observability import feedback, inference_log
 
@@ -79,7 +79,7 @@ async def post_feedback(request: Request) -> Response:
     if not state.settings.inference_log.enabled:
         raise InvalidInput("feedback needs the inference log (inference_log.enabled: false)")
     allow = None
-    if "inferd.principal" in request.scope:  # a key may be limited to some models
+    if context_of(request.scope).principal is not None:  # a key may be limited to some models
         allow = functools.partial(authorize_model, request.scope)
     stored = await asyncio.to_thread(
         feedback.record, state.registry.engine, rid, body.get("label"), body.get("value"), allow

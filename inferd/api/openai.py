@@ -22,7 +22,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
 from inferd.api.generate import Chunks, cache_header, collect, start, usage
-from inferd.api.http import json_response, read_json
+from inferd.api.http import context_of, json_response, read_json
 from inferd.api.openai_schema import EMBEDDINGS, chat_prompt, check_fields, check_known
 from inferd.api.v1 import embed_texts, embedding_reply
 from inferd.errors import BadRequest, InferdError, InvalidInput, ModelNotReady, PromptTooLong
@@ -75,7 +75,7 @@ async def _body_and_model(request: Request) -> tuple[dict[str, Any], str]:
     model = body.get("model")
     if not isinstance(model, str):
         raise InvalidInput("'model' is required", param="model")
-    request.scope["inferd.model"] = model
+    context_of(request.scope).model = model
     return body, model
 
 

@@ -9,6 +9,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from inferd.api.http import context_of
 from inferd.observability import tracing
 
 
@@ -57,19 +58,20 @@ class TracingGate:
 
 
 def _finish(span: Any, scope: Scope, method: str, status: int) -> None:
-    route = scope.get("inferd.route")
+    context = context_of(scope)
+    route = context.route
     if route is None and (found := scope.get("route")) is not None:
         route = getattr(found, "path", None)
     if route:
         span.update_name(f"{method} {route}")
         span.set_attribute("http.route", route)
-    if (rid := scope.get("inferd.rid")) is not None:
+    if (rid := context.request_id) is not None:
         span.set_attribute("inferd.request_id", rid)
-    outcome = scope.get("inferd.outcome")
+    outcome = context.outcome
     if outcome is not None:
         span.set_attribute("inferd.model", outcome.target.model)
         span.set_attribute("inferd.version", outcome.target.version)
-    elif (model := scope.get("inferd.model")) is not None:
+    elif (model := context.model) is not None:
         span.set_attribute("inferd.model", model)
     if status >= 500 or status == 0:
         tracing.set_error(span, f"HTTP {status}" if status else "no response")

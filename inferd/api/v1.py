@@ -14,8 +14,8 @@ from starlette.responses import Response
 
 from inferd.api import docs
 from inferd.api.auth import authorize_model
-from inferd.api.codec import columns_to_rows, rows_to_columns
 from inferd.api.http import (
+    context_of,
     json_response,
     outcome_headers,
     read_json,
@@ -24,9 +24,10 @@ from inferd.api.http import (
 )
 from inferd.errors import BadRequest, InvalidInput, PayloadTooLarge
 from inferd.observability.logging import request_id_var
+from inferd.priority import priority_code
+from inferd.protocols.codec import columns_to_rows, rows_to_columns
 from inferd.routing.dataplane import DataPlane, InferOutcome
 from inferd.routing.router import Target
-from inferd.serving.batcher import priority_code
 
 router = APIRouter(prefix="/api/v1", tags=["inference"])
 
@@ -78,7 +79,8 @@ async def _run(
     timeout_s = request_timeout(request, timeout_s)
     plane = _plane(request)
     user = user or request.headers.get("x-user-id")
-    request.scope["inferd.user"] = user  # for the inference log
+    context = context_of(request.scope)
+    context.user = user  # for the inference log
     target = plane.target(model, version, user)
     authorize_model(request.scope, target.model)  # a model named in the body
     rows = body.get(rows_key)
@@ -92,10 +94,9 @@ async def _run(
     if check is not None:
         check(target, rows if isinstance(rows, list) else [])
     columns, n = rows_to_columns(rows, target.signature, target.allow_non_finite)
-    outcome = await plane.infer(
-        target, columns, n, rid, started, timeout_s, priority, pinned=version is not None
-    )
-    request.scope["inferd.outcome"] = outcome  # for the inference log
+    infer = plane.request(rid, started, timeout_s, priority, pinned=version is not None)
+    outcome = await plane.infer(target, columns, n, infer)
+    context.outcome = outcome  # for the inference log and the trace
     return outcome, rid
 
 
@@ -136,7 +137,7 @@ def _model_of(request: Request, body: Any, what: str) -> str:
     model = body.get("model")
     if not isinstance(model, str):
         raise InvalidInput(f"missing 'model': the name of the {what}")
-    request.scope["inferd.model"] = model
+    context_of(request.scope).model = model
     return model
 
 

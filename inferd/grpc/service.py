@@ -3,8 +3,9 @@
 Served by every gateway process (grpcio's asyncio server on ``grpc_port``, shared with
 SO_REUSEPORT like the HTTP port) on the same router and data plane as the REST APIs, so
 versions, batching and replicas behave the same whichever protocol a request used. The
-checks of inputs against the model's signature are the REST protocol's (:mod:`inferd.api.v2`);
-only the wire format differs.
+checks of inputs against the model's signature are the protocol's
+(:mod:`inferd.protocols.v2`, shared with REST); messages are decoded in
+:mod:`inferd.grpc.tensors`.
 
 Tensors: inputs come either as ``raw_input_contents`` (one little-endian byte string per
 input, read without copying) or as typed ``contents``; outputs always go back as
@@ -22,37 +23,35 @@ import asyncio
 import contextlib
 import functools
 import logging
-import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
-import numpy as np
-import orjson
 
 from inferd import __version__
-from inferd.api import v2
-from inferd.api import v2_repository as repo
-from inferd.api.generate import start_generation
 from inferd.api.http import new_request_id
 from inferd.api.limits import RateLimits, TokenBudget
-from inferd.api.numbers import check_array
 from inferd.config import Settings
 from inferd.errors import InferdError, InvalidInput, ModelNotReady
 from inferd.grpc import grpc_service_pb2 as pb
 from inferd.grpc import grpc_service_pb2_grpc as pb_grpc
 from inferd.grpc.auth import allowed
 from inferd.grpc.limits import RateLimitInterceptor, grpc_client
+from inferd.grpc.tensors import decode_inputs, generation_body, parameters
 from inferd.observability import tracing
 from inferd.observability.inference_log import RowBuffer
 from inferd.observability.logging import request_id_var
+from inferd.protocols import repository as repo
+from inferd.protocols import v2
 from inferd.registry import Registry
 from inferd.routing.cache import ResultCache
-from inferd.routing.dataplane import DataPlane, InferOutcome, prediction_of
+from inferd.routing.context import RequestContext
+from inferd.routing.dataplane import DataPlane
+from inferd.routing.generation import start_generation
 from inferd.routing.router import Router, Target
 from inferd.runtimes import GENERATIVE
-from inferd.runtimes.base import TensorSpec, datatype_of
+from inferd.runtimes.base import datatype_of
 
 logger = logging.getLogger(__name__)
 
@@ -68,29 +67,6 @@ _CODES = {
     503: grpc.StatusCode.UNAVAILABLE,
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
-
-_CONTENTS = {
-    "BOOL": "bool_contents",
-    "INT8": "int_contents",
-    "INT16": "int_contents",
-    "INT32": "int_contents",
-    "INT64": "int64_contents",
-    "UINT8": "uint_contents",
-    "UINT16": "uint_contents",
-    "UINT32": "uint_contents",
-    "UINT64": "uint64_contents",
-    "FP32": "fp32_contents",
-    "FP64": "fp64_contents",
-    "BYTES": "bytes_contents",
-}
-"""The typed field of ``InferTensorContents`` for each datatype (FP16 has none: raw only)."""
-_WIDE = {
-    "INT8": np.dtype(np.int32),
-    "INT16": np.dtype(np.int32),
-    "UINT8": np.dtype(np.uint32),
-    "UINT16": np.dtype(np.uint32),
-}
-"""Datatypes whose typed field is wider: read as the field's type, then range-checked."""
 
 Unary = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Any]]
 
@@ -110,15 +86,6 @@ def _errors(handler: Unary) -> Unary:
             await context.abort(status_code(exc), exc.message)
 
     return wrapped
-
-
-def parameters(params: Any) -> dict[str, Any]:
-    """A protocol parameter map -> plain Python values."""
-    out = {}
-    for key, value in params.items():
-        choice = value.WhichOneof("parameter_choice")
-        out[key] = None if choice is None else getattr(value, choice)
-    return out
 
 
 class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
@@ -177,63 +144,46 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
     @_errors
     async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
         deadline_s = context.time_remaining()  # the client's gRPC deadline, if it set one
+        call = RequestContext()
         if self.inference_log is None:
-            return (await self._infer(request, deadline_s))[0]
+            return await self._infer(request, call, deadline_s)
         started = time.perf_counter()
         try:
-            response, outcome = await self._infer(request, deadline_s)
+            response = await self._infer(request, call, deadline_s)
         except InferdError as exc:
-            self._log(request, started, exc.status_code)
+            self._log(request, call, started, exc.status_code)
             raise
         except Exception:
-            self._log(request, started, 500)
+            self._log(request, call, started, 500)
             raise
-        self._log(
-            request, started, 200, response.model_version, outcome.fallback_from,
-            prediction_of(outcome) if self.inference_log.keep_predictions else None,
-        )  # fmt: skip
+        self._log(request, call, started, 200)
         return response
 
-    def _log(
-        self,
-        request: Any,
-        started: float,
-        status: int,
-        version: str | None = None,
-        fallback: str | None = None,
-        prediction: str | None = None,
-    ) -> None:
+    def _log(self, request: Any, call: RequestContext, started: float, status: int) -> None:
         """An inference log row for a ModelInfer call (HTTP status codes, as for REST)."""
         assert self.inference_log is not None
-        rid = request.id or request_id_var.get()
-        self.inference_log.record(
-            "" if rid == "-" else rid,
-            request.model_name,
-            version,
-            "grpc",
-            status,
-            (time.perf_counter() - started) * 1000,
-            v2.user_of(parameters(request.parameters)),
-            fallback,
-            None,
-            None,
-            None,
-            prediction,
-        )
+        if call.request_id is None:  # refused before it had one
+            rid = request.id or request_id_var.get()
+            call.request_id = "" if rid == "-" else rid
+        if call.user is None:
+            call.user = v2.user_of(parameters(request.parameters))
+        ms = (time.perf_counter() - started) * 1000
+        keep = self.inference_log.keep_predictions
+        self.inference_log.record(call.log_row("grpc", request.model_name, status, ms, None, keep))
 
     async def _infer(
-        self, request: Any, deadline_s: float | None = None
-    ) -> tuple[pb.ModelInferResponse, InferOutcome]:
-        """The response, and the outcome (the version that failed first when a fallback
-        answered, the outputs).
-        ``deadline_s``: the call's gRPC deadline, bounding the ``timeout`` parameter."""
+        self, request: Any, call: RequestContext | None = None, deadline_s: float | None = None
+    ) -> pb.ModelInferResponse:
+        """The response; ``call`` (when given) learns the request id, the user and the
+        outcome. ``deadline_s``: the call's gRPC deadline, bounding the ``timeout``
+        parameter."""
         started = time.perf_counter()
-        rid = request.id or new_request_id()
+        call = RequestContext() if call is None else call
+        rid = call.request_id = request.id or new_request_id()
         request_id_var.set(rid)
         params = parameters(request.parameters)
-        target = self.plane.target(
-            request.model_name, request.model_version or None, v2.user_of(params)
-        )
+        call.user = v2.user_of(params)
+        target = self.plane.target(request.model_name, request.model_version or None, call.user)
         allowed(target.model)
         if target.framework in GENERATIVE:
             raise InvalidInput(
@@ -249,9 +199,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             timeout_s = deadline_s if timeout_s is None else min(timeout_s, deadline_s)
         if timeout_s is not None:
             timeout_s = min(timeout_s, self.settings.max_request_timeout_s)
-        outcome = await self.plane.infer(
-            target, columns, rows, rid, started, timeout_s, priority, bool(request.model_version)
-        )
+        infer = self.plane.request(rid, started, timeout_s, priority, bool(request.model_version))
+        outcome = call.outcome = await self.plane.infer(target, columns, rows, infer)
         target = outcome.target  # the fallback version, if the chosen one failed
         response = pb.ModelInferResponse(
             model_name=target.model, model_version=target.version, id=request.id
@@ -263,7 +212,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
                 output.datatype = datatype_of(array)
                 output.shape.extend(array.shape)
                 response.raw_output_contents.append(v2.to_binary(array))
-        return response, outcome
+        return response
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[Any], context: Any
@@ -309,7 +258,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             if target.framework in GENERATIVE:
                 await self._generate(request, target, send, budget)
             else:
-                send(pb.ModelStreamInferResponse(infer_response=(await self._infer(request))[0]))
+                send(pb.ModelStreamInferResponse(infer_response=await self._infer(request)))
         except InferdError as exc:
             send(pb.ModelStreamInferResponse(error_message=exc.message))
         except Exception:
@@ -384,109 +333,6 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
     ) -> pb.RepositoryModelUnloadResponse:
         await repo.unload_model(self.registry, self.router, self.settings, request.model_name)
         return pb.RepositoryModelUnloadResponse()
-
-
-def decode_inputs(request: Any, target: Target) -> tuple[dict[str, np.ndarray], int]:
-    """The request's input tensors -> columns and row count, checked like REST inputs.
-    As in Triton, a request carries its data either in ``raw_input_contents`` (one entry
-    per input, in order) or in every input's typed ``contents``, never both."""
-    raw = request.raw_input_contents
-    if not request.inputs:
-        raise InvalidInput("the request has no inputs")
-    if raw and len(raw) != len(request.inputs):
-        raise InvalidInput(
-            f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs; "
-            "give one per input, in order, or none"
-        )
-    found = v2.InputSet(target.signature)
-    allow = target.allow_non_finite
-    for i, tensor in enumerate(request.inputs):
-        spec = found.spec(tensor.name)
-        shape = v2.check_header(spec, list(tensor.shape), tensor.datatype)
-        if raw:
-            if tensor.HasField("contents"):
-                raise InvalidInput(
-                    f"input {spec.name!r} has typed contents and the request has "
-                    "raw_input_contents: send each input's data one way, raw or typed"
-                )
-            array = v2.from_bytes(spec, shape, raw[i], allow)
-        else:
-            array = from_contents(spec, shape, tensor.contents, allow)
-        found.add(spec.name, array)
-    return found.columns()
-
-
-def from_contents(
-    spec: TensorSpec, shape: list[int], contents: Any, allow_non_finite: bool = False
-) -> np.ndarray:
-    """A tensor from the typed lists of ``InferTensorContents`` (checked: finite floats
-    unless ``allow_non_finite``, INT8/16 and UINT8/16 within range)."""
-    field = _CONTENTS.get(spec.datatype)
-    if field is None:
-        raise InvalidInput(
-            f"input {spec.name!r}: {spec.datatype} has no typed contents; send it in "
-            "raw_input_contents"
-        )
-    values = getattr(contents, field)
-    if spec.datatype == "BYTES":
-        try:
-            texts = [v.decode() for v in values]
-        except UnicodeDecodeError:
-            raise InvalidInput(f"input {spec.name!r}: BYTES elements must be UTF-8 text") from None
-        flat = np.empty(len(texts), dtype=object)
-        flat[:] = texts
-    else:
-        wide = _WIDE.get(spec.datatype, spec.numpy_dtype)
-        flat = check_array(np.array(values, dtype=wide), spec, allow_non_finite)
-    count = math.prod(shape)
-    if flat.size != count:
-        raise InvalidInput(
-            f"input {spec.name!r}: contents has {flat.size} elements; shape {shape} needs {count}"
-        )
-    return flat.reshape(shape)
-
-
-_SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
-
-
-def generation_body(request: Any) -> dict[str, Any]:
-    """A streaming request to a generative model -> the body :func:`start_generation`
-    takes: the prompt from ``text_input``, options from the request's parameters, a
-    ``sampling_parameters`` JSON input, and an optional ``stream`` BOOL input."""
-    raw = request.raw_input_contents
-    tensors: dict[str, tuple[Any, bytes | None]] = {
-        tensor.name: (tensor, raw[i] if raw else None) for i, tensor in enumerate(request.inputs)
-    }
-    if "text_input" not in tensors:
-        raise InvalidInput(
-            f"a generative model takes a 'text_input' BYTES input; got {sorted(tensors)}"
-        )
-    body: dict[str, Any] = {"prompt": _one_text(tensors, "text_input")}
-    if "sampling_parameters" in tensors:
-        try:
-            options = orjson.loads(_one_text(tensors, "sampling_parameters"))
-        except orjson.JSONDecodeError:
-            raise InvalidInput("'sampling_parameters' must be a JSON object") from None
-        if not isinstance(options, dict):
-            raise InvalidInput("'sampling_parameters' must be a JSON object")
-        body.update({k: v for k, v in options.items() if k in _SAMPLING})
-    params = parameters(request.parameters)
-    body.update({k: v for k, v in params.items() if k in _SAMPLING})
-    if "stream" in tensors:
-        tensor, data = tensors["stream"]
-        body["stream"] = bool(data[0]) if data else bool(tensor.contents.bool_contents[0])
-    return body
-
-
-def _one_text(tensors: dict[str, tuple[Any, bytes | None]], name: str) -> str:
-    tensor, data = tensors[name]
-    if data is not None:
-        values = v2.from_length_prefixed(data, name).tolist()
-    else:
-        values = [v.decode(errors="replace") for v in tensor.contents.bytes_contents]
-    if len(values) != 1 or not isinstance(values[0], str):
-        raise InvalidInput(f"{name!r} must hold exactly one string")
-    return str(values[0])
 
 
 async def start_server(

@@ -28,6 +28,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
+from inferd.observability.inference_log import LogRow
 from inferd.serving.client import ReplicaClient
 
 REQUEST_BUCKETS_S = (
@@ -36,10 +37,6 @@ REQUEST_BUCKETS_S = (
 )  # fmt: skip
 """Seconds from arrival at the gateway to the answer: dense around tens of ms, so a 50 ms
 p99 falls between two close bounds."""
-
-ROW_MODEL, ROW_VERSION, ROW_API, ROW_STATUS, ROW_LATENCY = 2, 3, 4, 5, 6
-ROW_CACHE_HIT, ROW_PROMPT, ROW_COMPLETION = 9, 10, 11
-"""Fields of an inference log row (see ``RowBuffer.record``)."""
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -55,24 +52,24 @@ class RequestMetrics:
         self.tokens: defaultdict[tuple[str, str], int] = defaultdict(int)
         self.counters: defaultdict[str, int] = defaultdict(int)
 
-    def observe(self, rows: Iterable[tuple[Any, ...]]) -> None:
+    def observe(self, rows: Iterable[LogRow]) -> None:
         bounds = REQUEST_BUCKETS_S
         for row in rows:
-            model, api, status = row[ROW_MODEL], row[ROW_API], row[ROW_STATUS]
-            self.requests[(model, row[ROW_VERSION] or "", api, str(status))] += 1
+            model, api = row.model_name, row.api
+            self.requests[(model, row.version or "", api, str(row.status_code))] += 1
             counts = self.latency.get((model, api))
             if counts is None:
                 counts = self.latency[(model, api)] = [0.0] * (len(bounds) + 2)
-            seconds = row[ROW_LATENCY] / 1000
+            seconds = row.latency_ms / 1000
             counts[bisect.bisect_left(bounds, seconds)] += 1
             counts[-1] += seconds
-            hit = row[ROW_CACHE_HIT]
+            hit = row.cache_hit
             if hit is not None:
                 self.cache[(model, "hit" if hit else "miss")] += 1
-            if row[ROW_PROMPT]:
-                self.tokens[(model, "prompt")] += row[ROW_PROMPT]
-            if row[ROW_COMPLETION]:
-                self.tokens[(model, "completion")] += row[ROW_COMPLETION]
+            if row.prompt_tokens:
+                self.tokens[(model, "prompt")] += row.prompt_tokens
+            if row.completion_tokens:
+                self.tokens[(model, "completion")] += row.completion_tokens
 
     def add_counters(self, deltas: dict[str, int]) -> None:
         for key, n in deltas.items():

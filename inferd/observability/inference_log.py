@@ -1,6 +1,6 @@
 """The inference log: one row per inference request, written off the request path.
 
-Handlers call ``record`` (a tuple appended to a deque: half a microsecond). A gateway
+Handlers ``record`` a :class:`LogRow` (appended to a deque: half a microsecond). A gateway
 process ships its rows to the server process every ``flush_interval_s``
 (:class:`LogShipper`); there a background thread inserts what accumulated in one
 transaction (:class:`InferenceLog`). The buffer is bounded: when the database falls behind, new rows
@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import msgspec
 from sqlalchemy import Engine, delete, event, select, text
 
 from inferd.registry.registry import create_registry_engine
@@ -37,15 +38,35 @@ from inferd.registry.tables import inference_logs
 
 logger = logging.getLogger(__name__)
 
-Row = tuple[Any, ...]
+
+class LogRow(msgspec.Struct, array_like=True, frozen=True, kw_only=True, gc=False):
+    """One inference request as the log keeps it. Encoded as a msgpack array (gateways
+    ship rows to the server in :class:`~inferd.routing.table.LogRows`); its fields are the
+    ``inference_logs`` columns, in their order, except ``user``, stored as its hash."""
+
+    timestamp: float = msgspec.field(default_factory=time.time)
+    request_id: str
+    model_name: str
+    version: str | None
+    """The version that answered (``model:version`` when an overflow model did); None
+    when none did."""
+    api: str
+    """v1 | v2 | openai | grpc"""
+    status_code: int
+    latency_ms: float
+    user: str | None = None
+    fallback_from: str | None = None
+    cache_hit: bool | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    prediction: str | None = None
+
+
 CHUNK_ROWS = 2000
 """Rows per INSERT statement: 13 parameters each, under SQLite's 32766 and
 PostgreSQL's 65535 parameters per statement."""
-_FIELDS = (
-    "timestamp", "request_id", "model_name", "version", "api", "status_code", "latency_ms",
-    "user_hash", "fallback_from", "cache_hit", "prompt_tokens", "completion_tokens",
-    "prediction",
-)  # fmt: skip
+_FIELDS = (*LogRow.__struct_fields__[:7], "user_hash", *LogRow.__struct_fields__[8:])
+"""The ``inference_logs`` columns a row fills, in :class:`LogRow`'s order."""
 
 
 def user_hash(user: str) -> str:
@@ -66,39 +87,21 @@ class RowBuffer:
         self.max_buffer_rows = max_buffer_rows
         self.dropped = 0
         """Rows not kept: the buffer was full, or the database refused a batch."""
-        self._rows: deque[Row] = deque()
+        self._rows: deque[LogRow] = deque()
 
-    def record(
-        self,
-        request_id: str,
-        model: str,
-        version: str | None,
-        api: str,
-        status_code: int,
-        latency_ms: float,
-        user: str | None = None,
-        fallback_from: str | None = None,
-        cache_hit: bool | None = None,
-        prompt_tokens: int | None = None,
-        completion_tokens: int | None = None,
-        prediction: str | None = None,
-    ) -> None:
-        row = (
-            time.time(), request_id, model, version, api, status_code, latency_ms, user,
-            fallback_from, cache_hit, prompt_tokens, completion_tokens, prediction,
-        )  # fmt: skip
+    def record(self, row: LogRow) -> None:
         if len(self._rows) >= self.max_buffer_rows:
             self.dropped += 1
             return
         self._rows.append(row)
 
-    def extend(self, rows: list[Row]) -> None:
+    def extend(self, rows: list[LogRow]) -> None:
         """Rows recorded elsewhere (a gateway's), as far as the buffer has room."""
         room = max(0, self.max_buffer_rows - len(self._rows))
         self._rows.extend(rows[:room])
         self.dropped += max(0, len(rows) - room)
 
-    def drain(self) -> list[Row]:
+    def drain(self) -> list[LogRow]:
         pending = self._rows
         return [pending.popleft() for _ in range(len(pending))]
 
@@ -116,7 +119,7 @@ class LogShipper(RowBuffer):
 
     def __init__(
         self,
-        send: Callable[[list[Row], dict[str, int]], bool],
+        send: Callable[[list[LogRow], dict[str, int]], bool],
         flush_interval_s: float = 1.0,
         max_buffer_rows: int = 100_000,
         keep_predictions: bool = True,
@@ -183,7 +186,7 @@ class InferenceLog(RowBuffer):
 
     def flush(self) -> int:
         """Write what accumulated; returns how many rows were written. Straight through
-        the driver, rows as tuples: the ORM's per-row dicts and type processing cost
+        the driver, rows as parameter lists: the ORM's per-row dicts and type processing cost
         several times the CPU."""
         rows = self.drain()
         if not rows:
@@ -200,7 +203,7 @@ class InferenceLog(RowBuffer):
         self.written += len(rows)
         return len(rows)
 
-    def _insert(self, rows: list[Row]) -> None:
+    def _insert(self, rows: list[LogRow]) -> None:
         """Multi-row INSERTs of up to ``CHUNK_ROWS`` rows, one transaction: one statement
         per chunk, not one per row, so the thread takes the GIL back a few times per
         flush instead of thousands (the convoy effect would slow this process's event
@@ -220,10 +223,13 @@ class InferenceLog(RowBuffer):
                     chunk = rows[start : start + CHUNK_ROWS]
                     values: list[Any] = []
                     for r in chunk:
-                        values.append(when(r[0]))
-                        values.extend(r[1:7])
-                        values.append(None if r[7] is None else user_hash(r[7]))
-                        values.extend(r[8:])
+                        values.extend((
+                            when(r.timestamp), r.request_id, r.model_name, r.version, r.api,
+                            r.status_code, r.latency_ms,
+                            None if r.user is None else user_hash(r.user),
+                            r.fallback_from, r.cache_hit, r.prompt_tokens,
+                            r.completion_tokens, r.prediction,
+                        ))  # fmt: skip
                     sql = f"INSERT INTO inference_logs ({columns}) VALUES " + ", ".join(
                         [one] * len(chunk)
                     )

@@ -30,7 +30,7 @@ import numpy as np
 
 from inferd.routing.table import VersionRoute
 from inferd.serving import protocol as p
-from inferd.serving.batcher import Columns
+from inferd.serving.protocol import Columns
 
 logger = logging.getLogger(__name__)
 

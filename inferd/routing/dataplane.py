@@ -19,7 +19,7 @@ from inferd.observability.inference_log import COUNTERS
 from inferd.routing.cache import ResultCache, cache_key, version_ttl
 from inferd.routing.router import Router, Shadow, Target
 from inferd.serving import protocol as p
-from inferd.serving.batcher import Columns
+from inferd.serving.protocol import Columns, InferRequest
 
 logger = logging.getLogger(__name__)
 
@@ -100,27 +100,35 @@ class DataPlane:
         ``user`` when given)."""
         return self.router.target(model, version, user)
 
-    async def infer(
+    def request(
         self,
-        target: Target,
-        inputs: dict[str, np.ndarray],
-        rows: int,
         request_id: str = "",
         started: float | None = None,
         timeout_s: float | None = None,
         priority: int = 0,
         pinned: bool = False,
+    ) -> InferRequest:
+        """A request's :class:`InferRequest`: ``started`` defaults to now, ``timeout_s``
+        (from ``started``) to the server's request timeout."""
+        return InferRequest(
+            request_id=request_id,
+            started=time.perf_counter() if started is None else started,
+            timeout_s=timeout_s or self.request_timeout_s,
+            priority=priority,
+            pinned=pinned,
+        )
+
+    async def infer(
+        self, target: Target, inputs: dict[str, np.ndarray], rows: int, request: InferRequest
     ) -> InferOutcome:
-        """Run one request; ``timeout_s`` (default the server's request timeout) bounds it
-        from ``started``, ``priority`` is its level in the replica's queue (0: default).
-        Unless the request ``pinned`` its version, a failure of a version split traffic
-        chose is retried once on the serving version (the deployment's ``fallback``), and
-        a saturated model sends it to its overflow model, when it has one."""
-        started = time.perf_counter() if started is None else started
-        timeout_s = timeout_s or self.request_timeout_s
-        left = timeout_s - (time.perf_counter() - started)
-        if left <= 0:
-            raise RequestTimeout(f"the request's deadline ({timeout_s:g}s) passed before it ran")
+        """Run one request within its deadline, at its priority. Unless the request
+        ``pinned`` its version, a failure of a version split traffic chose is retried
+        once on the serving version (the deployment's ``fallback``), and a saturated
+        model sends it to its overflow model, when it has one."""
+        if request.left_s() <= 0:
+            raise RequestTimeout(
+                f"the request's deadline ({request.timeout_s:g}s) passed before it ran"
+            )
         tensors = {name: p.to_tensor(array) for name, array in inputs.items()}
         key, ttl = None, 0.0
         if self.cache is not None:
@@ -131,21 +139,19 @@ class DataPlane:
                 key = cache_key(target.model, f"{target.version}\0{digest}", tensors)
                 cached = await self.cache.get(key)
                 if cached is not None:
-                    elapsed = (time.perf_counter() - started) * 1000
+                    elapsed = (time.perf_counter() - request.started) * 1000
                     return InferOutcome(target, cached, elapsed, cache_hit=True)
         try:
-            outputs = await self.router.infer(target, tensors, rows, left, request_id, priority)
+            outputs = await self.router.infer(target, tensors, rows, request)
         except FALLBACK_ON as exc:
-            if pinned:
+            if request.pinned:
                 raise
-            return await self._fall_back(
-                exc, target, tensors, rows, request_id, priority, started, timeout_s
-            )
+            return await self._fall_back(exc, target, tensors, rows, request)
         if key is not None and self.cache is not None:  # a copy: not a view of a batch
             await self.cache.put(key, {n: np.array(a) for n, a in outputs.items()}, ttl)
-        if not pinned and (shadow := self.router.shadow_of(target.model)) is not None:
-            self._mirror(shadow, target, tensors, rows, outputs, timeout_s, request_id)
-        elapsed = (time.perf_counter() - started) * 1000
+        if not request.pinned and (shadow := self.router.shadow_of(target.model)) is not None:
+            self._mirror(shadow, target, tensors, rows, outputs, request)
+        elapsed = (time.perf_counter() - request.started) * 1000
         return InferOutcome(target, outputs, elapsed, cache_hit=False if key else None)
 
     async def _fall_back(
@@ -154,37 +160,30 @@ class DataPlane:
         target: Target,
         tensors: dict[str, p.Tensor],
         rows: int,
-        request_id: str,
-        priority: int,
-        started: float,
-        timeout_s: float,
+        request: InferRequest,
     ) -> InferOutcome:
         """After ``target`` failed with ``exc``: its deployment's fallback (the serving
         version) answers; or, when the model is saturated, its overflow model; or the
         error stands."""
         fallback = self.router.fallback_for(target)
-        left = timeout_s - (time.perf_counter() - started)
-        if fallback is not None and left > 0:
+        if fallback is not None and request.left_s() > 0:
             logger.info(
                 "%s:%s failed (%s); retrying on %s", target.model, target.version,
                 getattr(exc, "code", exc), fallback.version,
             )  # fmt: skip
             try:
-                outputs = await self.router.infer(
-                    fallback, tensors, rows, left, request_id, priority
-                )
+                outputs = await self.router.infer(fallback, tensors, rows, request)
             except OVERFLOW_ON as again:
                 exc = again
             else:
-                elapsed = (time.perf_counter() - started) * 1000
+                elapsed = (time.perf_counter() - request.started) * 1000
                 return InferOutcome(fallback, outputs, elapsed, fallback_from=target.version)
-        left = timeout_s - (time.perf_counter() - started)
         overflow = self.router.overflow_for(target) if isinstance(exc, OVERFLOW_ON) else None
-        if overflow is None or left <= 0:
+        if overflow is None or request.left_s() <= 0:
             raise exc
         self.overflowed += 1
-        outputs = await self.router.infer(overflow, tensors, rows, left, request_id, priority)
-        elapsed = (time.perf_counter() - started) * 1000
+        outputs = await self.router.infer(overflow, tensors, rows, request)
+        elapsed = (time.perf_counter() - request.started) * 1000
         return InferOutcome(overflow, outputs, elapsed, degraded_from=target.model)
 
     def _mirror(
@@ -194,8 +193,7 @@ class DataPlane:
         tensors: dict[str, p.Tensor],
         rows: int,
         outputs: Columns,
-        timeout_s: float,
-        request_id: str,
+        request: InferRequest,
     ) -> None:
         """Send a share of the requests to the shadow version with the live answer, in
         the background: the live reply never waits for it, and its outcome (latency,
@@ -206,14 +204,15 @@ class DataPlane:
             self.shadow_skipped += 1
             COUNTERS["shadow_skipped"] += 1
             return
+        # The shadow gets the whole timeout again, at the default priority.
+        mirrored = self.request(request.request_id, timeout_s=request.timeout_s, pinned=True)
 
         async def send() -> None:
             reference = {name: p.to_tensor(array) for name, array in outputs.items()}
             try:
                 await self.router.infer(
-                    shadow.target, tensors, rows, timeout_s, request_id, 0, reference,
-                    shadow.tolerance,
-                )  # fmt: skip
+                    shadow.target, tensors, rows, mirrored, reference, shadow.tolerance
+                )
             except Exception as exc:  # the shadow's failure is the shadow's (its replicas count it)
                 logger.debug("shadow %s:%s: %s", live.model, shadow.target.version, exc)
 

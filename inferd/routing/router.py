@@ -19,9 +19,10 @@ import random
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from inferd.errors import InferdError, ModelNotFound, ModelNotReady
+from inferd.observability.inference_log import LogRow
 from inferd.routing.table import (
     LogRows,
     MetricsQuery,
@@ -35,8 +36,8 @@ from inferd.routing.table import (
 )
 from inferd.runtimes.base import Signature
 from inferd.serving import protocol as p
-from inferd.serving.batcher import Columns
 from inferd.serving.client import ReplicaClient, ReplicaGone
+from inferd.serving.protocol import Columns
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -232,7 +233,7 @@ class Router:
         self._control.write(encode_request(ReconcileRequest(model)))
         await self._control.drain()
 
-    def send_log_rows(self, rows: list[tuple[Any, ...]], counters: dict[str, int]) -> bool:
+    def send_log_rows(self, rows: list[LogRow], counters: dict[str, int]) -> bool:
         """Hand inference log rows (and counter deltas) to the server process; False when
         it is not there."""
         if self._control is None or self._control.is_closing():
@@ -364,44 +365,30 @@ class Router:
         target: Target,
         inputs: dict[str, p.Tensor],
         rows: int,
-        timeout_s: float,
-        request_id: str = "",
-        priority: int = 0,
+        request: p.InferRequest,
         reference: dict[str, p.Tensor] | None = None,
         tolerance: float = 0.0,
     ) -> Columns:
+        """One predict on the least busy ready replica of ``target``; one whose
+        connection drops is retried once on another (predict is idempotent)."""
         tried: set[str] = set()
         while True:
             client = self._pick(target, tried)
             try:
-                return await client.infer(
-                    inputs, rows, timeout_s, request_id, priority, reference, tolerance
-                )
+                return await client.infer(inputs, rows, request, reference, tolerance)
             except ReplicaGone:
                 tried.add(client.replica_id)
                 if len(tried) >= 2:
                     raise
 
     async def generate(
-        self,
-        target: Target,
-        prompt: str | list[int],
-        params: dict[str, Any],
-        adapter: str | None,
-        idle_timeout_s: float,
-        request_id: str = "",
-        first_timeout_s: float | None = None,
-        arrived_at: float = 0.0,
+        self, target: Target, request: p.GenerateRequest
     ) -> AsyncGenerator[p.TokenChunk, None]:
         """Stream a generation; a replica that died before the first token is retried."""
         tried: set[str] = set()
         while True:
             client = self._pick(target, tried)
-            async with contextlib.aclosing(
-                client.generate(
-                    prompt, params, adapter, idle_timeout_s, request_id, first_timeout_s, arrived_at
-                )
-            ) as stream:
+            async with contextlib.aclosing(client.generate(request)) as stream:
                 try:
                     first = await anext(stream)
                 except ReplicaGone:

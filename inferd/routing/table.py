@@ -15,6 +15,8 @@ from typing import Any
 
 import msgspec
 
+from inferd.observability.inference_log import LogRow
+
 
 class ReplicaRoute(msgspec.Struct, frozen=True):
     id: str
@@ -26,7 +28,7 @@ class ReplicaRoute(msgspec.Struct, frozen=True):
     message: str = ""
 
 
-class VersionRoute(msgspec.Struct, frozen=True):
+class VersionRoute(msgspec.Struct, frozen=True, kw_only=True):
     version: str
     framework: str
     signature: dict[str, Any]
@@ -53,7 +55,7 @@ class VersionRoute(msgspec.Struct, frozen=True):
     while it is saturated (its ``metadata.overflow_model``); None: they get 503."""
     allow_non_finite: bool = False
     """Float inputs may be NaN or ±Infinity (its ``metadata.allow_non_finite``; see
-    :mod:`inferd.api.numbers`)."""
+    :mod:`inferd.protocols.numbers`)."""
 
 
 class ModelRoute(msgspec.Struct, frozen=True):
@@ -85,7 +87,7 @@ class LogRows(msgspec.Struct, frozen=True, tag="log"):
     """Gateway -> server: inference log rows (see :mod:`inferd.observability.inference_log`)
     that the server process writes, so gateways never hold a database driver's GIL."""
 
-    rows: list[tuple[Any, ...]]
+    rows: list[LogRow]
     counters: dict[str, int] = {}
     """Gateway counters (rate-limited, ...) since the last frame, for ``/metrics``."""
 

@@ -23,7 +23,7 @@ by length. ``stats.tokens`` / ``stats.padded_tokens`` count real and padded toke
 
 Priorities (the Open Inference Protocol's schedule policy): each request has a level
 from 1 (first) to ``priority_levels``; 0 means ``default_priority``; the names ``high``,
-``normal``, ``low`` and ``batch`` travel as negative numbers (:data:`NAMED_PRIORITIES`)
+``normal``, ``low`` and ``batch`` travel as negative numbers (:mod:`inferd.priority`)
 and mean the levels :func:`named_levels` gives them. Batches take requests level by
 level, first in first out within a level, so a level waits while a better one has
 requests (a starved request still ends at its deadline).
@@ -51,33 +51,13 @@ import numpy as np
 from inferd.config import BatchingConfig
 from inferd.errors import InvalidInput, Overloaded, RequestTimeout
 from inferd.observability.metrics import Histogram, Sketch
+from inferd.priority import NAMED_PRIORITIES, named_levels
+from inferd.serving.protocol import Columns
 
-Columns = dict[str, np.ndarray]
 PredictFn = Callable[[Columns], Columns]
 
 BATCH_ROWS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
-NAMED_PRIORITIES = {"high": -1, "normal": -2, "low": -3, "batch": -4}
-"""How the gateway sends a priority name: the replica knows the levels it stands for."""
 MAX_RETRY_AFTER_S = 60
-
-
-def named_levels(config: BatchingConfig) -> dict[str, int]:
-    """The level each priority name stands for: ``high`` the first, ``normal`` the
-    default, ``low`` the one after the default, ``batch`` the last."""
-    last, normal = config.priority_levels, config.default_priority
-    return {"high": 1, "normal": normal, "low": min(normal + 1, last), "batch": last}
-
-
-def priority_code(value: object, field: str = "'priority'") -> int:
-    """A request's ``priority`` as it travels: a level number (0: the default) or a
-    name's code; InvalidInput naming ``field`` (as the request spells it) otherwise."""
-    if isinstance(value, str) and value in NAMED_PRIORITIES:
-        return NAMED_PRIORITIES[value]
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    raise InvalidInput(
-        f"{field} must be high, normal, low, batch or a level number >= 1, not {value!r}"
-    )
 
 
 def priority_name(config: BatchingConfig, level: int) -> str:

@@ -26,7 +26,7 @@ from inferd.errors import (
 )
 from inferd.observability import tracing
 from inferd.serving import protocol as p
-from inferd.serving.batcher import Columns
+from inferd.serving.protocol import Columns
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +43,11 @@ _ERRORS: dict[str, type[InferdError]] = {
         RequestTimeout,
     )
 }
+
+
+MIN_TIMEOUT_S = 0.001
+"""A request whose deadline passed while the gateway looked it up (the cache, a retry)
+still goes out with this much time, so that it ends as a timeout like any other."""
 
 
 class ReplicaGone(ModelNotReady):
@@ -128,17 +133,17 @@ class ReplicaClient:
         self,
         inputs: dict[str, p.Tensor],
         rows: int,
-        timeout_s: float,
-        request_id: str = "",
-        priority: int = 0,
+        request: p.InferRequest,
         reference: dict[str, p.Tensor] | None = None,
         tolerance: float = 0.0,
     ) -> Columns:
-        """One predict; with ``reference`` (a live answer) a shadow request, answered
-        with no outputs (the replica compares and counts)."""
+        """One predict within what is left of the request's deadline; with ``reference``
+        (a live answer) a shadow request, answered with no outputs (the replica compares
+        and counts)."""
+        timeout_s = max(request.left_s(), MIN_TIMEOUT_S)
         message = p.Infer(
-            next(self._ids), inputs, rows, timeout_s * 1000, request_id, priority, reference,
-            tolerance,
+            next(self._ids), inputs, rows, timeout_s * 1000, request.request_id,
+            request.priority, reference, tolerance,
         )  # fmt: skip
         if tracing.tracer is not None and tracing.recording():
             return await self._traced_infer(tracing.tracer, message, timeout_s)
@@ -164,22 +169,13 @@ class ReplicaClient:
             message.trace = tracing.carrier()
             return await self._send_infer(message, timeout_s)
 
-    async def generate(
-        self,
-        prompt: str | list[int],
-        params: dict[str, Any],
-        adapter: str | None,
-        idle_timeout_s: float,
-        request_id: str = "",
-        first_timeout_s: float | None = None,
-        arrived_at: float = 0.0,
-    ) -> AsyncGenerator[p.TokenChunk, None]:
+    async def generate(self, request: p.GenerateRequest) -> AsyncGenerator[p.TokenChunk, None]:
         """Token chunks as the replica makes them. Closing the iterator early (the client
         went away) cancels the generation in the replica, freeing its KV blocks.
 
-        The first chunk may take ``first_timeout_s`` (a request can wait in the replica's
-        queue; the replica itself ends a wait that is too long); after it, each chunk
-        must come within ``idle_timeout_s``."""
+        The first chunk may take ``request.first_timeout_s`` (a request can wait in the
+        replica's queue; the replica itself ends a wait that is too long); after it, each
+        chunk must come within ``request.idle_timeout_s``."""
         transport = self._transport
         if transport is None or transport.is_closing():
             raise ReplicaGone(f"replica {self.replica_id} is not connected")
@@ -188,13 +184,15 @@ class ReplicaClient:
         self._streams[mid] = queue
         self.outstanding += 1
         finished = False
-        message = p.Generate(mid, prompt, params, adapter, request_id, arrived_at)
+        r = request
+        message = p.Generate(mid, r.prompt, r.params, r.adapter, r.request_id, r.arrived_at)
         span = None
         if tracing.tracer is not None and tracing.recording():
             span = tracing.client_span("inferd.replica generate", self.replica_id)
             message.trace = tracing.carrier(span)
         transport.write(p.encode(message))
-        wait_s = idle_timeout_s if first_timeout_s is None else first_timeout_s
+        idle_timeout_s = request.idle_timeout_s
+        wait_s = idle_timeout_s if r.first_timeout_s is None else r.first_timeout_s
         try:
             while not finished:
                 try:

@@ -17,6 +17,7 @@ dependency nor background I/O thread.
 from __future__ import annotations
 
 import struct
+import time
 from typing import Any
 
 import msgspec
@@ -26,6 +27,46 @@ from inferd.runtimes.base import DATATYPES, datatype_of
 
 HEADER = struct.Struct("<I")
 MAX_FRAME_BYTES = 1 << 30
+Columns = dict[str, np.ndarray]
+"""A request's (or an answer's) tensors by name, each with the rows as its first axis."""
+
+
+class InferRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """What a predict request carries besides its tensors, from the route that built it
+    through the data plane, the router and the replica client into the :class:`Infer`
+    frame: built once per request (gateway side only; never encoded itself)."""
+
+    request_id: str = ""
+    started: float
+    """``time.perf_counter()`` when the request arrived: the origin of its deadline."""
+    timeout_s: float
+    """The request's deadline, from ``started``."""
+    priority: int = 0
+    """Its level in the replica's queue (0: the default; see :mod:`inferd.priority`)."""
+    pinned: bool = False
+    """The request named its version: no fallback, overflow model or shadow copy."""
+
+    def left_s(self) -> float:
+        """Seconds until the deadline (<= 0: it passed)."""
+        return self.timeout_s - (time.perf_counter() - self.started)
+
+
+class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """A generation as the gateway sends it, from ``start_generation`` through the
+    router and the replica client into the :class:`Generate` frame."""
+
+    prompt: str | list[int]
+    params: dict[str, Any]
+    """SamplingParams fields (max_tokens, temperature, ...)."""
+    adapter: str | None = None
+    request_id: str = ""
+    arrived_at: float = 0.0
+    """Wall-clock time (``time.time()``) the request reached the gateway; 0 = unknown."""
+    idle_timeout_s: float
+    """After the first chunk, each next one must come within this."""
+    first_timeout_s: float | None = None
+    """The first chunk may take this long (it may wait in the replica's queue); None:
+    ``idle_timeout_s``."""
 
 
 class Tensor(msgspec.Struct, array_like=True):

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 from inferd.observability import tracing
 from inferd.observability.logging import request_id_var
 from inferd.serving import protocol as p
-from inferd.serving.batcher import BatchTrace, Columns
+from inferd.serving.batcher import BatchTrace
+from inferd.serving.protocol import Columns
 from inferd.serving.replica import ReplicaCore, error_status
 from inferd.serving.spec import ReplicaSpec
 

@@ -11,8 +11,8 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from inferd.api.numbers import json_array
 from inferd.errors import InvalidInput
+from inferd.protocols.numbers import json_array
 from inferd.runtimes.base import Signature, TensorSpec
 
 
@@ -20,7 +20,7 @@ def rows_to_columns(
     rows: Any, signature: Signature, allow_non_finite: bool = False
 ) -> tuple[dict[str, np.ndarray], int]:
     """Rows -> columns; every number checked against its datatype (see
-    :mod:`inferd.api.numbers`; ``allow_non_finite``: the version takes NaN and ±inf)."""
+    :mod:`inferd.protocols.numbers`; ``allow_non_finite``: the version takes NaN and ±inf)."""
     if not isinstance(rows, list) or not rows:
         raise InvalidInput("'inputs' must be a non-empty list of rows")
     specs = signature.inputs

@@ -1,0 +1,78 @@
+"""One request's context: what its handlers learn about it on the way, kept in one typed
+object instead of loose keys, and the one place its inference log row is built.
+
+An HTTP request keeps it in its ASGI scope (``inferd.api.http.context_of``), so the
+middleware around the handlers (auth, tracing, the log) read what the handlers found; a
+gRPC call keeps it for the length of the call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from inferd.observability.inference_log import LogRow
+from inferd.routing.dataplane import InferOutcome, prediction_of
+
+if TYPE_CHECKING:
+    from inferd.api.auth import Principal
+    from inferd.serving.protocol import TokenChunk
+
+
+@dataclass(slots=True)
+class RequestContext:
+    request_id: str | None = None
+    """The request's id, once a handler asked for it (the client's, or a new one)."""
+    route: str | None = None
+    """The route template that served it (``/v2/models/{model}/infer``), when known."""
+    model: str | None = None
+    """The model its body named (a model in the path is the route's parameter)."""
+    user: str | None = None
+    """The user key sticky traffic splits hash (``params.user``, ``X-User-Id``)."""
+    principal: Principal | None = None
+    """Who called, when auth is on (None: auth is off, or the route is public)."""
+    outcome: InferOutcome | None = None
+    """What answered a predict-shaped request."""
+    cache_hit: bool | None = None
+    """Whether the result cache answered a generation (None: not looked up)."""
+    body_read: bool = False
+    """The whole body was read: the client's connection may be watched now."""
+
+    def log_row(
+        self,
+        api: str,
+        model: str,
+        status_code: int,
+        latency_ms: float,
+        version: str | None = None,
+        keep_prediction: bool = False,
+        last: TokenChunk | None = None,
+    ) -> LogRow:
+        """The request's inference log row. ``model`` and ``version``: as asked (the
+        outcome, when there is one, says which version answered); ``keep_prediction``:
+        keep what a single-row request predicted; ``last``: a generation's last chunk
+        (its token counts, once finished)."""
+        outcome = self.outcome
+        fallback_from = prediction = None
+        cache_hit = self.cache_hit
+        if outcome is not None:
+            version = outcome.target.version
+            if outcome.degraded_from is not None:  # the overflow model answered
+                version = f"{outcome.target.model}:{version}"
+            fallback_from, cache_hit = outcome.fallback_from, outcome.cache_hit
+            prediction = prediction_of(outcome) if keep_prediction else None
+        finished = last is not None and last.finished
+        return LogRow(
+            request_id=self.request_id or "",
+            model_name=model,
+            version=version,
+            api=api,
+            status_code=status_code,
+            latency_ms=latency_ms,
+            user=self.user,
+            fallback_from=fallback_from,
+            cache_hit=cache_hit,
+            prompt_tokens=last.prompt_tokens if finished and last else None,
+            completion_tokens=last.completion_tokens if finished and last else None,
+            prediction=prediction,
+        )
