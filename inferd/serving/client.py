@@ -25,6 +25,7 @@ from inferd.errors import (
     RequestTimeout,
 )
 from inferd.observability import tracing
+from inferd.serving import inprocess
 from inferd.serving import protocol as p
 from inferd.serving.protocol import Columns
 
@@ -89,6 +90,10 @@ class ReplicaClient:
     async def connect(self, timeout_s: float = 5.0) -> None:
         loop = asyncio.get_running_loop()
         kind, _, where = self.address.partition(":")
+        if kind == "inproc":
+            self._transport = inprocess.connect(where, lambda: _ClientProtocol(self))
+            self.closed = False
+            return
         if kind == "unix":
             coro = loop.create_unix_connection(lambda: _ClientProtocol(self), where)
         else:

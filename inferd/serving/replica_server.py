@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from inferd.observability import tracing
 from inferd.observability.logging import request_id_var
+from inferd.serving import inprocess
 from inferd.serving import protocol as p
 from inferd.serving.batcher import BatchTrace
 from inferd.serving.protocol import Columns
@@ -245,9 +246,11 @@ class ReplicaProtocol(asyncio.Protocol):
 
 async def start_listening(
     core: ReplicaCore | GenerationCore, address: str, drain: asyncio.Event
-) -> asyncio.Server:
+) -> asyncio.Server | inprocess.Listener:
     loop = asyncio.get_running_loop()
     kind, _, where = address.partition(":")
+    if kind == "inproc":
+        return inprocess.listen(where, lambda: ReplicaProtocol(core, drain))
     if kind == "unix":
         Path(where).unlink(missing_ok=True)
         return await loop.create_unix_server(lambda: ReplicaProtocol(core, drain), where)
@@ -266,12 +269,18 @@ def make_core(spec: ReplicaSpec) -> ReplicaCore | GenerationCore:
     return ReplicaCore(spec)
 
 
-async def run_replica(spec: ReplicaSpec, grace_s: float) -> None:
+LOAD_FAILED = 3
+"""A replica's exit code when its model could not be loaded."""
+
+
+async def serve(
+    spec: ReplicaSpec, drain: asyncio.Event, grace_s: float, kill: asyncio.Event | None = None
+) -> int:
+    """Serve ``spec`` on its address until ``drain`` is set, then finish what was
+    accepted (at most ``grace_s``, cut short by ``kill``) and stop; the exit code (0, or
+    :data:`LOAD_FAILED`)."""
     loop = asyncio.get_running_loop()
     core = make_core(spec)
-    drain = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, drain.set)
     server = await start_listening(core, spec.address, drain)
     loader = loop.create_task(core.load())
     drained = loop.create_task(drain.wait())
@@ -282,16 +291,33 @@ async def run_replica(spec: ReplicaSpec, grace_s: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(drain.wait(), 1.0)
         server.close()
-        raise SystemExit(3)
+        await core.close()
+        if isinstance(server, inprocess.Listener):
+            server.disconnect()
+        return LOAD_FAILED
     await drained
     loader.cancel()
     core.state = "draining"
     logger.info("draining (grace %.0fs)", grace_s)
     deadline = loop.time() + grace_s
-    while not core.idle() and loop.time() < deadline:
+    while not core.idle() and loop.time() < deadline and not (kill and kill.is_set()):
         await asyncio.sleep(0.01)
     server.close()
     await core.close()
+    if isinstance(server, inprocess.Listener):
+        server.disconnect()
     if spec.address.startswith("unix:"):
         Path(spec.address[5:]).unlink(missing_ok=True)
     logger.info("replica %s stopped", spec.replica_id)
+    return 0
+
+
+async def run_replica(spec: ReplicaSpec, grace_s: float) -> None:
+    """The replica process: serve until SIGTERM or SIGINT."""
+    loop = asyncio.get_running_loop()
+    drain = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, drain.set)
+    code = await serve(spec, drain, grace_s)
+    if code:
+        raise SystemExit(code)

@@ -67,10 +67,17 @@ class ReplicaBackend(Protocol):
     async def stop(self, handle: ReplicaHandle, *, drain: bool = True) -> None: ...
 
 
+BACKENDS = ("local", "inprocess")
+
+
 def create(kind: str, run_dir: Path, grace_s: float) -> ReplicaBackend:
     """The backend a server's settings name (``local``: child processes here)."""
     if kind == "local":
         from inferd.control.backends.local import LocalBackend
 
         return LocalBackend(run_dir, grace_s)
-    raise ValueError(f"unknown replica backend {kind!r}; available: ['local']")
+    if kind == "inprocess":
+        from inferd.control.backends.inprocess import InProcessBackend
+
+        return InProcessBackend(grace_s)
+    raise ValueError(f"unknown replica backend {kind!r}; available: {list(BACKENDS)}")
