@@ -114,6 +114,20 @@ class InProcessServer:
         )
         return router, controller, app
 
+    def push_source(self, model: str, source: str, version: str = "v1", **metadata: Any) -> None:
+        """Register ``source`` (a model.py with one Python model class) as
+        ``model:version``, as ``inferd models push`` does, and reconcile."""
+        from inferd.runtimes import inspect_artifact
+
+        src = self.data_dir / f"src-{model}-{version}"
+        src.mkdir(parents=True)
+        (src / "model.py").write_text(source)
+        framework, signature = inspect_artifact(src, None, metadata, None)
+        self.registry.push(
+            model, src, version, framework=framework, signature=signature, metadata=metadata
+        )
+        self.run(self.controller.reconcile())
+
     def wait_ready(self, timeout_s: float = 120, path: str = "/health/ready") -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

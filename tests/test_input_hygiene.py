@@ -10,6 +10,7 @@ import json
 import struct
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -19,6 +20,9 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from tests.conftest import InferdServer, push_source
+from tests.inprocess import InProcessServer
+
+Server = InferdServer | InProcessServer
 
 TYPED = """
 import numpy as np
@@ -101,13 +105,33 @@ JSON_CASES = [  # (input, bad value, what the refusal says of it)
 JSON_IDS = [f"{name}={value!r}" for name, value, _ in JSON_CASES]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferdServer]:
-    data = tmp_path_factory.mktemp("hygiene")
+def push_models(data: Path) -> None:
     push_source(data, "typed", TYPED)
     push_source(data, "lenient", TYPED, "--meta", "allow_non_finite=true")
     push_source(data, "one", ONE)
     push_source(data, "one-lenient", ONE, "--meta", "allow_non_finite=true")
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessServer]:
+    """The REST paths, in process: same app, same replica code, no processes."""
+    server = InProcessServer(tmp_path_factory.mktemp("hygiene-app"))
+    server.push_source("typed", TYPED)
+    server.push_source("lenient", TYPED, allow_non_finite=True)
+    server.push_source("one", ONE)
+    server.push_source("one-lenient", ONE, allow_non_finite=True)
+    try:
+        server.wait_ready(timeout_s=120)
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferdServer]:
+    """gRPC and batch jobs need the real server (its gRPC port, its job runner)."""
+    data = tmp_path_factory.mktemp("hygiene")
+    push_models(data)
     server = InferdServer(data, env={"INFERD_JOBS__CHUNK_ITEMS": "8"})
     try:
         server.wait_ready(timeout_s=120)
@@ -116,7 +140,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferdServer]:
         assert server.stop() == 0, server.log()[-3000:]
 
 
-def post_json(server: InferdServer, path: str, body: Any) -> Any:
+def post_json(server: Server, path: str, body: Any) -> Any:
     """POST ``body`` as Python's json.dumps writes it (NaN and ±Infinity as literals)."""
     return server.client.post(
         path, content=json.dumps(body), headers={"content-type": "application/json"}
@@ -132,11 +156,11 @@ def bad_row(name: str, value: Any) -> dict[str, Any]:
     return row
 
 
-def v1_predict(server: InferdServer, model: str, rows: list[dict[str, Any]]) -> Any:
+def v1_predict(server: Server, model: str, rows: list[dict[str, Any]]) -> Any:
     return post_json(server, f"/api/v1/models/{model}/predict", {"inputs": rows})
 
 
-def assert_still_serving(server: InferdServer) -> None:
+def assert_still_serving(server: Server) -> None:
     reply = v1_predict(server, "typed", [GOOD_ROW])
     assert reply.status_code == 200, reply.text
     assert reply.json()["outputs"][0]["y"] == GOOD_Y
@@ -146,8 +170,8 @@ def assert_still_serving(server: InferdServer) -> None:
 
 
 @pytest.mark.parametrize(("name", "value", "says"), JSON_CASES, ids=JSON_IDS)
-def test_v1_json(server: InferdServer, name: str, value: Any, says: str):
-    reply = v1_predict(server, "typed", [GOOD_ROW, bad_row(name, value)])
+def test_v1_json(app: InProcessServer, name: str, value: Any, says: str):
+    reply = v1_predict(app, "typed", [GOOD_ROW, bad_row(name, value)])
     assert reply.status_code == 422, reply.text
     error = reply.json()["error"]
     where = f"input '{name}', row 1" + (", element [1]" if name == "f32" else "")
@@ -155,14 +179,14 @@ def test_v1_json(server: InferdServer, name: str, value: Any, says: str):
     assert error["message"].startswith(f"{where}: {says}"), error["message"]
     assert (error["input"], error["datatype"], error["row"]) == (name, DATATYPES[name], 1)
     assert error.get("index") == ([1] if name == "f32" else None)
-    assert_still_serving(server)
+    assert_still_serving(app)
 
 
-def test_v1_predict_one_and_a_good_request(server: InferdServer):
-    reply = post_json(server, "/api/v1/predict", {"model": "typed", "input": bad_row("u8", 256)})
+def test_v1_predict_one_and_a_good_request(app: InProcessServer):
+    reply = post_json(app, "/api/v1/predict", {"model": "typed", "input": bad_row("u8", 256)})
     assert reply.status_code == 422
     assert "input 'u8', row 0: 256 is out of the range of UINT8" in reply.json()["error"]["message"]
-    reply = post_json(server, "/api/v1/predict", {"model": "typed", "input": GOOD_ROW})
+    reply = post_json(app, "/api/v1/predict", {"model": "typed", "input": GOOD_ROW})
     assert reply.status_code == 200 and reply.json()["outputs"]["y"] == GOOD_Y
 
 
@@ -178,33 +202,33 @@ def v2_inputs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return tensors
 
 
-def assert_v2_still_serving(server: InferdServer) -> None:
+def assert_v2_still_serving(server: Server) -> None:
     reply = post_json(server, "/v2/models/typed/infer", {"inputs": v2_inputs([GOOD_ROW])})
     assert reply.status_code == 200, reply.text
     assert reply.json()["outputs"][0]["data"] == [GOOD_Y]
 
 
 @pytest.mark.parametrize(("name", "value", "says"), JSON_CASES, ids=JSON_IDS)
-def test_v2_json(server: InferdServer, name: str, value: Any, says: str):
+def test_v2_json(app: InProcessServer, name: str, value: Any, says: str):
     body = {"inputs": v2_inputs([GOOD_ROW, bad_row(name, value)])}
-    reply = post_json(server, "/v2/models/typed/infer", body)
+    reply = post_json(app, "/v2/models/typed/infer", body)
     assert reply.status_code == 400, reply.text
     index = 4 if name == "f32" else 1  # row-major: row 1 of [2, 3] is elements 3..5
     message = reply.json()["error"]
     assert message.startswith(f"input '{name}', element {index}: {says}"), message
-    assert_v2_still_serving(server)
+    assert_v2_still_serving(app)
 
 
-def test_v2_json_flat_and_nested_data_are_checked_alike(server: InferdServer):
+def test_v2_json_flat_and_nested_data_are_checked_alike(app: InProcessServer):
     inputs = v2_inputs([GOOD_ROW, bad_row("f32", "2")])
     inputs[0]["data"] = [x for row in inputs[0]["data"] for x in row]  # flat
-    reply = post_json(server, "/v2/models/typed/infer", {"inputs": inputs})
+    reply = post_json(app, "/v2/models/typed/infer", {"inputs": inputs})
     assert reply.status_code == 400
     assert reply.json()["error"].startswith("input 'f32', element 4: the string \"2\"")
     inputs[0]["data"] = [[1, 2, 3], 4, 5, 6]  # nesting that breaks off
-    reply = post_json(server, "/v2/models/typed/infer", {"inputs": inputs})
+    reply = post_json(app, "/v2/models/typed/infer", {"inputs": inputs})
     assert reply.status_code == 400 and "nested lists all of one depth" in reply.json()["error"]
-    assert_v2_still_serving(server)
+    assert_v2_still_serving(app)
 
 
 # -- V2 binary --------------------------------------------------------------------------
@@ -270,15 +294,15 @@ BINARY_CASES = [  # (input, its bytes, what the refusal says)
 
 
 @pytest.mark.parametrize(("name", "blob", "says"), BINARY_CASES)
-def test_v2_binary(server: InferdServer, name: str, blob: bytes, says: str):
+def test_v2_binary(app: InProcessServer, name: str, blob: bytes, says: str):
     arrays: dict[str, Any] = {**good_arrays(), name: blob}
     body, headers = binary_body(arrays)
-    reply = server.client.post("/v2/models/typed/infer", content=body, headers=headers)
+    reply = app.client.post("/v2/models/typed/infer", content=body, headers=headers)
     assert reply.status_code == 400, reply.text
     message = reply.json()["error"]
     assert message.startswith(f"input '{name}'") and says in message, message
     good, headers = binary_body(good_arrays())
-    again = server.client.post("/v2/models/typed/infer", content=good, headers=headers)
+    again = app.client.post("/v2/models/typed/infer", content=good, headers=headers)
     assert again.status_code == 200 and again.json()["outputs"][0]["data"] == [GOOD_Y] * 2
 
 
@@ -449,36 +473,36 @@ def test_a_lenient_version_takes_non_finite_inputs_on_every_path(server: InferdS
         assert reply.status_code == 422, (name, value, reply.text)
 
 
-def test_a_model_that_returns_nan_is_a_model_error(server: InferdServer):
+def test_a_model_that_returns_nan_is_a_model_error(app: InProcessServer):
     nan_row = bad_row("f32", 2.0)
     nan_row["f32"][0] = -1.0  # the test model answers NaN for this row
-    reply = v1_predict(server, "typed", [GOOD_ROW, nan_row])
+    reply = v1_predict(app, "typed", [GOOD_ROW, nan_row])
     assert reply.status_code == 500, reply.text
     error = reply.json()["error"]
     assert error["code"] == "model_error"
     assert "returned NaN in output 'y' (row 1)" in error["message"]
-    reply = post_json(server, "/v2/models/typed/infer", {"inputs": v2_inputs([nan_row])})
+    reply = post_json(app, "/v2/models/typed/infer", {"inputs": v2_inputs([nan_row])})
     assert reply.status_code == 500 and "returned NaN in output 'y'" in reply.json()["error"]
     # batched with good requests, only the request with the NaN row fails
     with ThreadPoolExecutor(8) as pool:
         bodies = [[nan_row] if i % 4 == 0 else [GOOD_ROW] for i in range(32)]
-        replies = list(pool.map(lambda rows: v1_predict(server, "typed", rows), bodies))
+        replies = list(pool.map(lambda rows: v1_predict(app, "typed", rows), bodies))
     codes = [r.status_code for r in replies]
     assert codes == [500 if i % 4 == 0 else 200 for i in range(32)], codes
     # a version that allows non-finite numbers returns it (JSON null)
-    reply = v1_predict(server, "lenient", [nan_row])
+    reply = v1_predict(app, "lenient", [nan_row])
     assert reply.status_code == 200 and reply.json()["outputs"][0]["y"] is None
 
 
-def test_allow_non_finite_must_be_a_boolean(server: InferdServer):
+def test_allow_non_finite_must_be_a_boolean(app: InProcessServer):
     from tests.conftest import run_cli
 
-    src = server.data_dir / "src-bad-meta"
+    src = app.data_dir / "src-bad-meta"
     src.mkdir(exist_ok=True)
     (src / "model.py").write_text(ONE)
     result = run_cli(
         "models", "push", "bad-meta", str(src), "--version", "v1", "--meta", "allow_non_finite=yes",
-        data_dir=server.data_dir, check=False,
+        data_dir=app.data_dir, check=False,
     )  # fmt: skip
     assert result.returncode != 0
     assert "allow_non_finite must be true or false" in result.stdout + result.stderr
