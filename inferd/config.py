@@ -3,15 +3,22 @@
 Precedence (highest first): explicit arguments (CLI flags), ``INFERD_*`` environment
 variables, the YAML file named by ``--config`` / ``INFERD_CONFIG``, then the defaults
 below. Nothing else in inferd reads ``os.environ`` for its own settings.
+
+A setting that does not exist is an error, never ignored: an ``INFERD_*`` variable or a
+YAML key that names no setting (a typo like ``INFERD_BATCHING__MAX_BATCH_SISE``) fails
+with :class:`UnknownSetting`, which names it and lists the valid ones. The few
+``INFERD_*`` variables that are not server settings are :data:`NOT_SETTINGS`.
 """
 
 from __future__ import annotations
 
 import os
+import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -20,7 +27,13 @@ from pydantic_settings import (
 )
 
 
-class BatchingConfig(BaseModel):
+class Group(BaseModel):
+    """A group of settings (``INFERD_<GROUP>__<KEY>``, ``group: {key: ...}`` in YAML)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class BatchingConfig(Group):
     """Dynamic batching of one model version inside its replica."""
 
     max_batch_size: int = Field(32, ge=1, le=65536)
@@ -65,7 +78,7 @@ class BatchingConfig(BaseModel):
         return self
 
 
-class LLMConfig(BaseModel):
+class LLMConfig(Group):
     """The generation engine of GPT-2-family models."""
 
     kv_cache_mb: int = Field(256, ge=1)
@@ -94,9 +107,12 @@ class LLMConfig(BaseModel):
     """Longer prompts are refused with 413 (None: up to the model's context)."""
     max_tokens_limit: int = Field(4096, ge=1, le=65536)
     """The largest ``max_tokens`` a request may ask for (422 beyond)."""
+    native: bool = True
+    """Paged decode attention through a small C kernel compiled on first use (where a C
+    compiler is found); false: PyTorch ops only."""
 
 
-class AuthConfig(BaseModel):
+class AuthConfig(Group):
     """Authentication (see :mod:`inferd.api.auth`); off by default."""
 
     enabled: bool = False
@@ -118,7 +134,7 @@ class AuthConfig(BaseModel):
     credential with which the runner calls the gateways."""
 
 
-class Limit(BaseModel):
+class Limit(Group):
     """A token bucket of requests: ``requests_per_s`` sustained, ``burst`` at once."""
 
     requests_per_s: float = Field(gt=0)
@@ -133,7 +149,7 @@ class Limit(BaseModel):
         return self.burst
 
 
-class TokenLimit(BaseModel):
+class TokenLimit(Group):
     """A budget of generation tokens (prompt + completion): ``tokens_per_minute``
     sustained, up to ``burst`` saved up."""
 
@@ -150,7 +166,7 @@ class TokenLimit(BaseModel):
         return self.burst or self.tokens_per_minute
 
 
-class RateLimitConfig(BaseModel):
+class RateLimitConfig(Group):
     """Per client (API key or JWT subject; the client address when anonymous), over HTTP
     and gRPC together, for every route but health and metrics (see :mod:`inferd.api.limits`)."""
 
@@ -172,7 +188,7 @@ class RateLimitConfig(BaseModel):
         return self.tokens is not None or bool(self.model_tokens)
 
 
-class CacheConfig(BaseModel):
+class CacheConfig(Group):
     """The result cache of predict answers (see :mod:`inferd.routing.cache`); off by
     default. A version's ``metadata.cache_ttl_s`` overrides ``ttl_s`` (0: never cached)."""
 
@@ -182,7 +198,7 @@ class CacheConfig(BaseModel):
     """Per gateway process, in process; Redis (``redis_url``) has its own memory policy."""
 
 
-class InferenceLogConfig(BaseModel):
+class InferenceLogConfig(Group):
     """One row per inference request in the ``inference_logs`` table of the registry's
     database (see :mod:`inferd.observability.inference_log`)."""
 
@@ -197,7 +213,7 @@ class InferenceLogConfig(BaseModel):
     """PostgreSQL: daily partitions created ahead of time."""
 
 
-class JobsConfig(BaseModel):
+class JobsConfig(Group):
     """Batch jobs and asynchronous requests (see :mod:`inferd.jobs`)."""
 
     chunk_items: int = Field(256, ge=1, le=4096)
@@ -229,9 +245,20 @@ class JobsConfig(BaseModel):
     queue; each one's runner takes its share)."""
 
 
+NOT_SETTINGS = ("INFERD_CONFIG", "INFERD_API_KEY", "INFERD_URL")
+"""``INFERD_*`` variables that are not server settings: the YAML file to read, and the
+credential and address ``inferd`` client commands use."""
+NOT_SETTINGS_PREFIXES = ("INFERD_TEST_", "INFERD_SKIP_", "INFERD_BENCH_")
+"""Variables of inferd's own test suite and benchmarks (never read by the server)."""
+
+
+class UnknownSetting(ValueError):
+    """A variable or YAML key that names no setting."""
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix="INFERD_", env_nested_delimiter="__", extra="ignore"
+        env_prefix="INFERD_", env_nested_delimiter="__", extra="forbid"
     )
 
     data_dir: Path = Path(".inferd")
@@ -303,10 +330,11 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
+        check_environment(os.environ)
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
         config_file = settings_cls.model_config.get("yaml_file") or os.environ.get("INFERD_CONFIG")
         if config_file:
-            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
+            sources.append(_CheckedYaml(settings_cls, yaml_file=config_file))
         return tuple(sources)
 
     @property
@@ -341,3 +369,66 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
         config = SettingsConfigDict(**{**Settings.model_config, "yaml_file": str(config_file)})
         cls = type("FileSettings", (Settings,), {"model_config": config})
     return cls(**{k: v for k, v in overrides.items() if v is not None})
+
+
+def check_environment(environ: Mapping[str, str]) -> None:
+    """Refuse ``INFERD_*`` variables that name no setting (:class:`UnknownSetting`)."""
+    for name in sorted(environ):
+        upper = name.upper()
+        if not upper.startswith("INFERD_") or upper in NOT_SETTINGS:
+            continue
+        if upper.startswith(NOT_SETTINGS_PREFIXES):
+            continue
+        problem = _unknown(upper[len("INFERD_") :].lower().split("__"), Settings)
+        if problem:
+            raise UnknownSetting(f"unknown setting {name}: {problem}")
+
+
+def _unknown(path: list[str], model: type[BaseModel], name: str = "") -> str | None:
+    """Why ``path`` names no setting of ``model`` (the group ``name``; None: it names
+    one). Keys below a setting that is not a group (a mapping such as
+    ``rate_limits.models``) are its value's, not settings."""
+    key, rest = path[0], path[1:]
+    fields = model.model_fields
+    if key not in fields:
+        where = f"{name} has" if name else "settings have"
+        return f"{where} no {key!r}; valid: {', '.join(sorted(fields))}"
+    group = _group_of(fields[key].annotation)
+    if rest and group is not None:
+        return _unknown(rest, group, f"{name}.{key}" if name else key)
+    return None
+
+
+def _group_of(annotation: Any) -> type[Group] | None:
+    """The group a field holds (``Limit | None`` holds ``Limit``), if any."""
+    for candidate in (annotation, *typing.get_args(annotation)):
+        if isinstance(candidate, type) and issubclass(candidate, Group):
+            return candidate
+    return None
+
+
+def _unknown_keys(data: Any, model: type[BaseModel], name: str = "") -> str | None:
+    """The first YAML key under ``data`` that names no setting of ``model``, with why."""
+    if not isinstance(data, dict):
+        return None
+    for key, value in data.items():
+        problem = _unknown([str(key)], model, name)
+        if problem:
+            return f"{name}.{key}: {problem}" if name else f"{key}: {problem}"
+        group = _group_of(model.model_fields[str(key)].annotation)
+        if group is not None:
+            found = _unknown_keys(value, group, f"{name}.{key}" if name else str(key))
+            if found:
+                return found
+    return None
+
+
+class _CheckedYaml(YamlConfigSettingsSource):
+    """The YAML file, refused when a key names no setting."""
+
+    def __call__(self) -> dict[str, Any]:
+        data = super().__call__()
+        problem = _unknown_keys(data, Settings)
+        if problem:
+            raise UnknownSetting(f"unknown setting in {self.yaml_file_path}: {problem}")
+        return data

@@ -36,7 +36,7 @@ from typing import Any
 
 from inferd import devices
 from inferd.clock import SYSTEM, Clock
-from inferd.config import Settings
+from inferd.config import BatchingConfig, Settings
 from inferd.control import backends
 from inferd.control.analyst import CanaryAnalyst
 from inferd.control.backends import ReplicaBackend
@@ -407,8 +407,8 @@ def _replica_spec(settings: Settings, vset: VersionSet, replica_id: str) -> Repl
     """What a replica of ``vset`` is told to serve: the server's batching settings under
     the version's, under the deployment's; the backend picks its address."""
     batching = settings.batching.model_dump()
-    batching.update({k: v for k, v in (vset.record.batching or {}).items() if k in batching})
-    batching.update({k: v for k, v in (vset.batching or {}).items() if k in batching})
+    for overrides in (vset.record.batching, vset.batching):
+        batching.update({k: v for k, v in (overrides or {}).items() if k in batching})
     return ReplicaSpec(
         replica_id=replica_id,
         model=vset.record.model_name,
@@ -416,13 +416,14 @@ def _replica_spec(settings: Settings, vset: VersionSet, replica_id: str) -> Repl
         framework=vset.record.framework,
         artifact_dir=str(vset.record.artifact_path),
         address="",
-        batching=batching,
+        batching=BatchingConfig.model_validate(batching),
         signature=vset.record.signature.to_dict(),
         metadata=vset.record.metadata,
         threads=settings.replica_threads,
         log_level=settings.log_level,
         log_json=settings.log_json,
-        llm={**settings.llm.model_dump(), **adapters(vset.record)},
+        llm=settings.llm,
+        adapters=adapters(vset.record),
         gpus=vset.gpus,
     )
 

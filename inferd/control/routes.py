@@ -3,8 +3,6 @@ model, version and replica, built from the controller's state in one pass."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from inferd.control.state import ModelState, VersionSet
 from inferd.registry import VersionRecord
 from inferd.routing.table import ModelRoute, RoutingTable, VersionRoute
@@ -35,7 +33,7 @@ def _version(model: str, state: ModelState, vset: VersionSet) -> VersionRoute:
         signature=record.signature.to_dict(),
         replicas=[r.route() for r in vset.replicas],
         desired_replicas=vset.desired,
-        adapters=sorted(adapters(record).get("adapters", {})),
+        adapters=sorted(adapters(record)),
         fallback=vset.fallback,
         mirror_pct=mirror_pct,
         tolerance=tolerance,
@@ -46,11 +44,11 @@ def _version(model: str, state: ModelState, vset: VersionSet) -> VersionRoute:
     )
 
 
-def adapters(record: VersionRecord) -> dict[str, Any]:
+def adapters(record: VersionRecord) -> dict[str, str]:
     """LoRA adapters registered with a base model version (name -> folder inside the
     version's artifact folder) load with its replicas."""
     found = record.metadata.get("adapters")
-    return {"adapters": found} if isinstance(found, dict) else {}
+    return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
 
 
 def _cache_ttl(record: VersionRecord) -> float | None:

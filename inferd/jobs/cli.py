@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -16,7 +15,8 @@ app = typer.Typer(help="Batch jobs on a running server: submit, status, results,
 
 UrlOpt = Annotated[str, typer.Option(help="Server URL.")]
 KeyOpt = Annotated[
-    str | None, typer.Option("--api-key", help="API key (default: $INFERD_API_KEY).")
+    str | None,
+    typer.Option("--api-key", envvar="INFERD_API_KEY", help="API key (default: $INFERD_API_KEY)."),
 ]
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -24,8 +24,7 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 def _client(url: str, api_key: str | None) -> Any:
     import httpx
 
-    key = api_key or os.environ.get("INFERD_API_KEY")
-    headers = {"authorization": f"Bearer {key}"} if key else {}
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
     return httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=300)
 
 

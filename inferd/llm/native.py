@@ -9,9 +9,13 @@ time (its blocks stay in the core's cache across all heads).
 
 It is plain C99 (no PyTorch headers, so it compiles in about a second with the
 system's ``cc``) loaded with :mod:`ctypes`, which releases the GIL during the call; the
-caller splits the batch over threads. Where there is no compiler, or
-``INFERD_LLM__NATIVE=0``, :func:`kernel` returns None and the engine keeps its
-PyTorch path, which gives the same results.
+caller splits the batch over threads. Where there is no compiler, or the ``llm.native``
+setting is off (``INFERD_LLM__NATIVE=0``, applied by :func:`enable` when a replica
+builds its engine), :func:`kernel` returns None and the engine keeps its PyTorch path,
+which gives the same results.
+
+``CC`` and ``XDG_CACHE_HOME`` are read here: they are the system's conventions for the
+compiler and the cache folder, not inferd settings.
 """
 
 from __future__ import annotations
@@ -90,10 +94,21 @@ def _cpu_flags() -> str:
         return platform.processor()
 
 
+_enabled = True
+
+
+def enable(on: bool) -> None:
+    """Switch the kernel on or off for this process (the ``llm.native`` setting)."""
+    global _enabled
+    if on != _enabled:
+        _enabled = on
+        kernel.cache_clear()
+
+
 @functools.cache
 def kernel() -> ctypes.CDLL | None:
     """The compiled library, or None where it cannot be built or is switched off."""
-    if os.environ.get("INFERD_LLM__NATIVE", "1").lower() in ("0", "false", "no"):
+    if not _enabled:
         return None
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None:

@@ -36,16 +36,11 @@ class GPT2Runtime(Runtime):
         return found.get("model_type") == "gpt2" and not classifier
 
     def load(self) -> None:
-        from types import SimpleNamespace
+        from inferd.config import LLMConfig
+        from inferd.llm.loader import engine_for
 
-        from inferd.llm.loader import build_engine
-
-        spec = SimpleNamespace(
-            artifact_dir=str(self.artifact_dir),
-            threads=self.config.threads,
-            llm={"kv_cache_mb": 16, "max_num_seqs": 8},
-        )
-        self.engine = build_engine(spec)
+        llm = LLMConfig(kv_cache_mb=16, max_num_seqs=8)
+        self.engine = engine_for(self.artifact_dir, self.config.threads, llm)
 
     def infer_signature(self) -> Signature:
         return Signature(

@@ -69,7 +69,7 @@ class GenerationCore:
         self.message = ""
         self.started = time.monotonic()
         self._build = build
-        self.queue_timeout_s = float((spec.llm or {}).get("queue_timeout_s", 600.0))
+        self.queue_timeout_s = spec.llm.queue_timeout_s
         self.engine: LLMEngine | None = None
         self._commands: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._sinks: dict[str, Sink] = {}

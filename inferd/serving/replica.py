@@ -24,7 +24,6 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from inferd.config import BatchingConfig
 from inferd.errors import InferdError, InvalidInput, ModelError, ModelNotReady
 from inferd.observability.metrics import REQUEST_BUCKETS_S, Histogram, Sketch
 from inferd.process import die_with_parent
@@ -64,7 +63,7 @@ class ReplicaCore:
         self.runtime = runtime
         self.signature = runtime.signature
         self._prepares = type(runtime).prepare is not Runtime.prepare
-        config = BatchingConfig(**self.spec.batching)
+        config = self.spec.batching
         if config.queue_timeout_ms is not None:
             self._queue_timeout_s = config.queue_timeout_ms / 1000
         predict = runtime.predict_batch

@@ -1,34 +1,60 @@
-"""What a replica process is told to serve (passed from the controller as JSON)."""
+"""What a replica is told to serve (built by the controller, passed to a replica process
+as JSON on its command line).
+
+Its batching and engine settings are the settings' own types
+(:class:`~inferd.config.BatchingConfig`, :class:`~inferd.config.LLMConfig`), so their
+field names, bounds and defaults are written once; they cross the process boundary as
+JSON and are validated again on the way in.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 import msgspec
+from pydantic import BaseModel
+
+from inferd.config import BatchingConfig, LLMConfig
 
 
-class ReplicaSpec(msgspec.Struct, frozen=True):
+class ReplicaSpec(msgspec.Struct, frozen=True, kw_only=True):
     replica_id: str
     model: str
     version: str
     framework: str
     artifact_dir: str
     address: str
-    """``unix:/path.sock`` or ``tcp:host:port`` the replica listens on."""
-    batching: dict[str, Any]
+    """``unix:/path.sock``, ``tcp:host:port`` or ``inproc:name``; empty: the backend
+    picks one when it starts the replica."""
+    batching: BatchingConfig = msgspec.field(default_factory=BatchingConfig)
     signature: dict[str, Any] | None = None
     metadata: dict[str, Any] = {}
     threads: int = 1
     log_level: str = "INFO"
     log_json: bool = False
-    llm: dict[str, Any] = {}
-    """Engine settings of generative models (kv_cache_mb, max_num_seqs, dtype, adapters)."""
+    llm: LLMConfig = msgspec.field(default_factory=LLMConfig)
+    """Engine settings of generative models."""
+    adapters: dict[str, str] = {}
+    """LoRA adapters loaded with a generative base model: name -> folder inside the
+    version's artifact folder."""
     gpus: list[int] | None = None
     """The GPU devices it may use (its deployment's ``resources.gpu``); None: not set."""
 
     def to_json(self) -> str:
-        return msgspec.json.encode(self).decode()
+        return msgspec.json.encode(self, enc_hook=_encode).decode()
 
     @classmethod
     def from_json(cls, text: str | bytes) -> ReplicaSpec:
-        return msgspec.json.decode(text, type=cls)
+        return msgspec.json.decode(text, type=cls, dec_hook=_decode)
+
+
+def _encode(obj: Any) -> Any:
+    if isinstance(obj, BaseModel):
+        return obj.model_dump(mode="json")
+    raise NotImplementedError(f"cannot encode {type(obj).__name__}")
+
+
+def _decode(kind: type, obj: Any) -> Any:
+    if isinstance(kind, type) and issubclass(kind, BaseModel):
+        return kind.model_validate(obj)
+    raise NotImplementedError(f"cannot decode {kind}")
