@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import re
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +15,7 @@ from starlette.types import Receive, Scope, Send
 
 from inferd import nonfinite_json
 from inferd.errors import BadRequest, InferdError, PayloadTooLarge
-from inferd.routing.context import RequestContext
+from inferd.routing.context import RequestContext, new_request_id
 
 if TYPE_CHECKING:
     from inferd.routing.dataplane import InferOutcome
@@ -74,14 +72,6 @@ def request_id_of(request: Request) -> str:
             rid = new_request_id()
         context.request_id = rid
     return rid
-
-
-def new_request_id() -> str:
-    """32 hex digits: the time in milliseconds (12), then 80 random bits (20), as in
-    UUIDv7. Ids that grow with time are appended at the end of the inference log's
-    request_id index instead of landing at random pages of it: 4x cheaper inserts
-    once the table holds a few hundred thousand rows (measured on SQLite)."""
-    return f"{time.time_ns() // 1_000_000:012x}{os.urandom(10).hex()}"
 
 
 _TIMEOUT = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s)?\s*$")

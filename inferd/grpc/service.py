@@ -30,7 +30,6 @@ from typing import Any
 import grpc
 
 from inferd import __version__
-from inferd.api.http import new_request_id
 from inferd.api.limits import RateLimits, TokenBudget
 from inferd.config import Settings
 from inferd.errors import InferdError, InvalidInput, ModelNotReady
@@ -46,7 +45,7 @@ from inferd.protocols import repository as repo
 from inferd.protocols import v2
 from inferd.registry import Registry
 from inferd.routing.cache import ResultCache
-from inferd.routing.context import RequestContext
+from inferd.routing.context import RequestContext, new_request_id
 from inferd.routing.dataplane import DataPlane
 from inferd.routing.generation import start_generation
 from inferd.routing.router import Router, Target

@@ -21,6 +21,7 @@ from inferd.routing.cache import (
     columns_chunk,
     deterministic,
     generation_key,
+    version_ttl,
 )
 from inferd.routing.router import Router, Target
 from inferd.runtimes import GENERATIVE
@@ -153,6 +154,33 @@ async def start_generation(
             f"model {target.model!r} is a {target.framework} model and does not generate "
             "text; call predict (V2: infer) instead"
         )
+    request = _request(body, settings, adapter, request_id, arrived_at)
+    if budget is not None:
+        await budget.admit(target.model)
+    key, ttl = None, 0.0
+    if cache is not None:
+        key, ttl = _cache_key(router, settings, target, request)
+    if key is not None and cache is not None:
+        cached = await cache.get(key)
+        if cached is not None:
+            return _replay(columns_chunk(cached)), target, started, True
+    stream = router.generate(target, request)
+    if budget is not None:
+        stream = budget.charged(stream, target.model)
+    if key is not None and cache is not None:
+        stream = _kept(stream, cache, key, ttl)
+    return await _first_then_rest(stream), target, started, None if key is None else False
+
+
+def _request(
+    body: dict[str, Any],
+    settings: Settings,
+    adapter: str | None,
+    request_id: str,
+    arrived_at: float,
+) -> p.GenerateRequest:
+    """The checked generation ``body`` asks for (its ``adapter`` before the one its
+    model name gave), within the server's limits."""
     explicit = body.get("adapter")
     if explicit is not None and not isinstance(explicit, str):
         raise InvalidInput("'adapter' must be a string")
@@ -164,38 +192,32 @@ async def start_generation(
             "(llm.max_tokens_limit)"
         )
     prompt = prompt_of(body)
-    if budget is not None:
-        await budget.admit(target.model)
-    adapter = explicit or adapter
-    key, ttl = None, 0.0
-    if cache is not None and deterministic(params):
-        route = router.version_route(target.model, target.version)
-        ttl = (
-            settings.cache.ttl_s
-            if route is None or route.cache_ttl_s is None
-            else route.cache_ttl_s
-        )
-        if route is not None and ttl > 0 and (adapter is None or adapter in route.adapters):
-            key = generation_key(
-                target.model, target.version, route.digest, adapter, prompt, params
-            )
-            cached = await cache.get(key)
-            if cached is not None:
-                return _replay(columns_chunk(cached)), target, started, True
     timeout_s = settings.request_timeout_s
     # Before its first token a request may be queued in the replica for up to the LLM
     # queue timeout (the replica answers 503 then); this bound only catches a hung replica.
     first_s = settings.llm.queue_timeout_s + timeout_s
-    request = p.GenerateRequest(
-        prompt=prompt, params=params, adapter=adapter, request_id=request_id,
+    return p.GenerateRequest(
+        prompt=prompt, params=params, adapter=explicit or adapter, request_id=request_id,
         arrived_at=arrived_at, idle_timeout_s=timeout_s, first_timeout_s=first_s,
     )  # fmt: skip
-    stream = router.generate(target, request)
-    if budget is not None:
-        stream = budget.charged(stream, target.model)
-    if key is not None and cache is not None:
-        stream = _kept(stream, cache, key, ttl)
-    return await _first_then_rest(stream), target, started, None if key is None else False
+
+
+def _cache_key(
+    router: Router, settings: Settings, target: Target, request: p.GenerateRequest
+) -> tuple[bytes | None, float]:
+    """The result cache key of a generation and how long to keep it; None when it is
+    not cached (sampled, an uncached version, or an adapter loaded at run time)."""
+    if not deterministic(request.params):
+        return None, 0.0
+    route = router.version_route(target.model, target.version)
+    ttl = version_ttl(route, settings.cache.ttl_s)
+    adapter = request.adapter
+    if route is None or ttl <= 0 or (adapter is not None and adapter not in route.adapters):
+        return None, 0.0
+    key = generation_key(
+        target.model, target.version, route.digest, adapter, request.prompt, request.params
+    )
+    return key, ttl
 
 
 async def _replay(chunk: p.TokenChunk) -> Chunks:
