@@ -1,0 +1,286 @@
+"""``inferd models``: push, optimize, list, show, load, unload."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+if TYPE_CHECKING:
+    pass
+from inferd.cli.common import ConfigOpt, DataDirOpt, _errors, _registry, console, models_app
+
+
+def _batching_option(text: str) -> dict[str, Any]:
+    """``--batching`` JSON, checked against the batching settings."""
+    from pydantic import ValidationError
+
+    from inferd.config import BatchingConfig
+
+    try:
+        value = json.loads(text)
+        if not isinstance(value, dict):
+            raise ValueError("not a JSON object")
+        BatchingConfig(**value)
+    except (ValueError, ValidationError) as exc:
+        console.print(f"[red]error:[/red] --batching: {exc}")
+        raise typer.Exit(2) from None
+    return value
+
+
+def _parse_meta(items: list[str]) -> dict[str, Any]:
+    meta: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"--meta expects key=value, got {item!r}")
+        try:
+            meta[key] = json.loads(value)
+        except json.JSONDecodeError:
+            meta[key] = value
+    return meta
+
+
+@models_app.command("push")
+def models_push(
+    name: Annotated[str, typer.Argument(help="Model name.")],
+    path: Annotated[Path, typer.Argument(exists=True, help="Artifact file or folder.")],
+    version: Annotated[str, typer.Option("--version", "-v", help="Version label, e.g. v3.1.")],
+    framework: Annotated[str | None, typer.Option(help="Runtime; detected when omitted.")] = None,
+    meta: Annotated[list[str] | None, typer.Option("--meta", help="key=value metadata.")] = None,
+    signature: Annotated[Path | None, typer.Option(help="JSON file with the signature.")] = None,
+    description: Annotated[str | None, typer.Option(help="Model description.")] = None,
+    owner: Annotated[str | None, typer.Option(help="Model owner.")] = None,
+    max_batch_size: Annotated[int | None, typer.Option(help="Default batch rows.")] = None,
+    max_wait_ms: Annotated[float | None, typer.Option(help="Default batch wait.")] = None,
+    replicas: Annotated[int | None, typer.Option(help="Default replica count.")] = None,
+    batching_json: Annotated[
+        str | None,
+        typer.Option(
+            "--batching",
+            help="Default batching as JSON, e.g. '{\"max_queue_rows\": 1024}' (any batching "
+            "setting).",
+        ),
+    ] = None,
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Register a new immutable version: inspect it, copy it to the store, record it."""
+    from inferd.runtimes import inspect_artifact
+    from inferd.runtimes.base import Signature
+
+    metadata = _parse_meta(meta or [])
+    declared = Signature.from_dict(json.loads(signature.read_text())) if signature else None
+    batching = {
+        k: v
+        for k, v in (
+            ("max_batch_size", max_batch_size),
+            ("max_wait_ms", max_wait_ms),
+            ("replicas", replicas),
+        )
+        if v
+    }
+    if batching_json:
+        batching = {**_batching_option(batching_json), **batching}
+    registry = _registry(config, data_dir)
+    with _errors(), _as_folder(path) as folder:
+        with console.status(f"loading {path.name} to check it and read its signature ..."):
+            try:
+                found, sig = inspect_artifact(folder, framework, metadata, declared)
+            except Exception as exc:  # any loader error: say what failed, no traceback
+                console.print(f"[red]error:[/red] cannot load {path}: {type(exc).__name__}: {exc}")
+                raise typer.Exit(1) from None
+        record = registry.push(
+            name,
+            folder,
+            version,
+            framework=found,
+            signature=sig,
+            metadata=metadata,
+            description=description,
+            owner=owner,
+            batching=batching or None,
+        )
+    console.print(
+        f"registered [bold]{name}:{version}[/bold] ({found}), sha256 {record.sha256[:12]}"
+    )
+    print(json.dumps(record.to_dict(), indent=2))
+
+
+@models_app.command("optimize")
+def models_optimize(
+    name: Annotated[str, typer.Argument(help="Model name.")],
+    version: Annotated[str, typer.Argument(help="The version to optimize.")],
+    int8: Annotated[
+        bool, typer.Option("--int8", help="PyTorch dynamic int8 quantization (transformers).")
+    ] = False,
+    all_layers: Annotated[
+        bool,
+        typer.Option(
+            "--all-layers",
+            help="Quantize the feed-forward down-projections too (faster, less accurate).",
+        ),
+    ] = False,
+    to: Annotated[
+        str | None, typer.Option("--to", help="The new version's label (default VERSION-int8).")
+    ] = None,
+    eval_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--eval",
+            exists=True,
+            dir_okay=False,
+            help="CSV or JSONL of texts (and labels) to measure on; default: the bundled reviews.",
+        ),
+    ] = None,
+    threads: Annotated[int, typer.Option(help="Threads while measuring.", min=1)] = 1,
+    batch_size: Annotated[int, typer.Option(help="Batch size while measuring.", min=1)] = 32,
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Register a faster variant of a version, with its measured speed-up and quality."""
+    from inferd.runtimes.optimize import METHOD, METHOD_ALL, measure_int8, read_eval_set
+
+    if not int8:
+        console.print("[red]error:[/red] say which optimization: --int8")
+        raise typer.Exit(2)
+    registry = _registry(config, data_dir)
+    with _errors():
+        record = registry.get_version(name, version)
+        if record.framework != "transformers":
+            console.print(
+                f"[red]error:[/red] {name}:{version} is {record.framework}; --int8 applies to "
+                "transformers models (ONNX models: quantize with onnxruntime and push)"
+            )
+            raise typer.Exit(1)
+        if record.metadata.get("quantization"):
+            console.print(f"[red]error:[/red] {name}:{version} is already quantized")
+            raise typer.Exit(1)
+        evalset = read_eval_set(eval_file)
+        new_version = to or f"{version}-int8"
+        with console.status(
+            f"measuring float32 and int8 on {len(evalset.texts)} texts "
+            f"({METHOD_ALL if all_layers else METHOD}) ..."
+        ):
+            measured = measure_int8(
+                record.artifact_path,
+                record.metadata,
+                evalset,
+                threads,
+                batch_size,
+                every_layer=all_layers,
+            )
+        metadata = {
+            **record.metadata,
+            "quantization": measured["quantization"],
+            "optimized_from": version,
+            "optimization": measured,
+        }
+        new = registry.push(
+            name,
+            record.artifact_path,
+            new_version,
+            framework=record.framework,
+            signature=record.signature,
+            metadata=metadata,
+            batching=record.batching,
+        )
+    quality = {
+        k: v for k, v in measured.items() if any(w in k for w in ("cosine", "accura", "agree"))
+    }
+    console.print(
+        f"registered [bold]{name}:{new_version}[/bold] (int8 of {version}): "
+        f"{measured['speedup']}x the float32 speed "
+        f"({measured['int8_texts_per_s']} vs {measured['fp32_texts_per_s']} texts/s), "
+        + ", ".join(f"{k} {v}" for k, v in quality.items())
+    )
+    print(json.dumps(new.to_dict(), indent=2))
+
+
+@contextmanager
+def _as_folder(path: Path) -> Any:
+    if path.is_dir():
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="inferd-push-") as tmp:
+        shutil.copy2(path, Path(tmp) / path.name)
+        yield Path(tmp)
+
+
+@models_app.command("list")
+def models_list(config: ConfigOpt = None, data_dir: DataDirOpt = None) -> None:
+    """Registered models and their versions."""
+    table = Table("model", "framework", "versions", "latest", "description")
+    for m in _registry(config, data_dir).list_models():
+        latest = m.versions[-1].version if m.versions else "-"
+        table.add_row(
+            m.name,
+            m.framework or "-",
+            ", ".join(v.version for v in m.versions),
+            latest,
+            m.description or "",
+        )
+    Console().print(table)
+
+
+@models_app.command("show")
+def models_show(
+    name: str,
+    version: Annotated[str | None, typer.Option("--version", "-v")] = None,
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """One model (or one version) as JSON: signature, metadata, checksum."""
+    registry = _registry(config, data_dir)
+    with _errors():
+        if version:
+            print(json.dumps(registry.get_version(name, version).to_dict(), indent=2))
+        else:
+            model = registry.get_model(name)
+            print(
+                json.dumps(
+                    {
+                        "name": model.name,
+                        "description": model.description,
+                        "framework": model.framework,
+                        "owner": model.owner,
+                        "loaded": model.loaded,
+                        "versions": [v.to_dict() for v in model.versions],
+                    },
+                    indent=2,
+                )
+            )
+
+
+def _set_loaded(name: str, loaded: bool, config: Path | None, data_dir: Path | None) -> None:
+    registry = _registry(config, data_dir)
+    with _errors():
+        registry.set_loaded(name, loaded)
+    action = "serves its newest version" if loaded else "stops its replicas"
+    console.print(
+        f"[bold]{name}[/bold] marked {'loaded' if loaded else 'unloaded'}; a running server "
+        f"{action} on its next reconcile (POST /v2/repository/models/{name}/"
+        f"{'load' if loaded else 'unload'} also waits for it)"
+    )
+
+
+@models_app.command("load")
+def models_load(name: str, config: ConfigOpt = None, data_dir: DataDirOpt = None) -> None:
+    """Mark a model loaded: the server serves its newest version (the default)."""
+    _set_loaded(name, True, config, data_dir)
+
+
+@models_app.command("unload")
+def models_unload(name: str, config: ConfigOpt = None, data_dir: DataDirOpt = None) -> None:
+    """Mark a model unloaded: the server stops its replicas and keeps it so (restarts too)."""
+    _set_loaded(name, False, config, data_dir)
+
+
+# -- deployments: written to the registry; a running server acts on its next reconcile ----
