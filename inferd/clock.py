@@ -1,11 +1,18 @@
-"""Time as a seam: the controller's timers read this instead of the time module, so a
-test can drive restarts, rollout windows and keep windows without waiting."""
+"""Time as a seam: the controller's timers and the batcher's wait read this instead of
+the time module, so a test can drive restarts, rollout windows, keep windows and batch
+windows without waiting."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Protocol
+
+
+class Cancellable(Protocol):
+    def cancel(self) -> None: ...
 
 
 class Clock:
@@ -19,6 +26,10 @@ class Clock:
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
+
+    def call_later(self, delay_s: float, callback: Callable[[], None]) -> Cancellable:
+        """Call ``callback`` on the running loop after ``delay_s``."""
+        return asyncio.get_running_loop().call_later(delay_s, callback)
 
     async def wait(self, event: asyncio.Event, timeout_s: float) -> bool:
         """Wait for ``event`` at most ``timeout_s``; whether it was set."""

@@ -13,6 +13,7 @@ import pytest
 from inferd.config import BatchingConfig
 from inferd.errors import InvalidInput, Overloaded, RequestTimeout
 from inferd.serving.batcher import NAMED_PRIORITIES, DynamicBatcher, named_levels
+from tests.clocks import FakeClock, settle
 
 
 class Recorder:
@@ -466,3 +467,62 @@ def test_the_oldest_request_is_never_passed_over_by_its_bucket_rule():
 
     run(_with_batcher(predict, BatchingConfig(max_batch_size=64, max_wait_ms=0), body))
     assert batches == [[100], [3], [100] * 8]
+
+
+# -- on a clock the test moves ------------------------------------------------------------
+
+
+async def _with_clock(predict, config, body):
+    clock = FakeClock()
+    executor = ThreadPoolExecutor(1, thread_name_prefix="predict")
+    batcher = DynamicBatcher(predict, config, executor, clock)
+    batcher.start()
+    try:
+        return await body(batcher, clock)
+    finally:
+        await batcher.stop()
+        executor.shutdown()
+
+
+def test_a_batch_waits_max_wait_on_the_clock_then_goes():
+    rec = Recorder()
+
+    async def body(b, clock):
+        first = b.submit(rows(1), 1, 5.0)
+        await settle()
+        await clock.advance(0.029)
+        assert rec.batch_rows == [] and not first.done()  # the window is still open
+        second = b.submit(rows(2), 2, 5.0)  # joins the open batch
+        await clock.advance(0.001)
+        await asyncio.wait_for(asyncio.gather(first, second), 5)
+
+    run(_with_clock(rec, BatchingConfig(max_batch_size=32, max_wait_ms=30), body))
+    assert rec.batch_rows == [3]
+
+
+def test_a_full_batch_does_not_wait_for_the_clock():
+    rec = Recorder()
+
+    async def body(b, clock):
+        futures = [b.submit(rows(2), 2, 5.0) for _ in range(4)]  # 8 rows: full
+        await asyncio.wait_for(asyncio.gather(*futures), 5)  # no advance needed
+
+    run(_with_clock(rec, BatchingConfig(max_batch_size=8, max_wait_ms=10_000), body))
+    assert rec.batch_rows == [8]
+
+
+def test_a_deadline_that_passes_in_the_window_fails_without_computing():
+    rec = Recorder()
+
+    async def body(b, clock):
+        doomed = b.submit(rows(1), 1, 0.05)
+        kept = b.submit(rows(1), 1, 5.0)
+        await settle()
+        await clock.advance(0.1)  # the window ends after the first deadline
+        with pytest.raises(RequestTimeout):
+            await asyncio.wait_for(doomed, 5)
+        await asyncio.wait_for(kept, 5)
+        return b.stats
+
+    stats = run(_with_clock(rec, BatchingConfig(max_batch_size=8, max_wait_ms=100), body))
+    assert rec.batch_rows == [1] and stats.expired == 1

@@ -12,13 +12,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Callable, Coroutine, Iterator
-from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from inferd.clock import Clock
 from inferd.config import Settings
 from inferd.control.backends import ReplicaHandle
 from inferd.control.canary import ReplicaSample
@@ -28,43 +26,12 @@ from inferd.registry import Registry
 from inferd.routing.table import RoutingTable
 from inferd.runtimes.base import Signature, TensorSpec
 from inferd.serving.spec import ReplicaSpec
+from tests.clocks import FakeClock, settle
 
 SIGNATURE = Signature(
     inputs=(TensorSpec("x", "FP32", (-1,)),),
     outputs=(TensorSpec("prediction", "FP32", (-1,)),),
 )
-
-
-class FakeClock(Clock):
-    """Time moves only when the test says so."""
-
-    def __init__(self) -> None:
-        self.t = 0.0
-        self.start = datetime.now().astimezone()
-        self._sleepers: list[tuple[float, asyncio.Future[None]]] = []
-
-    def monotonic(self) -> float:
-        return self.t
-
-    def now(self) -> datetime:
-        return self.start + timedelta(seconds=self.t)
-
-    async def sleep(self, seconds: float) -> None:
-        if seconds <= 0:
-            await asyncio.sleep(0)
-            return
-        future = asyncio.get_running_loop().create_future()
-        self._sleepers.append((self.t + seconds, future))
-        await future
-
-    async def advance(self, seconds: float) -> None:
-        self.t += seconds
-        for deadline, future in list(self._sleepers):
-            if deadline <= self.t:
-                self._sleepers.remove((deadline, future))
-                if not future.done():
-                    future.set_result(None)
-        await settle()
 
 
 class FakeReplica:
@@ -134,12 +101,6 @@ class FakeBackend:
         return [
             r for r in self.started if not r.gone and (version is None or r.spec.version == version)
         ]
-
-
-async def settle(rounds: int = 50) -> None:
-    """Let every task that can run, run (nothing here waits on real time)."""
-    for _ in range(rounds):
-        await asyncio.sleep(0)
 
 
 async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
