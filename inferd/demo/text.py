@@ -78,7 +78,7 @@ def build_sentiment_classifier(
     from sklearn.model_selection import train_test_split
     from tokenizers import Tokenizer
 
-    from inferd.runtimes.transformers import pad_batch
+    from inferd.runtimes.hf_folders import pad_batch
 
     started = time.monotonic()
     texts, labels = read_reviews()

@@ -26,17 +26,30 @@ layers, CPU; see :data:`QUANTIZATIONS`).
 
 from __future__ import annotations
 
-import json
 import logging
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from inferd.errors import InvalidInput
 from inferd.runtimes.base import Runtime, Signature, TensorSpec
+from inferd.runtimes.hf_folders import (
+    POOLING_MODES,
+    POOLING_NAMES,
+    has_weights,
+    is_sequence_classifier,
+    load_dense,
+    model_folder,
+    pad_batch,
+    pool,
+    quantize_int8,
+    read_config,
+    read_json,
+    st_modules,
+    st_pooling,
+    text_of,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -45,85 +58,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = ("int8", "int8-all")
 """PyTorch dynamic quantization: ``int8`` every linear layer but the down-projections,
 ``int8-all`` every one (faster, less accurate)."""
-POOLING_MODES = ("mean", "cls", "max", "mean_sqrt_len", "lasttoken", "weightedmean")
-_ST_POOLING_FLAGS = {  # sentence-transformers Pooling config flags -> our mode names
-    "pooling_mode_cls_token": "cls",
-    "pooling_mode_mean_tokens": "mean",
-    "pooling_mode_max_tokens": "max",
-    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len",
-    "pooling_mode_weightedmean_tokens": "weightedmean",
-    "pooling_mode_lasttoken": "lasttoken",
-}
-_POOLING_NAMES = {  # other spellings of the modes
-    "mean_tokens": "mean",
-    "cls_token": "cls",
-    "max_tokens": "max",
-    "mean_sqrt_len_tokens": "mean_sqrt_len",
-    "weightedmean_tokens": "weightedmean",
-}
-_ACTIVATIONS = {  # sentence-transformers Dense activations -> torch functions
-    "Tanh": "tanh",
-    "Identity": None,
-    "ReLU": "relu",
-    "GELU": "gelu",
-    "Sigmoid": "sigmoid",
-}
-_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 _UNBOUNDED = 1_000_000  # tokenizer_config's "no limit" is 1e30
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    data = json.loads(path.read_text())
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} must hold a JSON object")
-    return data
-
-
-def _config(folder: Path) -> dict[str, Any] | None:
-    try:
-        return _read_json(folder / "config.json")
-    except (OSError, ValueError):
-        return None
-
-
-def _has_weights(folder: Path) -> bool:
-    return any((folder / name).is_file() for name in _WEIGHT_FILES) or any(
-        folder.glob("model-*.safetensors")
-    )
-
-
-def is_sequence_classifier(config: dict[str, Any]) -> bool:
-    architectures = config.get("architectures") or ()
-    return any(str(a).endswith("ForSequenceClassification") for a in architectures)
-
-
-@dataclass(frozen=True)
-class _Module:
-    kind: str
-    path: Path
-
-
-def _st_modules(folder: Path) -> list[_Module] | None:
-    """The modules of a sentence-transformers folder, or None for a plain HF folder."""
-    path = folder / "modules.json"
-    if not path.is_file():
-        return None
-    entries = json.loads(path.read_text())
-    if not isinstance(entries, list):
-        raise ValueError(f"{path} must hold a list of modules")
-    modules = []
-    for entry in sorted(entries, key=lambda e: e.get("idx", 0)):
-        kind = str(entry.get("type", "")).rsplit(".", 1)[-1]
-        modules.append(_Module(kind, folder / str(entry.get("path", ""))))
-    return modules
-
-
-def _model_folder(artifact_dir: Path) -> Path:
-    """Where config.json and the weights are: the folder, or the Transformer module's."""
-    modules = _st_modules(artifact_dir)
-    if modules and modules[0].kind == "Transformer":
-        return modules[0].path
-    return artifact_dir
 
 
 class TransformersRuntime(Runtime):
@@ -133,11 +68,11 @@ class TransformersRuntime(Runtime):
     @classmethod
     def detect(cls, artifact_dir: Path) -> bool:
         try:
-            folder = _model_folder(artifact_dir)
+            folder = model_folder(artifact_dir)
         except (OSError, ValueError):
             return False
-        config = _config(folder)
-        if config is None or not _has_weights(folder):
+        config = read_config(folder)
+        if config is None or not has_weights(folder):
             return False
         # GPT-2 language models belong to the generation runtime; its classifiers are ours.
         return config.get("model_type") != "gpt2" or is_sequence_classifier(config)
@@ -149,9 +84,9 @@ class TransformersRuntime(Runtime):
 
         self._torch = torch
         meta = self.config.metadata
-        self._modules = _st_modules(self.artifact_dir)
-        self._folder = _model_folder(self.artifact_dir)
-        hf_config = _config(self._folder)
+        self._modules = st_modules(self.artifact_dir)
+        self._folder = model_folder(self.artifact_dir)
+        hf_config = read_config(self._folder)
         if hf_config is None:
             raise ValueError(f"transformers: no readable config.json in {self._folder}")
         self._hf_config = hf_config
@@ -171,7 +106,7 @@ class TransformersRuntime(Runtime):
 
         self.model = self._load_model(dtype)
         st_config = self.artifact_dir / "sentence_bert_config.json"
-        self._st_config = _read_json(st_config) if st_config.is_file() else {}
+        self._st_config = read_json(st_config) if st_config.is_file() else {}
         self._lower = bool(self._st_config.get("do_lower_case"))
         self._load_tokenizer(meta.get("max_length"))
         labels = self.labels()
@@ -187,8 +122,8 @@ class TransformersRuntime(Runtime):
             self._normalize = False
         if self.quantization is not None:
             every = self.quantization == "int8-all"
-            self.model = _quantize_int8(torch, self.model, every)
-            self._dense = [(_quantize_int8(torch, d, every), act) for d, act in self._dense]
+            self.model = quantize_int8(torch, self.model, every)
+            self._dense = [(quantize_int8(torch, d, every), act) for d, act in self._dense]
 
     def _task(self, declared: Any) -> str:
         if declared is not None:
@@ -278,7 +213,7 @@ class TransformersRuntime(Runtime):
             limits.append(positions)
         tok_config = self._folder / "tokenizer_config.json"
         if tok_config.is_file():
-            value = _read_json(tok_config).get("model_max_length")
+            value = read_json(tok_config).get("model_max_length")
             if isinstance(value, int | float) and 0 < value < _UNBOUNDED:
                 limits.append(int(value))
         if isinstance(self._st_config.get("max_seq_length"), int):
@@ -295,9 +230,9 @@ class TransformersRuntime(Runtime):
             found_normalize = False
             for module in self._modules[1:]:
                 if module.kind == "Pooling":
-                    found_pooling = _st_pooling(module.path)
+                    found_pooling = st_pooling(module.path)
                 elif module.kind == "Dense":
-                    self._dense.append(self._load_dense(module.path))
+                    self._dense.append(load_dense(module.path, self.device, self._weights_dtype()))
                 elif module.kind == "Normalize":
                     found_normalize = True
                 else:
@@ -307,7 +242,7 @@ class TransformersRuntime(Runtime):
                     )
             pooling = pooling or found_pooling
             normalize = found_normalize if normalize is None else normalize
-        pooling = _POOLING_NAMES.get(pooling, pooling) if isinstance(pooling, str) else "mean"
+        pooling = POOLING_NAMES.get(pooling, pooling) if isinstance(pooling, str) else "mean"
         if pooling not in POOLING_MODES:
             raise ValueError(f"transformers: pooling {pooling!r} is not one of {POOLING_MODES}")
         self._pooling = pooling
@@ -319,25 +254,8 @@ class TransformersRuntime(Runtime):
                 dims = int(self._embed_ids([np.asarray([0, 0])]).shape[1])
         self.dimensions = dims
 
-    def _load_dense(self, folder: Path) -> tuple[Any, str | None]:
-        torch = self._torch
-        config = _read_json(folder / "config.json")
-        activation = str(config.get("activation_function", "Identity")).rsplit(".", 1)[-1]
-        if activation not in _ACTIVATIONS:
-            raise ValueError(f"transformers: Dense activation {activation!r} is not supported")
-        layer = torch.nn.Linear(
-            int(config["in_features"]), int(config["out_features"]), bool(config.get("bias", True))
-        )
-        if (folder / "model.safetensors").is_file():
-            from safetensors.torch import load_file
-
-            state = load_file(str(folder / "model.safetensors"))
-        else:
-            state = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
-        layer.load_state_dict({k.removeprefix("linear."): v for k, v in state.items()})
-        return layer.to(self.device, next(self.model.parameters()).dtype).eval(), _ACTIVATIONS[
-            activation
-        ]
+    def _weights_dtype(self) -> Any:
+        return next(self.model.parameters()).dtype
 
     # -- signature -----------------------------------------------------------------
 
@@ -373,7 +291,7 @@ class TransformersRuntime(Runtime):
         """Tokenize: ``{"ids": object array of int64 arrays, "truncated": bool array}``
         and each text's token count."""
         texts = inputs["text"]
-        strings = [_text(i, t) for i, t in enumerate(texts.reshape(-1))]
+        strings = [text_of(i, t) for i, t in enumerate(texts.reshape(-1))]
         if self._lower:
             strings = [s.lower() for s in strings]
         if len(strings) == 1:
@@ -406,7 +324,7 @@ class TransformersRuntime(Runtime):
         torch = self._torch
         input_ids, mask = self._batch_tensors(ids)
         hidden = self.model(input_ids=input_ids, attention_mask=mask).last_hidden_state
-        embedding = _pool(torch, self._pooling or "mean", hidden, mask)
+        embedding = pool(torch, self._pooling or "mean", hidden, mask)
         for layer, activation in self._dense:
             embedding = layer(embedding)
             if activation is not None:
@@ -433,84 +351,3 @@ class TransformersRuntime(Runtime):
     def unload(self) -> None:
         self.model = None
         self._dense = []
-
-
-def pad_batch(ids: list[Any], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Token-id rows padded on the right to the longest: (input ids, attention mask),
-    both int64 of shape (rows, longest)."""
-    longest = max(len(row) for row in ids)
-    input_ids = np.full((len(ids), longest), pad_id, dtype=np.int64)
-    mask = np.zeros((len(ids), longest), dtype=np.int64)
-    for i, row in enumerate(ids):
-        input_ids[i, : len(row)] = row
-        mask[i, : len(row)] = 1
-    return input_ids, mask
-
-
-def _text(row: int, value: Any) -> str:
-    if isinstance(value, bytes):
-        try:
-            value = value.decode()
-        except UnicodeDecodeError:
-            raise InvalidInput(f"'text' of row {row} is not UTF-8") from None
-    elif not isinstance(value, str):
-        raise InvalidInput(f"'text' of row {row} must be a string, not {type(value).__name__}")
-    if not value:
-        raise InvalidInput(f"'text' of row {row} is an empty string")
-    return value
-
-
-def _st_pooling(folder: Path) -> str:
-    config = _read_json(folder / "config.json")
-    mode = config.get("pooling_mode")  # sentence-transformers 5+: a name (or names)
-    if isinstance(mode, str | list):
-        modes = [_POOLING_NAMES.get(m, m) for m in ([mode] if isinstance(mode, str) else mode)]
-    else:
-        modes = [name for flag, name in _ST_POOLING_FLAGS.items() if config.get(flag)]
-    if len(modes) != 1:
-        raise ValueError(
-            f"transformers: {folder}/config.json asks for pooling {modes or 'none'}; "
-            "exactly one mode is supported"
-        )
-    return modes[0]
-
-
-def _pool(torch: Any, mode: str, hidden: Any, mask: Any) -> Any:
-    """sentence-transformers' Pooling, for right-padded batches."""
-    if mode == "cls":
-        return hidden[:, 0]
-    if mode == "lasttoken":
-        last = mask.sum(dim=1) - 1
-        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
-    expanded = mask.unsqueeze(-1).to(hidden.dtype)
-    if mode == "max":
-        return hidden.masked_fill(expanded == 0, -1e9).max(dim=1).values
-    if mode == "weightedmean":
-        positions = torch.arange(1, hidden.shape[1] + 1, device=hidden.device, dtype=hidden.dtype)
-        expanded = expanded * positions.view(1, -1, 1)
-    summed = (hidden * expanded).sum(dim=1)
-    counts = expanded.sum(dim=1).clamp(min=1e-9)
-    if mode == "mean_sqrt_len":
-        return summed / counts.sqrt()
-    return summed / counts
-
-
-def _quantize_int8(torch: Any, module: Any, every_layer: bool = False) -> Any:
-    """Dynamic int8 quantization of the linear layers, except (unless ``every_layer``) the
-    down-projections (more inputs than outputs: the feed-forward output layers), whose
-    inputs carry the large activation outliers of BERT-family models: quantizing those
-    per tensor costs most of the accuracy for a third of the speed-up."""
-    linear = torch.nn.Linear
-    # Wrapped, because quantize_dynamic replaces submodules only: a Dense module's own
-    # linear layer is a root and would stay float32.
-    root = torch.nn.Sequential(module)
-    names = {
-        name
-        for name, layer in root.named_modules()
-        if isinstance(layer, linear) and (every_layer or layer.in_features <= layer.out_features)
-    }
-    if not names:
-        return module
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch.ao.quantization's deprecation notice
-        return torch.ao.quantization.quantize_dynamic(root, names, dtype=torch.qint8)[0]
