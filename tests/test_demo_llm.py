@@ -15,10 +15,10 @@ import pytest
 from peft import PeftModel
 from transformers import AutoTokenizer, GPT2LMHeadModel
 
+from inferd.demo.corpus import ENDOFTEXT
 from inferd.demo.llm import (
     ADAPTER_STEPS_PER_S,
     BASE_STEPS_PER_S,
-    ENDOFTEXT,
     LLMDemo,
     build_tiny_gpt2,
     greedy,
