@@ -1,7 +1,8 @@
 """The composition root: ``inferd serve`` in one function.
 
-The server process owns the registry, the controller (which starts and watches
-replica processes) and the gateway processes, and handles signals. SIGTERM/SIGINT
+The server process owns the registry, the control plane (:mod:`inferd.control.plane`:
+the controller and its replicas, the table publisher, the inference log, ``/metrics``)
+and the gateway processes, and handles signals. SIGTERM/SIGINT
 shut down in dependency order: gateways stop accepting and finish in-flight requests,
 then replicas drain, then the process exits.
 """
@@ -9,10 +10,8 @@ then replicas drain, then the process exits.
 from __future__ import annotations
 
 import asyncio
-import functools
 import ipaddress
 import logging
-import os
 import secrets
 import shutil
 import signal
@@ -23,28 +22,12 @@ from pathlib import Path
 
 import inferd
 from inferd.config import Settings
-from inferd.control.controller import Controller
 from inferd.control.gateways import GatewayPool
-from inferd.control.publisher import TablePublisher
+from inferd.control.plane import ControlPlane
 from inferd.jobs.service import JobService
-from inferd.observability import feedback
-from inferd.observability.exposition import (
-    RequestMetrics,
-    Text,
-    replica_statuses,
-    write_accuracy,
-    write_gpus,
-    write_processes,
-    write_replicas,
-    write_requests,
-)
-from inferd.observability.inference_log import InferenceLog, log_engine, maintain
 from inferd.registry import Registry
-from inferd.routing.table import LogRows
 
 logger = logging.getLogger(__name__)
-UPKEEP_INTERVAL_S = 3600.0
-"""How often old inference log rows go and new partitions are made."""
 
 
 def _reserve_port(host: str, port: int) -> socket.socket:
@@ -88,99 +71,6 @@ def _loopback(host: str) -> bool:
         return host == "localhost"
 
 
-def _log_upkeep(registry: Registry, settings: Settings) -> None:
-    """Inference log partitions ahead (PostgreSQL) and retention."""
-    cfg = settings.inference_log
-    done = maintain(registry.write_engine, cfg.retention_days, cfg.partitions_ahead_days)
-    if done.created or done.dropped or done.deleted_rows:
-        logger.info(
-            "inference log: created %s, dropped %s, deleted %d old row(s)",
-            done.created or "no partition", done.dropped or "no partition", done.deleted_rows,
-        )  # fmt: skip
-
-
-async def _log_upkeep_forever(registry: Registry, settings: Settings) -> None:
-    while True:
-        await asyncio.sleep(UPKEEP_INTERVAL_S)
-        try:
-            await asyncio.to_thread(_log_upkeep, registry, settings)
-        except Exception:
-            logger.exception("inference log upkeep failed; retrying in an hour")
-
-
-def _take_rows(
-    settings: Settings, publisher: TablePublisher, requests: RequestMetrics
-) -> InferenceLog | None:
-    """What gateways ship: request rows and counters feed ``requests`` (``/metrics``)
-    and, when the inference log is on, the returned writer."""
-    writer = None
-    if settings.inference_log.enabled:
-        cfg = settings.inference_log
-        engine = log_engine(settings.resolved_database_url)
-        writer = InferenceLog(engine, cfg.flush_interval_s, cfg.max_buffer_rows)
-        writer.start()
-
-    def on_log_rows(message: LogRows) -> None:
-        requests.observe(message.rows)
-        if message.counters:
-            requests.add_counters(message.counters)
-        if writer is not None:
-            writer.extend(message.rows)
-
-    publisher.on_log_rows = on_log_rows
-    return writer
-
-
-async def render_metrics(
-    requests: RequestMetrics,
-    controller: Controller,
-    gateways: GatewayPool,
-    writer: InferenceLog | None = None,
-    registry: Registry | None = None,
-    jobs: JobService | None = None,
-) -> str:
-    """``/metrics``: requests from every gateway, then every replica and process, then
-    accuracy from feedback."""
-    out = Text()
-    write_requests(out, requests, 0 if writer is None else writer.dropped)
-    states, reachable = [], []
-    processes = [({"process": "server", "id": "server"}, os.getpid())]
-    for i, process in enumerate(gateways.processes):
-        processes.append(({"process": "gateway", "id": str(i)}, process.pid))
-    for name, model in controller.models.items():
-        for version, vset in model.versions.items():
-            for replica in vset.replicas:
-                labels = {"model": name, "version": version, "replica": replica.id}
-                states.append((labels, replica.state.value, replica.restarts))
-                if replica.state in ("ready", "draining"):
-                    reachable.append((labels, replica.address))
-                if replica.pid:
-                    processes.append(({"process": "replica", "id": replica.id}, replica.pid))
-    write_replicas(out, states, await replica_statuses(reachable))
-    write_processes(out, processes)
-    write_gpus(out)
-    if registry is not None and writer is not None:  # feedback needs the inference log
-        await _write_accuracy(out, controller, registry)
-    if jobs is not None:
-        await jobs.write_metrics(out)
-    return out.render()
-
-
-async def _write_accuracy(out: Text, controller: Controller, registry: Registry) -> None:
-    thresholds = []
-    for name, model in controller.models.items():
-        for version, vset in model.versions.items():
-            value = vset.record.metadata.get("accuracy_threshold")
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                thresholds.append(({"model": name, "version": version}, float(value)))
-    try:
-        rows = await asyncio.to_thread(feedback.accuracy, registry.engine)
-    except Exception:
-        logger.exception("reading feedback for /metrics failed")
-        rows = []
-    write_accuracy(out, rows, thresholds)
-
-
 async def serve(
     settings: Settings,
     demo: bool = False,
@@ -211,37 +101,22 @@ async def serve(
     settings.auth.internal_token = secrets.token_urlsafe(32)
     run_dir = settings.run_dir or Path(tempfile.mkdtemp(prefix="inferd-"))
     run_dir.mkdir(parents=True, exist_ok=True)
-    publisher = TablePublisher(run_dir / "control.sock")
-    await publisher.start()
-    controller = Controller(settings, registry, run_dir, publisher.publish)
-    publisher.on_reconcile = controller.reconcile  # a gateway changed a model's desired state
-    requests = RequestMetrics()
-    writer = _take_rows(settings, publisher, requests)
-    gateways = GatewayPool(settings, publisher.path)
-    publisher.on_metrics = functools.partial(
-        render_metrics, requests, controller, gateways, writer, registry
-    )
+    plane = ControlPlane(settings, registry, run_dir)
+    gateways = GatewayPool(settings, plane.control_socket)
+    plane.gateway_pids = lambda: [p.pid for p in gateways.processes]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    upkeep = None
-    jobs = None
     try:
-        if settings.inference_log.enabled:
-            await asyncio.to_thread(_log_upkeep, registry, settings)  # partitions first
-            upkeep = loop.create_task(_log_upkeep_forever(registry, settings))
-        await controller.start()
+        await plane.start()
         await gateways.start()
         for sock in reserved:
             sock.close()
         if settings.jobs.runner:
-            jobs = JobService(settings, registry)
-            await jobs.start()
-            publisher.on_metrics = functools.partial(
-                render_metrics, requests, controller, gateways, writer, registry, jobs
-            )
-        models = ", ".join(sorted(controller.models)) or "none yet"
+            plane.jobs = JobService(settings, registry)
+            await plane.jobs.start()
+        models = ", ".join(sorted(plane.controller.models)) or "none yet"
         grpc = f", gRPC on {settings.host}:{settings.grpc_port}" if settings.grpc_port >= 0 else ""
         progress(
             f"inferd {inferd.__version__} serving on http://{settings.host}:{settings.port}"
@@ -250,16 +125,10 @@ async def serve(
         await stop.wait()
         progress("shutting down: draining gateways, then replicas")
     finally:
-        if upkeep is not None:
-            upkeep.cancel()
-        if jobs is not None:
-            await jobs.stop()  # what runs comes back from the queue after its lease
+        if plane.jobs is not None:
+            await plane.jobs.stop()  # what runs comes back from the queue after its lease
         await gateways.stop()
-        await controller.stop()
-        await publisher.close()
-        if writer is not None:
-            await asyncio.to_thread(writer.close)  # the last rows the gateways sent
-            writer.engine.dispose()
+        await plane.stop()
         registry.close()
         if settings.run_dir is None:
             shutil.rmtree(run_dir, ignore_errors=True)

@@ -5,19 +5,23 @@ the test process, with no subprocess and no socket.
 (``client``, ``url``, ``wait_ready``, ``stop``): the same test body runs against
 either. Inside, one event loop on a background thread runs the controller with the
 ``inprocess`` replica backend (replica cores served over in-memory pipes, reached by the
-same client and frames as replica processes) and the app ``create_app`` builds for a
-gateway process; ``client`` is a synchronous ``httpx.Client`` whose requests run
-through ``httpx.ASGITransport`` on that loop.
+same client and frames as replica processes) and the app a gateway process serves;
+``client`` is a synchronous ``httpx.Client`` whose requests run through
+``httpx.ASGITransport`` on that loop.
 
-What it does not have: gateway processes (one app instead of N), the gRPC server, the
-table publisher (the controller hands tables to the router directly), the job runner,
-``/metrics`` (rendered by the server process) and the inference log writer. Tests of
-those stay end to end.
+It is the server's own composition without processes: a
+:class:`~inferd.control.plane.ControlPlane` (controller, table publisher on a Unix
+socket, inference log writer, ``/metrics``) and one gateway app built by
+:func:`~inferd.api.worker.build_gateway`, which follows the publisher like a gateway
+process does. What it does not have: several gateway processes, the gRPC server and the
+job runner (it talks to gateways over HTTP). Tests of those stay end to end.
 """
 
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Coroutine
@@ -26,15 +30,11 @@ from typing import Any, TypeVar
 
 import httpx
 
-from inferd.api.app import create_app
-from inferd.api.limits import rate_limits_for
+from inferd.api.worker import Gateway, build_gateway
 from inferd.config import Settings
 from inferd.control.backends.inprocess import InProcessBackend
-from inferd.control.controller import Controller
+from inferd.control.plane import ControlPlane
 from inferd.registry import Registry
-from inferd.routing.cache import cache_for
-from inferd.routing.router import Router
-from inferd.routing.table import RoutingTable
 
 T = TypeVar("T")
 
@@ -66,22 +66,26 @@ class InProcessServer:
         data_dir.mkdir(parents=True, exist_ok=True)
         self.data_dir = data_dir
         self.url = "http://inferd.test"
-        self.settings = Settings(data_dir=data_dir, reconcile_interval_s=0.3, **settings)
+        self.settings = Settings(
+            data_dir=data_dir, reconcile_interval_s=0.3, grpc_port=-1, **settings
+        )
         self.demo = demo
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
         self.registry = Registry.from_settings(self.settings)
-        self.router, self.controller, app = self.run(self._start())
+        self.run_dir = Path(tempfile.mkdtemp(prefix="inferd-t-"))
+        self.plane, self.gateway = self.run(self._start())
+        self.controller = self.plane.controller
         self.client = httpx.Client(
-            base_url=self.url, transport=LoopTransport(app, self.loop), timeout=60
+            base_url=self.url, transport=LoopTransport(self.gateway.app, self.loop), timeout=60
         )
 
     def run(self, coro: Coroutine[Any, Any, T], timeout_s: float = 300) -> T:
         """Run ``coro`` on the server's loop and wait for its result."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
 
-    async def _start(self) -> tuple[Router, Controller, Any]:
+    async def _start(self) -> tuple[ControlPlane, Gateway]:
         if self.demo:
             from inferd.demo.install import install_demo
 
@@ -93,26 +97,10 @@ class InProcessServer:
                 self.settings.demo_llm,
                 self.settings.demo_text,
             )
-        router = Router()
-
-        def publish(table: RoutingTable) -> None:
-            self.loop.create_task(router.apply(table))
-
-        controller = Controller(
-            self.settings,
-            self.registry,
-            self.data_dir,
-            publish,
-            backend=InProcessBackend(self.settings.shutdown_grace_s),
-        )
-        await controller.start()
-        cache = None
-        if self.settings.cache.enabled:
-            cache = cache_for(self.settings.cache.max_bytes, self.settings.redis_url)
-        app = create_app(
-            self.settings, router, self.registry, None, cache, rate_limits_for(self.settings)
-        )
-        return router, controller, app
+        backend = InProcessBackend(self.settings.shutdown_grace_s)
+        plane = ControlPlane(self.settings, self.registry, self.run_dir, backend)
+        await plane.start()
+        return plane, await build_gateway(self.settings, plane.control_socket)
 
     def push_source(self, model: str, source: str, version: str = "v1", **metadata: Any) -> None:
         """Register ``source`` (a model.py with one Python model class) as
@@ -142,8 +130,9 @@ class InProcessServer:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
         self.registry.close()
+        shutil.rmtree(self.run_dir, ignore_errors=True)
         return 0
 
     async def _stop(self) -> None:
-        await self.controller.stop()
-        self.router.close()
+        await self.gateway.close()
+        await self.plane.stop()

@@ -13,6 +13,7 @@ import contextlib
 import os
 import socket
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,34 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def run_gateway(settings: Settings, control_socket: Path) -> None:
+@dataclass
+class Gateway:
+    """One gateway's app and what it holds: built the same way by a gateway process and
+    by the in-process test tier."""
+
+    app: Any
+    router: Router
+    registry: Registry
+    inference_log: LogShipper
+    cache: Any
+    limits: Any
+    jobs: Jobs
+
+    async def close(self) -> None:
+        self.router.close()
+        self.inference_log.close()  # what is left, to the server
+        if self.cache is not None:
+            await self.cache.close()
+        if self.limits is not None:
+            await self.limits.close()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.jobs.queue.close(), 5.0)
+        self.registry.close()
+
+
+async def build_gateway(settings: Settings, control_socket: Path) -> Gateway:
+    """Follow the server's routing tables and build the app; returns once the first
+    table arrived."""
     router = Router()
     await router.follow(control_socket)
     registry = Registry(settings.resolved_database_url, settings.artifact_dir, migrate=False)
@@ -60,8 +88,13 @@ async def run_gateway(settings: Settings, control_socket: Path) -> None:
     limits = rate_limits_for(settings)  # one per process: HTTP and gRPC share the budgets
     jobs = Jobs(settings, JobStore(registry.engine), queue_for(settings.resolved_queue_url))
     app = create_app(settings, router, registry, inference_log, cache, limits, jobs)
+    return Gateway(app, router, registry, inference_log, cache, limits, jobs)
+
+
+async def run_gateway(settings: Settings, control_socket: Path) -> None:
+    gateway = await build_gateway(settings, control_socket)
     config = uvicorn.Config(
-        app,
+        gateway.app,
         loop="none",
         http="httptools",
         lifespan="off",
@@ -77,14 +110,17 @@ async def run_gateway(settings: Settings, control_socket: Path) -> None:
     def stop_serving() -> None:
         server.should_exit = True
 
-    router.on_lost = stop_serving
+    gateway.router.on_lost = stop_serving
     sock = bind_socket(settings.host, settings.port)
     sock.listen(config.backlog)
     grpc_server = None
     if settings.grpc_port >= 0:
         from inferd.grpc.service import start_server
 
-        grpc_server = await start_server(router, registry, settings, inference_log, cache, limits)
+        g = gateway
+        grpc_server = await start_server(
+            g.router, g.registry, settings, g.inference_log, g.cache, g.limits
+        )
     loop = asyncio.get_running_loop()
     loop.call_soon(_listening)
     stopping = None
@@ -95,15 +131,7 @@ async def run_gateway(settings: Settings, control_socket: Path) -> None:
     finally:
         if stopping is not None:
             await stopping
-        router.close()
-        inference_log.close()  # what is left, to the server
-        if cache is not None:
-            await cache.close()
-        if limits is not None:
-            await limits.close()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(jobs.queue.close(), 5.0)
-        registry.close()
+        await gateway.close()
 
 
 def _listening() -> None:

@@ -1,0 +1,167 @@
+"""The server process without its gateway processes: the registry's consumers that run
+once per server — the controller and its replicas, the table publisher gateways follow,
+the inference log writer and ``/metrics``.
+
+``inferd serve`` runs one beside its gateway processes (:mod:`inferd.server`); the
+in-process test tier runs one beside a gateway app in the same process. Gateways reach
+it only through the publisher's socket: routing tables down; reconcile requests, log
+rows and ``/metrics`` queries up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from inferd.config import Settings
+from inferd.control.backends import ReplicaBackend
+from inferd.control.controller import Controller
+from inferd.control.publisher import TablePublisher
+from inferd.observability import feedback
+from inferd.observability.exposition import (
+    RequestMetrics,
+    Text,
+    replica_statuses,
+    write_accuracy,
+    write_gpus,
+    write_processes,
+    write_replicas,
+    write_requests,
+)
+from inferd.observability.inference_log import InferenceLog, log_engine, maintain
+from inferd.registry import Registry
+from inferd.routing.table import LogRows
+
+if TYPE_CHECKING:
+    from inferd.jobs.service import JobService
+
+logger = logging.getLogger(__name__)
+UPKEEP_INTERVAL_S = 3600.0
+"""How often old inference log rows go and new partitions are made."""
+
+
+class ControlPlane:
+    def __init__(
+        self,
+        settings: Settings,
+        registry: Registry,
+        run_dir: Path,
+        backend: ReplicaBackend | None = None,
+    ) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.publisher = TablePublisher(run_dir / "control.sock")
+        self.controller = Controller(settings, registry, run_dir, self.publisher.publish, backend)
+        self.requests = RequestMetrics()
+        self.writer: InferenceLog | None = None
+        self.jobs: JobService | None = None
+        """The job service, once the server started one (its figures join /metrics)."""
+        self.gateway_pids: Callable[[], list[int]] = list
+        """The gateway processes' pids, for process metrics."""
+        self._upkeep: asyncio.Task[None] | None = None
+
+    @property
+    def control_socket(self) -> Path:
+        return self.publisher.path
+
+    async def start(self) -> None:
+        """Listen for gateways, open the inference log, and reconcile once (replicas
+        start loading); returns without waiting for them."""
+        await self.publisher.start()
+        self.publisher.on_reconcile = self.controller.reconcile  # a gateway changed a model
+        self.publisher.on_log_rows = self._take_rows
+        self.publisher.on_metrics = self.render_metrics
+        if self.settings.inference_log.enabled:
+            cfg = self.settings.inference_log
+            engine = log_engine(self.settings.resolved_database_url)
+            self.writer = InferenceLog(engine, cfg.flush_interval_s, cfg.max_buffer_rows)
+            self.writer.start()
+            await asyncio.to_thread(_log_upkeep, self.registry, self.settings)  # partitions first
+            self._upkeep = asyncio.get_running_loop().create_task(
+                _log_upkeep_forever(self.registry, self.settings)
+            )
+        await self.controller.start()
+
+    async def stop(self) -> None:
+        """Drain and stop the replicas, then close the socket and the log."""
+        if self._upkeep is not None:
+            self._upkeep.cancel()
+        await self.controller.stop()
+        await self.publisher.close()
+        if self.writer is not None:
+            await asyncio.to_thread(self.writer.close)  # the last rows the gateways sent
+            self.writer.engine.dispose()
+
+    def _take_rows(self, message: LogRows) -> None:
+        """What gateways ship: request rows and counters feed ``/metrics`` and, when the
+        inference log is on, the writer."""
+        self.requests.observe(message.rows)
+        if message.counters:
+            self.requests.add_counters(message.counters)
+        if self.writer is not None:
+            self.writer.extend(message.rows)
+
+    async def render_metrics(self) -> str:
+        """``/metrics``: requests from every gateway, then every replica and process,
+        then accuracy from feedback, then jobs."""
+        out = Text()
+        write_requests(out, self.requests, 0 if self.writer is None else self.writer.dropped)
+        states, reachable = [], []
+        processes = [({"process": "server", "id": "server"}, os.getpid())]
+        for i, pid in enumerate(self.gateway_pids()):
+            processes.append(({"process": "gateway", "id": str(i)}, pid))
+        for name, model in self.controller.models.items():
+            for version, vset in model.versions.items():
+                for replica in vset.replicas:
+                    labels = {"model": name, "version": version, "replica": replica.id}
+                    states.append((labels, replica.state.value, replica.restarts))
+                    if replica.state in ("ready", "draining"):
+                        reachable.append((labels, replica.address))
+                    if replica.pid:
+                        processes.append(({"process": "replica", "id": replica.id}, replica.pid))
+        write_replicas(out, states, await replica_statuses(reachable))
+        write_processes(out, processes)
+        write_gpus(out)
+        if self.writer is not None:  # feedback needs the inference log
+            await self._write_accuracy(out)
+        if self.jobs is not None:
+            await self.jobs.write_metrics(out)
+        return out.render()
+
+    async def _write_accuracy(self, out: Text) -> None:
+        thresholds = []
+        for name, model in self.controller.models.items():
+            for version, vset in model.versions.items():
+                value = vset.record.metadata.get("accuracy_threshold")
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    thresholds.append(({"model": name, "version": version}, float(value)))
+        try:
+            rows = await asyncio.to_thread(feedback.accuracy, self.registry.engine)
+        except Exception:
+            logger.exception("reading feedback for /metrics failed")
+            rows = []
+        write_accuracy(out, rows, thresholds)
+
+
+def _log_upkeep(registry: Registry, settings: Settings) -> None:
+    """Inference log partitions ahead (PostgreSQL) and retention."""
+    cfg = settings.inference_log
+    done = maintain(registry.write_engine, cfg.retention_days, cfg.partitions_ahead_days)
+    if done.created or done.dropped or done.deleted_rows:
+        logger.info(
+            "inference log: created %s, dropped %s, deleted %d old row(s)",
+            done.created or "no partition", done.dropped or "no partition", done.deleted_rows,
+        )  # fmt: skip
+
+
+async def _log_upkeep_forever(registry: Registry, settings: Settings) -> None:
+    while True:
+        await asyncio.sleep(UPKEEP_INTERVAL_S)
+        try:
+            await asyncio.to_thread(_log_upkeep, registry, settings)
+        except Exception:
+            logger.exception("inference log upkeep failed; retrying in an hour")
