@@ -23,17 +23,8 @@ from typing import TypeVar
 
 from inferd.errors import InferdError, ModelNotFound, ModelNotReady
 from inferd.observability.inference_log import LogRow
-from inferd.routing.table import (
-    LogRows,
-    MetricsQuery,
-    MetricsText,
-    ModelRoute,
-    ReconcileRequest,
-    RoutingTable,
-    VersionRoute,
-    decode_table,
-    encode_request,
-)
+from inferd.routing.server_link import ServerLink
+from inferd.routing.table import ModelRoute, RoutingTable, VersionRoute
 from inferd.runtimes.base import Signature
 from inferd.serving import protocol as p
 from inferd.serving.client import ReplicaClient, ReplicaGone
@@ -123,35 +114,33 @@ class Router:
         """Models whose unpinned requests are split between versions."""
         self._shadows: dict[str, Shadow] = {}
         """Models with a shadow version that has ready replicas."""
-        self._task: asyncio.Task[None] | None = None
         self.received = asyncio.Event()
-        self.on_lost: Callable[[], None] | None = None
-        self._control: asyncio.StreamWriter | None = None
         self._applied = asyncio.Event()  # replaced after each table; set = "look again"
-        self._metrics: dict[int, asyncio.Future[str]] = {}
-        self._metrics_ids = 0
+        self.server = ServerLink()
+        """The control channel to the server: tables down; reconcile requests, log rows
+        and /metrics queries up."""
 
     async def follow(self, control_socket: Path) -> None:
         """Subscribe to the controller's table; returns once the first one arrived."""
-        reader, self._control = await asyncio.open_unix_connection(str(control_socket))
-        self._task = asyncio.get_running_loop().create_task(self._read_tables(reader))
+        await self.server.connect(control_socket, self.apply)
         await self.received.wait()
 
-    async def _read_tables(self, reader: asyncio.StreamReader) -> None:
-        try:
-            while True:
-                size = int.from_bytes(await reader.readexactly(4), "little")
-                message = decode_table(await reader.readexactly(size))
-                if isinstance(message, MetricsText):
-                    waiter = self._metrics.pop(message.id, None)
-                    if waiter is not None and not waiter.done():
-                        waiter.set_result(message.text)
-                    continue
-                await self.apply(message)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            logger.error("lost the controller; this gateway stops")
-            if self.on_lost is not None:
-                self.on_lost()
+    @property
+    def on_lost(self) -> Callable[[], None] | None:
+        return self.server.on_lost
+
+    @on_lost.setter
+    def on_lost(self, callback: Callable[[], None] | None) -> None:
+        self.server.on_lost = callback
+
+    async def request_reconcile(self, model: str = "") -> None:
+        await self.server.request_reconcile(model)
+
+    def send_log_rows(self, rows: list[LogRow], counters: dict[str, int]) -> bool:
+        return self.server.send_log_rows(rows, counters)
+
+    async def server_metrics(self, timeout_s: float = 10.0) -> str:
+        return await self.server.metrics(timeout_s)
 
     async def apply(self, table: RoutingTable) -> None:
         if table.generation <= self.table.generation:
@@ -224,36 +213,6 @@ class Router:
             except TimeoutError:
                 return check(self.table)
         return result
-
-    async def request_reconcile(self, model: str = "") -> None:
-        """Ask the controller to reconcile now (the registry changed), instead of on its
-        next periodic pass. A no-op for a router that follows no controller."""
-        if self._control is None or self._control.is_closing():
-            return
-        self._control.write(encode_request(ReconcileRequest(model)))
-        await self._control.drain()
-
-    def send_log_rows(self, rows: list[LogRow], counters: dict[str, int]) -> bool:
-        """Hand inference log rows (and counter deltas) to the server process; False when
-        it is not there."""
-        if self._control is None or self._control.is_closing():
-            return False
-        self._control.write(encode_request(LogRows(rows, counters)))
-        return True
-
-    async def server_metrics(self, timeout_s: float = 10.0) -> str:
-        """``/metrics`` as the server process renders it (every gateway and replica)."""
-        if self._control is None or self._control.is_closing():
-            raise ModelNotReady("the server process is not reachable")
-        self._metrics_ids += 1
-        query = self._metrics_ids
-        waiter: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._metrics[query] = waiter
-        self._control.write(encode_request(MetricsQuery(query)))
-        try:
-            return await asyncio.wait_for(waiter, timeout_s)
-        finally:
-            self._metrics.pop(query, None)
 
     def waiting_for(self) -> list[str]:
         """Loaded models that have no serving version yet (what readiness waits for)."""
@@ -424,9 +383,6 @@ class Router:
         return [self._clients[r.id] for r in route.replicas if r.id in self._clients]
 
     def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-        if self._control is not None:
-            self._control.close()
+        self.server.close()
         for client in self._clients.values():
             client.close()

@@ -1,0 +1,101 @@
+"""A gateway's control channel to the server process (one Unix socket, both ways):
+routing tables and ``/metrics`` replies come down; reconcile requests, inference log
+rows and ``/metrics`` queries go up."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from inferd.errors import ModelNotReady
+from inferd.observability.inference_log import LogRow
+from inferd.routing.table import (
+    LogRows,
+    MetricsQuery,
+    MetricsText,
+    ReconcileRequest,
+    RoutingTable,
+    decode_table,
+    encode_request,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class ServerLink:
+    def __init__(self) -> None:
+        self.on_lost: Callable[[], None] | None = None
+        """Called when the server goes away (the gateway then stops)."""
+        self._writer: asyncio.StreamWriter | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._metrics: dict[int, asyncio.Future[str]] = {}
+        self._metrics_ids = 0
+
+    async def connect(
+        self, path: Path, on_table: Callable[[RoutingTable], Awaitable[None]]
+    ) -> None:
+        """Connect, and hand every table that comes to ``on_table``, in order."""
+        reader, self._writer = await asyncio.open_unix_connection(str(path))
+        self._task = asyncio.get_running_loop().create_task(self._read(reader, on_table))
+
+    async def _read(
+        self,
+        reader: asyncio.StreamReader,
+        on_table: Callable[[RoutingTable], Awaitable[None]],
+    ) -> None:
+        try:
+            while True:
+                size = int.from_bytes(await reader.readexactly(4), "little")
+                message = decode_table(await reader.readexactly(size))
+                if isinstance(message, MetricsText):
+                    waiter = self._metrics.pop(message.id, None)
+                    if waiter is not None and not waiter.done():
+                        waiter.set_result(message.text)
+                    continue
+                await on_table(message)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            logger.error("lost the controller; this gateway stops")
+            if self.on_lost is not None:
+                self.on_lost()
+
+    @property
+    def connected(self) -> bool:
+        return self._writer is not None and not self._writer.is_closing()
+
+    async def request_reconcile(self, model: str = "") -> None:
+        """Ask the controller to reconcile now (the registry changed), instead of on its
+        next periodic pass. A no-op when not connected."""
+        if self._writer is None or self._writer.is_closing():
+            return
+        self._writer.write(encode_request(ReconcileRequest(model)))
+        await self._writer.drain()
+
+    def send_log_rows(self, rows: list[LogRow], counters: dict[str, int]) -> bool:
+        """Hand inference log rows (and counter deltas) to the server process; False when
+        it is not there."""
+        if self._writer is None or self._writer.is_closing():
+            return False
+        self._writer.write(encode_request(LogRows(rows, counters)))
+        return True
+
+    async def metrics(self, timeout_s: float = 10.0) -> str:
+        """``/metrics`` as the server process renders it (every gateway and replica)."""
+        if self._writer is None or self._writer.is_closing():
+            raise ModelNotReady("the server process is not reachable")
+        self._metrics_ids += 1
+        query = self._metrics_ids
+        waiter: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._metrics[query] = waiter
+        self._writer.write(encode_request(MetricsQuery(query)))
+        try:
+            return await asyncio.wait_for(waiter, timeout_s)
+        finally:
+            self._metrics.pop(query, None)
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        if self._writer is not None:
+            self._writer.close()
