@@ -24,7 +24,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -116,6 +116,16 @@ class InProcessServer:
         )
         self.run(self.controller.reconcile())
 
+    def wait_for(
+        self, predicate: Callable[[], bool], timeout_s: float = 60, what: str = "condition"
+    ) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            time.sleep(0.02)
+        raise AssertionError(f"timed out waiting for {what}")
+
     def wait_ready(self, timeout_s: float = 120, path: str = "/health/ready") -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -129,6 +139,7 @@ class InProcessServer:
         self.run(self._stop())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
+        self.loop.close()
         self.registry.close()
         shutil.rmtree(self.run_dir, ignore_errors=True)
         return 0

@@ -32,6 +32,7 @@ from inferd.registry.rollout import DeploymentStatus, Strategy
 from inferd.routing.table import ModelRoute, ReplicaRoute, VersionRoute
 from inferd.runtimes.base import Signature
 from tests.conftest import InferdServer, fake_gpus, push_source, run_cli, served
+from tests.inprocess import InProcessServer
 
 MODELS = Path(__file__).parent / "models"
 SIGNATURE = {
@@ -257,9 +258,35 @@ def server(data: Path, gpu_env: dict[str, str]) -> Iterator[InferdServer]:
         yield srv
 
 
+@pytest.fixture(scope="module")
+def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessServer]:
+    """The deployments API in process: the same app, controller and replica code."""
+    data = tmp_path_factory.mktemp("deployments-app")
+    _push(data, "auto", "v1", "v2")
+    server = InProcessServer(data)
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture
-def model(server: InferdServer, data: Path) -> str:
+def model(app: InProcessServer) -> str:
     """A new model with v1 and v2, served in automatic mode (v2, the newest)."""
+    name = f"m{next(_names)}"
+    _push(app.data_dir, name, "v1", "v2")
+    app.wait_for(
+        lambda: _states(app.client, name) == {"v2": "active"},
+        timeout_s=60,
+        what=f"{name}:v2 serving",
+    )
+    return name
+
+
+@pytest.fixture
+def served_model(server: InferdServer, data: Path) -> str:
+    """The same, on the real server (for the CLI, which writes its registry)."""
     name = f"m{next(_names)}"
     _push(data, name, "v1", "v2")
     server.wait_for(
@@ -342,8 +369,8 @@ def test_listing_in_automatic_mode(server: InferdServer) -> None:
 
 
 @pytest.mark.slow
-def test_first_deploy_switches_to_deployments_mode(server: InferdServer, model: str) -> None:
-    c = server.client
+def test_first_deploy_switches_to_deployments_mode(app: InProcessServer, model: str) -> None:
+    c = app.client
     made = c.post(
         "/api/v1/deployments",
         json={
@@ -384,7 +411,7 @@ def test_first_deploy_switches_to_deployments_mode(server: InferdServer, model: 
     assert listed[model]["mode"] == "deployments" and listed["auto"]["mode"] == "automatic"
 
     # Needs the controller: it starts v1's two replicas and reports both versions active.
-    server.wait_for(
+    app.wait_for(
         lambda: _states(c, model) == {"v2": "active", "v1": "active"},
         timeout_s=60,
         what="v1 and v2 active",
@@ -397,8 +424,8 @@ def test_first_deploy_switches_to_deployments_mode(server: InferdServer, model: 
 
 
 @pytest.mark.slow
-def test_traffic_with_optimistic_concurrency(server: InferdServer, model: str) -> None:
-    c = server.client
+def test_traffic_with_optimistic_concurrency(app: InProcessServer, model: str) -> None:
+    c = app.client
     read = _deploy(c, model, "v1", traffic_percent=100)["revision"]
     url = f"/api/v1/deployments/{model}/traffic"
 
@@ -432,8 +459,8 @@ def test_traffic_with_optimistic_concurrency(server: InferdServer, model: str) -
 
 
 @pytest.mark.slow
-def test_rollback_and_undeploy(server: InferdServer, model: str) -> None:
-    c = server.client
+def test_rollback_and_undeploy(app: InProcessServer, model: str) -> None:
+    c = app.client
     _deploy(c, model, "v1", traffic_percent=100)
     c.put(f"/api/v1/deployments/{model}/traffic", json={"v2": 100}).raise_for_status()
 
@@ -455,7 +482,7 @@ def test_rollback_and_undeploy(server: InferdServer, model: str) -> None:
     assert _states(c, model).get("v2") in ("draining", None)  # None: already removed
 
     # Needs the controller: v2's replicas drain, then its deployment row goes away.
-    server.wait_for(lambda: _states(c, model) == {"v1": "active"}, timeout_s=60, what="v2 removed")
+    app.wait_for(lambda: _states(c, model) == {"v1": "active"}, timeout_s=60, what="v2 removed")
     assert _get(c, model)["traffic"] == {"v1": 100}
     refused = _error(c.post(f"/api/v1/deployments/{model}/rollback"), 422)
     assert "no earlier stable split" in refused["message"]
@@ -504,16 +531,16 @@ def test_rollback_and_undeploy(server: InferdServer, model: str) -> None:
     ],
 )
 def test_bad_requests(
-    server: InferdServer, method: str, path: str, body: Any, status: int, says: str
+    app: InProcessServer, method: str, path: str, body: Any, status: int, says: str
 ) -> None:
-    reply = server.client.request(method, f"/api/v1/deployments{path}", json=body)
+    reply = app.client.request(method, f"/api/v1/deployments{path}", json=body)
     assert says in _error(reply, status)["message"]
-    assert _get(server.client, "auto")["mode"] == "automatic"  # nothing was written
+    assert _get(app.client, "auto")["mode"] == "automatic"  # nothing was written
 
 
 @pytest.mark.slow
-def test_bad_headers_and_json(server: InferdServer) -> None:
-    c = server.client
+def test_bad_headers_and_json(app: InProcessServer) -> None:
+    c = app.client
     too_long = c.post("/api/v1/deployments/auto/rollback", headers={"X-Inferd-Actor": "x" * 129})
     assert _error(too_long, 422)["errors"][0]["loc"] == ["header", "X-Inferd-Actor"]
     bad_tag = c.put("/api/v1/deployments/auto/traffic", json={"v2": 100}, headers={"If-Match": "x"})
@@ -527,8 +554,8 @@ def test_bad_headers_and_json(server: InferdServer) -> None:
 
 
 @pytest.mark.slow
-def test_openapi_documents_the_bodies(server: InferdServer) -> None:
-    paths = server.client.get("/openapi.json").json()["paths"]
+def test_openapi_documents_the_bodies(app: InProcessServer) -> None:
+    paths = app.client.get("/openapi.json").json()["paths"]
     post = paths["/api/v1/deployments"]["post"]
     example = post["requestBody"]["content"]["application/json"]["example"]
     assert example["model_name"] == "fraud_detector" and post["tags"] == ["deployments"]
@@ -539,8 +566,10 @@ def test_openapi_documents_the_bodies(server: InferdServer) -> None:
 
 @pytest.mark.slow
 def test_cli_writes_what_the_server_then_shows(
-    server: InferdServer, model: str, data: Path, gpu_env: dict[str, str]
+    server: InferdServer, served_model: str, data: Path, gpu_env: dict[str, str]
 ) -> None:
+    model = served_model
+
     def cli(*args: str, check: bool = True) -> Any:
         return run_cli(*args, data_dir=data, check=check, env=gpu_env)
 
