@@ -24,6 +24,7 @@ from inferd.config import Limit, RateLimitConfig, TokenLimit
 from inferd.errors import RateLimited
 from inferd.serving.protocol import TokenChunk
 from tests.conftest import InferdServer, arithmetic_model, build_tiny_gpt2, push_source, run_cli
+from tests.inprocess import InProcessServer
 
 
 def test_a_bucket_allows_its_burst_then_refills_at_its_rate():
@@ -116,9 +117,23 @@ def one_gateway(data: Path) -> Iterator[InferdServer]:
         assert server.stop() == 0, server.log()[-3000:]
 
 
-@pytest.mark.slow
-def test_the_n_plus_first_request_gets_429_with_headers(one_gateway: InferdServer):
-    server = one_gateway
+@pytest.fixture
+def app(data: Path) -> Iterator[InProcessServer]:
+    """The same limits on the in-process tier (the HTTP answers need no process)."""
+    limits = {
+        "default": {"requests_per_s": 0.01, "burst": 8},
+        "models": {"b": {"requests_per_s": 0.01, "burst": 3}},
+    }
+    server = InProcessServer(data, rate_limits=limits)
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
+def test_the_n_plus_first_request_gets_429_with_headers(app: InProcessServer):
+    server = app
     replies = [server.client.post("/api/v1/models/a/predict", json=BODY) for _ in range(9)]
     assert [r.status_code for r in replies] == [200] * 8 + [429]
     first, last = replies[0], replies[-1]
@@ -131,9 +146,8 @@ def test_the_n_plus_first_request_gets_429_with_headers(one_gateway: InferdServe
     assert server.client.get("/health/ready").status_code == 200  # never limited
 
 
-@pytest.mark.slow
-def test_a_model_limit_applies_on_top_of_the_default(one_gateway: InferdServer):
-    server = one_gateway
+def test_a_model_limit_applies_on_top_of_the_default(app: InProcessServer):
+    server = app
     codes = [
         server.client.post("/api/v1/models/b/predict", json=BODY).status_code for _ in range(4)
     ]
