@@ -17,6 +17,7 @@ import pytest
 from inferd.routing.cache import LocalCache, cache_key
 from inferd.serving.protocol import to_tensor
 from tests.conftest import InferdServer, arithmetic_model, push_source
+from tests.inprocess import InProcessServer
 
 
 def test_keys_depend_on_version_and_values_only():
@@ -63,13 +64,14 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(data: Path) -> Iterator[InferdServer]:
-    server = InferdServer(data, workers=1, env={"INFERD_CACHE__ENABLED": "true"})
+def server(data: Path) -> Iterator[InProcessServer]:
+    """In process: the cache lives in the gateway app, the log in the control plane."""
+    server = InProcessServer(data, cache={"enabled": True})
     try:
         server.wait_ready()
         yield server
     finally:
-        assert server.stop() == 0, server.log()[-3000:]
+        server.stop()
 
 
 def _predict(client: httpx.Client, model: str, x: float) -> httpx.Response:
@@ -78,8 +80,7 @@ def _predict(client: httpx.Client, model: str, x: float) -> httpx.Response:
     return reply
 
 
-@pytest.mark.slow
-def test_hits_misses_versions_and_ttls(server: InferdServer, data: Path):
+def test_hits_misses_versions_and_ttls(server: InProcessServer, data: Path):
     c = server.client
     first, second = _predict(c, "plus", 2.0), _predict(c, "plus", 2.0)
     assert (first.headers["x-cache"], second.headers["x-cache"]) == ("miss", "hit")
