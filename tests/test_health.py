@@ -26,7 +26,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferdServer]:
         # a model that takes a minute to load, pushed while the server runs
         run_cli(
             "models", "push", "lazy", str(MODELS / "slowload"), "--version", "v1",
-            "--framework", "python", data_dir=data,
+            "--framework", "python", data_dir=data, env={"INFERD_TEST_LOAD_S": "0"},
         )  # fmt: skip
         yield server
     finally:
