@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -164,11 +165,41 @@ def arithmetic_model(expression: str) -> str:
 
 def push_source(data: Path, model: str, source: str, *options: str, version: str = "v1") -> None:
     """Register ``source`` (a model.py with one Python model class) as ``model:version``
-    in ``data``; ``options`` are more ``inferd models push`` options."""
+    in ``data``, as ``inferd models push`` does (``options``: more of its options), but in
+    this process: a subprocess per push cost seconds of the suite. ``--meta`` and
+    ``--batching`` are read here; any other option goes through the CLI."""
     src = data / f"src-{model}-{version}"
     src.mkdir(parents=True)
     (src / "model.py").write_text(source)
-    run_cli("models", "push", model, str(src), "--version", version, *options, data_dir=data)
+    metadata: dict[str, object] = {}
+    batching = None
+    rest = list(options)
+    while rest[:1] in (["--meta"], ["--batching"]) and len(rest) >= 2:
+        flag, value = rest.pop(0), rest.pop(0)
+        if flag == "--batching":
+            batching = json.loads(value)
+            continue
+        key, _, text = value.partition("=")
+        try:
+            metadata[key] = json.loads(text)
+        except json.JSONDecodeError:
+            metadata[key] = text
+    if rest:
+        run_cli("models", "push", model, str(src), "--version", version, *options, data_dir=data)
+        return
+    from inferd.runtimes import inspect_artifact
+
+    framework, signature = inspect_artifact(src, None, metadata, None)
+    with Registry(f"sqlite:///{data.resolve() / 'inferd.db'}", data / "artifacts") as registry:
+        registry.push(
+            model,
+            src,
+            version,
+            framework=framework,
+            signature=signature,
+            metadata=metadata,
+            batching=batching,
+        )
 
 
 def run_cli(
