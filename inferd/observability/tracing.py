@@ -8,6 +8,8 @@ its standard environment variables ask for traces: ``OTEL_TRACES_EXPORTER`` (``o
 its variables: ``OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL`` (``http/protobuf``, the default,
 or ``grpc``), headers, ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES``,
 ``OTEL_TRACES_SAMPLER[_ARG]``, ``OTEL_BSP_*`` (export batching), ``OTEL_PROPAGATORS``.
+They are OpenTelemetry's standard variables, shared with every other traced program,
+not inferd settings; that is why this module reads them and :mod:`inferd.config` does not.
 
 Each process (gateway, replica) sets up its own provider when it starts: spans are
 exported in batches from a background thread, never on the request path. While tracing
