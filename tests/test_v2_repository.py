@@ -90,7 +90,7 @@ def test_gateway_asks_the_controller_to_reconcile_and_sees_each_table(tmp_path: 
                 lambda table: True if not table.models["iris"].loaded else None, timeout_s=5
             )
             waiter = asyncio.ensure_future(unloaded)
-            await router.request_reconcile("iris")
+            await router.server.request_reconcile("iris")
             assert await waiter is True
             assert asked.is_set() and router.table.generation == 2
             assert router.waiting_for() == []  # an unloaded model is not waited for

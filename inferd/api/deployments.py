@@ -315,7 +315,7 @@ async def deploy(request: Request, actor: Actor = None) -> Response:
         return record, deployments.history(model, 1)[0]
 
     record, change = await asyncio.to_thread(run)
-    await request.app.state.router.request_reconcile(model)
+    await request.app.state.router.server.request_reconcile(model)
     return json_response(
         {"deployment": record.to_dict(), "traffic": change.split, "revision": change.revision},
         status_code=201,
@@ -343,7 +343,7 @@ async def set_traffic(
         actor=actor or "api",
         revision=_expected_revision(if_match, revision),
     )
-    await request.app.state.router.request_reconcile(model)
+    await request.app.state.router.server.request_reconcile(model)
     return json_response(_change_view(model, change), headers=_etag(change.revision))
 
 
@@ -353,7 +353,7 @@ async def rollback(model: str, request: Request, actor: Actor = None) -> Respons
     change = await asyncio.to_thread(
         _registry(request).deployments.rollback, model, actor=actor or "api"
     )
-    await request.app.state.router.request_reconcile(model)
+    await request.app.state.router.server.request_reconcile(model)
     view = {**_change_view(model, change), "detail": change.detail}
     return json_response(view, headers=_etag(change.revision))
 
@@ -365,7 +365,7 @@ async def undeploy(model: str, version: str, request: Request, actor: Actor = No
     record = await asyncio.to_thread(
         _registry(request).deployments.undeploy, model, version, actor=actor or "api"
     )
-    await request.app.state.router.request_reconcile(model)
+    await request.app.state.router.server.request_reconcile(model)
     return json_response(
         {"model": model, "version": version, "status": record.status}, status_code=202
     )
@@ -382,5 +382,5 @@ async def scale(model: str, version: str, request: Request) -> Response:
     record = await asyncio.to_thread(
         _registry(request).deployments.scale, model, version, resources["replicas"]
     )
-    await request.app.state.router.request_reconcile(model)
+    await request.app.state.router.server.request_reconcile(model)
     return json_response({"deployment": record.to_dict()})

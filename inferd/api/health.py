@@ -73,5 +73,5 @@ async def model_ready(model: str, request: Request) -> Response:
 async def metrics(request: Request) -> Response:
     """Prometheus text format: every gateway process and replica (see
     :mod:`inferd.observability.exposition`); no credential needed, like the probes."""
-    text = await request.app.state.router.server_metrics()
+    text = await request.app.state.router.server.metrics()
     return Response(text, media_type=CONTENT_TYPE)

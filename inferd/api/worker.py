@@ -79,7 +79,7 @@ async def build_gateway(settings: Settings, control_socket: Path) -> Gateway:
     # Rows go to the server even with the log off: /metrics counts requests from them.
     cfg = settings.inference_log
     inference_log = LogShipper(
-        router.send_log_rows, cfg.flush_interval_s, cfg.max_buffer_rows, cfg.enabled
+        router.server.send_log_rows, cfg.flush_interval_s, cfg.max_buffer_rows, cfg.enabled
     )
     inference_log.start()
     cache = None
@@ -110,7 +110,7 @@ async def run_gateway(settings: Settings, control_socket: Path) -> None:
     def stop_serving() -> None:
         server.should_exit = True
 
-    gateway.router.on_lost = stop_serving
+    gateway.router.server.on_lost = stop_serving
     sock = bind_socket(settings.host, settings.port)
     sock.listen(config.backlog)
     grpc_server = None

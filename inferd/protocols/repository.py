@@ -96,7 +96,7 @@ async def load_model(registry: Registry, router: Router, settings: Settings, nam
         return
     if not record.loaded:
         await asyncio.to_thread(registry.set_loaded, name, True)
-    await router.request_reconcile(name)
+    await router.server.request_reconcile(name)
     timeout_s = settings.load_timeout_s + SLACK_S
     outcome = await router.wait_for(functools.partial(_load_outcome, name), timeout_s)
     if outcome is None:
@@ -126,7 +126,7 @@ async def unload_model(registry: Registry, router: Router, settings: Settings, n
         await asyncio.to_thread(registry.set_loaded, name, False)
     elif _unloaded(name, router.table):
         return
-    await router.request_reconcile(name)
+    await router.server.request_reconcile(name)
     timeout_s = settings.shutdown_grace_s + SLACK_S
     if await router.wait_for(functools.partial(_unloaded, name), timeout_s) is None:
         raise RequestTimeout(f"model {name!r} did not unload within {timeout_s:.0f}s", model=name)

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import TypeVar
 
 from inferd.errors import InferdError, ModelNotFound, ModelNotReady
-from inferd.observability.inference_log import LogRow
 from inferd.routing.server_link import ServerLink
 from inferd.routing.table import ModelRoute, RoutingTable, VersionRoute
 from inferd.runtimes.base import Signature
@@ -124,23 +123,6 @@ class Router:
         """Subscribe to the controller's table; returns once the first one arrived."""
         await self.server.connect(control_socket, self.apply)
         await self.received.wait()
-
-    @property
-    def on_lost(self) -> Callable[[], None] | None:
-        return self.server.on_lost
-
-    @on_lost.setter
-    def on_lost(self, callback: Callable[[], None] | None) -> None:
-        self.server.on_lost = callback
-
-    async def request_reconcile(self, model: str = "") -> None:
-        await self.server.request_reconcile(model)
-
-    def send_log_rows(self, rows: list[LogRow], counters: dict[str, int]) -> bool:
-        return self.server.send_log_rows(rows, counters)
-
-    async def server_metrics(self, timeout_s: float = 10.0) -> str:
-        return await self.server.metrics(timeout_s)
 
     async def apply(self, table: RoutingTable) -> None:
         if table.generation <= self.table.generation:

@@ -67,27 +67,30 @@ class ServerLink:
     async def request_reconcile(self, model: str = "") -> None:
         """Ask the controller to reconcile now (the registry changed), instead of on its
         next periodic pass. A no-op when not connected."""
-        if self._writer is None or self._writer.is_closing():
+        if not self.connected:
             return
+        assert self._writer is not None
         self._writer.write(encode_request(ReconcileRequest(model)))
         await self._writer.drain()
 
     def send_log_rows(self, rows: list[LogRow], counters: dict[str, int]) -> bool:
         """Hand inference log rows (and counter deltas) to the server process; False when
         it is not there."""
-        if self._writer is None or self._writer.is_closing():
+        if not self.connected:
             return False
+        assert self._writer is not None
         self._writer.write(encode_request(LogRows(rows, counters)))
         return True
 
     async def metrics(self, timeout_s: float = 10.0) -> str:
         """``/metrics`` as the server process renders it (every gateway and replica)."""
-        if self._writer is None or self._writer.is_closing():
+        if not self.connected:
             raise ModelNotReady("the server process is not reachable")
         self._metrics_ids += 1
         query = self._metrics_ids
         waiter: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._metrics[query] = waiter
+        assert self._writer is not None
         self._writer.write(encode_request(MetricsQuery(query)))
         try:
             return await asyncio.wait_for(waiter, timeout_s)

@@ -20,7 +20,7 @@ from inferd.serving.replica_server import serve
 from inferd.serving.spec import ReplicaSpec
 
 
-class InProcessReplica:
+class InProcessReplica(probe.ProbedReplica):
     def __init__(self, spec: ReplicaSpec, incarnation: int, grace_s: float) -> None:
         self.spec = spec
         self.incarnation = incarnation
@@ -33,23 +33,12 @@ class InProcessReplica:
         return await serve(self.spec, self.drain, self.grace_s, self.kill)
 
     @property
-    def replica_id(self) -> str:
-        return self.spec.replica_id
-
-    @property
-    def address(self) -> str:
-        return self.spec.address
-
-    @property
     def pid(self) -> int:
         return 0  # this process: not a replica's own to report
 
     @property
     def gone(self) -> bool:
         return self.task.done()
-
-    async def wait_ready(self, timeout_s: float) -> str | None:
-        return await probe.wait_ready(self.address, self.replica_id, timeout_s, lambda: self.gone)
 
     async def wait_gone(self) -> str:
         try:

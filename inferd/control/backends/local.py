@@ -19,20 +19,12 @@ from inferd.serving.spec import ReplicaSpec
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
-class LocalReplica:
+class LocalReplica(probe.ProbedReplica):
     """A replica's child process."""
 
     def __init__(self, spec: ReplicaSpec, process: asyncio.subprocess.Process) -> None:
         self.spec = spec
         self.process = process
-
-    @property
-    def replica_id(self) -> str:
-        return self.spec.replica_id
-
-    @property
-    def address(self) -> str:
-        return self.spec.address
 
     @property
     def pid(self) -> int:
@@ -45,9 +37,6 @@ class LocalReplica:
     @property
     def gone(self) -> bool:
         return self.process.returncode is not None
-
-    async def wait_ready(self, timeout_s: float) -> str | None:
-        return await probe.wait_ready(self.address, self.replica_id, timeout_s, lambda: self.gone)
 
     async def wait_gone(self) -> str:
         code = await self.process.wait()

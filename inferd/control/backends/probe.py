@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from inferd.clock import SYSTEM, Clock
 from inferd.serving.client import ReplicaClient
+from inferd.serving.spec import ReplicaSpec
 
 POLL_S = 0.05
 
@@ -42,3 +43,26 @@ async def wait_ready(
     if gone():
         return message
     return f"not ready after {timeout_s:.0f}s"
+
+
+class ProbedReplica:
+    """What a handle knows from its spec, with readiness asked over the replica
+    protocol; a backend's handle adds ``gone``, ``pid``, ``incarnation`` and
+    ``wait_gone``."""
+
+    spec: ReplicaSpec
+
+    @property
+    def replica_id(self) -> str:
+        return self.spec.replica_id
+
+    @property
+    def address(self) -> str:
+        return self.spec.address
+
+    @property
+    def gone(self) -> bool:
+        raise NotImplementedError
+
+    async def wait_ready(self, timeout_s: float) -> str | None:
+        return await wait_ready(self.address, self.replica_id, timeout_s, lambda: self.gone)
