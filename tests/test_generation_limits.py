@@ -114,6 +114,13 @@ def test_prompt_and_max_tokens_caps(llm: InferdServer):
     error = openai.json()["error"]  # OpenAI's answer to a prompt too long
     assert openai.status_code == 400 and error["code"] == "context_length_exceeded", error
     assert too_long.json()["error"]["code"] == "prompt_too_long"
+    # a refused prompt is not left in flight (it would hold up every drain for its grace)
+    inflight = [
+        line
+        for line in llm.client.get("/metrics").text.splitlines()
+        if line.startswith("inferd_inflight_requests{") and 'model="tiny"' in line
+    ]
+    assert inflight and all(line.endswith(" 0") for line in inflight), inflight
     assert _generate(llm, max_tokens=64, temperature=0.5).status_code == 200
     assert _generate(llm, max_tokens=4, priority="low").status_code == 200
     urgent = _generate(llm, max_tokens=4, priority="urgent")

@@ -178,15 +178,23 @@ class GenerationCore:
                 cmd.request_id, cmd.prompt, cmd.params, slot, cmd.arrived, cmd.adapter
             )
         except KeyError:
-            cmd.accepted.set_exception(ModelNotFound(f"adapter {cmd.adapter!r} is not loaded"))
+            self._refuse(cmd, ModelNotFound(f"adapter {cmd.adapter!r} is not loaded"))
         except EngineFull as exc:
-            cmd.accepted.set_exception(Overloaded(str(exc)))
+            self._refuse(cmd, Overloaded(str(exc)))
         except (PromptOverLimit, PromptTooLong) as exc:
-            cmd.accepted.set_exception(PromptTooLongError(str(exc)))
+            self._refuse(cmd, PromptTooLongError(str(exc)))
         except ValueError as exc:
-            cmd.accepted.set_exception(InvalidInput(str(exc)))
+            self._refuse(cmd, InvalidInput(str(exc)))
         else:
             cmd.accepted.set_result(None)
+
+    def _refuse(self, cmd: _Add, error: Exception) -> None:
+        """The engine did not take the request: its sink goes (on the loop, which owns
+        ``_sinks``), or the replica would count it in flight for ever and a drain would
+        wait its whole grace period."""
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._sinks.pop, cmd.request_id, None)
+        cmd.accepted.set_exception(error)
 
     def _adapter(self, cmd: _AdapterOp) -> None:
         engine = self.engine
