@@ -4,6 +4,8 @@ log line in the replica carries its request id."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -86,3 +88,27 @@ def test_health_when_ready(demo_server: InferdServer):
     assert (body["status"], body["live"], body["ready"]) == ("ready", True, True)
     assert body["models"]["iris"] == "v1" and "waiting_for" not in body
     assert body["models"] == demo_server.client.get("/health/ready").json()["models"]
+
+
+def test_a_replica_told_to_stop_while_it_loads_leaves_at_once(server: InferdServer):
+    """Its load (a minute long) cannot be interrupted: on SIGTERM (what a server shutdown
+    sends) the replica process leaves without waiting for it, not after the drain grace
+    and a kill."""
+    secret = run_cli(
+        "keys", "create", "ops", "--scope", "admin", data_dir=server.data_dir
+    ).stdout.strip()
+    version = server.client.get(
+        "/api/v1/models/lazy/versions/v1", headers={"Authorization": f"Bearer {secret}"}
+    ).json()
+    (replica,) = version["replicas"]
+    assert replica["state"] in ("starting", "loading") and replica["pid"], replica
+    os.kill(replica["pid"], signal.SIGTERM)
+
+    def gone() -> bool:
+        try:
+            os.kill(replica["pid"], 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    server.wait_for(gone, timeout_s=5, what=f"replica {replica['pid']} to exit")

@@ -287,14 +287,25 @@ def main(argv: list[str] | None = None) -> None:
             "inferd.replica": spec.replica_id,
         },
     )
+    code = 0
     try:
-        import uvloop
-
-        uvloop.run(run_replica(spec, grace_s))
-    except ImportError:
-        asyncio.run(run_replica(spec, grace_s))
+        try:
+            import uvloop
+        except ImportError:
+            asyncio.run(run_replica(spec, grace_s))
+        else:
+            uvloop.run(run_replica(spec, grace_s))
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
     finally:
         tracing.shutdown()
+    # The replica has drained and closed. What may still run is a load or a batch in a
+    # worker thread (a model stopped while it loads, a predict past the grace period):
+    # nothing can interrupt it, and an ordinary exit would join it first. Leave now.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
