@@ -163,11 +163,50 @@ def arithmetic_model(expression: str) -> str:
     return ARITHMETIC_MODEL.replace("EXPRESSION", expression)
 
 
+def local_registry(data: Path) -> Registry:
+    """The registry of a server whose data folder is ``data`` (SQLite, local artifacts)."""
+    return Registry(f"sqlite:///{data.resolve() / 'inferd.db'}", data / "artifacts")
+
+
+def push_folder(
+    data: Path,
+    model: str,
+    folder: Path,
+    version: str = "v1",
+    *,
+    framework: str | None = None,
+    batching: dict[str, object] | None = None,
+    **metadata: object,
+) -> None:
+    """Register ``folder`` as ``model:version`` in ``data`` as ``inferd models push``
+    does (inspect and warm it up, copy it, record it), but in this process: a subprocess
+    per push cost 1-3 s of the suite. The CLI itself has its own tests."""
+    from inferd.runtimes import inspect_artifact
+
+    found, signature = inspect_artifact(folder, framework, dict(metadata), None)
+    with local_registry(data) as registry:
+        registry.push(
+            model,
+            folder,
+            version,
+            framework=found,
+            signature=signature,
+            metadata=dict(metadata),
+            batching=batching or None,
+        )
+
+
+def create_key(data: Path, name: str, *scopes: str, models: list[str] | None = None) -> str:
+    """An API key in ``data``'s registry, as ``inferd keys create`` makes it: the secret."""
+    with local_registry(data) as registry:
+        return registry.keys.create(name, list(scopes) or ["infer"], models, "test")[1]
+
+
 def push_source(data: Path, model: str, source: str, *options: str, version: str = "v1") -> None:
     """Register ``source`` (a model.py with one Python model class) as ``model:version``
-    in ``data``, as ``inferd models push`` does (``options``: more of its options), but in
-    this process: a subprocess per push cost seconds of the suite. ``--meta`` and
-    ``--batching`` are read here; any other option goes through the CLI."""
+    in ``data``, as ``inferd models push`` does (``options``: more of its options), in
+    this process (:func:`push_folder`). ``--meta`` and ``--batching`` are read here; any
+    other option goes through the CLI."""
     src = data / f"src-{model}-{version}"
     src.mkdir(parents=True)
     (src / "model.py").write_text(source)
@@ -187,19 +226,7 @@ def push_source(data: Path, model: str, source: str, *options: str, version: str
     if rest:
         run_cli("models", "push", model, str(src), "--version", version, *options, data_dir=data)
         return
-    from inferd.runtimes import inspect_artifact
-
-    framework, signature = inspect_artifact(src, None, metadata, None)
-    with Registry(f"sqlite:///{data.resolve() / 'inferd.db'}", data / "artifacts") as registry:
-        registry.push(
-            model,
-            src,
-            version,
-            framework=framework,
-            signature=signature,
-            metadata=metadata,
-            batching=batching,
-        )
+    push_folder(data, model, src, version, batching=batching, **metadata)
 
 
 def run_cli(

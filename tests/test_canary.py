@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from inferd.registry import Registry
-from tests.conftest import InferdServer, run_cli, served
+from tests.conftest import InferdServer, push_folder, served
 from tests.test_traffic import Load
 
 pytestmark = pytest.mark.slow
@@ -79,8 +79,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     }
     for model, versions in pushes.items():
         for version in versions:
-            run_cli("models", "push", model, str(sources[version]), "--version", version,
-                    data_dir=data)  # fmt: skip
+            push_folder(data, model, sources[version], version)
     return data
 
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from inferd.routing.cache import deterministic, generation_key
-from tests.conftest import InferdServer, build_tiny_gpt2, run_cli
+from tests.conftest import InferdServer, build_tiny_gpt2, push_folder
 
 PROMPT = "The cache answers"
 
@@ -37,7 +37,7 @@ def test_only_deterministic_generations_have_keys_and_keys_name_everything():
 def llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferdServer]:
     data = tmp_path_factory.mktemp("genlimits")
     folder = build_tiny_gpt2(data / "src" / "tiny")
-    run_cli("models", "push", "tiny", str(folder), "--version", "v1", data_dir=data)
+    push_folder(data, "tiny", folder, "v1")
     env = {
         "INFERD_CACHE__ENABLED": "true",
         "INFERD_LLM__MAX_PROMPT_TOKENS": "24",

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import InferdServer, build_tiny_gpt2, run_cli
+from tests.conftest import InferdServer, build_tiny_gpt2, push_folder, run_cli
 
 pytestmark = pytest.mark.slow
 PROMPT = "The server answers"
@@ -20,7 +20,7 @@ PROMPT = "The server answers"
 def llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferdServer]:
     data = tmp_path_factory.mktemp("llm")
     folder = build_tiny_gpt2(data / "src" / "tiny")
-    run_cli("models", "push", "tiny", str(folder), "--version", "v1", data_dir=data)
+    push_folder(data, "tiny", folder, "v1")
     server = InferdServer(data, workers=2)
     try:
         server.wait_ready(timeout_s=120)
@@ -420,7 +420,7 @@ def test_registered_adapter_is_its_own_model_name(llm_with_registered_adapter: I
 
 def test_full_engine_queue_answers_503_with_retry_after(tmp_path: Path):
     folder = build_tiny_gpt2(tmp_path / "src" / "tiny")
-    run_cli("models", "push", "tiny", str(folder), "--version", "v1", data_dir=tmp_path)
+    push_folder(tmp_path, "tiny", folder, "v1")
     env = {"INFERD_LLM__MAX_NUM_SEQS": "1", "INFERD_LLM__MAX_WAITING": "1"}
     server = InferdServer(tmp_path, workers=1, env=env)
     try:
@@ -452,7 +452,7 @@ def test_queued_requests_wait_past_the_idle_timeout_then_get_503_at_the_queue_ti
     from concurrent.futures import ThreadPoolExecutor
 
     folder = build_tiny_gpt2(tmp_path / "src" / "tiny")
-    run_cli("models", "push", "tiny", str(folder), "--version", "v1", data_dir=tmp_path)
+    push_folder(tmp_path, "tiny", folder, "v1")
     idle_s, queue_s = 0.5, 2.0
     env = {
         "INFERD_LLM__MAX_NUM_SEQS": "1",

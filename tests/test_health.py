@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import InferdServer, run_cli
+from tests.conftest import InferdServer, create_key, push_folder, run_cli
 
 pytestmark = pytest.mark.slow
 MODELS = Path(__file__).parent / "models"
@@ -21,7 +21,7 @@ MODELS = Path(__file__).parent / "models"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferdServer]:
     data = tmp_path_factory.mktemp("health")
-    run_cli("models", "push", "sum", str(MODELS / "slow_sum"), "--version", "v1", data_dir=data)
+    push_folder(data, "sum", MODELS / "slow_sum", "v1")
     server = InferdServer(data, workers=1, env={"INFERD_AUTH__ENABLED": "true"})
     try:
         server.wait_ready()
@@ -66,8 +66,7 @@ def test_readiness_overall_and_per_model(server: InferdServer):
 
 
 def test_a_replica_logs_a_failed_request_with_its_id(server: InferdServer):
-    created = run_cli("keys", "create", "t", "--scope", "infer", data_dir=server.data_dir)
-    secret = created.stdout.strip()
+    secret = create_key(server.data_dir, "t")
     reply = server.client.post(
         "/api/v1/models/sum/predict",
         json={"inputs": [{"features": [666, 0, 0, 0]}]},
@@ -94,9 +93,7 @@ def test_a_replica_told_to_stop_while_it_loads_leaves_at_once(server: InferdServ
     """Its load (a minute long) cannot be interrupted: on SIGTERM (what a server shutdown
     sends) the replica process leaves without waiting for it, not after the drain grace
     and a kill."""
-    secret = run_cli(
-        "keys", "create", "ops", "--scope", "admin", data_dir=server.data_dir
-    ).stdout.strip()
+    secret = create_key(server.data_dir, "ops", "admin")
     version = server.client.get(
         "/api/v1/models/lazy/versions/v1", headers={"Authorization": f"Bearer {secret}"}
     ).json()

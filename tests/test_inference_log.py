@@ -24,7 +24,7 @@ from inferd.observability.inference_log import (
     user_hash,
 )
 from inferd.registry import Registry
-from tests.conftest import InferdServer, run_cli, served
+from tests.conftest import InferdServer, push_folder, served
 
 # -- the writer, on both databases ----------------------------------------------------------
 
@@ -160,10 +160,10 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
         src = data / name
         src.mkdir()
         (src / "model.py").write_text(MODEL.replace("BROKEN", repr(broken)))
-    run_cli("models", "push", "ab", str(data / "ok"), "--version", "b", data_dir=data)
-    run_cli("models", "push", "ab", str(data / "ok"), "--version", "a", data_dir=data)
-    run_cli("models", "push", "fb", str(data / "broken"), "--version", "bad", data_dir=data)
-    run_cli("models", "push", "fb", str(data / "ok"), "--version", "good", data_dir=data)
+    push_folder(data, "ab", data / "ok", "b")
+    push_folder(data, "ab", data / "ok", "a")
+    push_folder(data, "fb", data / "broken", "bad")
+    push_folder(data, "fb", data / "ok", "good")
     return data
 
 

@@ -15,7 +15,13 @@ from typing import Any
 import pytest
 
 from inferd.jobs.callbacks import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
-from tests.conftest import InferdServer, arithmetic_model, build_tiny_gpt2, push_source, run_cli
+from tests.conftest import (
+    InferdServer,
+    arithmetic_model,
+    build_tiny_gpt2,
+    push_folder,
+    push_source,
+)
 
 pytestmark = pytest.mark.slow
 SECRET = "callback-secret-for-tests"
@@ -45,7 +51,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferdServer]:
     push_source(data, "fresh", arithmetic_model("x * 3"))
     push_source(data, "picky", PICKY)
     folder = build_tiny_gpt2(data / "src" / "tiny")
-    run_cli("models", "push", "tiny", str(folder), "--version", "v1", data_dir=data)
+    push_folder(data, "tiny", folder, "v1")
     env = {
         "INFERD_JOBS__MAX_ITEMS": "20000",
         "INFERD_JOBS__CALLBACK_SECRET": SECRET,

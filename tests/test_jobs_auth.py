@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.conftest import InferdServer, arithmetic_model, push_source, run_cli
+from tests.conftest import InferdServer, arithmetic_model, create_key, push_source
 
 pytestmark = pytest.mark.slow
 
@@ -17,14 +17,9 @@ def test_jobs_with_auth_and_rate_limits(tmp_path):
     for name in ("calc", "other"):
         push_source(tmp_path, name, arithmetic_model("x * 2"))
 
-    def key(*args: str) -> str:
-        return run_cli("keys", "create", *args, data_dir=tmp_path).stdout.strip()
-
-    alice, bob = key("alice", "--scope", "infer"), key("bob", "--scope", "infer")
-    admin, calc_only = (
-        key("ops", "--scope", "admin"),
-        key("p", "--scope", "infer", "--model", "calc"),
-    )
+    alice, bob = create_key(tmp_path, "alice"), create_key(tmp_path, "bob")
+    admin = create_key(tmp_path, "ops", "admin")
+    calc_only = create_key(tmp_path, "p", models=["calc"])
     env = {
         "INFERD_AUTH__ENABLED": "true",
         "INFERD_RATE_LIMITS__DEFAULT__REQUESTS_PER_S": "0.01",  # no refill during the test

@@ -23,7 +23,13 @@ from inferd.api.limits import LocalLimiter, RateLimits
 from inferd.config import Limit, RateLimitConfig, TokenLimit
 from inferd.errors import RateLimited
 from inferd.serving.protocol import TokenChunk
-from tests.conftest import InferdServer, arithmetic_model, build_tiny_gpt2, push_source, run_cli
+from tests.conftest import (
+    InferdServer,
+    arithmetic_model,
+    build_tiny_gpt2,
+    push_folder,
+    push_source,
+)
 from tests.inprocess import InProcessServer
 
 
@@ -243,7 +249,7 @@ TOKENS = {  # 30 tokens at once, 0.1 token/s: nothing worth counting refills dur
 def llm_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     data = tmp_path_factory.mktemp("token-limits")
     folder = build_tiny_gpt2(data / "src" / "tiny")
-    run_cli("models", "push", "tiny", str(folder), "--version", "v1", data_dir=data)
+    push_folder(data, "tiny", folder, "v1")
     return data
 
 

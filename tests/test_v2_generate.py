@@ -15,7 +15,7 @@ from inferd.api.generate import sse_response
 from inferd.api.v2_generate import error_event, stream_events
 from inferd.errors import ModelNotReady
 from inferd.serving import protocol as p
-from tests.conftest import InferdServer, build_tiny_gpt2, run_cli, served
+from tests.conftest import InferdServer, build_tiny_gpt2, push_folder, served
 from tests.test_generation_server import sse_events
 
 pytestmark = pytest.mark.slow
@@ -28,10 +28,8 @@ GREEDY = {"max_tokens": 12, "temperature": 0, "ignore_eos": True}
 def llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferdServer]:
     data = tmp_path_factory.mktemp("v2-generate")
     folder = build_tiny_gpt2(data / "src" / "tiny")
-    run_cli("models", "push", "tiny", str(folder), "--version", "v1", data_dir=data)
-    run_cli(
-        "models", "push", "slow_sum", str(MODELS / "slow_sum"), "--version", "v1", data_dir=data
-    )
+    push_folder(data, "tiny", folder, "v1")
+    push_folder(data, "slow_sum", MODELS / "slow_sum", "v1")
     with served(data, workers=1) as server:
         yield server
 

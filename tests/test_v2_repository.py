@@ -23,7 +23,7 @@ from inferd.registry import Registry
 from inferd.routing.router import Router
 from inferd.routing.table import ModelRoute, ReplicaRoute, RoutingTable, VersionRoute
 from inferd.runtimes.base import Signature
-from tests.conftest import InferdServer, run_cli
+from tests.conftest import InferdServer, push_folder, run_cli
 
 MODELS = Path(__file__).parent / "models"
 ROW = [5.1, 3.5, 1.4, 0.2]
@@ -142,7 +142,7 @@ def _alive(pid: int) -> bool:
 
 
 def _push_iris(folder: Path, data_dir: Path) -> None:
-    run_cli("models", "push", "iris", str(folder), "--version", "v1", data_dir=data_dir)
+    push_folder(data_dir, "iris", folder, "v1")
 
 
 @pytest.fixture(scope="module")
