@@ -1,6 +1,6 @@
 """The demo LLM builds offline into files Hugging Face loads: tokenizer, base, adapter.
 
-The budgets here are a quarter of the real build's, so the models barely speak: the
+The budgets here are a ninth and a sixth of the real build's, so the models barely speak: the
 tests check the artifacts and that the adapter moves the base, not either's quality.
 """
 
@@ -25,7 +25,7 @@ from inferd.demo.llm import (
     random_gpt2_small,
 )
 
-BASE_SECONDS, ADAPTER_SECONDS = 20, 12
+BASE_SECONDS, ADAPTER_SECONDS = 10, 6
 GPT2_SMALL_PARAMETERS = 124_439_808
 
 

@@ -79,7 +79,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src.mkdir()
     (src / "model.py").write_text(MODEL)
     for version in ("v1", "v2", "v3"):
-        push_folder(data, "fast", src, version)
+        push_folder(data, "fast", src, version, batching={"max_wait_ms": 0})
     broken = data / "broken"
     broken.mkdir()
     (broken / "model.py").write_text(BROKEN)
