@@ -213,6 +213,19 @@ class InferenceLogConfig(Group):
     """PostgreSQL: daily partitions created ahead of time."""
 
 
+class RegistryConfig(Group):
+    """Registering versions over the API (``POST /api/v1/models/{model}/versions``)."""
+
+    max_upload_bytes: int = Field(20 * 1024**3, ge=1024)
+    """Largest artifact upload, and largest total its archive may unpack to (413
+    beyond). Uploads stream to disk: memory does not grow with their size."""
+    import_roots: list[Path] = Field(default_factory=list)
+    """Folders a ``file://`` ``source_uri`` may name (none: file imports are refused,
+    so an API caller cannot make the server read its own files)."""
+    inspect_timeout_s: float = Field(600.0, gt=0)
+    """Time the check of a new version (load it, warm it up, read its signature) may take."""
+
+
 class JobsConfig(Group):
     """Batch jobs and asynchronous requests (see :mod:`inferd.jobs`)."""
 
@@ -292,6 +305,7 @@ class Settings(BaseSettings):
     """The job queue: ``sqlite:///path`` (default: <data_dir>/queue.db), ``redis://…``
     (Redis Streams) or ``kafka://host:port``."""
     jobs: JobsConfig = Field(default_factory=lambda: JobsConfig())
+    registry: RegistryConfig = Field(default_factory=lambda: RegistryConfig())
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     """Largest request body accepted (413 beyond)."""
     max_rows_per_request: int = Field(4096, ge=1)

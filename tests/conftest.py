@@ -176,11 +176,13 @@ def push_folder(
     *,
     framework: str | None = None,
     batching: dict[str, object] | None = None,
+    deploy: bool = False,
     **metadata: object,
 ) -> None:
     """Register ``folder`` as ``model:version`` in ``data`` as ``inferd models push``
     does (inspect and warm it up, copy it, record it), but in this process: a subprocess
-    per push cost 1-3 s of the suite. The CLI itself has its own tests."""
+    per push cost 1-3 s of the suite. The CLI itself has its own tests. ``deploy``: as
+    ``--deploy`` (the new version takes all the traffic)."""
     from inferd.runtimes import inspect_artifact
 
     found, signature = inspect_artifact(folder, framework, dict(metadata), None)
@@ -193,6 +195,7 @@ def push_folder(
             signature=signature,
             metadata=dict(metadata),
             batching=batching or None,
+            deploy=deploy,
         )
 
 
@@ -205,14 +208,15 @@ def create_key(data: Path, name: str, *scopes: str, models: list[str] | None = N
 def push_source(data: Path, model: str, source: str, *options: str, version: str = "v1") -> None:
     """Register ``source`` (a model.py with one Python model class) as ``model:version``
     in ``data``, as ``inferd models push`` does (``options``: more of its options), in
-    this process (:func:`push_folder`). ``--meta`` and ``--batching`` are read here; any
-    other option goes through the CLI."""
+    this process (:func:`push_folder`). ``--meta``, ``--batching`` and ``--deploy`` are
+    read here; any other option goes through the CLI."""
     src = data / f"src-{model}-{version}"
     src.mkdir(parents=True)
     (src / "model.py").write_text(source)
     metadata: dict[str, object] = {}
     batching = None
-    rest = list(options)
+    deploy = "--deploy" in options
+    rest = [o for o in options if o != "--deploy"]
     while rest[:1] in (["--meta"], ["--batching"]) and len(rest) >= 2:
         flag, value = rest.pop(0), rest.pop(0)
         if flag == "--batching":
@@ -226,7 +230,7 @@ def push_source(data: Path, model: str, source: str, *options: str, version: str
     if rest:
         run_cli("models", "push", model, str(src), "--version", version, *options, data_dir=data)
         return
-    push_folder(data, model, src, version, batching=batching, **metadata)
+    push_folder(data, model, src, version, batching=batching, deploy=deploy, **metadata)
 
 
 def run_cli(

@@ -102,9 +102,12 @@ class InProcessServer:
         await plane.start()
         return plane, await build_gateway(self.settings, plane.control_socket)
 
-    def push_source(self, model: str, source: str, version: str = "v1", **metadata: Any) -> None:
+    def push_source(
+        self, model: str, source: str, version: str = "v1", deploy: bool = False, **metadata: Any
+    ) -> None:
         """Register ``source`` (a model.py with one Python model class) as
-        ``model:version``, as ``inferd models push`` does, and reconcile."""
+        ``model:version``, as ``inferd models push`` does (``deploy``: with
+        ``--deploy``), and reconcile."""
         from inferd.runtimes import inspect_artifact
 
         src = self.data_dir / f"src-{model}-{version}"
@@ -112,7 +115,13 @@ class InProcessServer:
         (src / "model.py").write_text(source)
         framework, signature = inspect_artifact(src, None, metadata, None)
         self.registry.push(
-            model, src, version, framework=framework, signature=signature, metadata=metadata
+            model,
+            src,
+            version,
+            framework=framework,
+            signature=signature,
+            metadata=metadata,
+            deploy=deploy,
         )
         self.run(self.controller.reconcile())
 

@@ -79,7 +79,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     }
     for model, versions in pushes.items():
         for version in versions:
-            push_folder(data, model, sources[version], version)
+            push_folder(data, model, sources[version], version, deploy=True)
     return data
 
 

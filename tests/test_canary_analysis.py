@@ -135,7 +135,7 @@ def deployed(registry: Registry, tmp_path: Path) -> Registry:
     source.parent.mkdir()
     source.write_text("class M:\n    pass\n")
     for version in ("v2", "v3", "v1"):  # v1 newest: nothing is adopted
-        registry.push("m", source, version, framework="python", signature=SIGNATURE)
+        registry.push("m", source, version, framework="python", signature=SIGNATURE, deploy=True)
     registry.deployments.deploy("m", "v1", traffic_pct=100)
     return registry
 

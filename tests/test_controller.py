@@ -132,9 +132,11 @@ class World:
             clock=self.clock,
         )
 
-    def push(self, model: str, *versions: str) -> None:
+    def push(self, model: str, *versions: str, deploy: bool = False) -> None:
         for version in versions:
-            self.registry.push(model, self.source, version, framework="python", signature=SIGNATURE)
+            self.registry.push(
+                model, self.source, version, framework="python", signature=SIGNATURE, deploy=deploy
+            )
 
     async def reconcile(self) -> None:
         await self.controller.reconcile()
@@ -164,6 +166,60 @@ def run(coro: Callable[[], Coroutine[Any, Any, None]]) -> None:
     asyncio.run(coro())
 
 
+def test_a_version_registered_after_the_first_runs_nothing_until_deployed(world: World) -> None:
+    async def scenario() -> None:
+        world.push("m", "v1")
+        await world.reconcile()
+        await settle()
+        assert world.serving("m") == "v1"
+        world.push("m", "v2")
+        await world.reconcile()
+        await settle()
+        assert world.serving("m") == "v1" and world.backend.running("v2") == []
+        assert world.registry.deployments.revision("m") > 0  # v1 pinned at 100 %
+        world.registry.deployments.deploy("m", "v2", traffic_pct=10, actor="test")
+        await world.reconcile()
+        await settle()
+        assert len(world.backend.running("v2")) == 1
+        assert world.tables[-1].models["m"].traffic == {"v2": 10, "v1": 90}
+
+    run(scenario)
+
+
+def test_a_running_version_taken_into_a_deployment_reads_active(world: World) -> None:
+    """Status follows what runs, whatever the controller last wrote: a version already
+    serving when a deployment row names it (adopted, or deployed again after removal)
+    reads active at the next pass."""
+
+    def status(version: str) -> str:
+        rows = world.registry.deployments.list_all("m")
+        return next(str(r.status) for r in rows if r.version == version)
+
+    async def scenario() -> None:
+        world.push("m", "v1")
+        await world.reconcile()
+        await settle()
+        world.push("m", "v2")  # registered, not deployed: v1 is adopted at 100 %
+        await world.reconcile()
+        await settle()
+        assert status("v1") == "active"
+        world.registry.deployments.deploy("m", "v2", actor="test")
+        await world.reconcile()
+        await settle()
+        await world.reconcile()  # v2's replica became ready after the first
+        assert status("v2") == "active" and status("v1") == "active"
+        # v1's row goes and comes back while its replicas keep running
+        world.registry.deployments.undeploy("m", "v1", actor="test")
+        world.registry.rollouts.remove("m", "v1")
+        world.registry.deployments.deploy("m", "v1", traffic_pct=50, actor="test")
+        assert status("v1") == "deploying"
+        await world.reconcile()
+        await settle()
+        assert status("v1") == "active"
+
+    run(scenario)
+
+
 def test_a_new_version_serves_once_ready_and_the_old_one_drains(world: World) -> None:
     async def scenario() -> None:
         world.backend.ready_at_once = False
@@ -175,7 +231,7 @@ def test_a_new_version_serves_once_ready_and_the_old_one_drains(world: World) ->
         await settle()
         assert world.serving("m") == "v1" and world.states("m", "v1") == ["ready"]
 
-        world.push("m", "v2")
+        world.push("m", "v2", deploy=True)  # as `inferd models push --deploy`
         await world.reconcile()
         (v2,) = world.backend.running("v2")
         assert world.serving("m") == "v1"  # v2 is not ready: v1 keeps serving

@@ -240,6 +240,7 @@ def _push(data: Path, model: str, *versions: str) -> None:
                 version,
                 framework="python",
                 signature=Signature.from_dict(SIGNATURE),
+                deploy=True,  # automatic mode: the newest version serves
             )
 
 

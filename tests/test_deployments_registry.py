@@ -41,9 +41,10 @@ def source(tmp_path: Path) -> Path:
 
 
 def push(reg: Registry, source: Path, model: str, *versions: str) -> None:
-    """Register ``versions`` of ``model``, oldest first."""
+    """Register ``versions`` of ``model``, oldest first, each taking all the traffic
+    (``--deploy``): the model stays in automatic mode, its newest version serving."""
     for version in versions:
-        reg.push(model, source, version, framework="python", signature=SIGNATURE)
+        reg.push(model, source, version, framework="python", signature=SIGNATURE, deploy=True)
 
 
 def split(reg: Registry, model: str) -> dict[str, int]:
@@ -74,6 +75,30 @@ def test_a_gpu_this_machine_lacks_is_refused(registry: Registry, source: Path) -
     with pytest.raises(InvalidInput, match=r"'A100' cannot be honoured.*has no GPU"):
         registry.deployments.deploy("fraud", "v1", gpu_type="A100", actor="alice")
     assert registry.deployments.list_all() == []  # nothing recorded
+
+
+def test_registering_is_not_deploying(registry: Registry, source: Path) -> None:
+    """The design documents' flow: register v2 while v1 serves, then give it 10 %."""
+
+    def register(version: str, deploy: bool = False) -> None:
+        registry.push(
+            "fraud", source, version, framework="python", signature=SIGNATURE, deploy=deploy
+        )
+
+    register("v1")  # the first version of a new model serves at once: automatic mode
+    assert registry.deployments.list_all("fraud") == []
+    register("v2")
+    assert split(registry, "fraud") == {"v1": 100}
+    (change,) = registry.deployments.history("fraud")
+    assert (change.reason, change.actor) == ("deploy", "cli")
+    assert change.detail == "v2 registered; v1 keeps serving"
+    registry.deployments.deploy("fraud", "v2", traffic_pct=10, actor="alice")
+    assert split(registry, "fraud") == {"v2": 10, "v1": 90}
+    register("v3")  # deployments decide: a new version changes nothing
+    assert split(registry, "fraud") == {"v2": 10, "v1": 90}
+    register("v4", deploy=True)  # --deploy: a rolling deployment at 100 %
+    assert split(registry, "fraud") == {"v4": 100, "v2": 0, "v1": 0}
+    assert registry.deployments.history("fraud")[0].detail == "deployed v4"
 
 
 def test_first_deploy_adopts_the_newest_version(

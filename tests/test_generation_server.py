@@ -252,7 +252,8 @@ def test_generations_are_in_the_inference_log(llm: InferdServer):
     body = {"prompt": PROMPT, "max_tokens": 4, "ignore_eos": True, "temperature": 0}
     done = llm.client.post("/api/v1/models/tiny/generate", json=body)
     chat = llm.client.post(
-        "/v1/completions", json={"model": "tiny", "prompt": PROMPT, "max_tokens": 3, "user": "ann"}
+        "/v1/completions",
+        json={"model": "tiny", "prompt": PROMPT, "max_tokens": 3, "user": "ann", "temperature": 0},
     )
     refused = llm.client.post("/api/v1/models/tiny/generate", json={**body, "max_tokens": 0})
     assert (done.status_code, chat.status_code, refused.status_code) == (200, 200, 422)

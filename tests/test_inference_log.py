@@ -160,10 +160,10 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
         src = data / name
         src.mkdir()
         (src / "model.py").write_text(MODEL.replace("BROKEN", repr(broken)))
-    push_folder(data, "ab", data / "ok", "b")
-    push_folder(data, "ab", data / "ok", "a")
-    push_folder(data, "fb", data / "broken", "bad")
-    push_folder(data, "fb", data / "ok", "good")
+    push_folder(data, "ab", data / "ok", "b", deploy=True)
+    push_folder(data, "ab", data / "ok", "a", deploy=True)
+    push_folder(data, "fb", data / "broken", "bad", deploy=True)
+    push_folder(data, "fb", data / "ok", "good", deploy=True)
     return data
 
 

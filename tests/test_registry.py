@@ -89,11 +89,14 @@ def test_migrate_creates_tables_and_is_idempotent(registry: Registry) -> None:
     assert {"models", "model_versions", "alembic_version"} <= tables
     columns = {c["name"] for c in inspect(registry.engine).get_columns("model_versions")}
     assert {"metadata", "signature", "batching", "sha256", "size_bytes"} <= columns
+    assert {"tags", "loaded", "owner"} <= {
+        c["name"] for c in inspect(registry.engine).get_columns("models")
+    }
 
     registry.migrate()  # already at head: nothing to do, nothing fails
     registry.migrate()
     with registry.engine.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).all() == [("0007",)]
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).all() == [("0008",)]
         # The declarative classes describe exactly what the migrations built (the
         # inference log apart: partitioned on PostgreSQL, described by a Core table).
         context = MigrationContext.configure(conn, opts={"include_name": _registry_only})

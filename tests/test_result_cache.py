@@ -50,7 +50,7 @@ def test_the_lru_is_bounded_in_bytes_and_entries_expire():
 
 
 def _push(data: Path, model: str, version: str, offset: float, *meta: str) -> None:
-    extra = [a for m in meta for a in ("--meta", m)]
+    extra = [a for m in meta for a in ("--meta", m)] + ["--deploy"]
     push_source(data, model, arithmetic_model(f"x + {offset!r}"), *extra, version=version)
 
 

@@ -148,10 +148,12 @@ def test_killed_replica_is_restarted_and_serves_again(server: InferdServer):
     assert "restarting" in server.log()
 
 
-def test_pushing_a_new_version_switches_traffic_without_errors(server: InferdServer):
+def test_pushing_a_new_version_with_deploy_switches_traffic_without_errors(
+    server: InferdServer,
+):
     statuses: list[int] = []
     versions: set[str] = set()
-    push_folder(server.data_dir, "slow_sum", MODELS / "slow_sum", "v2")
+    push_folder(server.data_dir, "slow_sum", MODELS / "slow_sum", "v2", deploy=True)
     deadline = time.monotonic() + 60
     with httpx.Client(base_url=server.url, timeout=30) as c:
         while time.monotonic() < deadline and "v2" not in versions:

@@ -79,12 +79,12 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src.mkdir()
     (src / "model.py").write_text(MODEL)
     for version in ("v1", "v2", "v3"):
-        push_folder(data, "fast", src, version, batching={"max_wait_ms": 0})
+        push_folder(data, "fast", src, version, batching={"max_wait_ms": 0}, deploy=True)
     broken = data / "broken"
     broken.mkdir()
     (broken / "model.py").write_text(BROKEN)
-    push_folder(data, "shaky", src, "v1")
-    push_folder(data, "shaky", broken, "v2")
+    push_folder(data, "shaky", src, "v1", deploy=True)
+    push_folder(data, "shaky", broken, "v2", deploy=True)
     return data
 
 

@@ -30,6 +30,7 @@ from inferd.api import (
     keys,
     logs,
     openai,
+    registration,
     v1,
     v2,
     v2_generate,
@@ -83,6 +84,7 @@ def create_app(
     app.include_router(v2_repository.router)
     app.include_router(v2_generate.router)
     app.include_router(deployments.router)
+    app.include_router(registration.router)
     _install_error_handlers(app)
     app.state.inference_log = inference_log
     app.include_router(logs.router)

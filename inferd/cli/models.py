@@ -69,10 +69,21 @@ def models_push(
             "setting).",
         ),
     ] = None,
+    deploy: Annotated[
+        bool,
+        typer.Option(
+            "--deploy",
+            help="Give the new version all the traffic at once (default: a model that "
+            "already serves a version keeps serving it; deploy the new one with "
+            "'inferd deploy').",
+        ),
+    ] = False,
     config: ConfigOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
-    """Register a new immutable version: inspect it, copy it to the store, record it."""
+    """Register a new immutable version: inspect it, copy it to the store, record it.
+    The first version of a new model serves at once; a later one takes no traffic
+    until it is deployed (or pushed with --deploy)."""
     from inferd.runtimes import inspect_artifact
     from inferd.runtimes.base import Signature
 
@@ -107,10 +118,17 @@ def models_push(
             description=description,
             owner=owner,
             batching=batching or None,
+            deploy=deploy,
         )
+        serving = [v.version for v in registry.get_model(name).versions if v.version != version]
     console.print(
         f"registered [bold]{name}:{version}[/bold] ({found}), sha256 {record.sha256[:12]}"
     )
+    if serving and not deploy:
+        console.print(
+            f"it takes no traffic yet: 'inferd deploy {name} {version} --traffic 10' gives it "
+            "10 %, --deploy on a push gives it all"
+        )
     print(json.dumps(record.to_dict(), indent=2))
 
 
@@ -201,6 +219,7 @@ def models_optimize(
         f"({measured['int8_texts_per_s']} vs {measured['fp32_texts_per_s']} texts/s), "
         + ", ".join(f"{k} {v}" for k, v in quality.items())
     )
+    console.print(f"it takes no traffic yet: 'inferd deploy {name} {new_version}' serves it")
     print(json.dumps(new.to_dict(), indent=2))
 
 

@@ -381,6 +381,7 @@ def _deployed(
         model.versions[row.version] = vset
         logger.info("deploying %s with %d replica(s)", vset.name, desired)
     vset.desired, vset.fallback = desired, row.fallback
+    vset.status = row.status  # what the registry says now: _status_changes compares
     if row.gpu_type != vset.gpu_type:
         vset.gpu_type = row.gpu_type
         vset.gpus = None if row.gpu_type is None else _gpus(vset)
@@ -388,8 +389,8 @@ def _deployed(
 
 
 def _status_changes(models: dict[str, ModelState]) -> list[tuple[str, str, DeploymentStatus]]:
-    """The deployed versions whose state differs from what was last recorded (now
-    recorded as written)."""
+    """The deployed versions whose state differs from what their deployment row says
+    (read this pass; now recorded as written)."""
     changes = []
     for model in models.values():
         if not model.traffic:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,6 +35,7 @@ from inferd.observability.exposition import (
 )
 from inferd.observability.inference_log import InferenceLog, log_engine, maintain
 from inferd.registry import Registry
+from inferd.registry.uploads import UPLOADS
 from inferd.routing.table import LogRows
 
 if TYPE_CHECKING:
@@ -71,6 +73,10 @@ class ControlPlane:
     async def start(self) -> None:
         """Listen for gateways, open the inference log, and reconcile once (replicas
         start loading); returns without waiting for them."""
+        # Uploads a crash cut short (gateways write there; none runs yet).
+        await asyncio.to_thread(
+            shutil.rmtree, Path(self.settings.data_dir) / UPLOADS, ignore_errors=True
+        )
         await self.publisher.start()
         self.publisher.on_reconcile = self.controller.reconcile  # a gateway changed a model
         self.publisher.on_log_rows = self._take_rows

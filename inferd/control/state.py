@@ -21,7 +21,8 @@ class VersionSet:
     batching: dict[str, Any] | None = None
     """The deployment's batching overrides (over the version's own)."""
     status: DeploymentStatus | None = None
-    """deploying | active | failed, as last written to the registry (deployments only)."""
+    """deploying | active | failed, as the deployment row read this pass says, or as
+    written since (deployments only)."""
     fallback: bool = True
     """Failed requests (not pinned here) are retried on the serving version."""
     gpu_type: str | None = None

@@ -135,9 +135,16 @@ def new(
     )
 
 
-def adopt_newest(session: Session, model: str, deploying: str) -> Deployment | None:
+def adopt_newest(
+    session: Session,
+    model: str,
+    deploying: str,
+    why: str = "",
+    actor: str = "inferd",
+) -> Deployment | None:
     """The version automatic mode serves (the newest), as a deployment at 100 %; None
-    when that is the version being deployed."""
+    when that is the version being deployed, or the model has no version yet. ``why``:
+    what made it a deployment (the history says "<why>; <version> keeps serving")."""
     newest = session.scalar(
         select(ModelVersion)
         .where(ModelVersion.model_name == model)
@@ -148,9 +155,8 @@ def adopt_newest(session: Session, model: str, deploying: str) -> Deployment | N
         return None
     row = new(model, newest.version, 100)
     session.add(row)
-    record(
-        session, model, {newest.version: 100}, Reason.DEPLOY, "inferd", "serving before deployments"
-    )
+    detail = f"{why}; {newest.version} keeps serving" if why else "serving before deployments"
+    record(session, model, {newest.version: 100}, Reason.DEPLOY, actor, detail)
     return row
 
 

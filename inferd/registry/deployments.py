@@ -225,6 +225,37 @@ class Deployments:
         (default 100; the other deployed versions share the rest in proportion).
         Blue-green takes 100 and holds it at 0 % until the controller switches it; a
         canary takes its first step; a shadow takes none and mirrors ``traffic_pct`` %."""
+        with self._write() as session:
+            return self.deploy_in(
+                session,
+                model,
+                version,
+                traffic_pct=traffic_pct,
+                replicas=replicas,
+                gpu_type=gpu_type,
+                strategy=strategy,
+                batching=batching,
+                fallback=fallback,
+                rollout=rollout,
+                actor=actor,
+            )
+
+    def deploy_in(
+        self,
+        session: Session,
+        model: str,
+        version: str,
+        *,
+        traffic_pct: int | None = None,
+        replicas: int | None = None,
+        gpu_type: str | None = None,
+        strategy: str = "rolling",
+        batching: dict[str, Any] | None = None,
+        fallback: bool = True,
+        rollout: dict[str, Any] | None = None,
+        actor: str = "api",
+    ) -> DeploymentRecord:
+        """:meth:`deploy` inside the caller's write transaction (a push that deploys)."""
         plans.check_deploy(
             100 if traffic_pct is None else traffic_pct, replicas, strategy, gpu_type
         )
@@ -235,45 +266,42 @@ class Deployments:
         from inferd.registry.registry import _check_batching
 
         batching = _check_batching(batching)
-        with self._write() as session:
-            rows_.lock_model(session, model)
-            framework = rows_.require_version(session, model, version)
-            existing = rows_.of_model(session, model)
-            rows_.check_deployable(model, version, kind, framework, existing)
-            if not existing and (adopted := rows_.adopt_newest(session, model, version)):
-                # Automatic mode served the newest version: it becomes a deployment, kept
-                # (warm, for rollback) even at 0 % until it is undeployed.
-                existing = [adopted]
-            live = [r for r in existing if rows_.live(r)]
-            if kind is Strategy.BLUE_GREEN and any(r.traffic_pct for r in live):
-                traffic_pct = 0  # until all its replicas are ready; then all at once
-            if not any(r.traffic_pct for r in live) and (
-                traffic_pct < 100 or kind is Strategy.SHADOW
-            ):
-                what = "to mirror" if kind is Strategy.SHADOW else "taking traffic"
-                raise InvalidInput(
-                    f"{model!r} has no other version {what}: deploy {version!r} with "
-                    "strategy rolling and traffic_percent 100 first"
-                )
-            rest = scale_split({r.version: r.traffic_pct for r in live}, 100 - traffic_pct)
-            now = utcnow()
-            for row in live:
-                row.traffic_pct, row.updated_at = rest[row.version], now
-            row = rows_.new(
-                model,
-                version,
-                traffic_pct,
-                kind,
-                replicas=replicas,
-                gpu_type=gpu_type,
-                batching=batching,
-                fallback=fallback,
-                rollout=plans.dump(plan),
+        rows_.lock_model(session, model)
+        framework = rows_.require_version(session, model, version)
+        existing = rows_.of_model(session, model)
+        rows_.check_deployable(model, version, kind, framework, existing)
+        if not existing and (adopted := rows_.adopt_newest(session, model, version)):
+            # Automatic mode served the newest version: it becomes a deployment, kept
+            # (warm, for rollback) even at 0 % until it is undeployed.
+            existing = [adopted]
+        live = [r for r in existing if rows_.live(r)]
+        if kind is Strategy.BLUE_GREEN and any(r.traffic_pct for r in live):
+            traffic_pct = 0  # until all its replicas are ready; then all at once
+        if not any(r.traffic_pct for r in live) and (traffic_pct < 100 or kind is Strategy.SHADOW):
+            what = "to mirror" if kind is Strategy.SHADOW else "taking traffic"
+            raise InvalidInput(
+                f"{model!r} has no other version {what}: deploy {version!r} with "
+                "strategy rolling and traffic_percent 100 first"
             )
-            session.add(row)
-            split = {**rest, version: traffic_pct}
-            rows_.record(session, model, split, Reason.DEPLOY, actor, f"deployed {version}")
-            return _deployment(row)
+        rest = scale_split({r.version: r.traffic_pct for r in live}, 100 - traffic_pct)
+        now = utcnow()
+        for row in live:
+            row.traffic_pct, row.updated_at = rest[row.version], now
+        row = rows_.new(
+            model,
+            version,
+            traffic_pct,
+            kind,
+            replicas=replicas,
+            gpu_type=gpu_type,
+            batching=batching,
+            fallback=fallback,
+            rollout=plans.dump(plan),
+        )
+        session.add(row)
+        split = {**rest, version: traffic_pct}
+        rows_.record(session, model, split, Reason.DEPLOY, actor, f"deployed {version}")
+        return _deployment(row)
 
     def set_traffic(
         self,

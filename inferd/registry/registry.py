@@ -24,7 +24,7 @@ import json
 import logging
 import sqlite3
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,8 @@ from sqlalchemy.orm import Session, selectinload
 from sqlalchemy.pool import StaticPool
 
 from inferd.config import BatchingConfig, Settings
-from inferd.errors import InvalidInput, ModelNotFound, VersionExists
+from inferd.errors import Conflict, InvalidInput, ModelNotFound, VersionExists
+from inferd.registry import deployment_rows as rows_
 from inferd.registry.deployments import Deployments
 from inferd.registry.keys import ApiKeys
 from inferd.registry.rollout_progress import RolloutProgress
@@ -104,6 +105,7 @@ class ModelRecord:
     """Oldest first."""
     loaded: bool = True
     """Desired state: serve the newest version (True) or run no replicas (False)."""
+    tags: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -111,6 +113,7 @@ class ModelRecord:
             "description": self.description,
             "framework": self.framework,
             "owner": self.owner,
+            "tags": self.tags,
             "created_at": self.created_at.isoformat(),
             "loaded": self.loaded,
             "versions": [v.to_dict() for v in self.versions],
@@ -142,6 +145,7 @@ def _model_record(row: Model) -> ModelRecord:
         created_at=row.created_at,
         versions=tuple(_version_record(v) for v in row.versions),
         loaded=row.loaded,
+        tags=dict(row.tags or {}),
     )
 
 
@@ -291,8 +295,17 @@ class Registry:
         description: str | None = None,
         owner: str | None = None,
         batching: dict[str, Any] | None = None,
+        deploy: bool = False,
+        actor: str = "cli",
     ) -> VersionRecord:
-        """Register ``source`` (a file or a folder) as version ``version`` of ``name``."""
+        """Register ``source`` (a file or a folder) as version ``version`` of ``name``.
+
+        Registering is not deploying: when ``name`` already has a version serving, the
+        new one takes no traffic (a model in automatic mode gets its serving version
+        pinned as a deployment at 100 %, in the same transaction) until a deployment
+        gives it some. The first version of a new model serves at once. ``deploy``: the
+        new version takes all the traffic, as a rolling deployment at 100 % (a model in
+        automatic mode simply switches to it, its newest version)."""
         check_name("model", name)
         check_name("version", version)
         if not framework:
@@ -321,7 +334,9 @@ class Registry:
                 size_bytes=staged.size_bytes,
                 created_at=utcnow(),
             )
-            record = self._insert(row, staged, description=description, owner=owner)
+            record = self._insert(
+                row, staged, description=description, owner=owner, deploy=deploy, actor=actor
+            )
         finally:
             self.store.discard(staged)  # no-op when published
         logger.info(
@@ -340,6 +355,8 @@ class Registry:
         *,
         description: str | None,
         owner: str | None,
+        deploy: bool,
+        actor: str,
     ) -> VersionRecord:
         name, version = row.model_name, row.version
         model_values = {
@@ -358,11 +375,17 @@ class Registry:
                 _insert_model_if_missing(session, model_values)
                 if changes:
                     session.execute(update(Model).where(Model.model_name == name).values(**changes))
+                rows_.lock_model(session, name)
+                deployed = rows_.of_model(session, name)
+                if not deploy and not deployed:
+                    rows_.adopt_newest(session, name, version, f"{version} registered", actor)
                 session.add(row)
                 session.flush()  # a concurrent winner of this version surfaces here
                 self.store.publish(staged, replace=True)
                 published = True
                 record = _version_record(row)
+                if deploy and deployed:
+                    self.deployments.deploy_in(session, name, version, actor=actor)
         except BaseException as exc:
             # Files are removed only if this call put them there: after losing the race
             # (IntegrityError before publishing) they belong to the winner.
@@ -373,6 +396,79 @@ class Registry:
                 raise _version_exists_error(name, version) from None
             raise
         return record
+
+    def create_model(
+        self,
+        name: str,
+        *,
+        framework: str,
+        description: str | None = None,
+        owner: str | None = None,
+        tags: dict[str, str] | None = None,
+    ) -> ModelRecord:
+        """A model with no version yet (its first pushed version serves at once); 409
+        when it exists."""
+        check_name("model", name)
+        values = _model_fields(framework=framework, description=description, owner=owner)
+        values["tags"] = _check_tags(tags or {})
+        try:
+            with Session(self._write_engine) as session, session.begin():
+                session.add(Model(model_name=name, created_at=utcnow(), **values))
+        except IntegrityError:
+            raise Conflict(f"model {name!r} already exists", model=name) from None
+        return self.get_model(name)
+
+    def update_model(self, name: str, **changes: Any) -> ModelRecord:
+        """Set the given fields of ``name`` (description, owner, framework, tags; None
+        clears description and owner)."""
+        unknown = set(changes) - {"description", "owner", "framework", "tags"}
+        if unknown:
+            raise InvalidInput(
+                f"unknown model fields {sorted(unknown)}; known: description, owner, "
+                "framework, tags"
+            )
+        values = _model_fields(**{k: v for k, v in changes.items() if k != "tags"})
+        if "tags" in changes:
+            values["tags"] = _check_tags(changes["tags"] or {})
+        with Session(self._write_engine) as session, session.begin():
+            row = rows_.lock_model(session, name)
+            for key, value in values.items():
+                setattr(row, key, value)
+        return self.get_model(name)
+
+    def delete_version(self, name: str, version: str) -> None:
+        """Remove a version and its files; 409 while it is deployed, or while it is the
+        version automatic mode serves."""
+        with Session(self._write_engine) as session, session.begin():
+            model = rows_.lock_model(session, name)
+            row = session.scalar(
+                select(ModelVersion).where(
+                    ModelVersion.model_name == name, ModelVersion.version == version
+                )
+            )
+            if row is None:
+                raise ModelNotFound(
+                    f"version {version!r} of model {name!r} not found", model=name, version=version
+                )
+            deployed = rows_.of_model(session, name)
+            mine = next((d for d in deployed if d.version == version), None)
+            if mine is not None:
+                raise Conflict(
+                    f"{name}:{version} is deployed ({mine.status}, {mine.traffic_pct} % of the "
+                    f"traffic): undeploy it first (DELETE /api/v1/deployments/{name}/{version})",
+                    model=name,
+                    version=version,
+                )
+            if not deployed and model.loaded and model.versions[-1].version == version:
+                raise Conflict(
+                    f"{name}:{version} serves the model (automatic mode: its newest version): "
+                    "deploy another version, or unload the model, first",
+                    model=name,
+                    version=version,
+                )
+            session.delete(row)
+        self.store.delete(name, version)
+        logger.info("deleted %s version %s", name, version)
 
     def set_loaded(self, name: str, loaded: bool) -> None:
         """Set whether ``name`` should be served; the controller acts on its next pass.
@@ -446,3 +542,31 @@ def _version_exists_error(name: str, version: str) -> VersionExists:
         model=name,
         version=version,
     )
+
+
+_MODEL_FIELD_LIMITS = {"description": 4096, "owner": 256, "framework": 64}
+
+
+def _model_fields(**values: Any) -> dict[str, Any]:
+    """Model fields given to create or update, checked."""
+    for key, value in values.items():
+        if key == "framework" and not value:
+            raise InvalidInput("framework must be a non-empty string")
+        if value is not None and (
+            not isinstance(value, str) or len(value) > _MODEL_FIELD_LIMITS[key]
+        ):
+            raise InvalidInput(
+                f"{key} must be a string of at most {_MODEL_FIELD_LIMITS[key]} characters"
+            )
+    return values
+
+
+def _check_tags(tags: Any) -> dict[str, str]:
+    if not isinstance(tags, dict) or len(tags) > 64:
+        raise InvalidInput("tags must be an object of at most 64 string values")
+    for key, value in tags.items():
+        if not (isinstance(key, str) and 0 < len(key) <= 128):
+            raise InvalidInput(f"tag name {key!r} must be a string of 1 to 128 characters")
+        if not (isinstance(value, str) and len(value) <= 256):
+            raise InvalidInput(f"tag {key!r} must have a string value of at most 256 characters")
+    return dict(tags)

@@ -87,6 +87,7 @@ class Model(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     # Desired state: an unloaded model keeps its versions but runs no replicas.
     loaded: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
+    tags: Mapped[dict[str, str] | None] = mapped_column(JSON)
 
     versions: Mapped[list[ModelVersion]] = relationship(
         back_populates="model",
