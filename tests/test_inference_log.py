@@ -77,7 +77,7 @@ def test_the_buffer_is_bounded_and_a_full_one_drops_new_rows(registry: Registry)
 
 
 def test_a_database_that_refuses_rows_costs_the_rows_not_the_requests(tmp_path: Path):
-    from inferd.registry.registry import create_registry_engine
+    from inferd.registry.engine import create_registry_engine
 
     engine = create_registry_engine(f"sqlite:///{tmp_path / 'empty.db'}")  # no table
     log = InferenceLog(engine)

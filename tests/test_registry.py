@@ -22,7 +22,7 @@ from sqlalchemy import column, insert, inspect, table, text
 
 from inferd.errors import InvalidInput, ModelNotFound, VersionExists
 from inferd.registry import ArtifactStore, Registry
-from inferd.registry.registry import _alembic_config
+from inferd.registry.engine import _alembic_config
 from inferd.registry.store import StagedArtifact
 from inferd.registry.tables import (
     JOBS_METADATA,

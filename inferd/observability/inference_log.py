@@ -33,7 +33,7 @@ from typing import Any
 import msgspec
 from sqlalchemy import Engine, delete, event, select, text
 
-from inferd.registry.registry import create_registry_engine
+from inferd.registry.engine import create_registry_engine
 from inferd.registry.tables import inference_logs
 
 logger = logging.getLogger(__name__)

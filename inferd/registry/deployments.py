@@ -34,6 +34,7 @@ from sqlalchemy.orm import Session
 from inferd.errors import Conflict, InvalidInput, ModelNotFound
 from inferd.registry import deployment_rows as rows_
 from inferd.registry import rollout as plans
+from inferd.registry.checks import check_batching
 from inferd.registry.deployment_rows import scale_split
 from inferd.registry.rollout import (
     CANARY_DEFAULTS,
@@ -263,9 +264,7 @@ class Deployments:
             raise InvalidInput(f"fallback must be true or false, not {fallback!r}")
         kind = Strategy(strategy)
         traffic_pct, plan = plans.check(kind, traffic_pct, rollout)
-        from inferd.registry.registry import _check_batching
-
-        batching = _check_batching(batching)
+        batching = check_batching(batching)
         rows_.lock_model(session, model)
         framework = rows_.require_version(session, model, version)
         existing = rows_.of_model(session, model)

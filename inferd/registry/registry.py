@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sqlite3
-import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -31,20 +29,23 @@ from typing import Any
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
-import pydantic
 from alembic import command
-from alembic.config import Config
-from sqlalchemy import Connection, Engine, create_engine, event, select, text, update
+from sqlalchemy import Engine, select, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
-from sqlalchemy.pool import StaticPool
 
-from inferd.config import BatchingConfig, Settings
+from inferd.config import Settings
 from inferd.errors import Conflict, InvalidInput, ModelNotFound, VersionExists
 from inferd.registry import deployment_rows as rows_
+from inferd.registry.checks import check_batching, check_tags, model_fields
 from inferd.registry.deployments import Deployments
+from inferd.registry.engine import (
+    PG_MIGRATE_LOCK,
+    WRITE,
+    _alembic_config,
+    create_registry_engine,
+)
 from inferd.registry.keys import ApiKeys
 from inferd.registry.rollout_progress import RolloutProgress
 from inferd.registry.store import ArtifactStore, StagedArtifact, check_name
@@ -52,16 +53,6 @@ from inferd.registry.tables import Model, ModelVersion, utcnow
 from inferd.runtimes.base import Signature
 
 logger = logging.getLogger(__name__)
-
-MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
-SQLITE_BUSY_TIMEOUT_MS = 30_000
-# Keyed by schema, so registries in different schemas of one database do not wait.
-_PG_MIGRATE_LOCK = text(
-    "SELECT pg_advisory_xact_lock("
-    "hashtext('inferd.registry.migrate:' || coalesce(current_schema(), '')))"
-)
-_WRITE = "inferd_write"  # execution option marking engines whose transactions write
-_BATCHING_KEYS = frozenset(BatchingConfig.model_fields) | {"replicas"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,64 +140,6 @@ def _model_record(row: Model) -> ModelRecord:
     )
 
 
-def create_registry_engine(database_url: str) -> Engine:
-    """An engine for ``database_url`` with the SQLite settings the registry relies on."""
-    url = make_url(database_url)
-    if url.get_backend_name() != "sqlite":
-        return create_engine(url, pool_pre_ping=True)
-    if url.database and url.database != ":memory:":
-        Path(url.database).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url)
-    else:
-        # One shared connection, else every pooled connection gets its own empty db.
-        engine = create_engine(url, poolclass=StaticPool, connect_args={"check_same_thread": False})
-    event.listen(engine, "connect", _sqlite_on_connect)
-    event.listen(engine, "begin", _sqlite_on_begin)
-    return engine
-
-
-def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
-    # pysqlite's own transaction handling skips BEGIN before DDL, so migrations would
-    # not be atomic; take over and emit BEGIN ourselves (see _sqlite_on_begin).
-    dbapi_connection.isolation_level = None
-    cursor = dbapi_connection.cursor()
-    cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
-    _enable_wal(cursor)
-    cursor.execute("PRAGMA foreign_keys = ON")  # off by default in SQLite
-    cursor.close()
-
-
-def _enable_wal(cursor: Any) -> None:
-    """WAL: readers never block the writer. The mode is stored in the file, so only the
-    first connection to a new database switches it; switching needs an exclusive lock and
-    SQLite answers "database is locked" at once, without waiting, when processes open a
-    new database together -- so retry for as long as the busy timeout allows."""
-    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
-    while True:
-        try:
-            if cursor.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal":
-                return
-            cursor.execute("PRAGMA journal_mode = WAL")
-            return
-        except sqlite3.OperationalError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.02)
-
-
-def _sqlite_on_begin(conn: Connection) -> None:
-    writes = conn.get_execution_options().get(_WRITE, False)
-    conn.exec_driver_sql("BEGIN IMMEDIATE" if writes else "BEGIN")
-
-
-def _alembic_config(connection: Connection) -> Config:
-    config = Config()
-    # configparser interpolates "%": escape it in the path.
-    config.set_main_option("script_location", str(MIGRATIONS_DIR).replace("%", "%%"))
-    config.attributes["connection"] = connection
-    return config
-
-
 def _insert_model_if_missing(session: Session, values: dict[str, Any]) -> None:
     # ON CONFLICT DO NOTHING: a concurrent first push of another version may create the
     # model row at the same time; that must not fail either push.
@@ -214,35 +147,10 @@ def _insert_model_if_missing(session: Session, values: dict[str, Any]) -> None:
     session.execute(dialect.insert(Model).values(**values).on_conflict_do_nothing())
 
 
-def _check_batching(batching: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The given per-version batching defaults, validated; unset keys stay unset."""
-    if batching is None:
-        return None
-    unknown = set(batching) - _BATCHING_KEYS
-    if unknown:
-        raise InvalidInput(
-            f"unknown batching keys {sorted(unknown)}; known {sorted(_BATCHING_KEYS)}"
-        )
-    replicas = batching.get("replicas")
-    if replicas is not None and (
-        type(replicas) is not int or not 1 <= replicas <= 64  # same bounds as Settings
-    ):
-        raise InvalidInput(f"batching.replicas must be an integer 1..64, got {replicas!r}")
-    given = set(batching) - {"replicas"}
-    try:
-        checked = BatchingConfig.model_validate({k: batching[k] for k in given})
-    except pydantic.ValidationError as exc:
-        raise InvalidInput(f"invalid batching: {exc}") from None
-    result = checked.model_dump(include=given)
-    if replicas is not None:
-        result["replicas"] = replicas
-    return result
-
-
 class Registry:
     def __init__(self, database_url: str, artifact_root: Path, migrate: bool = True) -> None:
         self.engine = create_registry_engine(database_url)
-        self._write_engine = self.engine.execution_options(**{_WRITE: True})
+        self._write_engine = self.engine.execution_options(**{WRITE: True})
         self.store = ArtifactStore(artifact_root)
         self.deployments = Deployments(self)
         self.rollouts = RolloutProgress(self)
@@ -278,7 +186,7 @@ class Registry:
         """
         with self._write_engine.begin() as conn:
             if conn.dialect.name == "postgresql":
-                conn.execute(_PG_MIGRATE_LOCK)
+                conn.execute(PG_MIGRATE_LOCK)
             command.upgrade(_alembic_config(conn), "head")
 
     # -- writes ---------------------------------------------------------------------
@@ -317,7 +225,7 @@ class Registry:
             raise InvalidInput(f"metadata is not JSON-serialisable: {exc}") from None
         if not isinstance(metadata.get("allow_non_finite", False), bool):
             raise InvalidInput("metadata allow_non_finite must be true or false")
-        batching = _check_batching(batching)
+        batching = check_batching(batching)
         if self._version_exists(name, version):
             raise _version_exists_error(name, version)
         staged = self.store.stage(name, version, Path(source))
@@ -409,8 +317,8 @@ class Registry:
         """A model with no version yet (its first pushed version serves at once); 409
         when it exists."""
         check_name("model", name)
-        values = _model_fields(framework=framework, description=description, owner=owner)
-        values["tags"] = _check_tags(tags or {})
+        values = model_fields(framework=framework, description=description, owner=owner)
+        values["tags"] = check_tags(tags or {})
         try:
             with Session(self._write_engine) as session, session.begin():
                 session.add(Model(model_name=name, created_at=utcnow(), **values))
@@ -427,9 +335,9 @@ class Registry:
                 f"unknown model fields {sorted(unknown)}; known: description, owner, "
                 "framework, tags"
             )
-        values = _model_fields(**{k: v for k, v in changes.items() if k != "tags"})
+        values = model_fields(**{k: v for k, v in changes.items() if k != "tags"})
         if "tags" in changes:
-            values["tags"] = _check_tags(changes["tags"] or {})
+            values["tags"] = check_tags(changes["tags"] or {})
         with Session(self._write_engine) as session, session.begin():
             row = rows_.lock_model(session, name)
             for key, value in values.items():
@@ -542,31 +450,3 @@ def _version_exists_error(name: str, version: str) -> VersionExists:
         model=name,
         version=version,
     )
-
-
-_MODEL_FIELD_LIMITS = {"description": 4096, "owner": 256, "framework": 64}
-
-
-def _model_fields(**values: Any) -> dict[str, Any]:
-    """Model fields given to create or update, checked."""
-    for key, value in values.items():
-        if key == "framework" and not value:
-            raise InvalidInput("framework must be a non-empty string")
-        if value is not None and (
-            not isinstance(value, str) or len(value) > _MODEL_FIELD_LIMITS[key]
-        ):
-            raise InvalidInput(
-                f"{key} must be a string of at most {_MODEL_FIELD_LIMITS[key]} characters"
-            )
-    return values
-
-
-def _check_tags(tags: Any) -> dict[str, str]:
-    if not isinstance(tags, dict) or len(tags) > 64:
-        raise InvalidInput("tags must be an object of at most 64 string values")
-    for key, value in tags.items():
-        if not (isinstance(key, str) and 0 < len(key) <= 128):
-            raise InvalidInput(f"tag name {key!r} must be a string of 1 to 128 characters")
-        if not (isinstance(value, str) and len(value) <= 256):
-            raise InvalidInput(f"tag {key!r} must have a string value of at most 256 characters")
-    return dict(tags)
