@@ -163,6 +163,22 @@ def test_the_refusal_matrix(keys_and_server):
         == 200
     )  # fmt: skip  -- admin includes infer
 
+    # Registering over the API is an admin's: an infer key cannot push, edit or delete.
+    for method, path in (
+        ("POST", "/api/v1/models"),
+        ("PATCH", "/api/v1/models/open"),
+        ("POST", "/api/v1/models/open/versions"),
+        ("DELETE", "/api/v1/models/open/versions/v1"),
+    ):
+        refused = _call(server, method, path, keys["infer"], json={"name": "x"})
+        assert refused.status_code == 403 and "'admin' scope" in refused.text, (path, refused.text)
+        assert _call(server, method, path, json={"name": "x"}).status_code == 401
+    tagged = _call(server, "PATCH", "/api/v1/models/open", keys["admin"], json={"tags": {"a": "b"}})
+    assert tagged.status_code == 200 and tagged.json()["tags"] == {"a": "b"}
+    pull = "/api/v1/models/open/versions/v1/artifact"  # a model's files: an admin's too
+    assert _call(server, "GET", pull, keys["infer"]).status_code == 403
+    assert _call(server, "GET", pull, keys["admin"]).status_code == 200
+
     # A key for one model: the others are refused, by path and by body.
     only = keys["open_only"]
     assert _call(server, "POST", predict, only, json=BODY).status_code == 200

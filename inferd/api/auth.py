@@ -14,10 +14,10 @@ sends as its api_key) or ``X-API-Key: <key>``.
   scopes come from the ``scope`` claim (space-separated, OAuth 2) or a ``scopes`` list;
   an optional ``models`` list is an allow-list.
 
-Scopes: ``admin`` (control plane: registry writes, deployments, keys, logs, repository;
-includes infer) and ``infer`` (predict, infer, generate, OpenAI, model metadata). No or
-bad credential → 401 with ``WWW-Authenticate``; a valid one without the scope or the
-model → 403. Credentials never reach a log line.
+Scopes: ``admin`` (control plane: registry writes and artifact downloads, deployments,
+keys, logs, repository; includes infer) and ``infer`` (predict, infer, generate, OpenAI,
+model metadata). No or bad credential → 401 with ``WWW-Authenticate``; a valid one
+without the scope or the model → 403. Credentials never reach a log line.
 """
 
 from __future__ import annotations
@@ -56,12 +56,11 @@ def required_scope(method: str, path: str) -> str | None:
         return None
     if path.startswith(_ADMIN_PREFIXES):
         return "admin"
-    if (
-        path.startswith("/api/v1/models")
-        and method not in ("GET", "HEAD")
-        and not _INFER_WRITES.match(path)
+    if path.startswith("/api/v1/models") and (
+        (method not in ("GET", "HEAD") and not _INFER_WRITES.match(path))
+        or path.endswith("/artifact")
     ):
-        return "admin"  # pushing, changing or deleting models
+        return "admin"  # pushing, changing or deleting models; downloading their files
     return "infer"
 
 
