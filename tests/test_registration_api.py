@@ -209,7 +209,12 @@ def test_download_gives_back_the_registered_files(server: InferdServer, tmp_path
     assert reply.headers["x-inferd-sha256"] == record["sha256"]
     with tarfile.open(fileobj=io.BytesIO(reply.content), mode="r:gz") as tar:
         got = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
-    assert got == files
+    shipped = json.loads(got.pop("inferd.json"))  # what the files need to answer the same
+    assert got == files and shipped["framework"] == "python"
+    assert shipped["signature"] == record["signature"]
+    again = upload(c, "minus", reply.content, version="v2")  # a pull, pushed back
+    assert again.status_code == 201, again.text
+    assert again.json()["version"]["sha256"] == record["sha256"]  # the same files
     assert c.get("/api/v1/models/minus/versions/v9/artifact").status_code == 404
 
 

@@ -164,9 +164,12 @@ def test_push_file(registry: Registry, model_file: Path, artifact_root: Path) ->
     assert record.artifact_path == stored
     assert record.artifact_uri == stored.as_uri()
     assert record.artifact_uri.startswith("file:///")
-    assert [p.name for p in stored.iterdir()] == ["model.joblib"]
+    assert sorted(p.name for p in stored.iterdir()) == ["inferd.json", "model.joblib"]
     assert (stored / "model.joblib").read_bytes() == model_file.read_bytes()
-    assert record.size_bytes == model_file.stat().st_size
+    # the registry's inferd.json: what the files alone need to answer as this version
+    shipped = json.loads((stored / "inferd.json").read_text())
+    assert shipped == {"framework": "sklearn", "signature": SIGNATURE.to_dict(), "metadata": {}}
+    assert record.size_bytes == model_file.stat().st_size + (stored / "inferd.json").stat().st_size
     assert record.sha256 == expected_digest(stored)
     manifest = json.loads((artifact_root / "fraud" / "v1.manifest.json").read_text())
     file_sha = hashlib.sha256(model_file.read_bytes()).hexdigest()
@@ -187,12 +190,13 @@ def test_push_folder(registry: Registry, model_folder: Path, artifact_root: Path
 
     stored = record.artifact_path
     assert sorted(p.relative_to(stored).as_posix() for p in stored.rglob("*")) == [
+        "inferd.json",
         "model.onnx",
         "tokenizer",
         "tokenizer/vocab.txt",
     ]
-    assert record.sha256 == expected_digest(model_folder)
-    assert record.size_bytes == 10 + 4
+    assert record.sha256 == expected_digest(stored)
+    assert record.size_bytes == 10 + 4 + (stored / "inferd.json").stat().st_size
     assert registry.store.verify("bert", "2024-01")
 
 
@@ -377,7 +381,10 @@ def test_duplicate_push_conflicts_and_keeps_files(
     assert info.value.status_code == 409
 
     assert registry.get_version("fraud", "v1") == original
-    assert [p.name for p in original.artifact_path.iterdir()] == ["model.joblib"]
+    assert sorted(p.name for p in original.artifact_path.iterdir()) == [
+        "inferd.json",
+        "model.joblib",
+    ]
     assert (original.artifact_path / "model.joblib").read_bytes() == model_file.read_bytes()
     assert registry.store.verify("fraud", "v1")
     assert leftovers(artifact_root) == []
@@ -457,8 +464,10 @@ class RivalPushesWhileCopying(ArtifactStore):
         super().__init__(root)
         self.rival = rival
 
-    def stage(self, model: str, version: str, source: Path) -> StagedArtifact:
-        staged = super().stage(model, version, source)
+    def stage(
+        self, model: str, version: str, source: Path, extra: dict[str, bytes] | None = None
+    ) -> StagedArtifact:
+        staged = super().stage(model, version, source, extra)
         self.rival()
         return staged
 
@@ -479,7 +488,10 @@ def test_losing_the_race_at_insert_leaves_the_winner_intact(
             push(loser, "fraud", model_file, "v1")
 
         winner = rival.get_version("fraud", "v1")
-        assert [p.name for p in winner.artifact_path.iterdir()] == ["rival.joblib"]
+        assert sorted(p.name for p in winner.artifact_path.iterdir()) == [
+            "inferd.json",
+            "rival.joblib",
+        ]
         assert rival.store.verify("fraud", "v1")
         assert leftovers(artifact_root) == []
 
@@ -493,7 +505,10 @@ def test_orphaned_folder_from_a_crash_is_replaced(
     (orphan / "half.bin").write_bytes(b"junk")
 
     record = push(registry, "fraud", model_file, "v1")
-    assert [p.name for p in record.artifact_path.iterdir()] == ["model.joblib"]
+    assert sorted(p.name for p in record.artifact_path.iterdir()) == [
+        "inferd.json",
+        "model.joblib",
+    ]
     assert registry.store.verify("fraud", "v1")
     assert leftovers(artifact_root) == []
 
@@ -552,3 +567,21 @@ def test_from_settings_uses_data_dir(tmp_path: Path, model_file: Path) -> None:
     assert record.artifact_path.is_relative_to((tmp_path / "data" / "artifacts").resolve())
     assert record.created_at.tzinfo is not None
     assert record.created_at.astimezone(UTC) == record.created_at
+
+
+def test_a_stored_folder_pushed_again_keeps_what_changes_the_answers(
+    registry: Registry, model_file: Path
+) -> None:
+    """Labels (and dtype, pooling, ... : OUTPUT_METADATA) travel in the stored folder's
+    inferd.json; other metadata (accuracy) describes that version only."""
+    meta = {"labels": ["legit", "fraud"], "accuracy": 0.9, "dtype": "float32"}
+    first = push(registry, "fraud", model_file, "v1", metadata=meta)
+    again = push(registry, "fraud", first.artifact_path, "v2")
+    assert again.metadata == {"labels": ["legit", "fraud"], "dtype": "float32"}
+    given = push(registry, "fraud", first.artifact_path, "v3", metadata={"labels": ["a", "b"]})
+    assert given.metadata["labels"] == ["a", "b"]  # what the push says wins
+    (bad := first.artifact_path.parent / "bad").mkdir()
+    (bad / "model.joblib").write_bytes(model_file.read_bytes())
+    (bad / "inferd.json").write_text('{"metadata": [1]}')
+    with pytest.raises(InvalidInput, match=r"inferd\.json"):
+        push(registry, "fraud", bad, "v4")

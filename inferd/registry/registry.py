@@ -50,6 +50,7 @@ from inferd.registry.keys import ApiKeys
 from inferd.registry.rollout_progress import RolloutProgress
 from inferd.registry.store import ArtifactStore, StagedArtifact, check_name
 from inferd.registry.tables import Model, ModelVersion, utcnow
+from inferd.runtimes import MANIFEST, OUTPUT_METADATA, read_manifest
 from inferd.runtimes.base import Signature
 
 logger = logging.getLogger(__name__)
@@ -208,6 +209,12 @@ class Registry:
     ) -> VersionRecord:
         """Register ``source`` (a file or a folder) as version ``version`` of ``name``.
 
+        The stored folder gets an ``inferd.json`` with the version's framework,
+        signature and the metadata that changes its answers (labels, dtype, pooling, …;
+        ``OUTPUT_METADATA``): pushing that folder, or a pull of it, again gives a version
+        that answers the same. Such metadata shipped in ``source``'s own ``inferd.json``
+        applies unless ``metadata`` overrides it.
+
         Registering is not deploying: when ``name`` already has a version serving, the
         new one takes no traffic (a model in automatic mode gets its serving version
         pinned as a deployment at 100 %, in the same transaction) until a deployment
@@ -218,7 +225,8 @@ class Registry:
         check_name("version", version)
         if not framework:
             raise InvalidInput("framework is required")
-        metadata = dict(metadata or {})
+        source = Path(source)
+        metadata = {**_shipped_metadata(source), **(metadata or {})}
         try:
             json.dumps(metadata)
         except (TypeError, ValueError) as exc:
@@ -228,7 +236,14 @@ class Registry:
         batching = check_batching(batching)
         if self._version_exists(name, version):
             raise _version_exists_error(name, version)
-        staged = self.store.stage(name, version, Path(source))
+        manifest = {
+            "framework": framework,
+            "signature": signature.to_dict(),
+            "metadata": {k: metadata[k] for k in sorted(OUTPUT_METADATA) if k in metadata},
+        }
+        staged = self.store.stage(
+            name, version, source, extra={MANIFEST: json.dumps(manifest, indent=2).encode()}
+        )
         try:
             row = ModelVersion(
                 model_name=name,
@@ -450,3 +465,13 @@ def _version_exists_error(name: str, version: str) -> VersionExists:
         model=name,
         version=version,
     )
+
+
+def _shipped_metadata(source: Path) -> dict[str, Any]:
+    """The metadata of ``source``'s ``inferd.json`` (a folder's), or {}."""
+    if not source.is_dir():
+        return {}
+    try:
+        return dict(read_manifest(source).get("metadata") or {})
+    except ValueError as exc:  # json.JSONDecodeError included
+        raise InvalidInput(f"unreadable {MANIFEST} in {source}: {exc}") from None

@@ -2,7 +2,9 @@
 
 Layout under ``root``::
 
-    <model>/<version>/                 exactly the artifact files (a runtime looks in here)
+    <model>/<version>/                 the artifact files (a runtime looks in here), with
+                                       the registry's inferd.json (framework, signature,
+                                       the metadata that changes the answers)
     <model>/<version>.manifest.json    per-file sha256 and sizes, for ``verify``
     <model>/.staging-<version>-<hex>/  a copy in progress (same filesystem, so the
                                        final ``os.rename`` is atomic)
@@ -131,8 +133,16 @@ class ArtifactStore:
         finally:
             self.discard(staged)
 
-    def stage(self, model: str, version: str, source: Path) -> StagedArtifact:
-        """Copy ``source`` into a fresh staging folder beside the final one and hash it."""
+    def stage(
+        self,
+        model: str,
+        version: str,
+        source: Path,
+        extra: dict[str, bytes] | None = None,
+    ) -> StagedArtifact:
+        """Copy ``source`` into a fresh staging folder beside the final one, write the
+        ``extra`` files (name -> content; they replace copies of the same name), and
+        hash it."""
         final = self.path(model, version)
         source = Path(source)
         if not source.exists():
@@ -145,13 +155,14 @@ class ArtifactStore:
             else:
                 staging.mkdir()
                 shutil.copy2(source, staging / source.name)
+            if not any(p.is_file() for p in staging.rglob("*")):
+                raise InvalidInput(f"artifact source holds no files: {source}", source=str(source))
+            for name, content in (extra or {}).items():
+                (staging / name).write_bytes(content)
             manifest = _manifest_of(staging)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-        if not manifest["files"]:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise InvalidInput(f"artifact source holds no files: {source}", source=str(source))
         return StagedArtifact(
             model=model,
             version=version,

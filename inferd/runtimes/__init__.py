@@ -42,7 +42,16 @@ _OVERRULES: dict[str, set[str]] = {
     "lightgbm": {"sklearn"},
 }
 MANIFEST = "inferd.json"
-_MANIFEST_KEYS = {"framework", "signature", "labels"}
+_MANIFEST_KEYS = {"framework", "signature", "labels", "metadata"}
+OUTPUT_METADATA = frozenset(
+    {
+        "labels", "dtype", "device", "max_length", "normalize", "pooling", "task",
+        "quantization", "python_class", "python_module", "allow_non_finite", "adapters",
+    }
+)  # fmt: skip
+"""Metadata keys that change what a version computes or accepts: the registry writes them
+into the version's ``inferd.json``, so its files alone (a pull, a re-push of the stored
+folder) reproduce its answers."""
 _WARMUP_ROWS = 2  # two rows, so an output that drops the batch dimension shows
 
 
@@ -96,11 +105,11 @@ def inspect_artifact(
     what the runtime infers from the model.
     """
     artifact_dir = _require_dir(artifact_dir)
-    manifest = _read_manifest(artifact_dir)
+    manifest = read_manifest(artifact_dir)
     framework = framework or manifest.get("framework") or detect_framework(artifact_dir)
     if signature is None and "signature" in manifest:
         signature = Signature.from_dict(manifest["signature"])
-    meta = dict(metadata or {})
+    meta = {**manifest.get("metadata", {}), **(metadata or {})}
     labels = meta.get("labels") or (signature and signature.labels) or manifest.get("labels")
     if labels:
         meta["labels"] = [str(label) for label in labels]
@@ -130,13 +139,16 @@ def _require_dir(path: Path) -> Path:
     return path
 
 
-def _read_manifest(artifact_dir: Path) -> dict[str, Any]:
-    path = artifact_dir / MANIFEST
+def read_manifest(artifact_dir: Path) -> dict[str, Any]:
+    """The folder's ``inferd.json`` (framework, signature, labels, metadata), or {}."""
+    path = Path(artifact_dir) / MANIFEST
     if not path.is_file():
         return {}
     manifest = json.loads(path.read_text())
     if not isinstance(manifest, dict):
         raise ValueError(f"{path} must hold a JSON object")
+    if not isinstance(manifest.get("metadata", {}), dict):
+        raise ValueError(f"{path}: metadata must be a JSON object")
     unknown = set(manifest) - _MANIFEST_KEYS
     if unknown:
         logger.warning("%s: ignoring unknown keys %s", path, sorted(unknown))
