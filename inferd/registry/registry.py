@@ -373,22 +373,7 @@ class Registry:
                 raise ModelNotFound(
                     f"version {version!r} of model {name!r} not found", model=name, version=version
                 )
-            deployed = rows_.of_model(session, name)
-            mine = next((d for d in deployed if d.version == version), None)
-            if mine is not None:
-                raise Conflict(
-                    f"{name}:{version} is deployed ({mine.status}, {mine.traffic_pct} % of the "
-                    f"traffic): undeploy it first (DELETE /api/v1/deployments/{name}/{version})",
-                    model=name,
-                    version=version,
-                )
-            if not deployed and model.loaded and model.versions[-1].version == version:
-                raise Conflict(
-                    f"{name}:{version} serves the model (automatic mode: its newest version): "
-                    "deploy another version, or unload the model, first",
-                    model=name,
-                    version=version,
-                )
+            _refuse_deleting_served(session, model, version)
             session.delete(row)
         self.store.delete(name, version)
         logger.info("deleted %s version %s", name, version)
@@ -475,3 +460,24 @@ def _shipped_metadata(source: Path) -> dict[str, Any]:
         return dict(read_manifest(source).get("metadata") or {})
     except ValueError as exc:  # json.JSONDecodeError included
         raise InvalidInput(f"unreadable {MANIFEST} in {source}: {exc}") from None
+
+
+def _refuse_deleting_served(session: Session, model: Model, version: str) -> None:
+    """409 when ``version`` of ``model`` is deployed, or is what automatic mode serves."""
+    name = model.model_name
+    deployed = rows_.of_model(session, name)
+    mine = next((d for d in deployed if d.version == version), None)
+    if mine is not None:
+        raise Conflict(
+            f"{name}:{version} is deployed ({mine.status}, {mine.traffic_pct} % of the "
+            f"traffic): undeploy it first (DELETE /api/v1/deployments/{name}/{version})",
+            model=name,
+            version=version,
+        )
+    if not deployed and model.loaded and model.versions[-1].version == version:
+        raise Conflict(
+            f"{name}:{version} serves the model (automatic mode: its newest version): "
+            "deploy another version, or unload the model, first",
+            model=name,
+            version=version,
+        )
