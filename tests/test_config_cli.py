@@ -121,3 +121,30 @@ def test_cli_push_rejects_what_cannot_load(tmp_path: Path):
     assert out.returncode == 1
     assert "cannot load" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_cli_pull_copies_a_checked_version(tmp_path: Path):
+    data = tmp_path / "data"
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "model.py").write_text(
+        "import numpy as np\n\nclass M:\n"
+        "    signature = {'inputs': [{'name': 'x', 'datatype': 'FP32', 'shape': [-1]}],\n"
+        "                 'outputs': [{'name': 'y', 'datatype': 'FP32', 'shape': [-1]}]}\n"
+        "    def predict(self, b):\n        return {'y': b['x']}\n"
+    )
+    pushed = json.loads(run_cli("models", "push", "m", str(src), "--version", "v1",
+                                "--meta", 'labels=["a"]', data_dir=data).stdout)  # fmt: skip
+    out = tmp_path / "out"
+    pulled = run_cli("models", "pull", "m", "v1", "--out", str(out), data_dir=data)
+    assert f"sha256 {pushed['sha256'][:12]}" in " ".join(pulled.stderr.split())
+    assert (out / "model.py").read_text() == (src / "model.py").read_text()
+    shipped = json.loads((out / "inferd.json").read_text())
+    assert shipped["metadata"] == {"labels": ["a"]}  # what changes the answers travels
+    again = run_cli("models", "pull", "m", "v1", "--out", str(out), data_dir=data, check=False)
+    assert again.returncode == 1 and "not empty" in again.stderr
+    (data / "artifacts" / "m" / "v1" / "model.py").write_text("tampered")
+    damaged = run_cli(
+        "models", "pull", "m", "v1", "--out", str(tmp_path / "o2"), data_dir=data, check=False
+    )
+    assert damaged.returncode == 1 and "damaged" in damaged.stderr

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import InferdServer, arithmetic_model
+from tests.conftest import InferdServer, arithmetic_model, run_cli
 
 pytestmark = pytest.mark.slow
 LIMIT = 2 * 1024 * 1024
@@ -299,3 +299,43 @@ def test_a_server_killed_mid_upload_keeps_no_row_and_no_file(tmp_path: Path):
     finally:
         assert second.stop() == 0, second.log()[-3000:]
     sender.join(5)
+
+
+def test_the_cli_pushes_pulls_lists_and_shows_against_a_server(
+    server: InferdServer, tmp_path: Path
+):
+    """`inferd models …` with INFERD_URL: nothing on this side but the files pushed."""
+    folder = tmp_path / "five"
+    folder.mkdir()
+    (folder / "model.py").write_text(arithmetic_model("x * 5"))
+    elsewhere = tmp_path / "no-registry-here"
+    env = {"INFERD_URL": server.url}
+
+    def cli(*args: str, check: bool = True):
+        return run_cli(*args, data_dir=elsewhere, env=env, check=check)
+
+    pushed = cli("models", "push", "five", str(folder), "--version", "v1", "--meta", "team=ml")
+    assert f"registered five:v1 (python) on {server.url}" in " ".join(pushed.stderr.split())
+    record = json.loads(pushed.stdout)
+    assert record["metadata"] == {"team": "ml"}
+    assert "five" in cli("models", "list").stdout
+    shown = json.loads(cli("models", "show", "five", "-v", "v1").stdout)
+    assert shown["sha256"] == record["sha256"]
+    out = tmp_path / "pulled"
+    pulled = cli("models", "pull", "five", "v1", "--out", str(out))
+    assert f"sha256 {record['sha256'][:12]}" in " ".join(pulled.stderr.split())
+    assert (out / "model.py").read_text() == (folder / "model.py").read_text()
+    assert json.loads((out / "inferd.json").read_text())["framework"] == "python"
+    # one file goes as it is; the pulled folder pushed back is the same version's files
+    single = cli("models", "push", "five", str(folder / "model.py"), "--version", "v2")
+    assert json.loads(single.stdout)["framework"] == "python"
+    again = json.loads(cli("models", "push", "five", str(out), "--version", "v3").stdout)
+    assert again["sha256"] == record["sha256"]
+    assert not elsewhere.exists() or not (elsewhere / "inferd.db").exists()  # all remote
+    twice = cli("models", "push", "five", str(folder), "--version", "v1", check=False)
+    assert twice.returncode == 1 and "409" in twice.stderr and "already exists" in twice.stderr
+    gone = run_cli(
+        "models", "list", data_dir=elsewhere, env={"INFERD_URL": "http://127.0.0.1:1"},
+        check=False,
+    )  # fmt: skip
+    assert gone.returncode == 1 and "ConnectError" in gone.stderr

@@ -31,6 +31,7 @@ class StatusView:
             "description": record.description,
             "framework": record.framework,
             "owner": record.owner,
+            "tags": record.tags,
             "versions": [v.version for v in record.versions],
             "loaded": record.loaded,
             "serving_version": route.default_version if route else None,

@@ -33,6 +33,19 @@ app.add_typer(keys_app, name="keys")
 app.add_typer(jobs_cli.app, name="jobs")
 console = Console(stderr=True)
 
+UrlOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--url",
+        envvar="INFERD_URL",
+        help="A running server to talk to (default: $INFERD_URL; none: this machine's "
+        "registry files).",
+    ),
+]
+ApiKeyOpt = Annotated[
+    str | None,
+    typer.Option("--api-key", envvar="INFERD_API_KEY", help="API key (default: $INFERD_API_KEY)."),
+]
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="YAML settings file.")]
 DataDirOpt = Annotated[
     Path | None, typer.Option("--data-dir", help="Data folder (INFERD_DATA_DIR).")

@@ -15,7 +15,16 @@ from rich.table import Table
 
 if TYPE_CHECKING:
     pass
-from inferd.cli.common import ConfigOpt, DataDirOpt, _errors, _registry, console, models_app
+from inferd.cli.common import (
+    ApiKeyOpt,
+    ConfigOpt,
+    DataDirOpt,
+    UrlOpt,
+    _errors,
+    _registry,
+    console,
+    models_app,
+)
 
 
 def _batching_option(text: str) -> dict[str, Any]:
@@ -78,13 +87,15 @@ def models_push(
             "'inferd deploy').",
         ),
     ] = False,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
     config: ConfigOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
     """Register a new immutable version: inspect it, copy it to the store, record it.
     The first version of a new model serves at once; a later one takes no traffic
-    until it is deployed (or pushed with --deploy)."""
-    from inferd.runtimes import inspect_artifact
+    until it is deployed (or pushed with --deploy). With --url, upload it to that
+    server, which checks and registers it."""
     from inferd.runtimes.base import Signature
 
     metadata = _parse_meta(meta or [])
@@ -100,6 +111,32 @@ def models_push(
     }
     if batching_json:
         batching = {**_batching_option(batching_json), **batching}
+    if url:
+        options = {
+            "framework": framework,
+            "metadata": metadata,
+            "signature": declared.to_dict() if declared else None,
+            "description": description,
+            "owner": owner,
+            "batching": batching or None,
+            "deploy": deploy,
+        }
+        with _remote(url, api_key) as remote:
+            reply = remote.push(name, path, version, options)
+        record = reply["version"]
+        console.print(
+            f"registered [bold]{name}:{version}[/bold] ({record['framework']}) on {url}, "
+            f"sha256 {record['sha256'][:12]}"
+        )
+        if not reply["serving"]:
+            console.print(
+                f"it takes no traffic yet: 'POST /api/v1/deployments' (or inferd deploy on the "
+                f"server) with {version} gives it some"
+            )
+        print(json.dumps(record, indent=2))
+        return
+    from inferd.runtimes import inspect_artifact
+
     registry = _registry(config, data_dir)
     with _errors(), _as_folder(path) as folder:
         with console.status(f"loading {path.name} to check it and read its signature ..."):
@@ -234,18 +271,30 @@ def _as_folder(path: Path) -> Any:
 
 
 @models_app.command("list")
-def models_list(config: ConfigOpt = None, data_dir: DataDirOpt = None) -> None:
-    """Registered models and their versions."""
+def models_list(
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Registered models and their versions (of a running server with --url)."""
     table = Table("model", "framework", "versions", "latest", "description")
-    for m in _registry(config, data_dir).list_models():
-        latest = m.versions[-1].version if m.versions else "-"
-        table.add_row(
-            m.name,
-            m.framework or "-",
-            ", ".join(v.version for v in m.versions),
-            latest,
-            m.description or "",
-        )
+    if url:
+        with _remote(url, api_key) as remote:
+            models = remote.get("/api/v1/models")["models"]
+        rows = [
+            (m["name"], m.get("framework"), list(m["versions"]),
+             m.get("description"))
+            for m in models
+        ]  # fmt: skip
+    else:
+        rows = [
+            (m.name, m.framework, [v.version for v in m.versions], m.description)
+            for m in _registry(config, data_dir).list_models()
+        ]
+    for model, framework, versions, description in rows:
+        latest = versions[-1] if versions else "-"
+        table.add_row(model, framework or "-", ", ".join(versions), latest, description or "")
     Console().print(table)
 
 
@@ -253,10 +302,17 @@ def models_list(config: ConfigOpt = None, data_dir: DataDirOpt = None) -> None:
 def models_show(
     name: str,
     version: Annotated[str | None, typer.Option("--version", "-v")] = None,
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
     config: ConfigOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
     """One model (or one version) as JSON: signature, metadata, checksum."""
+    if url:
+        path = f"/api/v1/models/{name}" + (f"/versions/{version}" if version else "")
+        with _remote(url, api_key) as remote:
+            print(json.dumps(remote.get(path), indent=2))
+        return
     registry = _registry(config, data_dir)
     with _errors():
         if version:
@@ -276,6 +332,53 @@ def models_show(
                     indent=2,
                 )
             )
+
+
+@models_app.command("pull")
+def models_pull(
+    name: Annotated[str, typer.Argument(help="Model name.")],
+    version: Annotated[str, typer.Argument(help="The version to fetch.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="A new folder for its files.")],
+    url: UrlOpt = None,
+    api_key: ApiKeyOpt = None,
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Fetch a version's files (with its inferd.json) into a new folder, checked against
+    the registry's digest: 'inferd models push' of that folder answers the same."""
+    if url:
+        with _remote(url, api_key) as remote:
+            digest = remote.pull(name, version, out)
+    else:
+        from inferd.registry.store import digest_of
+
+        registry = _registry(config, data_dir)
+        with _errors():
+            record = registry.get_version(name, version)
+        if out.exists() and any(out.iterdir()):
+            console.print(f"[red]error:[/red] {out} exists and is not empty")
+            raise typer.Exit(1)
+        if not registry.store.verify(name, version):
+            console.print(f"[red]error:[/red] the stored files of {name}:{version} are damaged")
+            raise typer.Exit(1)
+        shutil.copytree(record.artifact_path, out, dirs_exist_ok=True)
+        digest = digest_of(out)
+    console.print(f"pulled [bold]{name}:{version}[/bold] into {out}, sha256 {digest[:12]}")
+
+
+@contextmanager
+def _remote(url: str, api_key: str | None) -> Any:
+    """A client of the server at ``url``; a network failure is a one-line error."""
+    import httpx
+
+    from inferd.cli.remote import RemoteRegistry
+
+    try:
+        with RemoteRegistry(url, api_key) as remote:
+            yield remote
+    except httpx.HTTPError as exc:
+        console.print(f"[red]error:[/red] {url}: {type(exc).__name__}: {exc}")
+        raise typer.Exit(1) from None
 
 
 def _set_loaded(name: str, loaded: bool, config: Path | None, data_dir: Path | None) -> None:

@@ -79,6 +79,11 @@ def _file_sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
+def digest_of(folder: Path) -> str:
+    """The artifact digest of ``folder`` (see the module note)."""
+    return str(_manifest_of(folder)["sha256"])
+
+
 def _manifest_of(folder: Path) -> dict[str, Any]:
     """Digest, total size and per-file sha256/size of every file under ``folder``."""
     files: dict[str, dict[str, Any]] = {}
