@@ -12,6 +12,7 @@ import hashlib
 import io
 import json
 import os
+import socket
 import tarfile
 import threading
 import time
@@ -339,3 +340,18 @@ def test_the_cli_pushes_pulls_lists_and_shows_against_a_server(
         check=False,
     )  # fmt: skip
     assert gone.returncode == 1 and "ConnectError" in gone.stderr
+
+
+def test_a_client_gone_mid_upload_leaves_nothing_and_no_traceback(server: InferdServer):
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(
+            b"POST /api/v1/models/half/versions?version=v1&filename=model.py HTTP/1.1\r\n"
+            b"Host: x\r\nContent-Type: application/octet-stream\r\n"
+            b"Content-Length: 1048576\r\n\r\n" + b"x" * 65536
+        )
+        time.sleep(0.3)
+    server.wait_for(lambda: _no_scratch_left(server), timeout_s=10, what="the scratch to go")
+    assert server.client.get("/api/v1/models/half").status_code == 404
+    time.sleep(0.3)
+    assert "Traceback" not in server.log() and "-> 500" not in server.log(), server.log()[-2000:]

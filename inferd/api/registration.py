@@ -29,6 +29,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from starlette.background import BackgroundTask
+from starlette.requests import ClientDisconnect
 from starlette.responses import FileResponse, Response
 
 from inferd.api.http import context_of, json_response, parse_json, read_json
@@ -286,7 +287,12 @@ async def _upload(request: Request, spec: dict[str, Any], scratch: Path, limit: 
             f"the upload of {length} bytes exceeds registry.max_upload_bytes ({limit})",
             limit_bytes=limit,
         )
-    received = await receive(request.stream(), scratch / "upload", limit)
+    try:
+        received = await receive(request.stream(), scratch / "upload", limit)
+    except ClientDisconnect:
+        raise BadRequest(
+            "the client went away before the upload ended; nothing was registered"
+        ) from None
     if received.size_bytes == 0:
         raise InvalidInput("the upload is empty: send the artifact as the request body")
     check_sha256(received, spec.get("sha256"))
