@@ -306,6 +306,11 @@ class Settings(BaseSettings):
     (Redis Streams) or ``kafka://host:port``."""
     jobs: JobsConfig = Field(default_factory=lambda: JobsConfig())
     registry: RegistryConfig = Field(default_factory=lambda: RegistryConfig())
+    artifact_store: str | None = None
+    """Where versions' files live: None, the data folder (``<data_dir>/artifacts``); or
+    ``s3://bucket/prefix``, an S3-compatible store (endpoint and credentials the usual
+    AWS way: ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, …), the local folder then
+    being a verified cache that replicas fetch into."""
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     """Largest request body accepted (413 beyond)."""
     max_rows_per_request: int = Field(4096, ge=1)

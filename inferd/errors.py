@@ -16,6 +16,7 @@
     ├── RateLimited (429)              over a rate limit; carries the X-RateLimit-* headers
     ├── ModelNotReady (503)            no ready replica; carries ``retry_after_s``
     ├── Overloaded (503)               a replica queue is full; carries depth and limit
+    ├── StoreUnavailable (503)         the artifact store (S3) cannot be reached
     ├── RequestTimeout (504)           the request's deadline passed
     └── ModelError (500)               the model raised; details only in the server log
 
@@ -134,3 +135,10 @@ class RequestTimeout(InferdError):
 class ModelError(InferdError):
     status_code = 500
     code = "model_error"
+
+
+class StoreUnavailable(InferdError):
+    """The artifact store (an S3-compatible one) could not be reached, or refused."""
+
+    status_code = 503
+    code = "store_unavailable"

@@ -42,6 +42,7 @@ from inferd.errors import (
 )
 from inferd.registry import Registry
 from inferd.registry.inspection import inspect_isolated
+from inferd.registry.registry import local_files
 from inferd.registry.store import check_name
 from inferd.registry.uploads import SHA256_HEX, UPLOADS, check_sha256, file_source, receive, unpack
 from inferd.runtimes.base import Signature
@@ -168,15 +169,16 @@ async def download_artifact(model: str, version: str, request: Request) -> Respo
     """The version's artifact folder as a tar.gz; ``X-Inferd-Sha256`` is the version's
     digest (of its files, as the registry lists them), which ``inferd models pull``
     checks after unpacking."""
-    record = await asyncio.to_thread(_registry(request).get_version, model, version)
+    registry = _registry(request)
+    record = await asyncio.to_thread(registry.get_version, model, version)
     scratch = Path(request.app.state.settings.data_dir) / UPLOADS
     scratch.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix="pull-", suffix=".tar.gz", dir=scratch)
     archive = Path(name)
 
     def pack() -> None:
+        root = local_files(registry, record)  # fetched and checked, from an object store
         with open(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz", compresslevel=1) as tar:
-            root = record.artifact_path
             for path in sorted(root.rglob("*")):
                 tar.add(path, arcname=path.relative_to(root).as_posix(), recursive=False)
 

@@ -75,7 +75,12 @@ async def build_gateway(settings: Settings, control_socket: Path) -> Gateway:
     table arrived."""
     router = Router()
     await router.follow(control_socket)
-    registry = Registry(settings.resolved_database_url, settings.artifact_dir, migrate=False)
+    registry = Registry(
+        settings.resolved_database_url,
+        settings.artifact_dir,
+        migrate=False,
+        artifact_store=settings.artifact_store,
+    )
     # Rows go to the server even with the log off: /metrics counts requests from them.
     cfg = settings.inference_log
     inference_log = LogShipper(

@@ -416,6 +416,8 @@ def _replica_spec(settings: Settings, vset: VersionSet, replica_id: str) -> Repl
         version=vset.record.version,
         framework=vset.record.framework,
         artifact_dir=str(vset.record.artifact_path),
+        artifact_uri=vset.record.artifact_uri,
+        sha256=vset.record.sha256,
         address="",
         batching=BatchingConfig.model_validate(batching),
         signature=vset.record.signature.to_dict(),

@@ -47,6 +47,7 @@ from inferd.registry.engine import (
     create_registry_engine,
 )
 from inferd.registry.keys import ApiKeys
+from inferd.registry.remote_store import S3Store
 from inferd.registry.rollout_progress import RolloutProgress
 from inferd.registry.store import ArtifactStore, StagedArtifact, check_name
 from inferd.registry.tables import Model, ModelVersion, utcnow
@@ -112,13 +113,21 @@ class ModelRecord:
         }
 
 
-def _version_record(row: ModelVersion) -> VersionRecord:
+def _version_record(row: ModelVersion, cache: Path) -> VersionRecord:
+    """``cache``: the local artifact root, where a version kept in an object store is
+    fetched to (``remote_store.ensure_local``)."""
+    uri = urlparse(row.artifact_uri)
+    local = (
+        Path(url2pathname(uri.path))
+        if uri.scheme == "file"
+        else cache / row.model_name / row.version
+    )
     return VersionRecord(
         model_name=row.model_name,
         version=row.version,
         framework=row.framework,
         artifact_uri=row.artifact_uri,
-        artifact_path=Path(url2pathname(urlparse(row.artifact_uri).path)),
+        artifact_path=local,
         signature=Signature.from_dict(row.signature),
         metadata=dict(row.meta),
         batching=dict(row.batching) if row.batching is not None else None,
@@ -128,14 +137,14 @@ def _version_record(row: ModelVersion) -> VersionRecord:
     )
 
 
-def _model_record(row: Model) -> ModelRecord:
+def _model_record(row: Model, cache: Path) -> ModelRecord:
     return ModelRecord(
         name=row.model_name,
         description=row.description,
         framework=row.framework,
         owner=row.owner,
         created_at=row.created_at,
-        versions=tuple(_version_record(v) for v in row.versions),
+        versions=tuple(_version_record(v, cache) for v in row.versions),
         loaded=row.loaded,
         tags=dict(row.tags or {}),
     )
@@ -149,10 +158,19 @@ def _insert_model_if_missing(session: Session, values: dict[str, Any]) -> None:
 
 
 class Registry:
-    def __init__(self, database_url: str, artifact_root: Path, migrate: bool = True) -> None:
+    def __init__(
+        self,
+        database_url: str,
+        artifact_root: Path,
+        migrate: bool = True,
+        artifact_store: str | None = None,
+    ) -> None:
         self.engine = create_registry_engine(database_url)
         self._write_engine = self.engine.execution_options(**{WRITE: True})
         self.store = ArtifactStore(artifact_root)
+        """The local artifact folder; with ``artifact_store``, a verified cache of it."""
+        self.remote = S3Store(artifact_store) if artifact_store else None
+        """Where versions live when not only on this machine (``s3://bucket/prefix``)."""
         self.deployments = Deployments(self)
         self.rollouts = RolloutProgress(self)
         self.keys = ApiKeys(self)
@@ -162,7 +180,11 @@ class Registry:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Registry:
-        return cls(settings.resolved_database_url, settings.artifact_dir)
+        return cls(
+            settings.resolved_database_url,
+            settings.artifact_dir,
+            artifact_store=settings.artifact_store,
+        )
 
     def __enter__(self) -> Registry:
         return self
@@ -244,11 +266,15 @@ class Registry:
         staged = self.store.stage(
             name, version, source, extra={MANIFEST: json.dumps(manifest, indent=2).encode()}
         )
+        uploaded = False
         try:
+            uri = self.store.path(name, version).as_uri()
+            if self.remote is not None:
+                uri, uploaded = self.remote.upload(staged), True
             row = ModelVersion(
                 model_name=name,
                 version=version,
-                artifact_uri=self.store.path(name, version).as_uri(),
+                artifact_uri=uri,
                 framework=framework,
                 signature=signature.to_dict(),
                 meta=metadata,
@@ -260,6 +286,10 @@ class Registry:
             record = self._insert(
                 row, staged, description=description, owner=owner, deploy=deploy, actor=actor
             )
+        except BaseException:
+            if uploaded and self.remote is not None:
+                self.remote.delete(name, version)
+            raise
         finally:
             self.store.discard(staged)  # no-op when published
         logger.info(
@@ -306,7 +336,7 @@ class Registry:
                 session.flush()  # a concurrent winner of this version surfaces here
                 self.store.publish(staged, replace=True)
                 published = True
-                record = _version_record(row)
+                record = _version_record(row, self.store.root)
                 if deploy and deployed:
                     self.deployments.deploy_in(session, name, version, actor=actor)
         except BaseException as exc:
@@ -376,6 +406,8 @@ class Registry:
             _refuse_deleting_served(session, model, version)
             session.delete(row)
         self.store.delete(name, version)
+        if self.remote is not None:
+            self.remote.delete(name, version)
         logger.info("deleted %s version %s", name, version)
 
     def set_loaded(self, name: str, loaded: bool) -> None:
@@ -408,14 +440,14 @@ class Registry:
                 .options(selectinload(Model.versions))
                 .order_by(Model.created_at, Model.model_name)
             )
-            return [_model_record(row) for row in rows]
+            return [_model_record(row, self.store.root) for row in rows]
 
     def get_model(self, name: str) -> ModelRecord:
         with Session(self.engine) as session:
             row = session.get(Model, name, options=[selectinload(Model.versions)])
             if row is None:
                 raise ModelNotFound(f"model {name!r} not found", model=name)
-            return _model_record(row)
+            return _model_record(row, self.store.root)
 
     def get_version(self, name: str, version: str) -> VersionRecord:
         with Session(self.engine) as session:
@@ -428,7 +460,7 @@ class Registry:
                 raise ModelNotFound(
                     f"version {version!r} of model {name!r} not found", model=name, version=version
                 )
-            return _version_record(row)
+            return _version_record(row, self.store.root)
 
     def latest_version(self, name: str) -> VersionRecord:
         """The most recently registered version of ``name``."""
@@ -441,7 +473,7 @@ class Registry:
             )
             if row is None:
                 raise ModelNotFound(f"model {name!r} not found", model=name)
-            return _version_record(row)
+            return _version_record(row, self.store.root)
 
 
 def _version_exists_error(name: str, version: str) -> VersionExists:
@@ -481,3 +513,20 @@ def _refuse_deleting_served(session: Session, model: Model, version: str) -> Non
             model=name,
             version=version,
         )
+
+
+def local_files(registry: Registry, record: VersionRecord) -> Path:
+    """The version's files on this machine: fetched from the object store into the
+    local cache (and checked) when they live there."""
+    if registry.remote is None or record.artifact_uri.startswith("file:"):
+        return record.artifact_path
+    from inferd.registry.remote_store import ensure_local
+
+    return ensure_local(
+        registry.store,
+        registry.remote,
+        record.model_name,
+        record.version,
+        record.artifact_uri,
+        record.sha256,
+    )

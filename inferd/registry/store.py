@@ -125,6 +125,13 @@ class ArtifactStore:
     def manifest_path(self, model: str, version: str) -> Path:
         return self.path(model, version).with_name(version + _MANIFEST_SUFFIX)
 
+    def digest(self, model: str, version: str) -> str | None:
+        """The digest the local manifest records (None: no readable manifest)."""
+        try:
+            return str(json.loads(self.manifest_path(model, version).read_text())["sha256"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
     def put(self, model: str, version: str, source: Path) -> StoredArtifact:
         """Copy ``source`` (a file or a folder) in as ``model``/``version``.
 

@@ -282,7 +282,7 @@ async def serve(
     loop = asyncio.get_running_loop()
     core = make_core(spec)
     server = await start_listening(core, spec.address, drain)
-    loader = loop.create_task(core.load())
+    loader = loop.create_task(_fetch_then_load(core, spec))
     drained = loop.create_task(drain.wait())
     await asyncio.wait([loader, drained], return_when=asyncio.FIRST_COMPLETED)
     if loader.done() and loader.exception() is not None:
@@ -310,6 +310,35 @@ async def serve(
         Path(spec.address[5:]).unlink(missing_ok=True)
     logger.info("replica %s stopped", spec.replica_id)
     return 0
+
+
+async def _fetch_then_load(core: Any, spec: ReplicaSpec) -> None:
+    """Files kept in an object store come into the local cache first, checked against
+    the registered digest; a failure fails the load with its reason."""
+    if spec.artifact_uri.startswith("s3://"):
+        try:
+            await asyncio.to_thread(fetch_artifact, spec)
+        except Exception as exc:
+            core.state, core.message = "failed", f"fetching {spec.artifact_uri}: {exc}"
+            logger.error("%s", core.message)
+            raise
+    await core.load()
+
+
+def fetch_artifact(spec: ReplicaSpec) -> None:
+    from inferd.registry.remote_store import S3Store, ensure_local
+    from inferd.registry.store import ArtifactStore
+
+    folder = Path(spec.artifact_dir)
+    bucket = "/".join(spec.artifact_uri.split("/")[:3])  # s3://bucket
+    ensure_local(
+        ArtifactStore(folder.parent.parent),
+        S3Store(bucket),
+        spec.model,
+        spec.version,
+        spec.artifact_uri,
+        spec.sha256,
+    )
 
 
 async def run_replica(spec: ReplicaSpec, grace_s: float) -> None:

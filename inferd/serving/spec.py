@@ -23,6 +23,7 @@ class ReplicaSpec(msgspec.Struct, frozen=True, kw_only=True):
     version: str
     framework: str
     artifact_dir: str
+    """Where the replica reads the version's files (the local store, or its cache)."""
     address: str
     """``unix:/path.sock``, ``tcp:host:port`` or ``inproc:name``; empty: the backend
     picks one when it starts the replica."""
@@ -39,6 +40,11 @@ class ReplicaSpec(msgspec.Struct, frozen=True, kw_only=True):
     version's artifact folder."""
     gpus: list[int] | None = None
     """The GPU devices it may use (its deployment's ``resources.gpu``); None: not set."""
+    artifact_uri: str = ""
+    """Where the version's files live when not in ``artifact_dir`` already
+    (``s3://…``): the replica fetches and checks them there first."""
+    sha256: str = ""
+    """The registered digest of the version's files."""
 
     def to_json(self) -> str:
         return msgspec.json.encode(self, enc_hook=_encode).decode()

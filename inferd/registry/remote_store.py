@@ -1,0 +1,127 @@
+"""Artifacts in an S3-compatible object store (``artifact_store: s3://bucket/prefix``),
+with the local artifact folder as a verified cache.
+
+Layout under ``s3://bucket/prefix``::
+
+    <model>/<version>/...              the version's files, as the local store has them
+    <model>/<version>.manifest.json    digest, sizes and per-file sha256; written last,
+                                       so a version without it is an unfinished upload
+
+Endpoint, region and credentials come the usual AWS way (``AWS_ENDPOINT_URL``,
+``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``, profiles),
+through fsspec/s3fs. A process that needs a version's files (a replica, a download)
+fetches them into its local store with :func:`ensure_local`: every file is checked
+against the manifest and the whole against the registry's digest, then renamed into
+place at once, so a corrupt or partial download is never served.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from inferd.errors import InvalidInput, StoreUnavailable
+from inferd.registry.store import ArtifactStore, StagedArtifact
+
+_MANIFEST = ".manifest.json"
+
+
+class S3Store:
+    def __init__(self, url: str) -> None:
+        if not url.startswith("s3://") or len(url) <= len("s3://"):
+            raise InvalidInput(f"artifact_store {url!r}: expected s3://bucket[/prefix]")
+        self.url = url.rstrip("/")
+        self._fs: Any = None
+
+    @property
+    def fs(self) -> Any:
+        if self._fs is None:
+            try:
+                import s3fs
+            except ImportError:
+                raise InvalidInput(
+                    "an s3:// artifact store needs s3fs: pip install 'inferd[s3]'"
+                ) from None
+            self._fs = s3fs.S3FileSystem()
+        return self._fs
+
+    def uri(self, model: str, version: str) -> str:
+        return f"{self.url}/{model}/{version}"
+
+    def upload(self, staged: StagedArtifact) -> str:
+        """Put a staged version's files, then its manifest; the version's URI."""
+        uri = self.uri(staged.model, staged.version)
+        manifest = {"sha256": staged.sha256, "size_bytes": staged.size_bytes, "files": staged.files}
+        try:
+            for name in staged.files:
+                self.fs.put_file(str(staged.staging_path / name), f"{uri}/{name}")
+            self.fs.pipe_file(uri + _MANIFEST, json.dumps(manifest, indent=2).encode())
+        except Exception as exc:  # OSError, botocore's and aiohttp's connection errors
+            self.delete(staged.model, staged.version)
+            raise StoreUnavailable(f"cannot write to {self.url}: {exc}") from None
+        return uri
+
+    def delete(self, model: str, version: str) -> None:
+        uri = self.uri(model, version)
+        for path in (uri + _MANIFEST, uri):
+            with contextlib.suppress(Exception):  # best effort: the store may be down
+                self.fs.rm(path, recursive=True)
+
+    def manifest(self, uri: str) -> dict[str, Any]:
+        try:
+            return dict(json.loads(self.fs.cat_file(uri + _MANIFEST)))
+        except FileNotFoundError:
+            raise InvalidInput(f"{uri} has no manifest: the upload never finished") from None
+        except Exception as exc:  # OSError, botocore's and aiohttp's connection errors
+            raise StoreUnavailable(f"cannot read {uri}: {exc}") from None
+
+
+def ensure_local(
+    local: ArtifactStore, remote: S3Store, model: str, version: str, uri: str, sha256: str
+) -> Path:
+    """The version's folder in ``local``, fetched from ``uri`` unless the cache already
+    holds it intact; InvalidInput when what the store holds is not what was registered."""
+    local.root.mkdir(parents=True, exist_ok=True)
+    if local.verify(model, version) and local.digest(model, version) == sha256:
+        return local.path(model, version)
+    manifest = remote.manifest(uri)
+    if manifest.get("sha256") != sha256:
+        raise InvalidInput(
+            f"{uri}: the store's manifest says sha256 {manifest.get('sha256')}, the registry "
+            f"{sha256}; not served"
+        )
+    with tempfile.TemporaryDirectory(prefix=".fetch-", dir=local.root) as tmp:
+        folder = Path(tmp) / "files"
+        for name, entry in sorted(manifest["files"].items()):
+            target = folder.joinpath(*Path(name).parts)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                remote.fs.get_file(f"{uri}/{name}", str(target))
+            except Exception as exc:  # OSError, botocore's and aiohttp's connection errors
+                raise StoreUnavailable(f"cannot fetch {uri}/{name}: {exc}") from None
+            got = _sha256(target)
+            if got != entry["sha256"] or target.stat().st_size != entry["size_bytes"]:
+                raise InvalidInput(
+                    f"{uri}/{name} is not the registered file (sha256 {got}, expected "
+                    f"{entry['sha256']}); not served"
+                )
+        staged = local.stage(model, version, folder)
+        try:
+            if staged.sha256 != sha256:
+                raise InvalidInput(f"{uri}: the files hash to {staged.sha256}, not {sha256}")
+            local.publish(staged, replace=True)
+        finally:
+            local.discard(staged)
+    return local.path(model, version)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -1,0 +1,161 @@
+"""Versions in an S3-compatible store, against a real one on 127.0.0.1: moto's standalone
+server (it speaks the S3 REST API over HTTP, as boto3/s3fs clients use it, with
+multipart uploads, listings and errors the way S3 answers them; it runs from PyPI with no
+binary download, which MinIO would need).
+
+A version registered through one server lives in the bucket; a server with a fresh data
+folder and the same database serves it by fetching it into its cache; a tampered object
+is never served; an unreachable store is a 503 naming it."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import socket
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import InferdServer, arithmetic_model, free_port
+
+pytestmark = pytest.mark.slow
+BUCKET = "inferd-models"
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[dict[str, str]]:
+    pytest.importorskip("s3fs")
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert time.monotonic() < deadline, "moto server did not start"
+            time.sleep(0.1)
+    env = {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    fs = _fs(env)
+    fs.mkdir(BUCKET)
+    try:
+        yield env
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _fs(env: dict[str, str]):
+    import s3fs
+
+    return s3fs.S3FileSystem(
+        key=env["AWS_ACCESS_KEY_ID"],
+        secret=env["AWS_SECRET_ACCESS_KEY"],
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+    )
+
+
+def _upload(server: InferdServer, model: str, version: str, expression: str) -> httpx.Response:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        data = arithmetic_model(expression).encode()
+        info = tarfile.TarInfo("model.py")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    body = buf.getvalue()
+    return server.client.post(
+        f"/api/v1/models/{model}/versions",
+        params={"version": version, "sha256": hashlib.sha256(body).hexdigest()},
+        content=body,
+        headers={"content-type": "application/gzip"},
+    )
+
+
+def _y(server: InferdServer, model: str, x: float) -> float | None:
+    reply = server.client.post(f"/api/v1/models/{model}/predict", json={"inputs": [{"x": x}]})
+    return reply.json()["outputs"][0]["y"] if reply.status_code == 200 else None
+
+
+def test_a_fresh_server_serves_from_the_store_and_refuses_tampered_files(
+    tmp_path: Path, s3: dict[str, str]
+):
+    db = f"sqlite:///{tmp_path / 'shared' / 'inferd.db'}"
+    env = {**s3, "INFERD_ARTIFACT_STORE": f"s3://{BUCKET}/prod", "INFERD_DATABASE_URL": db}
+    first = InferdServer(tmp_path / "a", workers=1, env=env)
+    try:
+        first.wait_ready()
+        pushed = _upload(first, "calc", "v1", "x * 7")
+        assert pushed.status_code == 201, pushed.text
+        record = pushed.json()["version"]
+        assert record["artifact_uri"] == f"s3://{BUCKET}/prod/calc/v1"
+        first.wait_for(lambda: _y(first, "calc", 2.0) == 14.0, what="calc serving")
+    finally:
+        assert first.stop() == 0, first.log()[-3000:]
+    fs = _fs(s3)
+    assert sorted(fs.ls(f"{BUCKET}/prod/calc/v1")) == [
+        f"{BUCKET}/prod/calc/v1/inferd.json",
+        f"{BUCKET}/prod/calc/v1/model.py",
+    ]
+    manifest = json.loads(fs.cat_file(f"{BUCKET}/prod/calc/v1.manifest.json"))
+    assert manifest["sha256"] == record["sha256"]
+
+    # another machine: nothing but the database and the store
+    fresh = tmp_path / "b"
+    second = InferdServer(fresh, workers=1, env=env)
+    try:
+        second.wait_ready()
+        assert _y(second, "calc", 3.0) == 21.0
+        assert (fresh / "artifacts" / "calc" / "v1" / "model.py").is_file()  # its cache
+        pulled = second.client.get("/api/v1/models/calc/versions/v1/artifact")
+        assert pulled.headers["x-inferd-sha256"] == record["sha256"]
+    finally:
+        assert second.stop() == 0, second.log()[-3000:]
+
+    # a tampered object is not the registered file: never served
+    fs.pipe_file(f"{BUCKET}/prod/calc/v1/model.py", arithmetic_model("x * 0").encode())
+    third = InferdServer(tmp_path / "c", workers=1, env=env)
+    try:
+        third.wait_for(
+            lambda: "not the registered file" in third.log(), what="the check to refuse it"
+        )
+        assert _y(third, "calc", 3.0) is None
+        detail = third.client.get("/api/v1/models/calc/versions/v1").json()
+        assert all(r["state"] != "ready" for r in detail["replicas"]), detail["replicas"]
+        assert not (tmp_path / "c" / "artifacts" / "calc" / "v1").exists()
+    finally:
+        assert third.stop() == 0, third.log()[-3000:]
+
+
+def test_an_unreachable_store_is_a_503_naming_it(tmp_path: Path, s3: dict[str, str]):
+    env = {
+        **s3,
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}",  # nothing listens
+        "AWS_MAX_ATTEMPTS": "1",
+        "INFERD_ARTIFACT_STORE": f"s3://{BUCKET}/prod",
+    }
+    server = InferdServer(tmp_path / "d", workers=1, env=env)
+    try:
+        server.wait_ready()
+        refused = _upload(server, "calc", "v1", "x")
+        assert refused.status_code == 503, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "store_unavailable" and f"s3://{BUCKET}/prod" in error["message"]
+        assert server.client.get("/api/v1/models/calc").status_code == 404
+    finally:
+        assert server.stop() == 0, server.log()[-3000:]
