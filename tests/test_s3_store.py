@@ -159,3 +159,32 @@ def test_an_unreachable_store_is_a_503_naming_it(tmp_path: Path, s3: dict[str, s
         assert server.client.get("/api/v1/models/calc").status_code == 404
     finally:
         assert server.stop() == 0, server.log()[-3000:]
+
+
+def test_versions_import_from_s3_uris(tmp_path: Path, s3: dict[str, str]):
+    """``source_uri: s3://…`` (a prefix: a folder; a key: one file), into the local store."""
+    fs = _fs(s3)
+    fs.pipe_file(f"{BUCKET}/exports/double/model.py", arithmetic_model("x * 2").encode())
+    fs.pipe_file(f"{BUCKET}/exports/double/notes/readme.txt", b"kept")
+    fs.pipe_file(f"{BUCKET}/exports/triple/model.py", arithmetic_model("x * 3").encode())
+    server = InferdServer(tmp_path / "e", workers=1, env=s3)
+    try:
+        server.wait_ready()
+
+        def imported(model: str, uri: str) -> httpx.Response:
+            return server.client.post(
+                f"/api/v1/models/{model}/versions", json={"version": "v1", "source_uri": uri}
+            )
+
+        folder = imported("double", f"s3://{BUCKET}/exports/double")
+        assert folder.status_code == 201, folder.text
+        stored = tmp_path / "e" / "artifacts" / "double" / "v1"
+        assert (stored / "notes" / "readme.txt").read_bytes() == b"kept"
+        one = imported("triple", f"s3://{BUCKET}/exports/triple/model.py")
+        assert one.status_code == 201, one.text
+        server.wait_for(lambda: _y(server, "double", 2.0) == 4.0, what="double serving")
+        server.wait_for(lambda: _y(server, "triple", 2.0) == 6.0, what="triple serving")
+        missing = imported("none", f"s3://{BUCKET}/exports/nothing")
+        assert missing.status_code == 422 and "no object" in missing.json()["error"]["message"]
+    finally:
+        assert server.stop() == 0, server.log()[-3000:]

@@ -126,7 +126,7 @@ async def push_version(model: str, request: Request) -> Response:
                 raise InvalidInput(
                     "source_uri is required with a JSON body (or upload the artifact as the body)"
                 )
-            source = _import(source_uri, settings)
+            source = await asyncio.to_thread(_import, source_uri, settings, scratch)
         else:
             source = await _upload(request, spec, scratch, settings.registry.max_upload_bytes)
         framework, signature = await inspect_isolated(
@@ -272,13 +272,17 @@ def _push_options(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _import(source_uri: str, settings: Any) -> Path:
+def _import(source_uri: str, settings: Any, scratch: Path) -> Path:
     scheme = source_uri.split(":", 1)[0].lower() if ":" in source_uri else ""
     if scheme == "file":
         return file_source(source_uri, list(settings.registry.import_roots))
+    if scheme == "s3":
+        from inferd.registry.remote_store import fetch_source
+
+        return fetch_source(source_uri, scratch / "imported", settings.registry.max_upload_bytes)
     raise InvalidInput(
         f"source_uri {source_uri!r}: unknown scheme {scheme!r}; supported: file:// "
-        "(inside registry.import_roots)"
+        "(inside registry.import_roots), s3://bucket/key (a folder or one object)"
     )
 
 

@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from inferd.errors import InvalidInput, StoreUnavailable
+from inferd.errors import InferdError, InvalidInput, PayloadTooLarge, StoreUnavailable
 from inferd.registry.store import ArtifactStore, StagedArtifact
 
 _MANIFEST = ".manifest.json"
@@ -117,6 +117,42 @@ def ensure_local(
         finally:
             local.discard(staged)
     return local.path(model, version)
+
+
+def fetch_source(uri: str, dest: Path, limit: int) -> Path:
+    """A folder (every object under the prefix) or one object of an S3-compatible store,
+    copied under ``dest`` to be registered; 413 past ``limit`` bytes, 422 when nothing
+    is there, 503 when the store cannot be reached."""
+    fs = S3Store("s3://" + uri[5:].split("/", 1)[0]).fs
+    path = uri[5:].rstrip("/")
+    root = dest / "artifact"
+    try:
+        found = fs.find(path, detail=True)
+        if not found:
+            raise InvalidInput(f"source_uri {uri!r}: no object there")
+        if path in found and len(found) == 1:  # one object: it is the artifact
+            found = {path: found[path]}
+            base = path.rsplit("/", 1)[0]
+        else:
+            base = path
+        total = sum(int(info.get("size") or 0) for info in found.values())
+        if total > limit:
+            raise PayloadTooLarge(
+                f"source_uri {uri!r} holds {total} bytes, over registry.max_upload_bytes ({limit})",
+                limit_bytes=limit,
+            )
+        for key in sorted(found):
+            relative = key[len(base) :].lstrip("/")
+            if not relative or ".." in Path(relative).parts:
+                raise InvalidInput(f"source_uri {uri!r}: object {key!r} cannot be a file name")
+            target = root.joinpath(*Path(relative).parts)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fs.get_file(key, str(target))
+    except InferdError:
+        raise
+    except Exception as exc:  # OSError, botocore's and aiohttp's connection errors
+        raise StoreUnavailable(f"cannot read {uri}: {type(exc).__name__}: {exc}") from None
+    return root
 
 
 def _sha256(path: Path) -> str:
