@@ -22,12 +22,8 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
-from urllib.request import url2pathname
 
 from alembic import command
 from sqlalchemy import Engine, select, update
@@ -36,9 +32,10 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
 
 from inferd.config import Settings
-from inferd.errors import Conflict, InvalidInput, ModelNotFound, VersionExists
+from inferd.errors import InvalidInput, ModelNotFound, VersionExists
 from inferd.registry import deployment_rows as rows_
-from inferd.registry.checks import check_batching, check_tags, model_fields
+from inferd.registry.catalog import CatalogEdits
+from inferd.registry.checks import check_batching
 from inferd.registry.deployments import Deployments
 from inferd.registry.engine import (
     PG_MIGRATE_LOCK,
@@ -47,6 +44,9 @@ from inferd.registry.engine import (
     create_registry_engine,
 )
 from inferd.registry.keys import ApiKeys
+from inferd.registry.records import ModelRecord, VersionRecord
+from inferd.registry.records import model_record as _model_record
+from inferd.registry.records import version_record as _version_record
 from inferd.registry.remote_store import S3Store
 from inferd.registry.rollout_progress import RolloutProgress
 from inferd.registry.store import ArtifactStore, StagedArtifact, check_name
@@ -57,99 +57,6 @@ from inferd.runtimes.base import Signature
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class VersionRecord:
-    model_name: str
-    version: str
-    framework: str
-    artifact_uri: str
-    artifact_path: Path
-    signature: Signature
-    metadata: dict[str, Any]
-    batching: dict[str, Any] | None
-    sha256: str
-    size_bytes: int
-    created_at: datetime
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "model_name": self.model_name,
-            "version": self.version,
-            "framework": self.framework,
-            "artifact_uri": self.artifact_uri,
-            "artifact_path": str(self.artifact_path),
-            "signature": self.signature.to_dict(),
-            "metadata": self.metadata,
-            "batching": self.batching,
-            "sha256": self.sha256,
-            "size_bytes": self.size_bytes,
-            "created_at": self.created_at.isoformat(),
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class ModelRecord:
-    name: str
-    description: str | None
-    framework: str
-    owner: str | None
-    created_at: datetime
-    versions: tuple[VersionRecord, ...]
-    """Oldest first."""
-    loaded: bool = True
-    """Desired state: serve the newest version (True) or run no replicas (False)."""
-    tags: dict[str, str] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "description": self.description,
-            "framework": self.framework,
-            "owner": self.owner,
-            "tags": self.tags,
-            "created_at": self.created_at.isoformat(),
-            "loaded": self.loaded,
-            "versions": [v.to_dict() for v in self.versions],
-        }
-
-
-def _version_record(row: ModelVersion, cache: Path) -> VersionRecord:
-    """``cache``: the local artifact root, where a version kept in an object store is
-    fetched to (``remote_store.ensure_local``)."""
-    uri = urlparse(row.artifact_uri)
-    local = (
-        Path(url2pathname(uri.path))
-        if uri.scheme == "file"
-        else cache / row.model_name / row.version
-    )
-    return VersionRecord(
-        model_name=row.model_name,
-        version=row.version,
-        framework=row.framework,
-        artifact_uri=row.artifact_uri,
-        artifact_path=local,
-        signature=Signature.from_dict(row.signature),
-        metadata=dict(row.meta),
-        batching=dict(row.batching) if row.batching is not None else None,
-        sha256=row.sha256,
-        size_bytes=row.size_bytes,
-        created_at=row.created_at,
-    )
-
-
-def _model_record(row: Model, cache: Path) -> ModelRecord:
-    return ModelRecord(
-        name=row.model_name,
-        description=row.description,
-        framework=row.framework,
-        owner=row.owner,
-        created_at=row.created_at,
-        versions=tuple(_version_record(v, cache) for v in row.versions),
-        loaded=row.loaded,
-        tags=dict(row.tags or {}),
-    )
-
-
 def _insert_model_if_missing(session: Session, values: dict[str, Any]) -> None:
     # ON CONFLICT DO NOTHING: a concurrent first push of another version may create the
     # model row at the same time; that must not fail either push.
@@ -157,7 +64,7 @@ def _insert_model_if_missing(session: Session, values: dict[str, Any]) -> None:
     session.execute(dialect.insert(Model).values(**values).on_conflict_do_nothing())
 
 
-class Registry:
+class Registry(CatalogEdits):
     def __init__(
         self,
         database_url: str,
@@ -350,66 +257,6 @@ class Registry:
             raise
         return record
 
-    def create_model(
-        self,
-        name: str,
-        *,
-        framework: str,
-        description: str | None = None,
-        owner: str | None = None,
-        tags: dict[str, str] | None = None,
-    ) -> ModelRecord:
-        """A model with no version yet (its first pushed version serves at once); 409
-        when it exists."""
-        check_name("model", name)
-        values = model_fields(framework=framework, description=description, owner=owner)
-        values["tags"] = check_tags(tags or {})
-        try:
-            with Session(self._write_engine) as session, session.begin():
-                session.add(Model(model_name=name, created_at=utcnow(), **values))
-        except IntegrityError:
-            raise Conflict(f"model {name!r} already exists", model=name) from None
-        return self.get_model(name)
-
-    def update_model(self, name: str, **changes: Any) -> ModelRecord:
-        """Set the given fields of ``name`` (description, owner, framework, tags; None
-        clears description and owner)."""
-        unknown = set(changes) - {"description", "owner", "framework", "tags"}
-        if unknown:
-            raise InvalidInput(
-                f"unknown model fields {sorted(unknown)}; known: description, owner, "
-                "framework, tags"
-            )
-        values = model_fields(**{k: v for k, v in changes.items() if k != "tags"})
-        if "tags" in changes:
-            values["tags"] = check_tags(changes["tags"] or {})
-        with Session(self._write_engine) as session, session.begin():
-            row = rows_.lock_model(session, name)
-            for key, value in values.items():
-                setattr(row, key, value)
-        return self.get_model(name)
-
-    def delete_version(self, name: str, version: str) -> None:
-        """Remove a version and its files; 409 while it is deployed, or while it is the
-        version automatic mode serves."""
-        with Session(self._write_engine) as session, session.begin():
-            model = rows_.lock_model(session, name)
-            row = session.scalar(
-                select(ModelVersion).where(
-                    ModelVersion.model_name == name, ModelVersion.version == version
-                )
-            )
-            if row is None:
-                raise ModelNotFound(
-                    f"version {version!r} of model {name!r} not found", model=name, version=version
-                )
-            _refuse_deleting_served(session, model, version)
-            session.delete(row)
-        self.store.delete(name, version)
-        if self.remote is not None:
-            self.remote.delete(name, version)
-        logger.info("deleted %s version %s", name, version)
-
     def set_loaded(self, name: str, loaded: bool) -> None:
         """Set whether ``name`` should be served; the controller acts on its next pass.
 
@@ -492,27 +339,6 @@ def _shipped_metadata(source: Path) -> dict[str, Any]:
         return dict(read_manifest(source).get("metadata") or {})
     except ValueError as exc:  # json.JSONDecodeError included
         raise InvalidInput(f"unreadable {MANIFEST} in {source}: {exc}") from None
-
-
-def _refuse_deleting_served(session: Session, model: Model, version: str) -> None:
-    """409 when ``version`` of ``model`` is deployed, or is what automatic mode serves."""
-    name = model.model_name
-    deployed = rows_.of_model(session, name)
-    mine = next((d for d in deployed if d.version == version), None)
-    if mine is not None:
-        raise Conflict(
-            f"{name}:{version} is deployed ({mine.status}, {mine.traffic_pct} % of the "
-            f"traffic): undeploy it first (DELETE /api/v1/deployments/{name}/{version})",
-            model=name,
-            version=version,
-        )
-    if not deployed and model.loaded and model.versions[-1].version == version:
-        raise Conflict(
-            f"{name}:{version} serves the model (automatic mode: its newest version): "
-            "deploy another version, or unload the model, first",
-            model=name,
-            version=version,
-        )
 
 
 def local_files(registry: Registry, record: VersionRecord) -> Path:
