@@ -131,6 +131,7 @@ def test_a_fresh_server_serves_from_the_store_and_refuses_tampered_files(
     fs.pipe_file(f"{BUCKET}/prod/calc/v1/model.py", arithmetic_model("x * 0").encode())
     third = InferdServer(tmp_path / "c", workers=1, env=env)
     try:
+        third.wait_ready(path="/health/live")  # not ready: its one model is refused
         third.wait_for(
             lambda: "not the registered file" in third.log(), what="the check to refuse it"
         )
