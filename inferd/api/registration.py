@@ -36,9 +36,7 @@ from inferd.api.http import context_of, json_response, parse_json, read_json
 from inferd.errors import (
     BadRequest,
     InvalidInput,
-    ModelNotFound,
     PayloadTooLarge,
-    VersionExists,
 )
 from inferd.registry import Registry
 from inferd.registry.inspection import inspect_isolated
@@ -114,8 +112,7 @@ async def push_version(model: str, request: Request) -> Response:
         raise InvalidInput("version is required: the new version's label, e.g. v3.1")
     check_name("version", version)
     registry = _registry(request)
-    if await asyncio.to_thread(_exists, registry, model, version):
-        raise _exists_error(model, version)
+    await asyncio.to_thread(registry.refuse_existing, model, version)  # 409 before the body
     options = _push_options(spec)
     scratch = Path(settings.data_dir) / UPLOADS / uuid.uuid4().hex
     scratch.mkdir(parents=True)
@@ -304,20 +301,4 @@ async def _upload(request: Request, spec: dict[str, Any], scratch: Path, limit: 
     check_sha256(received, spec.get("sha256"))
     return await asyncio.to_thread(
         unpack, received.path, scratch / "unpacked", spec.get("filename"), limit
-    )
-
-
-def _exists(registry: Registry, model: str, version: str) -> bool:
-    try:
-        registry.get_version(model, version)
-    except ModelNotFound:
-        return False
-    return True
-
-
-def _exists_error(model: str, version: str) -> Exception:
-    return VersionExists(
-        f"model {model!r} version {version!r} already exists; registered versions are immutable",
-        model=model,
-        version=version,
     )

@@ -81,15 +81,7 @@ class CatalogEdits:
         version automatic mode serves."""
         with Session(self.write_engine) as session, session.begin():
             model = rows_.lock_model(session, name)
-            row = session.scalar(
-                select(ModelVersion).where(
-                    ModelVersion.model_name == name, ModelVersion.version == version
-                )
-            )
-            if row is None:
-                raise ModelNotFound(
-                    f"version {version!r} of model {name!r} not found", model=name, version=version
-                )
+            row = version_row(session, name, version)
             _refuse_deleting_served(session, model, version)
             session.delete(row)
         self.store.delete(name, version)
@@ -117,3 +109,15 @@ def _refuse_deleting_served(session: Session, model: Model, version: str) -> Non
             model=name,
             version=version,
         )
+
+
+def version_row(session: Session, name: str, version: str) -> ModelVersion:
+    """The version's row; 404 (ModelNotFound) when it is not registered."""
+    row = session.scalar(
+        select(ModelVersion).where(ModelVersion.model_name == name, ModelVersion.version == version)
+    )
+    if row is None:
+        raise ModelNotFound(
+            f"version {version!r} of model {name!r} not found", model=name, version=version
+        )
+    return row

@@ -208,38 +208,14 @@ class Deployments:
 
     # -- writes ---------------------------------------------------------------------------
 
-    def deploy(
-        self,
-        model: str,
-        version: str,
-        *,
-        traffic_pct: int | None = None,
-        replicas: int | None = None,
-        gpu_type: str | None = None,
-        strategy: str = "rolling",
-        batching: dict[str, Any] | None = None,
-        fallback: bool = True,
-        rollout: dict[str, Any] | None = None,
-        actor: str = "api",
-    ) -> DeploymentRecord:
+    def deploy(self, model: str, version: str, **options: Any) -> DeploymentRecord:
         """Run ``version`` with ``replicas`` and give it ``traffic_pct`` % of the traffic
         (default 100; the other deployed versions share the rest in proportion).
         Blue-green takes 100 and holds it at 0 % until the controller switches it; a
-        canary takes its first step; a shadow takes none and mirrors ``traffic_pct`` %."""
+        canary takes its first step; a shadow takes none and mirrors ``traffic_pct`` %.
+        ``options``: those of :meth:`deploy_in`."""
         with self._write() as session:
-            return self.deploy_in(
-                session,
-                model,
-                version,
-                traffic_pct=traffic_pct,
-                replicas=replicas,
-                gpu_type=gpu_type,
-                strategy=strategy,
-                batching=batching,
-                fallback=fallback,
-                rollout=rollout,
-                actor=actor,
-            )
+            return self.deploy_in(session, model, version, **options)
 
     def deploy_in(
         self,

@@ -34,7 +34,7 @@ from sqlalchemy.orm import Session, selectinload
 from inferd.config import Settings
 from inferd.errors import InvalidInput, ModelNotFound, VersionExists
 from inferd.registry import deployment_rows as rows_
-from inferd.registry.catalog import CatalogEdits
+from inferd.registry.catalog import CatalogEdits, version_row
 from inferd.registry.checks import check_batching
 from inferd.registry.deployments import Deployments
 from inferd.registry.engine import (
@@ -163,8 +163,7 @@ class Registry(CatalogEdits):
         if not isinstance(metadata.get("allow_non_finite", False), bool):
             raise InvalidInput("metadata allow_non_finite must be true or false")
         batching = check_batching(batching)
-        if self._version_exists(name, version):
-            raise _version_exists_error(name, version)
+        self.refuse_existing(name, version)
         manifest = {
             "framework": framework,
             "signature": signature.to_dict(),
@@ -271,14 +270,17 @@ class Registry(CatalogEdits):
 
     # -- reads ----------------------------------------------------------------------
 
-    def _version_exists(self, name: str, version: str) -> bool:
+    def refuse_existing(self, name: str, version: str) -> None:
+        """409 (VersionExists) when ``name`` already has ``version``: versions are
+        immutable. Checked again, under the row's UNIQUE constraint, when one is pushed."""
         with Session(self.engine) as session:
             found = session.scalar(
                 select(ModelVersion.id).where(
                     ModelVersion.model_name == name, ModelVersion.version == version
                 )
             )
-        return found is not None
+        if found is not None:
+            raise _version_exists_error(name, version)
 
     def list_models(self) -> list[ModelRecord]:
         with Session(self.engine) as session:
@@ -298,16 +300,7 @@ class Registry(CatalogEdits):
 
     def get_version(self, name: str, version: str) -> VersionRecord:
         with Session(self.engine) as session:
-            row = session.scalar(
-                select(ModelVersion).where(
-                    ModelVersion.model_name == name, ModelVersion.version == version
-                )
-            )
-            if row is None:
-                raise ModelNotFound(
-                    f"version {version!r} of model {name!r} not found", model=name, version=version
-                )
-            return _version_record(row, self.store.root)
+            return _version_record(version_row(session, name, version), self.store.root)
 
     def latest_version(self, name: str) -> VersionRecord:
         """The most recently registered version of ``name``."""
