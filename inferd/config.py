@@ -223,7 +223,11 @@ class RegistryConfig(Group):
     """Folders a ``file://`` ``source_uri`` may name (none: file imports are refused,
     so an API caller cannot make the server read its own files)."""
     inspect_timeout_s: float = Field(600.0, gt=0)
-    """Time the check of a new version (load it, warm it up, read its signature) may take."""
+    """Time the check of a new version (load it, warm it up, read its signature) may take,
+    an import's download and conversion included."""
+    mlflow_tracking_uri: str | None = None
+    """MLflow tracking server for ``models:/…`` and ``runs:/…`` sources (None: the
+    ``MLFLOW_TRACKING_URI`` environment variable)."""
 
 
 class JobsConfig(Group):

@@ -5,7 +5,9 @@ delete a version.
 ``POST /api/v1/models/{model}/versions`` takes either
 
 - a JSON body ``{"version", "source_uri", ...}``: the server imports the source
-  (``file://`` inside ``registry.import_roots``); or
+  (``file://`` inside ``registry.import_roots``, ``s3://``, or an MLflow
+  ``models:/``/``runs:/`` URI, fetched and converted in the check's child process by
+  :mod:`inferd.registry.mlflow_source`); or
 - the artifact itself as the body (a tar, tar.gz or zip of the artifact folder, or one
   file with ``filename``), with the options in the query string (``version``,
   ``sha256``, ``filename``, ``framework``, ``deploy``, ``description``, ``owner``, and
@@ -40,6 +42,7 @@ from inferd.errors import (
 )
 from inferd.registry import Registry
 from inferd.registry.inspection import inspect_isolated
+from inferd.registry.mlflow_source import is_mlflow_uri
 from inferd.registry.registry import local_files
 from inferd.registry.store import check_name
 from inferd.registry.uploads import SHA256_HEX, UPLOADS, check_sha256, file_source, receive, unpack
@@ -117,31 +120,41 @@ async def push_version(model: str, request: Request) -> Response:
     scratch = Path(settings.data_dir) / UPLOADS / uuid.uuid4().hex
     scratch.mkdir(parents=True)
     try:
+        mlflow = None
         if content_type == "application/json":
             source_uri = spec.get("source_uri")
             if not isinstance(source_uri, str):
                 raise InvalidInput(
                     "source_uri is required with a JSON body (or upload the artifact as the body)"
                 )
-            source = await asyncio.to_thread(_import, source_uri, settings, scratch)
+            if is_mlflow_uri(source_uri):  # fetched and converted by the check's child
+                source = scratch
+                mlflow = {
+                    "uri": source_uri,
+                    "tracking_uri": settings.registry.mlflow_tracking_uri,
+                    "limit_bytes": settings.registry.max_upload_bytes,
+                }
+            else:
+                source = await asyncio.to_thread(_import, source_uri, settings, scratch)
         else:
             source = await _upload(request, spec, scratch, settings.registry.max_upload_bytes)
-        framework, signature = await inspect_isolated(
+        checked = await inspect_isolated(
             source,
             options["framework"],
             options["metadata"],
             options["signature"],
             settings.registry.inspect_timeout_s,
+            mlflow,
         )
         record = await asyncio.to_thread(
             registry.push,
             model,
-            source,
+            checked.folder,
             version,
-            framework=framework,
-            signature=signature,
-            metadata=options["metadata"],
-            description=options["description"],
+            framework=checked.framework,
+            signature=checked.signature,
+            metadata={**checked.metadata, **options["metadata"]},
+            description=options["description"] or checked.description,
             owner=options["owner"],
             batching=options["batching"],
             deploy=options["deploy"],
@@ -279,7 +292,8 @@ def _import(source_uri: str, settings: Any, scratch: Path) -> Path:
         return fetch_source(source_uri, scratch / "imported", settings.registry.max_upload_bytes)
     raise InvalidInput(
         f"source_uri {source_uri!r}: unknown scheme {scheme!r}; supported: file:// "
-        "(inside registry.import_roots), s3://bucket/key (a folder or one object)"
+        "(inside registry.import_roots), s3://bucket/key (a folder or one object), "
+        "models:/name/version and runs:/run_id/path (MLflow)"
     )
 
 

@@ -22,6 +22,7 @@ from inferd.cli.common import (
     UrlOpt,
     _errors,
     _registry,
+    _settings,
     console,
     models_app,
 )
@@ -60,7 +61,13 @@ def _parse_meta(items: list[str]) -> dict[str, Any]:
 @models_app.command("push")
 def models_push(
     name: Annotated[str, typer.Argument(help="Model name.")],
-    path: Annotated[Path, typer.Argument(exists=True, help="Artifact file or folder.")],
+    source: Annotated[
+        str,
+        typer.Argument(
+            help="Artifact file or folder, or a URI to import: s3://bucket/key, or MLflow's "
+            "models:/name/version, models:/name@alias, runs:/run_id/path."
+        ),
+    ],
     version: Annotated[str, typer.Option("--version", "-v", help="Version label, e.g. v3.1.")],
     framework: Annotated[str | None, typer.Option(help="Runtime; detected when omitted.")] = None,
     meta: Annotated[list[str] | None, typer.Option("--meta", help="key=value metadata.")] = None,
@@ -95,8 +102,14 @@ def models_push(
     """Register a new immutable version: inspect it, copy it to the store, record it.
     The first version of a new model serves at once; a later one takes no traffic
     until it is deployed (or pushed with --deploy). With --url, upload it to that
-    server, which checks and registers it."""
+    server (or have it import the URI), which checks and registers it."""
     from inferd.runtimes.base import Signature
+
+    uri = source if _is_uri(source) else None
+    path = Path(source)
+    if uri is None and not path.exists():
+        console.print(f"[red]error:[/red] {source} does not exist")
+        raise typer.Exit(2)
 
     metadata = _parse_meta(meta or [])
     declared = Signature.from_dict(json.loads(signature.read_text())) if signature else None
@@ -122,7 +135,11 @@ def models_push(
             "deploy": deploy,
         }
         with _remote(url, api_key) as remote:
-            reply = remote.push(name, path, version, options)
+            if uri is not None:
+                with console.status(f"the server imports {uri} ..."):
+                    reply = remote.push_source(name, uri, version, options)
+            else:
+                reply = remote.push(name, path, version, options)
         record = reply["version"]
         console.print(
             f"registered [bold]{name}:{version}[/bold] ({record['framework']}) on {url}, "
@@ -135,15 +152,26 @@ def models_push(
             )
         print(json.dumps(record, indent=2))
         return
+    from inferd.registry import Registry
     from inferd.runtimes import inspect_artifact
 
-    registry = _registry(config, data_dir)
-    with _errors(), _as_folder(path) as folder:
-        with console.status(f"loading {path.name} to check it and read its signature ..."):
+    settings = _settings(config, data_dir=data_dir)
+    registry = Registry.from_settings(settings)
+    with _errors(), _source_folder(uri, path, settings) as (folder, imported):
+        inputs = None
+        if imported is not None:  # an MLflow model, converted
+            framework = framework or imported.framework
+            metadata = {**imported.metadata, **metadata}
+            declared = declared or imported.signature
+            description = description or imported.description
+            inputs = imported.inputs
+        with console.status(f"loading {source} to check it and read its signature ..."):
             try:
-                found, sig = inspect_artifact(folder, framework, metadata, declared)
+                found, sig = inspect_artifact(folder, framework, metadata, declared, inputs)
             except Exception as exc:  # any loader error: say what failed, no traceback
-                console.print(f"[red]error:[/red] cannot load {path}: {type(exc).__name__}: {exc}")
+                console.print(
+                    f"[red]error:[/red] cannot load {source}: {type(exc).__name__}: {exc}"
+                )
                 raise typer.Exit(1) from None
         record = registry.push(
             name,
@@ -258,6 +286,34 @@ def models_optimize(
     )
     console.print(f"it takes no traffic yet: 'inferd deploy {name} {new_version}' serves it")
     print(json.dumps(new.to_dict(), indent=2))
+
+
+@contextmanager
+def _source_folder(uri: str | None, path: Path, settings: Any) -> Any:
+    """The folder to push, and for an MLflow URI what its import made of it."""
+    limit = settings.registry.max_upload_bytes
+    if uri is None:
+        with _as_folder(path) as folder:
+            yield folder, None
+        return
+    with tempfile.TemporaryDirectory(prefix="inferd-push-") as tmp:
+        if uri.startswith("s3://"):
+            from inferd.registry.remote_store import fetch_source
+
+            with console.status(f"fetching {uri} ..."):
+                yield fetch_source(uri, Path(tmp) / "imported", limit), None
+            return
+        from inferd.registry.mlflow_source import import_model
+
+        with console.status(f"importing {uri} from MLflow ..."):
+            imported = import_model(uri, settings.registry.mlflow_tracking_uri, Path(tmp), limit)
+        yield imported.folder, imported
+
+
+def _is_uri(source: str) -> bool:
+    from inferd.registry.mlflow_source import is_mlflow_uri
+
+    return source.startswith("s3://") or is_mlflow_uri(source)
 
 
 @contextmanager

@@ -72,6 +72,14 @@ class RemoteRegistry:
                 )
         return _json(reply)
 
+    def push_source(
+        self, name: str, uri: str, version: str, options: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Have the server import ``uri`` (s3://, MLflow's models:/ or runs:/) as a version."""
+        body = {"version": version, "source_uri": uri}
+        body |= {k: v for k, v in options.items() if v is not None and v != {}}
+        return _json(self.client.post(f"/api/v1/models/{name}/versions", json=body))
+
     def pull(self, name: str, version: str, out: Path) -> str:
         """Download the version into ``out`` (a new folder) and check it against the
         server's digest; the digest."""

@@ -4,7 +4,8 @@ it up and read its signature, as ``inferd models push`` does in its own process.
 A gateway must not import a model's code or framework (memory it would keep, a crash
 or a hang it would share with the traffic it serves): the check runs in
 ``python -m inferd.registry.inspection``, which reads a JSON request on stdin and
-writes one JSON line on stdout, and is killed past its time limit.
+writes one JSON line on stdout, and is killed past its time limit. An import from
+MLflow (:mod:`inferd.registry.mlflow_source`) is fetched and converted there too.
 """
 
 from __future__ import annotations
@@ -13,11 +14,24 @@ import asyncio
 import contextlib
 import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inferd.errors import InvalidInput
+from inferd.errors import InferdError, InvalidInput, PayloadTooLarge, StoreUnavailable
 from inferd.runtimes.base import Signature
+
+
+@dataclass
+class Inspected:
+    """What the check found: the version's framework and signature, and for an import
+    the folder it made and the metadata the source gave (an MLflow run's metrics...)."""
+
+    framework: str
+    signature: Signature
+    folder: Path
+    metadata: dict[str, Any] = field(default_factory=dict)
+    description: str | None = None
 
 
 async def inspect_isolated(
@@ -26,14 +40,19 @@ async def inspect_isolated(
     metadata: dict[str, Any],
     signature: Signature | None,
     timeout_s: float,
-) -> tuple[str, Signature]:
-    """The version's framework and signature; 422 with the loader's error when it cannot
-    be loaded, or when the check takes longer than ``timeout_s``."""
+    mlflow: dict[str, Any] | None = None,
+) -> Inspected:
+    """Check ``folder`` (or first import ``mlflow["uri"]`` into it) in a child process.
+
+    422 with the loader's error when the version cannot be loaded, or when the check
+    takes longer than ``timeout_s``; 503 when the source (MLflow) cannot be reached.
+    """
     request = {
         "folder": str(folder),
         "framework": framework,
         "metadata": metadata,
         "signature": signature.to_dict() if signature is not None else None,
+        "mlflow": mlflow,
     }
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -64,8 +83,21 @@ async def inspect_isolated(
             f"cannot load the version: the check exited with {proc.returncode}: " + " | ".join(tail)
         ) from None
     if not answer["ok"]:
-        raise InvalidInput(f"cannot load the version: {answer['error']}")
-    return str(answer["framework"]), Signature.from_dict(answer["signature"])
+        error = _ERRORS.get(answer.get("code", ""), InvalidInput)
+        prefix = "" if "code" in answer else "cannot load the version: "
+        raise error(prefix + answer["error"], **answer.get("details", {}))
+    return Inspected(
+        str(answer["framework"]),
+        Signature.from_dict(answer["signature"]),
+        Path(answer["folder"]),
+        answer.get("metadata", {}),
+        answer.get("description"),
+    )
+
+
+_ERRORS: dict[str, type[InferdError]] = {
+    cls.code: cls for cls in (InvalidInput, StoreUnavailable, PayloadTooLarge)
+}
 
 
 def main() -> None:
@@ -73,17 +105,38 @@ def main() -> None:
     from inferd.runtimes import inspect_artifact
 
     declared = request["signature"]
+    signature = Signature.from_dict(declared) if declared is not None else None
+    folder, framework, metadata = Path(request["folder"]), request["framework"], request["metadata"]
+    found: dict[str, Any] = {}
     try:
-        framework, signature = inspect_artifact(
-            Path(request["folder"]),
-            request["framework"],
-            request["metadata"],
-            Signature.from_dict(declared) if declared is not None else None,
-        )
+        inputs = None
+        if request.get("mlflow"):
+            from inferd.registry.mlflow_source import import_model
+
+            source = request["mlflow"]
+            imported = import_model(
+                source["uri"], source.get("tracking_uri"), folder, source["limit_bytes"]
+            )
+            folder, framework = imported.folder, framework or imported.framework
+            found = {"metadata": imported.metadata, "description": imported.description}
+            metadata = {**imported.metadata, **metadata}
+            signature = signature or imported.signature
+            inputs = imported.inputs
+        framework, signature = inspect_artifact(folder, framework, metadata, signature, inputs)
+    except InferdError as exc:  # the source's answer: its own status (422, 413, 503)
+        answer: dict[str, Any] = {
+            "ok": False, "code": exc.code, "error": exc.message, "details": exc.details
+        }  # fmt: skip
     except Exception as exc:  # any loader error: say what failed, no traceback
-        answer: dict[str, Any] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     else:
-        answer = {"ok": True, "framework": framework, "signature": signature.to_dict()}
+        answer = {
+            "ok": True,
+            "framework": framework,
+            "signature": signature.to_dict(),
+            "folder": str(folder),
+            **found,
+        }
     print(json.dumps(answer), flush=True)
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from inferd.runtimes.base import Runtime, RuntimeConfig, Signature, datatype_of
+from inferd.runtimes.base import Runtime, RuntimeConfig, Signature, TensorSpec, datatype_of
 
 logger = logging.getLogger(__name__)
 
@@ -98,11 +98,13 @@ def inspect_artifact(
     framework: str | None = None,
     metadata: dict[str, Any] | None = None,
     signature: Signature | None = None,
+    inputs: tuple[TensorSpec, ...] | None = None,
 ) -> tuple[str, Signature]:
     """Detect, load and warm up a model folder; return its framework and signature.
 
     Precedence: explicit arguments, then the folder's ``inferd.json`` manifest, then
-    what the runtime infers from the model.
+    what the runtime infers from the model. ``inputs`` (an import's own schema, e.g.
+    MLflow's) replace the inputs the runtime infers, and the warm-up uses them.
     """
     artifact_dir = _require_dir(artifact_dir)
     manifest = read_manifest(artifact_dir)
@@ -118,6 +120,9 @@ def inspect_artifact(
         resolved = runtime.signature
         if labels and resolved.labels != tuple(meta["labels"]):
             resolved = dataclasses.replace(resolved, labels=tuple(meta["labels"]))
+        if inputs and signature is None:
+            resolved = dataclasses.replace(resolved, inputs=inputs)
+            runtime.config.signature = resolved
         batch = {k: np.repeat(v, _WARMUP_ROWS, axis=0) for k, v in runtime.warmup_inputs().items()}
         try:
             outputs = runtime.run(batch)

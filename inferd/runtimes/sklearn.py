@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import logging
 import pickletools
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,9 @@ class SklearnRuntime(Runtime):
 
         # BLAS/OpenMP pools are process-wide; the replica owns its process.
         self._limits = threadpool_limits(limits=self.config.threads)
+        # A model fitted on a DataFrame (as MLflow's are) warns on every unnamed matrix;
+        # the signature already fixes the column order. The replica owns its process.
+        warnings.filterwarnings("ignore", message="X does not have valid feature names")
         self.model = joblib.load(self.find_file())
         if not hasattr(self.model, "predict"):
             raise ValueError(f"sklearn: {type(self.model).__name__} has no predict()")
