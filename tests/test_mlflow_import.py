@@ -129,6 +129,14 @@ def logged(tracking_uri: str) -> dict[str, Any]:
     log("torch", mlflow.pytorch, net, example)  # MLflow 3: torch.export, model.pt2
     log("torch-pickle", mlflow.pytorch, net, example, serialization_format="pickle")
 
+    import keras
+
+    keras.utils.set_random_seed(0)
+    keras_in = keras.Input((4,), name="features")
+    keras_model = keras.Model(keras_in, keras.layers.Dense(3, activation="softmax")(keras_in))
+    expected["tf"] = np.asarray(keras_model(rows.astype(np.float32), training=False))
+    log("tf", mlflow.tensorflow, keras_model, X.to_numpy()[:2].astype(np.float32))
+
     class Doubler(mlflow.pyfunc.PythonModel):
         def predict(self, context, model_input, params=None):
             return model_input["sepal length (cm)"] * 2 + model_input["petal width (cm)"]
@@ -179,6 +187,7 @@ def _predict(
         ("torch", "torch", "tensor"),
         ("torch-pickle", "torch", "tensor"),
         ("pyfunc", "python", "pyfunc"),
+        ("tf", "onnx", "keras"),  # converted to ONNX, checked against TensorFlow
     ],
 )
 def test_each_flavor_answers_like_the_logged_model(
@@ -207,6 +216,11 @@ def test_each_flavor_answers_like_the_logged_model(
     elif kind == "onnx":  # skl2onnx's graph of the scikit-learn model
         got = np.array([o["probabilities"] for o in outputs])
         np.testing.assert_allclose(got, logged["sk"], rtol=1e-3, atol=1e-4)
+    elif kind == "keras":
+        assert meta["converted_from"] == "tensorflow"
+        (name,) = [s["name"] for s in record["signature"]["outputs"]]
+        got = np.array([o[name] for o in outputs])
+        np.testing.assert_allclose(got, logged["tf"], rtol=1e-5, atol=1e-6)
     else:
         got = np.array([o["prediction"] for o in outputs])
         want = logged["torch" if kind == "tensor" else model]

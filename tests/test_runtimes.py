@@ -427,7 +427,7 @@ def test_manifest_overrides_inference_and_arguments_override_manifest(tmp_path: 
     assert inspect_artifact(folder)[1].labels == ("n", "y")
     assert inspect_artifact(folder, metadata={"labels": ["no", "yes"]})[1].labels == ("no", "yes")
     with pytest.raises(ValueError, match="unknown framework"):
-        inspect_artifact(folder, framework="tensorflow")
+        inspect_artifact(folder, framework="caffe2")
 
 
 def test_every_builtin_runtime_is_listed() -> None:
@@ -440,4 +440,5 @@ def test_every_builtin_runtime_is_listed() -> None:
         "python",
         "gpt2",
         "transformers",
+        "tensorflow",
     }

@@ -145,6 +145,7 @@ async def push_version(model: str, request: Request) -> Response:
             options["signature"],
             settings.registry.inspect_timeout_s,
             mlflow,
+            scratch,
         )
         record = await asyncio.to_thread(
             registry.push,

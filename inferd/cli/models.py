@@ -153,11 +153,15 @@ def models_push(
         print(json.dumps(record, indent=2))
         return
     from inferd.registry import Registry
-    from inferd.runtimes import inspect_artifact
+    from inferd.runtimes import inspect_artifact, prepare_artifact
 
     settings = _settings(config, data_dir=data_dir)
     registry = Registry.from_settings(settings)
-    with _errors(), _source_folder(uri, path, settings) as (folder, imported):
+    with (
+        _errors(),
+        _source_folder(uri, path, settings) as (folder, imported),
+        tempfile.TemporaryDirectory(prefix="inferd-push-") as scratch,
+    ):
         inputs = None
         if imported is not None:  # an MLflow model, converted
             framework = framework or imported.framework
@@ -167,6 +171,8 @@ def models_push(
             inputs = imported.inputs
         with console.status(f"loading {source} to check it and read its signature ..."):
             try:
+                folder, framework, made = prepare_artifact(folder, framework, Path(scratch))
+                metadata = {**made, **metadata}
                 found, sig = inspect_artifact(folder, framework, metadata, declared, inputs)
             except Exception as exc:  # any loader error: say what failed, no traceback
                 console.print(

@@ -41,6 +41,7 @@ async def inspect_isolated(
     signature: Signature | None,
     timeout_s: float,
     mlflow: dict[str, Any] | None = None,
+    scratch: Path | None = None,
 ) -> Inspected:
     """Check ``folder`` (or first import ``mlflow["uri"]`` into it) in a child process.
 
@@ -53,6 +54,7 @@ async def inspect_isolated(
         "metadata": metadata,
         "signature": signature.to_dict() if signature is not None else None,
         "mlflow": mlflow,
+        "scratch": str(scratch or folder.parent),
     }
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -102,7 +104,7 @@ _ERRORS: dict[str, type[InferdError]] = {
 
 def main() -> None:
     request = json.loads(sys.stdin.read())
-    from inferd.runtimes import inspect_artifact
+    from inferd.runtimes import inspect_artifact, prepare_artifact
 
     declared = request["signature"]
     signature = Signature.from_dict(declared) if declared is not None else None
@@ -122,6 +124,10 @@ def main() -> None:
             metadata = {**imported.metadata, **metadata}
             signature = signature or imported.signature
             inputs = imported.inputs
+        folder, framework, made = prepare_artifact(folder, framework, Path(request["scratch"]))
+        if made:
+            found["metadata"] = {**found.get("metadata", {}), **made}
+            metadata = {**made, **metadata}
         framework, signature = inspect_artifact(folder, framework, metadata, signature, inputs)
     except InferdError as exc:  # the source's answer: its own status (422, 413, 503)
         answer: dict[str, Any] = {

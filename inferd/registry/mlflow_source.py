@@ -19,6 +19,8 @@ lightgbm        lightgbm     ``model.lgb``, or ``model.joblib`` for the scikit-l
 sklearn         sklearn      ``model.joblib`` (skops, pickle or cloudpickle files re-saved)
 pytorch         torch        ``model.pt2`` (torch.export) or ``model.pt`` (TorchScript);
                              a pickled ``nn.Module`` is exported and checked against it
+tensorflow      onnx         the SavedModel or ``.keras`` file, converted to ONNX when the
+keras                        version is checked (:mod:`inferd.runtimes.tf_onnx`)
 python_function python       ``model.py`` serving ``mlflow_model/`` with ``mlflow.pyfunc``
 =============== ============ ==========================================================
 
@@ -45,7 +47,9 @@ from inferd.errors import InvalidInput, PayloadTooLarge, StoreUnavailable
 from inferd.runtimes.base import Signature, TensorSpec, datatype_of
 
 SCHEMES = ("models", "runs")
-FLAVORS = ("onnx", "xgboost", "lightgbm", "sklearn", "pytorch", "python_function")
+FLAVORS = (
+    "onnx", "xgboost", "lightgbm", "sklearn", "pytorch", "tensorflow", "keras", "python_function"
+)  # fmt: skip
 """Flavors inferd serves, most specific first (every model also has python_function)."""
 PYFUNC_IO = "mlflow_io.json"
 """Beside a pyfunc's generated ``model.py``: its signature and how columns are passed."""
@@ -65,7 +69,8 @@ class Imported:
     """An MLflow model made into an inferd version folder."""
 
     folder: Path
-    framework: str
+    framework: str | None
+    """None: detected when checked (a TensorFlow model is converted to ONNX then)."""
     metadata: dict[str, Any] = field(default_factory=dict)
     inputs: tuple[TensorSpec, ...] | None = None
     """MLflow's inputs, replacing those the runtime reads from the model."""
@@ -217,6 +222,9 @@ def convert(mlflow_dir: Path, out: Path) -> Imported:
     if flavor == "onnx":
         shutil.copy2(mlflow_dir / conf["data"], out / "model.onnx")
         return Imported(out, "onnx", metadata)  # the graph names its own inputs
+    if flavor in ("tensorflow", "keras"):
+        _tensorflow(mlflow_dir, conf, out)
+        return Imported(out, None, metadata)  # converted to ONNX when it is checked
     if flavor == "xgboost":
         _xgboost(mlflow_dir / conf["data"], conf.get("model_format", "xgb"), out)
     elif flavor == "lightgbm" and Path(conf["data"]).suffix in (".txt", ".lgb"):
@@ -286,6 +294,23 @@ def _whole_signature(
             "signature when importing it"
         )
     return Signature(inputs, _specs(outputs, "prediction", "MLflow output"))
+
+
+def _tensorflow(mlflow_dir: Path, conf: dict[str, Any], out: Path) -> None:
+    """A SavedModel folder or a ``.keras`` file, as the TensorFlow runtime reads them."""
+    for key in ("saved_model_dir", "data"):
+        if not conf.get(key) or not (mlflow_dir / conf[key]).is_dir():
+            continue
+        folder = mlflow_dir / conf[key]
+        if (folder / "saved_model.pb").is_file():
+            shutil.rmtree(out)
+            shutil.copytree(folder, out)
+            return
+        kept = sorted(folder.glob("*.keras"))
+        if len(kept) == 1:
+            shutil.copy2(kept[0], out / kept[0].name)
+            return
+    raise InvalidInput("the MLflow tensorflow model holds no SavedModel and no .keras file")
 
 
 def _xgboost(path: Path, model_format: str, out: Path) -> None:

@@ -32,6 +32,7 @@ RUNTIMES: dict[str, str] = {
     "python": "inferd.runtimes.python:PythonRuntime",
     "gpt2": "inferd.runtimes.gpt2:GPT2Runtime",
     "transformers": "inferd.runtimes.transformers:TransformersRuntime",
+    "tensorflow": "inferd.runtimes.tensorflow:TensorFlowRuntime",
 }
 GENERATIVE = ("gpt2",)
 """Frameworks whose replicas run the LLM engine and generate text (the others predict)."""
@@ -91,6 +92,23 @@ def detect_framework(artifact_dir: Path) -> str:
         f"cannot tell the framework of {artifact_dir}: {what}; found {files}. "
         f"Pass --framework ({'/'.join(RUNTIMES)})"
     )
+
+
+def prepare_artifact(
+    folder: Path, framework: str | None, scratch: Path
+) -> tuple[Path, str | None, dict[str, Any]]:
+    """The folder a version is stored from, its framework and what making it adds to its
+    metadata. A TensorFlow model not pushed as ``tensorflow`` becomes an ONNX one
+    (:mod:`inferd.runtimes.tf_onnx`), in ``scratch``; anything else is left as it is."""
+    if framework is None and Path(folder).is_dir():
+        from inferd.runtimes.tensorflow import tf_model_path
+
+        if tf_model_path(Path(folder)) is not None and detect_framework(folder) == "tensorflow":
+            from inferd.runtimes.tf_onnx import convert
+
+            converted = convert(Path(folder), Path(scratch) / "onnx")
+            return converted.folder, converted.framework, converted.metadata
+    return folder, framework, {}
 
 
 def inspect_artifact(
