@@ -324,6 +324,11 @@ class Settings(BaseSettings):
     its own (``X-Request-Timeout``, ``params.timeout_ms``, V2/gRPC ``timeout``)."""
     max_request_timeout_s: float = Field(300.0, gt=0)
     """The longest deadline a request may name (a longer one is cut to this)."""
+    hold_timeout_s: float = Field(30.0, ge=0)
+    """Longest a request waits, within its deadline, for a replica of its version that is
+    starting (a crash restart, a first load) when none is ready (0: answer 503 at once)."""
+    hold_max_requests: int = Field(1000, ge=0)
+    """Requests one gateway process holds at once that way; more get 503 at once."""
     load_timeout_s: float = Field(300.0, gt=0)
     """Time a replica may take to load and warm up before it is killed and retried."""
     shutdown_grace_s: float = Field(30.0, ge=0)

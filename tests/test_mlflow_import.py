@@ -9,6 +9,9 @@ and keeps the run's metrics, params and id as metadata; bad sources are clear 4x
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -46,6 +49,7 @@ def tracking_uri(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         stdout=log,
         stderr=subprocess.STDOUT,
         cwd=root,
+        start_new_session=True,  # it starts job consumers: they go with it, as a group
     )
     uri = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 90
@@ -61,9 +65,13 @@ def tracking_uri(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     try:
         yield uri
     finally:
-        proc.terminate()
-        proc.wait(20)
-        log.close()
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(20)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            log.close()
 
 
 @pytest.fixture(scope="module")

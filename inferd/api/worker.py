@@ -73,7 +73,7 @@ class Gateway:
 async def build_gateway(settings: Settings, control_socket: Path) -> Gateway:
     """Follow the server's routing tables and build the app; returns once the first
     table arrived."""
-    router = Router()
+    router = Router(settings.hold_timeout_s, settings.hold_max_requests)
     await router.follow(control_socket)
     registry = Registry(
         settings.resolved_database_url,

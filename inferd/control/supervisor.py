@@ -57,6 +57,8 @@ class Supervisor:
         self.clock = clock
         self.state = ReplicaState.STARTING
         self.restarts = 0
+        self.ever_ready = False
+        """It served once: a restart after a crash, not a load that keeps failing."""
         """Times it went without being asked to (crash accounting for canary analysis)."""
         self.message = ""
         """Why it is not ready (a failed load, an exit), for people and the API."""
@@ -100,7 +102,13 @@ class Supervisor:
 
     def route(self) -> ReplicaRoute:
         return ReplicaRoute(
-            self.id, self.address, self.state.value, self.pid, self.restarts, self.message
+            self.id,
+            self.address,
+            self.state.value,
+            self.pid,
+            self.restarts,
+            self.message,
+            self.ever_ready,
         )
 
     async def _run(self) -> None:
@@ -139,6 +147,7 @@ class Supervisor:
         """Wait until it serves; stop it when it cannot (it then counts as a crash)."""
         why = await handle.wait_ready(self.load_timeout_s)
         if why is None:
+            self.ever_ready = True
             self._set(ReplicaState.READY)
             return True
         self.message = why

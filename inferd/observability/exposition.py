@@ -169,6 +169,18 @@ def write_requests(out: Text, metrics: RequestMetrics, log_dropped: int = 0) -> 
         "Requests not mirrored to a shadow version (too many in flight).",
     )
     out.sample("inferd_shadow_skipped_total", {}, metrics.counters.get("shadow_skipped", 0))
+    out.family(
+        "inferd_held_requests_total",
+        "counter",
+        "Requests that found no ready replica and waited for one that was starting.",
+    )
+    out.sample("inferd_held_requests_total", {}, metrics.counters.get("held", 0))
+    out.family(
+        "inferd_held_expired_total",
+        "counter",
+        "Held requests that no replica took before their deadline or the hold limit (503).",
+    )
+    out.sample("inferd_held_expired_total", {}, metrics.counters.get("held_expired", 0))
 
 
 REPLICA_GAUGES = {

@@ -5,6 +5,11 @@ one multiplexed :class:`ReplicaClient` per replica, and sends each request to th
 ready replica of the chosen version with the fewest outstanding requests. Predict is
 idempotent, so a request whose replica dies mid-flight is retried once on another one.
 
+When a version has no ready replica but one is coming (a crash restart, a first load),
+requests are held, not refused: they wait for the table that shows it ready, within
+their deadline, ``hold_timeout_s`` and ``hold_max_requests`` held at once per gateway
+process (like Knative's activator). A replica whose loads keep failing is not waited for.
+
 Callers that wait for the controller to act (load, unload) await :meth:`Router.wait_for`,
 which re-checks on every applied table instead of polling.
 """
@@ -16,14 +21,16 @@ import contextlib
 import hashlib
 import logging
 import random
+import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 from inferd.errors import InferdError, ModelNotFound, ModelNotReady
+from inferd.observability.inference_log import COUNTERS
 from inferd.routing.server_link import ServerLink
-from inferd.routing.table import ModelRoute, RoutingTable, VersionRoute
+from inferd.routing.table import ModelRoute, ReplicaRoute, RoutingTable, VersionRoute
 from inferd.runtimes.base import Signature
 from inferd.serving import protocol as p
 from inferd.serving.client import ReplicaClient, ReplicaGone
@@ -103,8 +110,20 @@ class Shadow:
     tolerance: float
 
 
+def coming_back(replica: ReplicaRoute) -> bool:
+    """A replica that should be ready soon: a first start, or a restart of one that
+    served (not one whose loads keep failing)."""
+    if replica.state in ("starting", "loading"):
+        return replica.restarts == 0 or replica.ever_ready
+    return replica.state == "failed" and replica.ever_ready
+
+
 class Router:
-    def __init__(self) -> None:
+    def __init__(self, hold_timeout_s: float = 0.0, hold_max_requests: int = 0) -> None:
+        self.hold_timeout_s = hold_timeout_s
+        self.hold_max_requests = hold_max_requests
+        self.holding = 0
+        """Requests waiting now for a replica that is coming."""
         self.table = RoutingTable(0, {})
         self._clients: dict[str, ReplicaClient] = {}
         self._ready: dict[tuple[str, str], list[ReplicaClient]] = {}
@@ -238,6 +257,8 @@ class Router:
                     model=model,
                 )
             if version is None:
+                version = self._coming_version(route)
+            if version is None:
                 raise ModelNotReady(f"model {model!r} has no ready version yet", model=model)
         elif version not in route.versions:
             raise ModelNotFound(
@@ -246,6 +267,54 @@ class Router:
                 version=version,
             )
         return self._targets[(model, version)]
+
+    def _coming_version(self, route: ModelRoute) -> str | None:
+        """With no version ready: the one a request should wait for (the largest share of
+        the traffic, else any) when it has a replica coming; else None."""
+        if self.hold_timeout_s <= 0:
+            return None
+        coming = [
+            v for v, vroute in route.versions.items() if any(map(coming_back, vroute.replicas))
+        ]
+        if not coming:
+            return None
+        return max(coming, key=lambda v: route.traffic.get(v, 0))
+
+    def _coming(self, target: Target) -> bool:
+        route = self.table.models.get(target.model)
+        vroute = route.versions.get(target.version) if route and route.loaded else None
+        if vroute is None:
+            return False
+        for replica in vroute.replicas:
+            if coming_back(replica):
+                return True
+            # Its connection dropped before the controller saw it die: it will restart.
+            client = self._clients.get(replica.id)
+            if replica.state == "ready" and (client is None or client.closed):
+                return True
+        return False
+
+    def _hold_until(self, target: Target, deadline: float) -> float:
+        """When a request finding no ready replica stops waiting for one (counted as held
+        when one is coming)."""
+        if self._coming(target):
+            COUNTERS["held"] += 1
+        return min(deadline, time.perf_counter() + self.hold_timeout_s)
+
+    async def _hold(self, target: Target, until: float) -> bool:
+        """Wait for the next table while ``target`` has a replica coming, until ``until``
+        (``time.perf_counter()``); False when the request must not wait (nothing is
+        coming, too many are held, no time is left)."""
+        left = until - time.perf_counter()
+        if left <= 0 or self.holding >= self.hold_max_requests or not self._coming(target):
+            return False
+        self.holding += 1
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._applied.wait(), left)
+        finally:
+            self.holding -= 1
+        return True
 
     def shadow_of(self, model: str) -> Shadow | None:
         """The model's shadow version, when it has one that can take mirrored requests."""
@@ -311,14 +380,22 @@ class Router:
         tolerance: float = 0.0,
     ) -> Columns:
         """One predict on the least busy ready replica of ``target``; one whose
-        connection drops is retried once on another (predict is idempotent)."""
-        tried: set[str] = set()
+        connection drops is retried once on another (predict is idempotent), and with
+        none ready the request is held while one is coming."""
+        tried: set[ReplicaClient] = set()
+        until: float | None = None
         while True:
             client = self._pick(target, tried)
+            if client is None:
+                if until is None:
+                    until = self._hold_until(target, request.started + request.timeout_s)
+                if await self._hold(target, until):
+                    continue
+                raise self._not_ready(target)
             try:
                 return await client.infer(inputs, rows, request, reference, tolerance)
             except ReplicaGone:
-                tried.add(client.replica_id)
+                tried.add(client)  # a restarted replica is a new client: not excluded
                 if len(tried) >= 2:
                     raise
 
@@ -326,14 +403,22 @@ class Router:
         self, target: Target, request: p.GenerateRequest
     ) -> AsyncGenerator[p.TokenChunk, None]:
         """Stream a generation; a replica that died before the first token is retried."""
-        tried: set[str] = set()
+        tried: set[ReplicaClient] = set()
+        until: float | None = None
         while True:
             client = self._pick(target, tried)
+            if client is None:
+                if until is None:
+                    wait = request.first_timeout_s or request.idle_timeout_s
+                    until = self._hold_until(target, time.perf_counter() + wait)
+                if await self._hold(target, until):
+                    continue
+                raise self._not_ready(target)
             async with contextlib.aclosing(client.generate(request)) as stream:
                 try:
                     first = await anext(stream)
                 except ReplicaGone:
-                    tried.add(client.replica_id)
+                    tried.add(client)
                     if len(tried) >= 2:
                         raise
                     continue
@@ -342,21 +427,27 @@ class Router:
                     yield chunk
                 return
 
-    def _pick(self, target: Target, exclude: set[str]) -> ReplicaClient:
+    def _pick(self, target: Target, exclude: set[ReplicaClient]) -> ReplicaClient | None:
         candidates = self._ready.get((target.model, target.version), ())
         best: ReplicaClient | None = None
         for client in candidates:
-            if client.closed or client.replica_id in exclude:
+            if client.closed or client in exclude:
                 continue
             if best is None or client.outstanding < best.outstanding:
                 best = client
-        if best is None:
-            raise ModelNotReady(
-                f"no ready replica for {target.model}:{target.version}",
-                model=target.model,
-                version=target.version,
-            )
         return best
+
+    def _not_ready(self, target: Target) -> ModelNotReady:
+        if self._coming(target):
+            COUNTERS["held_expired"] += 1
+            why = "a replica is starting but was not ready within the request's deadline"
+        else:
+            why = "no ready replica"
+        return ModelNotReady(
+            f"{why} for {target.model}:{target.version}",
+            model=target.model,
+            version=target.version,
+        )
 
     def clients_of(self, model: str, version: str) -> list[ReplicaClient]:
         route = self.version_route(model, version)

@@ -26,6 +26,8 @@ class ReplicaRoute(msgspec.Struct, frozen=True):
     pid: int = 0
     restarts: int = 0
     message: str = ""
+    ever_ready: bool = False
+    """It was ready once: when it is starting again (a crash restart), requests wait for it."""
 
 
 class VersionRoute(msgspec.Struct, frozen=True, kw_only=True):
