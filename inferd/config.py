@@ -337,6 +337,11 @@ class Settings(BaseSettings):
     """Upper bound of the exponential backoff between restarts of a crashing replica."""
     reconcile_interval_s: float = Field(2.0, gt=0)
     """How often the controller compares the registry with the running replicas."""
+    autoscale_interval_s: float = Field(10.0, gt=0)
+    """How often autoscaled deployments' replicas are looked at (their signals)."""
+    autoscale_memory_headroom: float = Field(0.1, ge=0, lt=1)
+    """Share of the machine's memory autoscaling leaves free: it starts no replica that
+    would not fit beside it (measured by the version's running replicas' RSS)."""
     run_dir: Path | None = None
     """Folder for replica sockets; default a short private folder under /tmp."""
     demo_llm: bool = True

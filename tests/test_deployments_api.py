@@ -148,6 +148,7 @@ def test_deploy_body_defaults_and_passes_values_through() -> None:
             "batching": None,
             "fallback": True,
             "rollout": None,
+            "autoscaling": None,
         },
     )
     body = {
@@ -168,6 +169,7 @@ def test_deploy_body_defaults_and_passes_values_through() -> None:
         "batching": {"max_batch_size": 8},
         "fallback": "no",
         "rollout": None,
+        "autoscaling": None,
     }
 
 

@@ -44,6 +44,7 @@ _DEPLOY_FIELDS = frozenset(
         "batching",
         "fallback",
         "rollout",
+        "autoscaling",
     }
 )
 _RESOURCE_FIELDS = frozenset({"replicas", "gpu"})
@@ -71,6 +72,8 @@ class ModelDeployments:
     revision: int
     rows: list[DeploymentRecord]
     history: list[TrafficRecord] = field(default_factory=list)
+    scaling: list[dict[str, Any]] = field(default_factory=list)
+    """The latest autoscaling decisions, newest first."""
 
 
 def read_all(registry: Registry) -> list[ModelDeployments]:
@@ -88,7 +91,13 @@ def read_one(registry: Registry, model: str) -> ModelDeployments:
     registry.get_model(model)
     d = registry.deployments
     revision = d.revision(model)
-    return ModelDeployments(model, revision, d.list_all(model), d.history(model, HISTORY_LIMIT))
+    return ModelDeployments(
+        model,
+        revision,
+        d.list_all(model),
+        d.history(model, HISTORY_LIMIT),
+        d.scaling_events(model, HISTORY_LIMIT),
+    )
 
 
 def version_state(status: str | None, replicas: list[ReplicaRoute], desired: int | None) -> str:
@@ -202,6 +211,7 @@ def _deploy_args(body: Any) -> tuple[str, str, dict[str, Any]]:
             "batching": batching,
             "fallback": body.get("fallback", True),
             "rollout": body.get("rollout"),
+            "autoscaling": body.get("autoscaling"),
         },
     )
 
@@ -299,6 +309,7 @@ async def get_deployments(model: str, request: Request) -> Response:
     router = request.app.state.router
     view = await _with_live_figures(router, model_view(found, router.table.models.get(model)))
     view["history"] = [h.to_dict() for h in found.history]
+    view["scaling_events"] = found.scaling
     return json_response(view, headers=_etag(found.revision))
 
 
@@ -373,14 +384,25 @@ async def undeploy(model: str, version: str, request: Request, actor: Actor = No
 
 @router.patch("/{model}/{version}")
 async def scale(model: str, version: str, request: Request) -> Response:
-    """Change a deployment's replica count: ``{"resources": {"replicas": 3}}``. New
-    replicas take traffic once ready; extra ones drain before they stop."""
+    """Change a deployment's replica count, ``{"resources": {"replicas": 3}}``, or its
+    autoscaling, ``{"autoscaling": {...}}`` (null: back to the fixed count). New replicas
+    take traffic once ready; extra ones drain before they stop."""
     body = await read_json(request, request.app.state.settings.max_body_bytes)
-    resources = body.get("resources") if isinstance(body, dict) else None
-    if not isinstance(resources, dict) or set(resources) != {"replicas"}:
-        raise InvalidInput('body must be {"resources": {"replicas": <count>}}')
-    record = await asyncio.to_thread(
-        _registry(request).deployments.scale, model, version, resources["replicas"]
-    )
+    if not isinstance(body, dict) or not body or set(body) - {"resources", "autoscaling"}:
+        raise InvalidInput(
+            'body must be {"resources": {"replicas": <count>}} and/or {"autoscaling": {...}}'
+        )
+    deployments = _registry(request).deployments
+    record = None
+    if "resources" in body:
+        resources = body["resources"]
+        if not isinstance(resources, dict) or set(resources) != {"replicas"}:
+            raise InvalidInput('resources must be {"replicas": <count>}')
+        record = await asyncio.to_thread(deployments.scale, model, version, resources["replicas"])
+    if "autoscaling" in body:
+        record = await asyncio.to_thread(
+            deployments.set_autoscaling, model, version, body["autoscaling"]
+        )
     await request.app.state.router.server.request_reconcile(model)
+    assert record is not None
     return json_response({"deployment": record.to_dict()})

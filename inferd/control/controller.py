@@ -39,9 +39,11 @@ from inferd.clock import SYSTEM, Clock
 from inferd.config import BatchingConfig, Settings
 from inferd.control import backends
 from inferd.control.analyst import CanaryAnalyst
+from inferd.control.autoscaler import Autoscaler, Decision
 from inferd.control.backends import ReplicaBackend
 from inferd.control.rollouts import Step, policy
 from inferd.control.routes import adapters, routing_table
+from inferd.control.scaling import Scaling
 from inferd.control.state import ModelState, VersionSet
 from inferd.control.supervisor import ReplicaState, Supervisor
 from inferd.errors import InvalidInput
@@ -83,10 +85,43 @@ class Controller:
         self._steps: set[tuple[str, str, Step]] = set()
         """Rollout steps running now (model, version, step): each runs once at a time."""
         self._stopping = False
+        self.scaling = Scaling(self._record_scaling, settings.autoscale_memory_headroom)
+        self._autoscale_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await self.reconcile()
-        self._task = asyncio.get_running_loop().create_task(self._reconcile_forever())
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._reconcile_forever())
+        self._autoscale_task = loop.create_task(self._autoscale_forever())
+
+    async def _autoscale_forever(self) -> None:
+        while True:
+            await self.clock.sleep(self.settings.autoscale_interval_s)
+            try:
+                await self.autoscale()
+            except Exception:
+                logger.exception("autoscaling pass failed")
+
+    async def autoscale(self) -> None:
+        """Look at every autoscaled version; apply what its autoscaler decides."""
+        changed = False
+        for model in list(self.models.values()):
+            for vset in list(model.versions.values()):
+                if vset.autoscaler is None or vset.retiring or not model.loaded:
+                    continue
+                decision = await self.scaling.look_at(vset, self.clock.monotonic())
+                if decision is not None:
+                    async with self._pass:
+                        if not vset.retiring:
+                            self._scale(vset)
+                    changed = True
+        if changed:
+            self.publish()
+
+    async def _record_scaling(self, model: str, version: str, decision: Decision) -> None:
+        await asyncio.to_thread(
+            self.registry.deployments.record_scaling, model, version, decision.to_dict()
+        )
 
     async def _reconcile_forever(self) -> None:
         while True:
@@ -167,7 +202,9 @@ class Controller:
             current = model.versions.get(row.version)
             if current is not None and current.retiring:
                 continue  # still stopping from an unload or removal; a later pass restarts it
-            vset = _deployed(model, row, registered[row.version], self.settings.replicas)
+            vset = _deployed(
+                model, row, registered[row.version], self.settings.replicas, self.clock.monotonic()
+            )
             self._scale(vset)
             step = policy(row).next_step(row, vset, now)
             if step is not None:
@@ -336,9 +373,10 @@ class Controller:
 
     async def stop(self) -> None:
         self._stopping = True
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        for task in (self._task, self._autoscale_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         await asyncio.gather(*self._background, return_exceptions=True)
         replicas = [
             r for m in self.models.values() for v in m.versions.values() for r in v.replicas
@@ -371,15 +409,28 @@ async def _run_step(
 
 
 def _deployed(
-    model: ModelState, row: DeploymentRecord, record: VersionRecord, default_replicas: int
+    model: ModelState,
+    row: DeploymentRecord,
+    record: VersionRecord,
+    default_replicas: int,
+    now: float,
 ) -> VersionSet:
-    """The running set of a deployed version, created or brought up to date."""
+    """The running set of a deployed version, created or brought up to date; an
+    autoscaled one runs what its autoscaler wants (starting from the fixed count)."""
     desired = row.replicas or int((record.batching or {}).get("replicas") or default_replicas)
     vset = model.versions.get(row.version)
     if vset is None:
         vset = VersionSet(record, desired, batching=row.batching, status=row.status)
         model.versions[row.version] = vset
         logger.info("deploying %s with %d replica(s)", vset.name, desired)
+    if row.autoscaling is None:
+        vset.autoscaler = None
+    elif vset.autoscaler is None:
+        vset.autoscaler = Autoscaler(row.autoscaling, len(vset.live()) or desired, now)
+    else:
+        vset.autoscaler.retune(row.autoscaling)
+    if vset.autoscaler is not None:
+        desired = vset.autoscaler.desired
     vset.desired, vset.fallback = desired, row.fallback
     vset.status = row.status  # what the registry says now: _status_changes compares
     if row.gpu_type != vset.gpu_type:

@@ -32,6 +32,7 @@ from inferd.observability.exposition import (
     write_processes,
     write_replicas,
     write_requests,
+    write_scaling,
 )
 from inferd.observability.inference_log import InferenceLog, log_engine, maintain
 from inferd.registry import Registry
@@ -130,6 +131,13 @@ class ControlPlane:
                     if replica.pid:
                         processes.append(({"process": "replica", "id": replica.id}, replica.pid))
         write_replicas(out, states, await replica_statuses(reachable))
+        desired = [
+            (name, version, vset.desired, vset.autoscaler is not None)
+            for name, model in self.controller.models.items()
+            for version, vset in model.versions.items()
+            if not vset.retiring
+        ]
+        write_scaling(out, desired, self.controller.scaling.decisions)
         write_processes(out, processes)
         write_gpus(out)
         if self.writer is not None:  # feedback needs the inference log

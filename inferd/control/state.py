@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from inferd.control.autoscaler import Autoscaler
 from inferd.control.supervisor import ReplicaState, Supervisor
 from inferd.registry import VersionRecord
 from inferd.registry.rollout import DeploymentStatus
@@ -30,6 +31,8 @@ class VersionSet:
     gpus: list[int] | None = None
     """The devices of ``gpu_type`` (None: no GPU asked for); replicas started for another
     placement are replaced, each once a new one is ready."""
+    autoscaler: Autoscaler | None = None
+    """The deployment's autoscaling (None: ``desired`` is the deployment's fixed count)."""
 
     @property
     def name(self) -> str:

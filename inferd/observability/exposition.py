@@ -236,6 +236,28 @@ async def replica_statuses(
     return [f for f in found if f is not None]
 
 
+def write_scaling(
+    out: Text,
+    desired: list[tuple[str, str, int, bool]],
+    decisions: dict[tuple[str, str, str], int],
+) -> None:
+    """``desired``: (model, version, desired replicas, autoscaled) of every running
+    version; ``decisions``: autoscaling decisions by (model, version, reason)."""
+    out.family("inferd_replicas_desired", "gauge", "Replicas a version should have now.")
+    for model, version, count, autoscaled in desired:
+        labels = {"model": model, "version": version, "autoscaled": str(autoscaled).lower()}
+        out.sample("inferd_replicas_desired", labels, count)
+    out.family(
+        "inferd_autoscaling_decisions_total",
+        "counter",
+        "Autoscaling decisions by reason (utilisation, queue, latency, calm, idle, demand, "
+        "bounds; capacity: a scale-up the machine had no room for).",
+    )
+    for (model, version, reason), n in sorted(decisions.items()):
+        labels = {"model": model, "version": version, "reason": reason}
+        out.sample("inferd_autoscaling_decisions_total", labels, n)
+
+
 def write_replicas(
     out: Text, states: list[tuple[dict[str, str], str, int]], statuses: list[tuple[dict, Any]]
 ) -> None:

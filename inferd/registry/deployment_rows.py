@@ -120,6 +120,7 @@ def new(
         "batching": None,
         "fallback": True,
         "rollout": None,
+        "autoscaling": None,
         **rest,
     }
     return Deployment(

@@ -32,8 +32,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from inferd.errors import Conflict, InvalidInput, ModelNotFound
+from inferd.registry import autoscaling as autoscaling_module
 from inferd.registry import deployment_rows as rows_
 from inferd.registry import rollout as plans
+from inferd.registry.autoscaling import AutoscalingPolicy
 from inferd.registry.checks import check_batching
 from inferd.registry.deployment_rows import scale_split
 from inferd.registry.rollout import (
@@ -50,7 +52,7 @@ from inferd.registry.rollout import (
     Strategy,
     check_split,
 )
-from inferd.registry.tables import Deployment, ModelVersion, TrafficChange, utcnow
+from inferd.registry.tables import Deployment, ModelVersion, ScalingEvent, TrafficChange, utcnow
 
 if TYPE_CHECKING:
     from inferd.registry.registry import Registry
@@ -85,6 +87,8 @@ class DeploymentRecord:
     """A request this version fails (not pinned to it) is retried on the serving version."""
     rollout: Rollout | None = None
     """The strategy's settings and progress (None for rolling)."""
+    autoscaling: AutoscalingPolicy | None = None
+    """None: ``replicas`` runs, fixed; else the autoscaler sets the count in its bounds."""
 
     @property
     def canary(self) -> CanaryRollout | None:
@@ -111,6 +115,7 @@ class DeploymentRecord:
             "batching": self.batching,
             "fallback": self.fallback,
             "rollout": None if self.rollout is None else plans.to_dict(self.rollout),
+            "autoscaling": autoscaling_module.dump(self.autoscaling),
             "created_at": self.created_at.isoformat(),
             "updated_at": self.updated_at.isoformat(),
         }
@@ -152,7 +157,14 @@ def _deployment(row: Deployment) -> DeploymentRecord:
         updated_at=row.updated_at,
         fallback=row.fallback,
         rollout=plans.load(row.strategy, row.rollout),
+        autoscaling=autoscaling_module.load(row.autoscaling),
     )
+
+
+def autoscaling_policy(raw: Any) -> AutoscalingPolicy | None:
+    if raw is not None and not isinstance(raw, dict):
+        raise InvalidInput("autoscaling must be an object or null", field="autoscaling")
+    return autoscaling_module.load(raw)
 
 
 def _change(row: TrafficChange) -> TrafficRecord:
@@ -230,9 +242,11 @@ class Deployments:
         batching: dict[str, Any] | None = None,
         fallback: bool = True,
         rollout: dict[str, Any] | None = None,
+        autoscaling: dict[str, Any] | None = None,
         actor: str = "api",
     ) -> DeploymentRecord:
         """:meth:`deploy` inside the caller's write transaction (a push that deploys)."""
+        policy = autoscaling_policy(autoscaling)
         plans.check_deploy(
             100 if traffic_pct is None else traffic_pct, replicas, strategy, gpu_type
         )
@@ -272,6 +286,7 @@ class Deployments:
             batching=batching,
             fallback=fallback,
             rollout=plans.dump(plan),
+            autoscaling=autoscaling_module.dump(policy),
         )
         session.add(row)
         split = {**rest, version: traffic_pct}
@@ -330,6 +345,56 @@ class Deployments:
                 raise Conflict(f"{model}:{version} is being removed", model=model, version=version)
             row.replicas, row.updated_at = replicas, utcnow()
             return _deployment(row)
+
+    def set_autoscaling(
+        self, model: str, version: str, policy: dict[str, Any] | None
+    ) -> DeploymentRecord:
+        """Give a deployment an autoscaling policy (None: back to its fixed ``replicas``)."""
+        checked = autoscaling_policy(policy)
+        with self._write() as session:
+            rows_.lock_model(session, model)
+            row = rows_.one(session, model, version)
+            if row.status == DeploymentStatus.DRAINING:
+                raise Conflict(f"{model}:{version} is being removed", model=model, version=version)
+            row.autoscaling, row.updated_at = autoscaling_module.dump(checked), utcnow()
+            return _deployment(row)
+
+    def record_scaling(self, model: str, version: str, event: dict[str, Any]) -> None:
+        """Keep one autoscaling decision (``Decision.to_dict()``) of a deployed version."""
+        with Session(self._registry.engine) as session, session.begin():
+            session.add(
+                ScalingEvent(
+                    model_name=model,
+                    version=version,
+                    from_replicas=int(event["from"]),
+                    to_replicas=int(event["to"]),
+                    reason=str(event["reason"]),
+                    detail=str(event["detail"]),
+                    figures=dict(event.get("figures") or {}),
+                )
+            )
+
+    def scaling_events(self, model: str, limit: int = 20) -> list[dict[str, Any]]:
+        """The model's latest autoscaling decisions, newest first."""
+        with Session(self._registry.engine) as session:
+            rows = session.scalars(
+                select(ScalingEvent)
+                .where(ScalingEvent.model_name == model)
+                .order_by(ScalingEvent.id.desc())
+                .limit(limit)
+            )
+            return [
+                {
+                    "version": r.version,
+                    "from": r.from_replicas,
+                    "to": r.to_replicas,
+                    "reason": r.reason,
+                    "detail": r.detail,
+                    "figures": r.figures,
+                    "at": r.created_at.isoformat(),
+                }
+                for r in rows
+            ]
 
     def rollback(self, model: str, *, actor: str = "api") -> TrafficRecord:
         """Back to the last stable split: the latest one before now that gave one

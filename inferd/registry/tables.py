@@ -138,6 +138,8 @@ class Deployment(Base):
     rollout: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # The autoscaling policy (registry/autoscaling.py); None: a fixed replica count.
+    autoscaling: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 class TrafficChange(Base):
@@ -154,6 +156,26 @@ class TrafficChange(Base):
     reason: Mapped[str] = mapped_column(String(32))
     actor: Mapped[str] = mapped_column(String(128))
     detail: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class ScalingEvent(Base):
+    """One autoscaling decision: a version's replica count from, to, why, with the
+    figures that triggered it (capacity refusals keep from = to)."""
+
+    __tablename__ = "scaling_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    model_name: Mapped[str] = mapped_column(
+        String(128), ForeignKey("models.model_name"), index=True
+    )
+    version: Mapped[str] = mapped_column(String(128))
+    from_replicas: Mapped[int] = mapped_column(Integer)
+    to_replicas: Mapped[int] = mapped_column(Integer)
+    # utilisation, queue, latency, calm, idle, demand, bounds, capacity
+    reason: Mapped[str] = mapped_column(String(32))
+    detail: Mapped[str] = mapped_column(Text)
+    figures: Mapped[dict[str, float]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 

@@ -1,0 +1,136 @@
+"""Autoscaling end to end: a real server, real replicas, real load (``inferd bench
+--rate``). A load step scales a version up; when it stops, the version comes back down
+one replica at a time; every decision is recorded with its figures; no request fails."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, InferdServer, push_source
+
+pytestmark = pytest.mark.slow
+SLOW_CALC = """
+import time
+
+class Calc:
+    signature = {
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
+        "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1]}],
+    }
+
+    def predict(self, batch):
+        time.sleep(0.02)  # 20 ms a batch: one replica computes about 50 a second
+        return {"y": batch["x"] * 2}
+"""
+POLICY = {
+    "min_replicas": 1,
+    "max_replicas": 3,
+    "utilisation_up": 0.6,
+    "up_window_s": 1,
+    "utilisation_down": 0.2,
+    "down_window_s": 3,
+    "queue_empty_s": 2,
+    "up_cooldown_s": 1,
+    "down_cooldown_s": 2,
+}
+
+
+def _deployment(server: InferdServer) -> dict:
+    return server.client.get("/api/v1/deployments/calc").json()
+
+
+def _desired(server: InferdServer) -> int:
+    (version,) = _deployment(server)["versions"]
+    return version["replicas_desired"]
+
+
+def test_a_load_step_scales_up_then_back_down_one_at_a_time_with_no_failed_request(
+    tmp_path: Path,
+):
+    push_source(tmp_path, "calc", SLOW_CALC, "--batching", '{"max_batch_size": 1}')
+    env = {"INFERD_AUTOSCALE_INTERVAL_S": "0.5"}
+    server = InferdServer(tmp_path, workers=1, env=env)
+    try:
+        server.wait_ready()
+        deployed = server.client.post(
+            "/api/v1/deployments",
+            json={"model_name": "calc", "version": "v1", "autoscaling": POLICY},
+        )
+        assert deployed.status_code == 201, deployed.text
+        assert deployed.json()["deployment"]["autoscaling"]["max_replicas"] == 3
+        out = tmp_path / "bench.json"
+        # fmt: off
+        load = subprocess.Popen(
+            [
+                sys.executable, "-m", "inferd", "bench", server.url, "--target", "predict",
+                "--model", "calc", "--rate", "80", "--duration", "10s", "--warmup", "0s",
+                "--timeout", "20s", "--body", '{"inputs": [{"x": 2}]}', "--json", str(out),
+            ],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+        # fmt: on
+        peak = 1
+        while load.poll() is None:
+            peak = max(peak, _desired(server))
+            time.sleep(0.3)
+        _, err = load.communicate()
+        assert load.returncode == 0, err
+        assert peak >= 2
+        server.wait_for(lambda: _desired(server) == 1, timeout_s=60, what="scaling back to 1")
+        (run,) = json.loads(out.read_text())["levels"]
+        assert run["errors"] == 0 and run["requests"] >= 600, run
+
+        events = list(reversed(_deployment(server)["scaling_events"]))  # oldest first
+        ups = [e for e in events if e["to"] > e["from"]]
+        downs = [e for e in events if e["to"] < e["from"]]
+        assert ups and all(e["reason"] in ("utilisation", "queue") for e in ups), events
+        assert [e["from"] - e["to"] for e in downs] == [1] * (peak - 1), events
+        assert all(e["reason"] == "calm" for e in downs)
+        assert all(e["detail"] and "utilisation" in e["figures"] for e in events)
+        metrics = server.client.get("/metrics").text
+        assert (
+            'inferd_autoscaling_decisions_total{model="calc",version="v1",reason="calm"}' in metrics
+        )
+        assert 'inferd_replicas_desired{model="calc",version="v1",autoscaled="true"} 1' in metrics
+    finally:
+        assert server.stop() == 0, server.log()[-3000:]
+
+
+def test_bad_autoscaling_is_a_422_naming_the_field(tmp_path: Path):
+    push_source(tmp_path, "calc", SLOW_CALC)
+    server = InferdServer(tmp_path, workers=1)
+    try:
+        server.wait_ready()
+        refused = server.client.post(
+            "/api/v1/deployments",
+            json={
+                "model_name": "calc",
+                "version": "v1",
+                "autoscaling": {"min_replicas": 5, "max_replicas": 2},
+            },
+        )
+        assert refused.status_code == 422
+        assert "min_replicas <= max_replicas" in refused.json()["error"]["message"]
+        typo = server.client.post(
+            "/api/v1/deployments",
+            json={"model_name": "calc", "version": "v1", "autoscaling": {"max_replica": 2}},
+        )
+        assert typo.status_code == 422 and "max_replica" in typo.text
+        assert server.client.get("/api/v1/deployments/calc").json()["mode"] == "automatic"
+        ok = server.client.post("/api/v1/deployments", json={"model_name": "calc", "version": "v1"})
+        assert ok.status_code == 201
+        patched = server.client.patch(
+            "/api/v1/deployments/calc/v1", json={"autoscaling": {"max_replicas": 2}}
+        )
+        assert patched.status_code == 200, patched.text
+        assert patched.json()["deployment"]["autoscaling"]["max_replicas"] == 2
+        off = server.client.patch("/api/v1/deployments/calc/v1", json={"autoscaling": None})
+        assert off.json()["deployment"]["autoscaling"] is None
+    finally:
+        assert server.stop() == 0, server.log()[-3000:]
