@@ -134,3 +134,51 @@ def test_bad_autoscaling_is_a_422_naming_the_field(tmp_path: Path):
         assert off.json()["deployment"]["autoscaling"] is None
     finally:
         assert server.stop() == 0, server.log()[-3000:]
+
+
+FAST_CALC = SLOW_CALC.replace("time.sleep(0.02)", "pass")
+
+
+def test_an_idle_version_scales_to_zero_and_a_held_request_starts_it_again(tmp_path: Path):
+    push_source(tmp_path, "calc", FAST_CALC)
+    server = InferdServer(tmp_path, workers=1, env={"INFERD_AUTOSCALE_INTERVAL_S": "0.3"})
+    try:
+        server.wait_ready()
+        policy = {"min_replicas": 0, "max_replicas": 2, "idle_timeout_s": 2}
+        deployed = server.client.post(
+            "/api/v1/deployments",
+            json={"model_name": "calc", "version": "v1", "autoscaling": policy},
+        )
+        assert deployed.status_code == 201, deployed.text
+
+        def predict(**headers: str):
+            return server.client.post(
+                "/api/v1/models/calc/predict", json={"inputs": [{"x": 4}]}, headers=headers
+            )
+
+        assert predict().status_code == 200
+
+        def at_zero() -> bool:
+            (version,) = _deployment(server)["versions"]
+            return version["replicas_desired"] == 0 and not version["replicas"]
+
+        server.wait_for(at_zero, timeout_s=30, what="scaling to zero after 2 s idle")
+        # a deadline shorter than a start: 503 with Retry-After, not a hang
+        hurried = predict(**{"x-request-timeout": "50ms"})
+        assert hurried.status_code == 503 and hurried.headers["retry-after"], hurried.text
+        server.wait_for(at_zero, timeout_s=30, what="back at zero")
+        started = time.monotonic()
+        cold = predict()
+        assert cold.status_code == 200, cold.text
+        assert cold.json()["outputs"] == [{"y": 8.0}]
+        cold_ms = float(cold.headers["x-inferd-cold-start-ms"])
+        assert 0 < cold_ms <= (time.monotonic() - started) * 1000 + 1
+        warm = predict()
+        assert warm.status_code == 200 and "x-inferd-cold-start-ms" not in warm.headers
+
+        reasons = [e["reason"] for e in reversed(_deployment(server)["scaling_events"])]
+        assert reasons[:3] == ["idle", "demand", "idle"] and reasons[3] == "demand", reasons
+        metrics = server.client.get("/metrics").text
+        assert 'inferd_cold_start_seconds_count{model="calc",version="v1"} 2' in metrics
+    finally:
+        assert server.stop() == 0, server.log()[-3000:]

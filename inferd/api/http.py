@@ -249,6 +249,8 @@ def outcome_headers(outcome: InferOutcome, rid: str) -> dict[str, str]:
     if outcome.degraded_from is not None:
         headers["x-inferd-degraded-from"] = outcome.degraded_from
         headers["x-inferd-model"] = outcome.target.model
+    if outcome.cold_start_ms is not None:
+        headers["x-inferd-cold-start-ms"] = f"{outcome.cold_start_ms:.1f}"
     return headers
 
 

@@ -118,6 +118,21 @@ class Controller:
         if changed:
             self.publish()
 
+    async def demand(self, model: str, version: str) -> None:
+        """A gateway holds a request for ``model:version``: a version scaled to zero gets
+        a replica at once."""
+        state = self.models.get(model)
+        if state is None or not state.loaded:
+            return
+        vset = state.versions.get(version)
+        if vset is None or vset.retiring:
+            return
+        if await self.scaling.demand(vset, self.clock.monotonic()) is not None:
+            async with self._pass:
+                if not vset.retiring:
+                    self._scale(vset)
+            self.publish()
+
     async def _record_scaling(self, model: str, version: str, decision: Decision) -> None:
         await asyncio.to_thread(
             self.registry.deployments.record_scaling, model, version, decision.to_dict()
@@ -275,6 +290,7 @@ class Controller:
     def _on_replica_change(self, replica: Supervisor) -> None:
         self.publish()
         if replica.state is ReplicaState.READY:
+            self.scaling.ready(replica.spec.model, replica.spec.version, self.clock.monotonic())
             self._switch_when_ready(self.models[replica.spec.model])
 
     # -- which version serves -------------------------------------------------------------

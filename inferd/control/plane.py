@@ -82,6 +82,7 @@ class ControlPlane:
         self.publisher.on_reconcile = self.controller.reconcile  # a gateway changed a model
         self.publisher.on_log_rows = self._take_rows
         self.publisher.on_metrics = self.render_metrics
+        self.publisher.on_demand = self.controller.demand
         if self.settings.inference_log.enabled:
             cfg = self.settings.inference_log
             engine = log_engine(self.settings.resolved_database_url)
@@ -137,7 +138,8 @@ class ControlPlane:
             for version, vset in model.versions.items()
             if not vset.retiring
         ]
-        write_scaling(out, desired, self.controller.scaling.decisions)
+        scaling = self.controller.scaling
+        write_scaling(out, desired, scaling.decisions, scaling.cold_starts)
         write_processes(out, processes)
         write_gpus(out)
         if self.writer is not None:  # feedback needs the inference log

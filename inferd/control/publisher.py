@@ -4,13 +4,16 @@ the requests gateways send back on the same connection to the controller."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import msgspec
 
 from inferd.routing.table import (
+    Demand,
     LogRows,
     MetricsQuery,
     MetricsText,
@@ -21,6 +24,7 @@ from inferd.routing.table import (
 )
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class TablePublisher:
@@ -33,6 +37,8 @@ class TablePublisher:
         """Called with the inference log rows (and counters) a gateway sends."""
         self.on_metrics: Callable[[], Awaitable[str]] | None = None
         """Renders ``/metrics`` for a gateway that asks."""
+        self.on_demand: Callable[[str, str], Awaitable[None]] | None = None
+        """Called when a gateway holds a request for a version scaled to zero."""
         self._frame: bytes | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._server: asyncio.Server | None = None
@@ -66,24 +72,29 @@ class TablePublisher:
             if isinstance(request, LogRows):
                 if self.on_log_rows is not None:
                     self.on_log_rows(request)
-                continue
-            if isinstance(request, MetricsQuery):
-                text = ""
-                if self.on_metrics is not None:
-                    try:
-                        text = await self.on_metrics()
-                    except Exception:
-                        logger.exception("rendering /metrics failed")
+            elif isinstance(request, MetricsQuery):
+                text = await self._guarded(self.on_metrics, "rendering /metrics") or ""
                 if not writer.is_closing():
                     writer.write(encode_down(MetricsText(request.id, text)))
-                continue
-            logger.debug("gateway asks to reconcile (model %s)", request.model or "-")
-            if self.on_reconcile is None:
-                continue
-            try:
-                await self.on_reconcile()
-            except Exception:
-                logger.exception("reconcile requested by a gateway failed")
+            elif isinstance(request, Demand):
+                if self.on_demand is not None:
+                    what = f"starting {request.model}:{request.version} on demand"
+                    demand = functools.partial(self.on_demand, request.model, request.version)
+                    await self._guarded(demand, what)
+            else:
+                logger.debug("gateway asks to reconcile (model %s)", request.model or "-")
+                await self._guarded(self.on_reconcile, "reconcile requested by a gateway")
+
+    @staticmethod
+    async def _guarded(call: Callable[[], Awaitable[T]] | None, what: str) -> T | None:
+        """``call()``, its failure logged (a gateway's request never breaks the channel)."""
+        if call is None:
+            return None
+        try:
+            return await call()
+        except Exception:
+            logger.exception("%s failed", what)
+            return None
 
     def publish(self, table: RoutingTable) -> None:
         self._frame = encode_table(table)

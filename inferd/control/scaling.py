@@ -17,7 +17,7 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from inferd.control.autoscaler import Decision, Signals
@@ -119,6 +119,32 @@ def room_for(current: int, footprint: int, available: int | None, keep_free: int
     return current + max(0, (available - keep_free) // footprint)
 
 
+COLD_START_BUCKETS_S = (0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
+
+
+@dataclass
+class ColdStarts:
+    """A histogram of one version's cold starts (seconds)."""
+
+    counts: list[int] = field(default_factory=lambda: [0] * (len(COLD_START_BUCKETS_S) + 1))
+    total_s: float = 0.0
+
+    def observe(self, seconds: float) -> None:
+        index = next(
+            (i for i, bound in enumerate(COLD_START_BUCKETS_S) if seconds <= bound),
+            len(COLD_START_BUCKETS_S),
+        )
+        self.counts[index] += 1
+        self.total_s += seconds
+
+    def cumulative(self) -> list[float]:
+        out, running = [], 0
+        for n in self.counts:
+            running += n
+            out.append(float(running))
+        return out
+
+
 class Scaling:
     """The autoscaled versions' looks and decisions, for the controller."""
 
@@ -134,6 +160,9 @@ class Scaling:
         self._looks: dict[tuple[str, str], dict[Key, Look]] = {}
         self.decisions: Counter[tuple[str, str, str]] = Counter()
         """(model, version, reason) -> decisions taken, for ``/metrics``."""
+        self._cold: dict[tuple[str, str], float] = {}  # started from zero at (clock)
+        self.cold_starts: dict[tuple[str, str], ColdStarts] = {}
+        """Times from a demand at zero replicas to a ready replica, for ``/metrics``."""
 
     async def look_at(self, vset: VersionSet, now: float) -> Decision | None:
         """Look at one autoscaled version; the decision it led to, if any (the caller
@@ -168,9 +197,21 @@ class Scaling:
             return None
         decision = vset.autoscaler.demand(now)
         if decision is not None:
+            key = (vset.record.model_name, vset.record.version)
             vset.desired = decision.desired
-            await self._keep((vset.record.model_name, vset.record.version), decision)
+            self._cold[key] = now
+            await self._keep(key, decision)
         return decision
+
+    def ready(self, model: str, version: str, now: float) -> float | None:
+        """A replica of ``model:version`` became ready: the cold start it ended (seconds),
+        if it was started from zero."""
+        began = self._cold.pop((model, version), None)
+        if began is None:
+            return None
+        self.cold_starts.setdefault((model, version), ColdStarts()).observe(now - began)
+        logger.info("%s:%s started from zero in %.2fs", model, version, now - began)
+        return now - began
 
     def forget(self, model: str, version: str) -> None:
         self._looks.pop((model, version), None)

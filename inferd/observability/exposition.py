@@ -240,9 +240,11 @@ def write_scaling(
     out: Text,
     desired: list[tuple[str, str, int, bool]],
     decisions: dict[tuple[str, str, str], int],
+    cold_starts: dict[tuple[str, str], Any] | None = None,
 ) -> None:
     """``desired``: (model, version, desired replicas, autoscaled) of every running
-    version; ``decisions``: autoscaling decisions by (model, version, reason)."""
+    version; ``decisions``: autoscaling decisions by (model, version, reason);
+    ``cold_starts``: (model, version) -> :class:`~inferd.control.scaling.ColdStarts`."""
     out.family("inferd_replicas_desired", "gauge", "Replicas a version should have now.")
     for model, version, count, autoscaled in desired:
         labels = {"model": model, "version": version, "autoscaled": str(autoscaled).lower()}
@@ -256,6 +258,20 @@ def write_scaling(
     for (model, version, reason), n in sorted(decisions.items()):
         labels = {"model": model, "version": version, "reason": reason}
         out.sample("inferd_autoscaling_decisions_total", labels, n)
+    if cold_starts:
+        from inferd.control.scaling import COLD_START_BUCKETS_S
+
+        out.family(
+            "inferd_cold_start_seconds",
+            "histogram",
+            "From a request held for a version scaled to zero to its replica being ready.",
+        )
+        for (model, version), hist in sorted(cold_starts.items()):
+            labels = {"model": model, "version": version}
+            out.histogram(
+                "inferd_cold_start_seconds", labels, COLD_START_BUCKETS_S,
+                hist.cumulative(), hist.total_s,
+            )  # fmt: skip
 
 
 def write_replicas(

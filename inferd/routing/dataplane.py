@@ -17,7 +17,7 @@ import numpy as np
 from inferd.errors import ModelError, ModelNotReady, Overloaded, RequestTimeout
 from inferd.observability.inference_log import COUNTERS
 from inferd.routing.cache import ResultCache, cache_key, version_ttl
-from inferd.routing.router import Router, Shadow, Target
+from inferd.routing.router import COLD_START, Router, Shadow, Target
 from inferd.serving import protocol as p
 from inferd.serving.protocol import Columns, InferRequest
 
@@ -38,6 +38,9 @@ class InferOutcome:
     degraded_from: str | None = None
     """The model asked for, when it was saturated and its lightweight overflow model
     (``target.model``) answered instead."""
+    cold_start_ms: float | None = None
+    """How long the request waited for its version, scaled to zero, to start a replica
+    and answer (None: it did not wait for one)."""
 
 
 def prediction_of(outcome: InferOutcome) -> str | None:
@@ -141,18 +144,27 @@ class DataPlane:
                 if cached is not None:
                     elapsed = (time.perf_counter() - request.started) * 1000
                     return InferOutcome(target, cached, elapsed, cache_hit=True)
+        COLD_START.set(None)
         try:
             outputs = await self.router.infer(target, tensors, rows, request)
         except FALLBACK_ON as exc:
             if request.pinned:
                 raise
             return await self._fall_back(exc, target, tensors, rows, request)
+        cold = COLD_START.get()
         if key is not None and self.cache is not None:  # a copy: not a view of a batch
             await self.cache.put(key, {n: np.array(a) for n, a in outputs.items()}, ttl)
         if not request.pinned and (shadow := self.router.shadow_of(target.model)) is not None:
             self._mirror(shadow, target, tensors, rows, outputs, request)
-        elapsed = (time.perf_counter() - request.started) * 1000
-        return InferOutcome(target, outputs, elapsed, cache_hit=False if key else None)
+        now = time.perf_counter()
+        elapsed = (now - request.started) * 1000
+        return InferOutcome(
+            target,
+            outputs,
+            elapsed,
+            cache_hit=False if key else None,
+            cold_start_ms=None if cold is None else (now - cold) * 1000,
+        )
 
     async def _fall_back(
         self,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import hashlib
 import logging
 import random
@@ -38,6 +39,11 @@ from inferd.serving.protocol import Columns
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+COLD_START: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "inferd_cold_start", default=None
+)
+"""Set (``time.perf_counter()``) when the current request waited for a version scaled to
+zero to start: the data plane reports how long it waited (``x-inferd-cold-start-ms``)."""
 
 
 class Split:
@@ -124,6 +130,7 @@ class Router:
         self.hold_max_requests = hold_max_requests
         self.holding = 0
         """Requests waiting now for a replica that is coming."""
+        self._asked: dict[tuple[str, str], float] = {}
         self.table = RoutingTable(0, {})
         self._clients: dict[str, ReplicaClient] = {}
         self._ready: dict[tuple[str, str], list[ReplicaClient]] = {}
@@ -270,11 +277,13 @@ class Router:
 
     def _coming_version(self, route: ModelRoute) -> str | None:
         """With no version ready: the one a request should wait for (the largest share of
-        the traffic, else any) when it has a replica coming; else None."""
+        the traffic, else any) when it has a replica coming or can start one; else None."""
         if self.hold_timeout_s <= 0:
             return None
         coming = [
-            v for v, vroute in route.versions.items() if any(map(coming_back, vroute.replicas))
+            v
+            for v, vroute in route.versions.items()
+            if vroute.scale_from_zero or any(map(coming_back, vroute.replicas))
         ]
         if not coming:
             return None
@@ -285,6 +294,9 @@ class Router:
         vroute = route.versions.get(target.version) if route and route.loaded else None
         if vroute is None:
             return False
+        if vroute.scale_from_zero and not any(r.state == "ready" for r in vroute.replicas):
+            self._ask_for(target)  # scaled to zero (or on its way up): the controller starts one
+            return True
         for replica in vroute.replicas:
             if coming_back(replica):
                 return True
@@ -300,6 +312,17 @@ class Router:
         if self._coming(target):
             COUNTERS["held"] += 1
         return min(deadline, time.perf_counter() + self.hold_timeout_s)
+
+    def _ask_for(self, target: Target) -> None:
+        """Ask the controller for a replica of a version scaled to zero (once a second
+        per version, whatever the number of requests held)."""
+        key = (target.model, target.version)
+        now = time.monotonic()
+        if now - self._asked.get(key, -1.0) >= 1.0:
+            self._asked[key] = now
+            self.server.send_demand(target.model, target.version)
+        if COLD_START.get() is None:
+            COLD_START.set(time.perf_counter())
 
     async def _hold(self, target: Target, until: float) -> bool:
         """Wait for the next table while ``target`` has a replica coming, until ``until``

@@ -12,6 +12,7 @@ from pathlib import Path
 from inferd.errors import ModelNotReady
 from inferd.observability.inference_log import LogRow
 from inferd.routing.table import (
+    Demand,
     LogRows,
     MetricsQuery,
     MetricsText,
@@ -72,6 +73,12 @@ class ServerLink:
         assert self._writer is not None
         self._writer.write(encode_request(ReconcileRequest(model)))
         await self._writer.drain()
+
+    def send_demand(self, model: str, version: str) -> None:
+        """Tell the controller a request waits for ``model:version`` (scaled to zero)."""
+        if self.connected:
+            assert self._writer is not None
+            self._writer.write(encode_request(Demand(model, version)))
 
     def send_log_rows(self, rows: list[LogRow], counters: dict[str, int]) -> bool:
         """Hand inference log rows (and counter deltas) to the server process; False when

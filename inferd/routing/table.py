@@ -58,6 +58,9 @@ class VersionRoute(msgspec.Struct, frozen=True, kw_only=True):
     allow_non_finite: bool = False
     """Float inputs may be NaN or ±Infinity (its ``metadata.allow_non_finite``; see
     :mod:`inferd.protocols.numbers`)."""
+    scale_from_zero: bool = False
+    """Autoscaled with ``min_replicas`` 0: at zero replicas, a request is held and the
+    gateway asks the controller for one (:class:`Demand`)."""
 
 
 class ModelRoute(msgspec.Struct, frozen=True):
@@ -85,6 +88,13 @@ class ReconcileRequest(msgspec.Struct, frozen=True, tag="reconcile"):
     model: str = ""
 
 
+class Demand(msgspec.Struct, frozen=True, tag="demand"):
+    """Gateway -> controller: a request waits for ``model:version``, scaled to zero."""
+
+    model: str
+    version: str
+
+
 class LogRows(msgspec.Struct, frozen=True, tag="log"):
     """Gateway -> server: inference log rows (see :mod:`inferd.observability.inference_log`)
     that the server process writes, so gateways never hold a database driver's GIL."""
@@ -109,7 +119,7 @@ class MetricsText(msgspec.Struct, frozen=True, tag="metrics"):
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(RoutingTable | MetricsText)
-_request_decoder = msgspec.msgpack.Decoder(ReconcileRequest | LogRows | MetricsQuery)
+_request_decoder = msgspec.msgpack.Decoder(ReconcileRequest | Demand | LogRows | MetricsQuery)
 
 
 def _frame(body: bytes) -> bytes:
@@ -129,7 +139,7 @@ def encode_down(message: MetricsText) -> bytes:
     return _frame(_encoder.encode(message))
 
 
-Request = ReconcileRequest | LogRows | MetricsQuery
+Request = ReconcileRequest | Demand | LogRows | MetricsQuery
 
 
 def encode_request(request: Request) -> bytes:
