@@ -15,10 +15,10 @@ from inferd.cli.common import app
 
 # isort: off
 # The order commands register in is the order ``inferd --help`` lists them.
-from inferd.cli import serve, models, keys, deployments, client
+from inferd.cli import serve, models, keys, deployments, client, plan
 # isort: on
 
-__all__ = ["app", "client", "deployments", "keys", "main", "models", "serve"]
+__all__ = ["app", "client", "deployments", "keys", "main", "models", "plan", "serve"]
 
 
 def _version_callback(value: bool) -> None:
