@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, InferdServer, push_source
+from tests.conftest import ROOT, InferdServer, push_source, run_cli
 
 pytestmark = pytest.mark.slow
 SLOW_CALC = """
@@ -180,5 +180,55 @@ def test_an_idle_version_scales_to_zero_and_a_held_request_starts_it_again(tmp_p
         assert reasons[:3] == ["idle", "demand", "idle"] and reasons[3] == "demand", reasons
         metrics = server.client.get("/metrics").text
         assert 'inferd_cold_start_seconds_count{model="calc",version="v1"} 2' in metrics
+    finally:
+        assert server.stop() == 0, server.log()[-3000:]
+
+
+def test_the_cli_sets_and_clears_autoscaling(tmp_path: Path):
+    push_source(tmp_path, "calc", FAST_CALC)
+    run_cli("deploy", "calc", "v1", "--min-replicas", "0", "--max-replicas", "3", data_dir=tmp_path)
+    assert "auto 0..3" in run_cli("deployments", "calc", data_dir=tmp_path).stdout
+    tuned = run_cli(
+        "autoscale", "calc", "v1", "--autoscaling", '{"sla_p99_ms": 50, "max_replicas": 5}',
+        data_dir=tmp_path,
+    )  # fmt: skip
+    assert "autoscaling 1..5 replicas" in tuned.stderr
+    bad = run_cli("autoscale", "calc", "v1", "--max-replicas", "0", data_dir=tmp_path, check=False)
+    assert bad.returncode == 1 and "max_replicas" in bad.stderr
+    off = run_cli("autoscale", "calc", "v1", "--off", data_dir=tmp_path)
+    assert "a fixed replica count" in off.stderr
+    assert "auto" not in run_cli("deployments", "calc", data_dir=tmp_path).stdout
+
+
+def test_no_room_is_a_recorded_capacity_event_not_a_start(tmp_path: Path):
+    push_source(tmp_path, "calc", SLOW_CALC, "--batching", '{"max_batch_size": 1}')
+    # keep 99.9 % of the machine's memory free: no replica fits beside that
+    env = {"INFERD_AUTOSCALE_INTERVAL_S": "0.5", "INFERD_AUTOSCALE_MEMORY_HEADROOM": "0.999"}
+    server = InferdServer(tmp_path, workers=1, env=env)
+    try:
+        server.wait_ready()
+        deployed = server.client.post(
+            "/api/v1/deployments",
+            json={"model_name": "calc", "version": "v1", "autoscaling": POLICY},
+        )
+        assert deployed.status_code == 201, deployed.text
+        out = tmp_path / "bench.json"
+        # fmt: off
+        load = subprocess.run(
+            [
+                sys.executable, "-m", "inferd", "bench", server.url, "--target", "predict",
+                "--model", "calc", "--rate", "80", "--duration", "5s", "--warmup", "0s",
+                "--timeout", "20s", "--body", '{"inputs": [{"x": 2}]}', "--json", str(out),
+            ],
+            cwd=ROOT, capture_output=True, text=True, timeout=60,
+        )
+        # fmt: on
+        assert load.returncode == 0, load.stderr
+        (run,) = json.loads(out.read_text())["levels"]
+        assert run["errors"] == 0, run
+        events = _deployment(server)["scaling_events"]
+        assert [e["reason"] for e in events] == ["capacity"], events
+        assert "room for 1" in events[0]["detail"] and events[0]["from"] == events[0]["to"] == 1
+        assert _desired(server) == 1
     finally:
         assert server.stop() == 0, server.log()[-3000:]

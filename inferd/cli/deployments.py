@@ -76,13 +76,18 @@ def deploy(
             help="More strategy settings as JSON, e.g. '{\"max_latency_increase\": 0.2}'."
         ),
     ] = None,
+    min_replicas: MinReplicasOpt = None,
+    max_replicas: MaxReplicasOpt = None,
+    autoscaling: AutoscalingOpt = None,
     config: ConfigOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
     """Deploy a registered version with TRAFFIC % of the model's requests; the other
     deployed versions share the rest in proportion. A canary moves through its steps on
-    its own while its analysis passes, and rolls back when it does not."""
+    its own while its analysis passes, and rolls back when it does not. With
+    --min-replicas/--max-replicas (or --autoscaling) its replica count follows its load."""
     settings = _rollout_settings(rollout, keep_old_s, steps, step_s, webhook)
+    policy = _autoscaling(autoscaling, min_replicas, max_replicas)
     with _errors(), _registry(config, data_dir) as registry:
         registry.deployments.deploy(
             model,
@@ -92,6 +97,7 @@ def deploy(
             gpu_type=gpu,
             strategy=strategy,
             rollout=settings or None,
+            autoscaling=policy,
             actor=_ACTOR,
         )
         change = registry.deployments.history(model, 1)[0]
@@ -99,6 +105,61 @@ def deploy(
         f"deployed [bold]{model}:{version}[/bold] ({strategy}); traffic "
         f"{_split_text(change.split)} (revision {change.revision}); {_PICKED_UP}"
     )
+
+
+MinReplicasOpt = Annotated[
+    int | None, typer.Option(help="Autoscale: fewest replicas (0: scale to zero when idle).")
+]
+MaxReplicasOpt = Annotated[int | None, typer.Option(help="Autoscale: most replicas.")]
+AutoscalingOpt = Annotated[
+    str | None,
+    typer.Option(
+        help='Autoscaling policy as JSON, e.g. \'{"sla_p99_ms": 50, "idle_timeout_s": 600}\' '
+        "(any field of the policy; the defaults are the design documents' table)."
+    ),
+]
+
+
+def _autoscaling(
+    raw: str | None, min_replicas: int | None, max_replicas: int | None
+) -> dict[str, Any] | None:
+    if raw is None and min_replicas is None and max_replicas is None:
+        return None
+    policy: dict[str, Any] = {}
+    if raw is not None:
+        try:
+            policy = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise typer.BadParameter(f"--autoscaling is not JSON: {exc}") from None
+        if not isinstance(policy, dict):
+            raise typer.BadParameter("--autoscaling must be a JSON object")
+    for key, value in (("min_replicas", min_replicas), ("max_replicas", max_replicas)):
+        if value is not None:
+            policy[key] = value
+    return policy
+
+
+@app.command()
+def autoscale(
+    model: Annotated[str, typer.Argument(help="Model name.")],
+    version: Annotated[str, typer.Argument(help="A deployed version.")],
+    min_replicas: MinReplicasOpt = None,
+    max_replicas: MaxReplicasOpt = None,
+    autoscaling: AutoscalingOpt = None,
+    off: Annotated[bool, typer.Option("--off", help="Back to its fixed replica count.")] = False,
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Give a deployment an autoscaling policy (or take it away with --off)."""
+    policy = None if off else _autoscaling(autoscaling, min_replicas, max_replicas)
+    if policy is None and not off:
+        raise typer.BadParameter("give --min-replicas/--max-replicas, --autoscaling, or --off")
+    with _errors(), _registry(config, data_dir) as registry:
+        record = registry.deployments.set_autoscaling(model, version, policy)
+    what = "a fixed replica count" if record.autoscaling is None else (
+        f"autoscaling {record.autoscaling.min_replicas}..{record.autoscaling.max_replicas} replicas"
+    )  # fmt: skip
+    console.print(f"[bold]{model}:{version}[/bold]: {what}; {_PICKED_UP}")
 
 
 def _rollout_settings(
@@ -192,6 +253,8 @@ def deployments(
     deployed = {r.model_name for r in rows}
     for r in rows:
         replicas = str(r.replicas) if r.replicas is not None else "default"
+        if r.autoscaling is not None:
+            replicas = f"auto {r.autoscaling.min_replicas}..{r.autoscaling.max_replicas}"
         table.add_row(
             r.model_name, r.version, r.status, replicas, r.gpu_type or "-", f"{r.traffic_pct}%",
             _rollout_text(r),

@@ -83,7 +83,7 @@ class Autoscaler:
         self._active = now  # the last time a request was seen (idle_timeout counts from it)
         self._over: dict[str, float] = {}  # signal -> since when it is over its threshold
         self._calm: dict[str, float] = {}  # signal -> since when it is calm
-        self._short_of_room: tuple[int, int] | None = None
+        self._short_of_room: int | None = None
 
     def retune(self, policy: AutoscalingPolicy) -> None:
         """A new policy for the same version (a deployment changed): windows go on."""
@@ -179,8 +179,8 @@ class Autoscaler:
     ) -> Decision | None:
         if room is not None and count > room:
             if room <= current:
-                if self._short_of_room != (count, room):
-                    self._short_of_room = (count, room)
+                if self._short_of_room != room:  # once while the room stays what it is
+                    self._short_of_room = room
                     why = f"{detail}: wants {count} replicas, the machine has room for {room}"
                     self.events.append(Decision(t, current, current, "capacity", why, figures))
                 return None
