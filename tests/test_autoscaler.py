@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 
 import pytest
 
@@ -183,3 +184,30 @@ def test_policies_round_trip():
     policy = AutoscalingPolicy(min_replicas=0, max_replicas=5, sla_p99_ms=250.0)
     assert load(dump(policy)) == policy
     assert load(None) is None and dump(None) is None
+
+
+def test_capacity_by_memory_and_by_cores(tmp_path):
+    from inferd.control.scaling import cpu_room, cpu_seconds, machine_cpu, room_for
+
+    gib = 2**30
+    assert room_for(2, 3 * gib, 10 * gib, 2 * gib) == 4  # 8 GiB free beyond the headroom
+    assert room_for(2, 3 * gib, gib, 2 * gib) == 2  # nothing more fits
+    assert room_for(2, 0, 10 * gib, 0) is None  # size unknown yet
+    assert cpu_room(1, 1.0, 0.5, 4) == 3  # 2 idle cores, a core each
+    assert cpu_room(1, 0.1, 0.0, 4) is None  # not CPU-bound: cores do not limit it
+    assert cpu_room(1, 1.0, None, 4) is None
+    assert cpu_seconds(os.getpid()) is not None and cpu_seconds(2**22 + 7) is None
+    idle, total = machine_cpu() or (0, 0)
+    assert 0 <= idle <= total
+    stat = tmp_path / "1234"
+    stat.mkdir()
+    (stat / "stat").write_text("1234 (a (b) c) S 1 1 1 0 -1 0 0 0 0 0 250 150 0 0 20 0 1 0")
+    assert cpu_seconds(1234, tmp_path) == pytest.approx(400 / os.sysconf("SC_CLK_TCK"))
+
+
+def test_a_capacity_event_names_its_limit():
+    scaler = Autoscaler(AutoscalingPolicy(max_replicas=8), replicas=2, now=0)
+    assert (
+        scaler.observe(Signals(0, 2, 0.0, 500, 5), room=2, limit="cores: 1.00 per replica") is None
+    )
+    assert "(cores: 1.00 per replica)" in scaler.events[-1].detail

@@ -96,9 +96,10 @@ class Autoscaler:
             return None
         return self._set(now, 0, 1, "demand", "a request is waiting: starting a replica", {})
 
-    def observe(self, s: Signals, room: int | None = None) -> Decision | None:
+    def observe(self, s: Signals, room: int | None = None, limit: str = "") -> Decision | None:
         """Take one look; the decision when the desired count changes (None otherwise).
-        ``room``: how many replicas of this version the machine can run at most."""
+        ``room``: how many replicas of this version the machine can run at most, and
+        ``limit`` what bounds it (memory, cores)."""
         policy = self.policy
         if s.requests > 0 or s.queued > 0:
             self._active = s.t
@@ -132,7 +133,7 @@ class Autoscaler:
         wanted = self._wanted_up(s, figures)
         if wanted is not None:
             reason, count, detail = wanted
-            return self._up(s.t, current, count, reason, detail, figures, room)
+            return self._up(s.t, current, count, reason, detail, figures, room, limit)
         self._short_of_room = None
         return self._down(s, current, figures)
 
@@ -176,12 +177,15 @@ class Autoscaler:
         detail: str,
         figures: dict[str, float],
         room: int | None,
+        limit: str = "",
     ) -> Decision | None:
         if room is not None and count > room:
             if room <= current:
                 if self._short_of_room != room:  # once while the room stays what it is
                     self._short_of_room = room
                     why = f"{detail}: wants {count} replicas, the machine has room for {room}"
+                    if limit:
+                        why += f" ({limit})"
                     self.events.append(Decision(t, current, current, "capacity", why, figures))
                 return None
             detail = f"{detail}; room for {room} of the {count} wanted"

@@ -104,6 +104,7 @@ class Controller:
 
     async def autoscale(self) -> None:
         """Look at every autoscaled version; apply what its autoscaler decides."""
+        self.scaling.machine_look()
         changed = False
         for model in list(self.models.values()):
             for vset in list(model.versions.values()):

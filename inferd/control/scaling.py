@@ -5,16 +5,20 @@ of the version's :class:`~inferd.control.autoscaler.Autoscaler`; a decision chan
 version's desired replica count, and is kept as a scaling event (registry, logs,
 ``/metrics``).
 
-Capacity: a version scales up only as far as the machine's free memory holds replicas
-of its measured size (the largest RSS of its running replicas), keeping
-``autoscale_memory_headroom`` of the machine free; beyond, the autoscaler records a
-``capacity`` event instead of starting replicas that would not fit.
+Capacity: a version scales up only as far as the machine holds replicas of its
+measured size: its free memory (less ``autoscale_memory_headroom`` of the machine) in
+replicas of the largest RSS of the version's running ones, and, for CPU-bound replicas
+(half a core or more), its idle cores (over the last look) in replicas of the most CPU
+one of them used (local replicas: their ``/proc/<pid>/stat``). Beyond, the autoscaler
+records a ``capacity`` event naming the limit instead of starting replicas that would
+not fit.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -40,6 +44,8 @@ class Look:
     queued: int
     rss_bytes: int
     latency: Sketch
+    cpu_s: float | None = None
+    """CPU seconds its process used so far (None: not a local process)."""
 
 
 Looker = Callable[[list[tuple[str, int, str]], float], Awaitable[dict[Key, Look]]]
@@ -67,10 +73,52 @@ async def look(replicas: list[tuple[str, int, str]], t: float) -> dict[Key, Look
             int(stats.get("queued_rows", 0)),
             int(stats.get("rss_bytes", 0)),
             Sketch.of(metrics["latency_sketch"]),
+            cpu_seconds(status.pid),
         )
 
     found = await asyncio.gather(*(one(rid, address) for rid, _, address in replicas))
     return {(rid, pid): f for (rid, pid, _), f in zip(replicas, found, strict=True) if f}
+
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_seconds(pid: int, proc: Path = Path("/proc")) -> float | None:
+    """User + system CPU seconds of a local process so far (None: not readable here)."""
+    try:
+        fields = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime (fields 14, 15)
+
+
+def machine_cpu(proc: Path = Path("/proc")) -> tuple[float, float] | None:
+    """(idle, total) CPU seconds of the whole machine so far, from ``/proc/stat``."""
+    try:
+        first = (proc / "stat").read_text().splitlines()[0].split()
+    except (OSError, IndexError):
+        return None
+    values = [int(v) for v in first[1:]]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+    return idle / _TICKS, sum(values) / _TICKS
+
+
+CPU_BOUND_CORES = 0.5
+"""A replica using at least this much CPU is CPU-bound: the idle cores cap its count."""
+
+
+def cpu_room(
+    current: int,
+    per_replica_cores: float,
+    idle_share: float | None,
+    cores: int,
+) -> int | None:
+    """How many replicas the idle cores allow (``current`` plus what fits in them);
+    None when unknown, or when a replica is not CPU-bound (under half a core: it mostly
+    waits on something else, an accelerator or I/O, and more of them still help)."""
+    if idle_share is None or per_replica_cores < CPU_BOUND_CORES:
+        return None
+    return current + int(max(0.0, idle_share * cores) // per_replica_cores)
 
 
 def signals(before: dict[Key, Look], now: dict[Key, Look], t: float, ready: int) -> Signals:
@@ -161,6 +209,8 @@ class Scaling:
         self.decisions: Counter[tuple[str, str, str]] = Counter()
         """(model, version, reason) -> decisions taken, for ``/metrics``."""
         self._cold: dict[tuple[str, str], float] = {}  # started from zero at (clock)
+        self._machine: tuple[float, float] | None = machine_cpu()
+        self._idle_share: float | None = None
         self.cold_starts: dict[tuple[str, str], ColdStarts] = {}
         """Times from a demand at zero replicas to a ready replica, for ``/metrics``."""
 
@@ -177,19 +227,52 @@ class Scaling:
         self._looks[key] = current
         if not before and ready:
             return None  # the first look: nothing to difference yet
-        footprint = max((f.rss_bytes for f in current.values()), default=0)
-        total = memory_total() or 0
-        room = room_for(
-            len(vset.live()), footprint, memory_available(), int(total * self.memory_headroom)
-        )
+        room, limit = self._room(len(vset.live()), before, current)
         events_before = len(scaler.events)
-        decision = scaler.observe(signals(before, current, now, len(ready)), room)
+        decision = scaler.observe(signals(before, current, now, len(ready)), room, limit)
         if len(scaler.events) > events_before and decision is None:  # a capacity refusal
             await self._keep(key, scaler.events[-1])
         if decision is not None:
             vset.desired = decision.desired
             await self._keep(key, decision)
         return decision
+
+    def machine_look(self) -> None:
+        """Once per pass: the machine's idle share of its cores since the last pass."""
+        sample = machine_cpu()
+        if sample is not None and self._machine is not None:
+            idle, total = (a - b for a, b in zip(sample, self._machine, strict=True))
+            self._idle_share = idle / total if total > 0 else None
+        self._machine = sample
+
+    def _room(
+        self, live: int, before: dict[Key, Look], now: dict[Key, Look]
+    ) -> tuple[int | None, str]:
+        """The most replicas the machine holds for this version, and what limits it."""
+        footprint = max((f.rss_bytes for f in now.values()), default=0)
+        total = memory_total() or 0
+        by_memory = room_for(live, footprint, memory_available(), int(total * self.memory_headroom))
+        per_replica = 0.0
+        for key, look_now in now.items():
+            earlier = before.get(key)
+            if earlier is None or look_now.cpu_s is None or earlier.cpu_s is None:
+                continue
+            if look_now.t > earlier.t:
+                used = (look_now.cpu_s - earlier.cpu_s) / (look_now.t - earlier.t)
+                per_replica = max(per_replica, used)
+        by_cores = cpu_room(live, per_replica, self._idle_share, os.cpu_count() or 1)
+        limits = [
+            (n, why) for n, why in ((by_memory, "memory"), (by_cores, "cores")) if n is not None
+        ]
+        if not limits:
+            return None, ""
+        room, why = min(limits)
+        detail = (
+            f"{why}: {footprint / 2**20:.0f} MiB per replica"
+            if why == "memory"
+            else f"{why}: {per_replica:.2f} cores per replica, {self._idle_share or 0:.0%} idle"
+        )
+        return room, detail
 
     async def demand(self, vset: VersionSet, now: float) -> Decision | None:
         """A request waits for a version scaled to zero."""
