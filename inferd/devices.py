@@ -22,6 +22,8 @@ class Gpu:
     index: int
     name: str
     """As the driver names it, e.g. ``NVIDIA A100-SXM4-80GB``."""
+    memory_mib: int = 0
+    """Its memory as the driver reports it (0: unknown)."""
 
 
 @functools.cache
@@ -32,16 +34,26 @@ def local_gpus() -> tuple[Gpu, ...]:
         return ()
     try:
         out = subprocess.run(
-            [tool, "--query-gpu=index,name", "--format=csv,noheader"],
+            [tool, "--query-gpu=index,name,memory.total", "--format=csv,noheader,nounits"],
             capture_output=True, text=True, timeout=10, check=True,
         ).stdout  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         return ()
+    return parse_gpus(out)
+
+
+def parse_gpus(out: str) -> tuple[Gpu, ...]:
+    """GPUs from ``nvidia-smi --query-gpu=index,name,memory.total`` CSV (no header or
+    units); a name may hold commas, the memory is the last field."""
     gpus = []
     for line in out.splitlines():
-        index, _, name = line.partition(",")
-        if index.strip().isdigit() and name.strip():
-            gpus.append(Gpu(int(index), name.strip()))
+        index, _, rest = line.partition(",")
+        name, _, memory = rest.rpartition(",")
+        if not memory.strip().isdigit():  # no memory field (an older query)
+            name, memory = rest, "0"
+        if not index.strip().isdigit() or not name.strip():
+            continue
+        gpus.append(Gpu(int(index), name.strip(), int(memory)))
     return tuple(gpus)
 
 

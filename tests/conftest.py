@@ -388,12 +388,13 @@ def build_tiny_gpt2(folder: Path, seed: int = 0) -> Path:
     return folder
 
 
-def fake_gpus(folder: Path, *names: str) -> dict[str, str]:
-    """An environment whose ``nvidia-smi`` reports ``names`` as GPUs 0, 1, ... (what the
-    local backend reads to place replicas; this machine has no GPU): a ``PATH`` with a
-    script answering ``--query-gpu=index,name --format=csv,noheader`` first."""
+def fake_gpus(folder: Path, *names: str, memory_mib: int = 81920) -> dict[str, str]:
+    """An environment whose ``nvidia-smi`` reports ``names`` as GPUs 0, 1, ... of
+    ``memory_mib`` each (what the local backend reads to place replicas; this machine
+    has no GPU): a ``PATH`` with a script answering ``--query-gpu=index,name,memory.total
+    --format=csv,noheader,nounits`` first."""
     folder.mkdir(parents=True, exist_ok=True)
-    lines = "\n".join(f"{i}, {name}" for i, name in enumerate(names))
+    lines = "\n".join(f"{i}, {name}, {memory_mib}" for i, name in enumerate(names))
     tool = folder / "nvidia-smi"
     tool.write_text(f"#!/bin/sh\ncat <<'EOF'\n{lines}\nEOF\n")
     tool.chmod(0o755)

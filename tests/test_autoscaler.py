@@ -211,3 +211,20 @@ def test_a_capacity_event_names_its_limit():
         scaler.observe(Signals(0, 2, 0.0, 500, 5), room=2, limit="cores: 1.00 per replica") is None
     )
     assert "(cores: 1.00 per replica)" in scaler.events[-1].detail
+
+
+def test_the_tightest_room_wins_gpu_memory_included():
+    from inferd.control.scaling import Look, Scaling
+    from inferd.observability.metrics import Sketch
+
+    async def record(*_):
+        return None
+
+    scaling = Scaling(record, memory_headroom=0.1)
+    assert scaling._room(1, {}, {}) == (None, "")  # nothing measured yet
+    gpu = (2, "GPU memory: 30.0 GB per replica")
+    assert scaling._room(1, {}, {}, gpu) == gpu
+    # a replica of 1 TiB: memory holds fewer than the GPUs would
+    huge = {("r1", 1): Look(0.0, 0.0, 0, 2**40, Sketch())}
+    room, why = scaling._room(1, {}, huge, (5, "GPU memory: 1.0 GB per replica"))
+    assert room == 1 and why.startswith("memory: 1048576 MiB per replica")

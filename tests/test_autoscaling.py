@@ -4,15 +4,17 @@ one replica at a time; every decision is recorded with its figures; no request f
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
-from tests.conftest import ROOT, InferdServer, push_source, run_cli
+from tests.conftest import ROOT, InferdServer, build_tiny_gpt2, push_folder, push_source, run_cli
 
 pytestmark = pytest.mark.slow
 SLOW_CALC = """
@@ -230,5 +232,103 @@ def test_no_room_is_a_recorded_capacity_event_not_a_start(tmp_path: Path):
         assert [e["reason"] for e in events] == ["capacity"], events
         assert "room for 1" in events[0]["detail"] and events[0]["from"] == events[0]["to"] == 1
         assert _desired(server) == 1
+    finally:
+        assert server.stop() == 0, server.log()[-3000:]
+
+
+def test_both_versions_of_a_canary_scale_and_a_steady_load_does_not_flap(tmp_path: Path):
+    """v1 autoscaled, v2 a canary at 50 % autoscaled too: a steady load over what one
+    replica of each computes scales both up, then nothing changes while it stays the
+    same (no scale-down, no second scale-up), and no request fails."""
+    push_source(tmp_path, "calc", SLOW_CALC, "--batching", '{"max_batch_size": 1}')
+    push_source(tmp_path, "calc", SLOW_CALC, "--batching", '{"max_batch_size": 1}', version="v2")
+    env = {"INFERD_AUTOSCALE_INTERVAL_S": "0.5"}
+    server = InferdServer(tmp_path, workers=1, env=env)
+    policy = {**POLICY, "utilisation_up": 0.75}  # 2 replicas at ~0.5 each: inside the band
+    try:
+        server.wait_ready()
+        # v1 serves (the first version); v2 was registered beside it at 0 %
+        first = server.client.patch("/api/v1/deployments/calc/v1", json={"autoscaling": policy})
+        assert first.status_code == 200, first.text
+        canary = server.client.post(
+            "/api/v1/deployments",
+            json={
+                "model_name": "calc",
+                "version": "v2",
+                "strategy": "canary",
+                "rollout": {"steps": [50, 100], "step_s": 120},
+                "autoscaling": policy,
+            },
+        )
+        assert canary.status_code == 201, canary.text
+        server.wait_for(
+            lambda: all(v["replicas_ready"] == 1 for v in _deployment(server)["versions"]),
+            timeout_s=30,
+            what="one ready replica of each version",
+        )
+        out = tmp_path / "bench.json"
+        # fmt: off
+        load = subprocess.Popen(
+            [
+                sys.executable, "-m", "inferd", "bench", server.url, "--target", "predict",
+                "--model", "calc", "--rate", "100", "--duration", "16s", "--warmup", "0s",
+                "--timeout", "20s", "--body", '{"inputs": [{"x": 2}]}', "--json", str(out),
+            ],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+        # fmt: on
+        _, err = load.communicate(timeout=60)
+        assert load.returncode == 0, err
+        (run,) = json.loads(out.read_text())["levels"]
+        assert run["errors"] == 0 and run["requests"] >= 1200, run
+
+        shown = _deployment(server)
+        assert shown["traffic"] == {"v1": 50, "v2": 50}  # still the canary's first step
+        events = list(reversed(shown["scaling_events"]))  # oldest first, during the load
+        for version in ("v1", "v2"):
+            mine = [e for e in events if e["version"] == version]
+            assert mine and mine[0]["to"] > mine[0]["from"] == 1, events  # it scaled up
+            assert all(e["to"] > e["from"] for e in mine), events  # and never back down
+            assert len(mine) <= 2, events  # at most a second step up, no oscillation
+    finally:
+        assert server.stop() == 0, server.log()[-3000:]
+
+
+def test_a_generation_version_scales_on_its_engines_waiting_requests(tmp_path: Path):
+    """An LLM replica's own figures drive it: requests waiting for a sequence slot
+    (one slot here), its occupancy and its time to first token."""
+    folder = build_tiny_gpt2(tmp_path / "src" / "tiny")
+    push_folder(tmp_path, "tiny", folder, "v1")
+    env = {"INFERD_AUTOSCALE_INTERVAL_S": "0.5", "INFERD_LLM__MAX_NUM_SEQS": "1"}
+    server = InferdServer(tmp_path, workers=1, env=env)
+    policy = {"min_replicas": 1, "max_replicas": 2, "queue_up": 2, "up_cooldown_s": 1}
+    try:
+        server.wait_ready(timeout_s=120)
+        deployed = server.client.post(
+            "/api/v1/deployments",
+            json={"model_name": "tiny", "version": "v1", "autoscaling": policy},
+        )
+        assert deployed.status_code == 201, deployed.text
+        body = {"prompt": "The server", "max_tokens": 100, "temperature": 0, "ignore_eos": True}
+
+        def generate(_: int) -> int:
+            with httpx.Client(base_url=server.url, timeout=120) as client:
+                return client.post("/api/v1/models/tiny/generate", json=body).status_code
+
+        def events() -> list[dict]:
+            shown = server.client.get("/api/v1/deployments/tiny").json()
+            return [e for e in shown["scaling_events"] if e["reason"] in ("queue", "capacity")]
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            codes = pool.map(generate, range(24))
+            server.wait_for(events, timeout_s=60, what="a decision on the waiting requests")
+            assert list(codes) == [200] * 24
+        event = events()[-1]
+        assert event["figures"]["queued"] > 2 and "requests waiting, over 2" in event["detail"]
+        if event["reason"] == "queue":  # a second replica started
+            assert (event["from"], event["to"]) == (1, 2)
+        else:  # or this 2-core machine had no idle core for another CPU-bound replica
+            assert "cores" in event["detail"], event
+        assert "p99_ms" in event["figures"]  # time to first token, from the engine's sketch
     finally:
         assert server.stop() == 0, server.log()[-3000:]

@@ -9,6 +9,7 @@ tests/test_traffic.py's.
 
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -677,3 +678,41 @@ def test_a_gpu_deployment_runs_on_that_gpu_or_is_refused(server: InferdServer, d
     assert done["deployment"]["gpu_type"] == "a100"
     # the deployment's replicas are restarted with only the A100 visible
     server.wait_for(lambda: visible() == "1", timeout_s=60, what="a replica on the A100")
+
+
+@pytest.mark.slow
+def test_gpu_replicas_are_packed_one_device_each_and_never_past_memory(
+    server: InferdServer, data: Path
+) -> None:
+    """Two stand-in 80 GB GPUs, a version whose replica needs 50 GB, 3 replicas asked
+    for: one on each GPU, the third refused with a capacity event instead of started."""
+    push_source(data, "packed", DEVICES, "--meta", "gpu_memory_gb=50")
+    server.wait_for(
+        lambda: server.client.get("/health/ready/packed").status_code == 200,
+        what="the packed model",
+    )
+    _deploy(server.client, "packed", "v1", resources={"gpu": "any", "replicas": 3})
+
+    def placed() -> list[list[int]]:
+        shown = server.client.get("/api/v1/deployments/packed").json()
+        (version,) = shown["versions"]
+        return sorted(r.get("gpus") for r in version["replicas"] if r["state"] == "ready")
+
+    server.wait_for(lambda: placed() == [[0], [1]], timeout_s=60, what="one replica per GPU")
+    # and each replica sees its GPU alone
+    body = {"model": "packed", "input": {"x": 1.0}}
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        replies = list(
+            pool.map(lambda _: server.client.post("/api/v1/predict", json=body), range(64))
+        )
+    assert {str(r.json()["prediction"]) for r in replies} <= {"0", "1"}
+
+    def capacity() -> list[dict[str, Any]]:
+        shown = server.client.get("/api/v1/deployments/packed").json()
+        return [e for e in shown["scaling_events"] if e["reason"] == "capacity"]
+
+    server.wait_for(capacity, timeout_s=30, what="the capacity event")
+    (event,) = capacity()  # once, though every reconcile pass still wants a third
+    assert "needs 50.0 GB of GPU memory (gpu_memory_gb)" in event["detail"]
+    assert "GPU 0 27.3 GB free" in event["detail"]  # GPU 1 also holds the last test's
+    assert placed() == [[0], [1]]  # and no third replica was started

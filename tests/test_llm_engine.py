@@ -285,3 +285,22 @@ def test_preemption_takes_the_worst_priority_not_the_youngest():
     assert low.preemptions >= 1 and high.preemptions == 0
     assert tokens(outputs["low"]) == [11, 12, 13, 14, 15, 16]
     assert tokens(outputs["high"]) == [21, 22, 23, 24, 25, 26]
+
+
+def test_the_autoscalers_figures_occupancy_waiting_and_ttft():
+    eng = engine(max_num_seqs=2, num_blocks=64)
+    assert eng.occupancy() == 0.0 and eng.stats()["busy_s"] == 0.0
+    for i in range(4):
+        eng.add_request(f"r{i}", [1, 2, 3], greedy(20))
+    eng.step()
+    # two of two slots taken, two waiting for one: a full engine
+    assert eng.occupancy() == 1.0 and eng.stats()["waiting"] == 2
+    run_all(eng)
+    busy = eng.stats()["busy_s"]
+    assert 0 < busy <= eng.metrics.step_s.sum + 1e-9
+    assert eng.metrics.snapshot()["ttft_sketch"]["count"] == 4
+    # one short sequence in a large engine: mostly idle however long its steps are
+    roomy = engine(max_num_seqs=16, num_blocks=64)
+    roomy.add_request("one", [1], greedy(5))
+    run_all(roomy)
+    assert roomy.stats()["busy_s"] < roomy.metrics.step_s.sum / 10

@@ -67,6 +67,8 @@ class StatusView:
             }
             if r.message:
                 entry["message"] = r.message
+            if r.gpus is not None:
+                entry["gpus"] = r.gpus
             client = clients.get(r.id)
             if client is not None and not client.closed:
                 # A replica that cannot answer shows without stats.

@@ -37,10 +37,11 @@ from typing import Any
 from inferd import devices
 from inferd.clock import SYSTEM, Clock
 from inferd.config import BatchingConfig, Settings
-from inferd.control import backends
+from inferd.control import backends, gpu_place
 from inferd.control.analyst import CanaryAnalyst
 from inferd.control.autoscaler import Autoscaler, Decision
 from inferd.control.backends import ReplicaBackend
+from inferd.control.gpu_plan import Replica
 from inferd.control.rollouts import Step, policy
 from inferd.control.routes import adapters, routing_table
 from inferd.control.scaling import Scaling
@@ -110,7 +111,9 @@ class Controller:
             for vset in list(model.versions.values()):
                 if vset.autoscaler is None or vset.retiring or not model.loaded:
                     continue
-                decision = await self.scaling.look_at(vset, self.clock.monotonic())
+                decision = await self.scaling.look_at(
+                    vset, self.clock.monotonic(), self.gpu_room(vset)
+                )
                 if decision is not None:
                     async with self._pass:
                         if not vset.retiring:
@@ -254,12 +257,17 @@ class Controller:
         """Start or stop replicas until ``desired`` run; extra ones drain (not-ready and
         newest first) and only then leave the set. Replicas placed on other GPUs than
         the deployment's (its ``resources.gpu`` changed) are replaced: new ones start,
-        and the old ones drain once the new ones are all ready."""
-        live = [r for r in vset.live() if r.spec.gpus == vset.gpus]
-        misplaced = [r for r in vset.live() if r.spec.gpus != vset.gpus]
+        and the old ones drain once the new ones are all ready (all that fit, when the
+        GPUs hold fewer than desired)."""
+        live = [r for r in vset.live() if _placed_within(r.spec.gpus, vset.gpus)]
+        misplaced = [r for r in vset.live() if not _placed_within(r.spec.gpus, vset.gpus)]
         for _ in range(vset.desired - len(live)):
-            self._start_replica(vset)
-        if misplaced and sum(r.state is ReplicaState.READY for r in live) >= vset.desired:
+            if not self._start_replica(vset):
+                break  # no GPU takes another: recorded as a capacity event
+        # Short of GPU room, the ones that fit are all there will be (and misplaced ones
+        # may hold the room the rest need).
+        wanted = vset.desired if vset.gpu_short is None else len(live)
+        if misplaced and sum(r.state is ReplicaState.READY for r in live) >= wanted:
             for replica in misplaced:
                 self._spawn(self._scale_down(vset, replica))
         extra = len(live) - vset.desired
@@ -275,10 +283,24 @@ class Controller:
             vset.replicas.remove(replica)
         self.publish()
 
-    def _start_replica(self, vset: VersionSet) -> None:
+    def _start_replica(self, vset: VersionSet) -> bool:
+        """Start one more replica of ``vset``; False when no GPU of its deployment's type
+        has room for it (nothing started)."""
+        gpus = vset.gpus
+        if vset.gpus:  # one device per replica, placed beside the others
+            where = gpu_place.choose(
+                _gpu_need(vset),
+                [g for g in devices.local_gpus() if g.index in vset.gpus],
+                self._gpu_replicas(),
+            )
+            if where.device is None:
+                self._short_of_gpus(vset, where.why)
+                return False
+            gpus = [where.device]
+        vset.gpu_short = None
         rid = f"{vset.record.model_name}-{vset.record.version}-{next(self._ids)}"
         replica = Supervisor(
-            _replica_spec(self.settings, vset, rid),
+            _replica_spec(self.settings, vset, rid, gpus),
             self.backend,
             self._on_replica_change,
             load_timeout_s=self.settings.load_timeout_s,
@@ -287,6 +309,43 @@ class Controller:
         )
         vset.replicas.append(replica)
         replica.start()
+        return True
+
+    def _gpu_replicas(self) -> dict[int, list[Replica]]:
+        """The replicas on each GPU now (stopping ones too: they hold memory until gone)."""
+        placed: dict[int, list[Replica]] = {}
+        for model in self.models.values():
+            for vset in model.versions.values():
+                if not vset.gpus:
+                    continue
+                need = _gpu_need(vset)
+                for i, replica in enumerate(vset.replicas):
+                    for device in replica.spec.gpus or []:
+                        placed.setdefault(device, []).append(need.replica(i))
+        return placed
+
+    def gpu_room(self, vset: VersionSet) -> tuple[int, str] | None:
+        """How many replicas of ``vset`` its GPUs hold (its live ones and what more fit),
+        and the limit's wording; None when it asks for no GPU."""
+        if not vset.gpus:
+            return None
+        need = _gpu_need(vset)
+        more = gpu_place.room(
+            need, [g for g in devices.local_gpus() if g.index in vset.gpus], self._gpu_replicas()
+        )
+        return len(vset.live()) + more, f"GPU memory: {need.memory_gb:.1f} GB per replica"
+
+    def _short_of_gpus(self, vset: VersionSet, why: str) -> None:
+        """Recorded once while the reason stays the same, as a capacity scaling event."""
+        if vset.gpu_short == why:
+            return
+        vset.gpu_short = why
+        live = len(vset.live())
+        logger.warning("%s: not starting a replica on a GPU: %s", vset.name, why)
+        decision = Decision(self.clock.monotonic(), live, live, "capacity", why, {})
+        model, version = vset.record.model_name, vset.record.version
+        self.scaling.decisions[(model, version, "capacity")] += 1
+        self._spawn(self._record_scaling(model, version, decision))
 
     def _on_replica_change(self, replica: Supervisor) -> None:
         self.publish()
@@ -472,7 +531,21 @@ def _status_changes(models: dict[str, ModelState]) -> list[tuple[str, str, Deplo
     return changes
 
 
-def _replica_spec(settings: Settings, vset: VersionSet, replica_id: str) -> ReplicaSpec:
+def _placed_within(gpus: list[int] | None, allowed: list[int] | None) -> bool:
+    """Whether a replica started on ``gpus`` runs where its deployment now allows."""
+    if allowed is None or not allowed:
+        return gpus == allowed
+    return bool(gpus) and set(gpus or ()) <= set(allowed)
+
+
+def _gpu_need(vset: VersionSet) -> gpu_place.GpuNeed:
+    record = vset.record
+    return gpu_place.need_of(record.model_name, record.metadata, record.size_bytes)
+
+
+def _replica_spec(
+    settings: Settings, vset: VersionSet, replica_id: str, gpus: list[int] | None
+) -> ReplicaSpec:
     """What a replica of ``vset`` is told to serve: the server's batching settings under
     the version's, under the deployment's; the backend picks its address."""
     batching = settings.batching.model_dump()
@@ -495,7 +568,7 @@ def _replica_spec(settings: Settings, vset: VersionSet, replica_id: str) -> Repl
         log_json=settings.log_json,
         llm=settings.llm,
         adapters=adapters(vset.record),
-        gpus=vset.gpus,
+        gpus=gpus,
     )
 
 

@@ -58,6 +58,9 @@ class Rules:
     heavy_gb: float = 20.0
     critical_heavy_gb: float = 20.0
     """Most memory of heavy replicas of other models beside a latency-critical one."""
+    spread: bool = True
+    """A model's replicas on different GPUs (the local placement relaxes it when no
+    other GPU takes one)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +108,7 @@ def fits(gpu: Gpu, replica: Replica, rules: Rules) -> bool:
     usable = gpu.type.memory_gb * (1 - rules.headroom)
     if gpu.used_gb + replica.memory_gb > usable + 1e-9:
         return False
-    if any(r.model == replica.model for r in gpu.replicas):
+    if rules.spread and any(r.model == replica.model for r in gpu.replicas):
         return False
     everyone = [*gpu.replicas, replica]
     if any(r.latency == "critical" for r in everyone):

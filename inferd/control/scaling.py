@@ -65,14 +65,17 @@ async def look(replicas: list[tuple[str, int, str]], t: float) -> dict[Key, Look
         finally:
             client.close()
         stats, metrics = status.stats, status.metrics
-        if "latency_sketch" not in metrics:
-            return None  # text generation: its engine has its own figures
+        # predict: time in the replica; generation: time to first token
+        sketch = metrics.get("latency_sketch") or metrics.get("ttft_sketch")
+        if sketch is None:
+            return None  # an older replica: not measurable
         return Look(
             t,
-            float(stats.get("compute_s", 0.0)),
-            int(stats.get("queued_rows", 0)),
+            # generation: occupancy-weighted step time, and requests waiting for a slot
+            float(stats.get("compute_s", stats.get("busy_s", 0.0))),
+            int(stats.get("queued_rows", stats.get("waiting", 0))),
             int(stats.get("rss_bytes", 0)),
-            Sketch.of(metrics["latency_sketch"]),
+            Sketch.of(sketch),
             cpu_seconds(status.pid),
         )
 
@@ -214,9 +217,12 @@ class Scaling:
         self.cold_starts: dict[tuple[str, str], ColdStarts] = {}
         """Times from a demand at zero replicas to a ready replica, for ``/metrics``."""
 
-    async def look_at(self, vset: VersionSet, now: float) -> Decision | None:
+    async def look_at(
+        self, vset: VersionSet, now: float, gpu_room: tuple[int, str] | None = None
+    ) -> Decision | None:
         """Look at one autoscaled version; the decision it led to, if any (the caller
-        applies it: ``vset.desired`` is already the new count)."""
+        applies it: ``vset.desired`` is already the new count). ``gpu_room``: how many
+        replicas its GPUs hold, and why, for a version on GPUs."""
         scaler = vset.autoscaler
         if scaler is None:
             return None
@@ -227,7 +233,7 @@ class Scaling:
         self._looks[key] = current
         if not before and ready:
             return None  # the first look: nothing to difference yet
-        room, limit = self._room(len(vset.live()), before, current)
+        room, limit = self._room(len(vset.live()), before, current, gpu_room)
         events_before = len(scaler.events)
         decision = scaler.observe(signals(before, current, now, len(ready)), room, limit)
         if len(scaler.events) > events_before and decision is None:  # a capacity refusal
@@ -246,7 +252,11 @@ class Scaling:
         self._machine = sample
 
     def _room(
-        self, live: int, before: dict[Key, Look], now: dict[Key, Look]
+        self,
+        live: int,
+        before: dict[Key, Look],
+        now: dict[Key, Look],
+        gpu_room: tuple[int, str] | None = None,
     ) -> tuple[int | None, str]:
         """The most replicas the machine holds for this version, and what limits it."""
         footprint = max((f.rss_bytes for f in now.values()), default=0)
@@ -262,17 +272,20 @@ class Scaling:
                 per_replica = max(per_replica, used)
         by_cores = cpu_room(live, per_replica, self._idle_share, os.cpu_count() or 1)
         limits = [
-            (n, why) for n, why in ((by_memory, "memory"), (by_cores, "cores")) if n is not None
+            (n, why)
+            for n, why in (
+                (by_memory, f"memory: {footprint / 2**20:.0f} MiB per replica"),
+                (
+                    by_cores,
+                    f"cores: {per_replica:.2f} cores per replica, {self._idle_share or 0:.0%} idle",
+                ),
+                gpu_room or (None, ""),
+            )
+            if n is not None
         ]
         if not limits:
             return None, ""
-        room, why = min(limits)
-        detail = (
-            f"{why}: {footprint / 2**20:.0f} MiB per replica"
-            if why == "memory"
-            else f"{why}: {per_replica:.2f} cores per replica, {self._idle_share or 0:.0%} idle"
-        )
-        return room, detail
+        return min(limits)
 
     async def demand(self, vset: VersionSet, now: float) -> Decision | None:
         """A request waits for a version scaled to zero."""

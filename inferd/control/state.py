@@ -29,8 +29,11 @@ class VersionSet:
     gpu_type: str | None = None
     """The deployment's ``resources.gpu``: its replicas see only GPUs of that type."""
     gpus: list[int] | None = None
-    """The devices of ``gpu_type`` (None: no GPU asked for); replicas started for another
-    placement are replaced, each once a new one is ready."""
+    """The devices of ``gpu_type`` (None: no GPU asked for), each replica on one of them
+    (:mod:`inferd.control.gpu_place`); replicas on others are replaced once new ones are
+    ready."""
+    gpu_short: str | None = None
+    """Why no GPU takes another replica, as last recorded (None: they all fit)."""
     autoscaler: Autoscaler | None = None
     """The deployment's autoscaling (None: ``desired`` is the deployment's fixed count)."""
 

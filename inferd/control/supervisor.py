@@ -109,6 +109,7 @@ class Supervisor:
             self.restarts,
             self.message,
             self.ever_ready,
+            self.spec.gpus,
         )
 
     async def _run(self) -> None:

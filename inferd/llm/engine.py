@@ -117,6 +117,9 @@ class LLMEngine:
         )  # fmt: skip
         self.requests: dict[str, _Request] = {}
         self.steps = 0
+        self.busy_s = 0.0
+        """Step time weighted by how full the engine was (see :meth:`occupancy`): the
+        autoscaler's utilisation is its growth over wall time."""
         self._adapters: dict[str, int] = {}
         self.metrics = GenerationMetrics()
 
@@ -231,7 +234,9 @@ class LLMEngine:
         self.scheduler.update(scheduled, {seq: tok for seq, (tok, _) in sampled.items()})
         self.steps += 1
         out = [self._output(seq, tok, lp) for seq, (tok, lp) in sampled.items()]
-        self.metrics.step_s.observe(time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
+        self.busy_s += elapsed * self.occupancy()
+        self.metrics.step_s.observe(elapsed)
         self.metrics.step_tokens.observe(sum(item.num_tokens for item in scheduled))
         return expired + out
 
@@ -311,6 +316,7 @@ class LLMEngine:
         now, metrics = time.monotonic(), self.metrics
         if request.last_token is None:
             metrics.ttft_s.observe(now - request.started)
+            metrics.ttft_sketch.observe(now - request.started)
         else:
             metrics.itl_s.observe(now - request.last_token)
         request.last_token = now
@@ -325,9 +331,19 @@ class LLMEngine:
             logprob,
         )  # fmt: skip
 
+    def occupancy(self) -> float:
+        """How full the engine is, 0..1: the larger of its sequence slots in use and its
+        KV cache in use (a step of one short sequence is not a busy engine; one that
+        cannot admit another sequence is)."""
+        s = self.scheduler
+        slots = len(s.running) / max(1, s.config.max_num_seqs)
+        blocks = s.allocator.used_count / max(1, s.allocator.num_blocks)
+        return min(1.0, max(slots, blocks))
+
     def stats(self) -> dict[str, float]:
         s = self.scheduler
         return {
+            "busy_s": round(self.busy_s, 6),
             "running": len(s.running),
             "waiting": len(s.waiting),
             "kv_blocks_used": s.allocator.used_count,

@@ -14,6 +14,7 @@ from inferd.observability.metrics import (
     TOKEN_BUCKETS,
     Histogram,
     LabeledCounter,
+    Sketch,
 )
 
 
@@ -23,6 +24,8 @@ class GenerationMetrics:
         """Arrival -> first scheduled (its prefill starts)."""
         self.ttft_s = Histogram(LATENCY_BUCKETS_S)
         """Arrival -> first token."""
+        self.ttft_sketch = Sketch()
+        """The same, finely (the autoscaler's latency signal against the version's SLA)."""
         self.itl_s = Histogram(LATENCY_BUCKETS_S)
         """Gap between consecutive tokens of a request."""
         self.e2e_s = Histogram(LATENCY_BUCKETS_S)
@@ -42,6 +45,7 @@ class GenerationMetrics:
         return {
             "queue_time_s": self.queue_time_s.snapshot(),
             "ttft_s": self.ttft_s.snapshot(),
+            "ttft_sketch": self.ttft_sketch.snapshot(),
             "itl_s": self.itl_s.snapshot(),
             "e2e_s": self.e2e_s.snapshot(),
             "prompt_tokens": self.prompt_tokens.snapshot(),

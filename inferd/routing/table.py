@@ -28,6 +28,8 @@ class ReplicaRoute(msgspec.Struct, frozen=True):
     message: str = ""
     ever_ready: bool = False
     """It was ready once: when it is starting again (a crash restart), requests wait for it."""
+    gpus: list[int] | None = None
+    """The GPUs it sees (``CUDA_VISIBLE_DEVICES``); None: no GPU asked for."""
 
 
 class VersionRoute(msgspec.Struct, frozen=True, kw_only=True):

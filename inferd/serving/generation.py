@@ -31,7 +31,7 @@ from inferd.errors import PromptTooLong as PromptTooLongError
 from inferd.llm.engine import EngineFull, LLMEngine, PromptOverLimit, PromptTooLong, TokenOutput
 from inferd.llm.metrics import GenerationMetrics
 from inferd.llm.sequence import SamplingParams
-from inferd.serving.replica import load_off_loop, mark_ready
+from inferd.serving.replica import load_off_loop, mark_ready, rss_bytes
 from inferd.serving.spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)
@@ -226,6 +226,7 @@ class GenerationCore:
         }
         if self.engine is not None:
             stats.update(self.engine.stats())
+        stats["rss_bytes"] = rss_bytes()
         return stats
 
     def metrics(self) -> dict[str, Any]:
