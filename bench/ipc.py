@@ -11,6 +11,9 @@ future matching), not a model. Variants:
 * ``inferd``: the real thing. The child is a minimal asyncio Protocol server on a Unix
   socket decoding with ``protocol.FrameBuffer``; the parent is the real
   ``inferd.serving.client.ReplicaClient`` (``connect``, ``infer``).
+* ``inferd-tcp``: the same client and protocol across hosts' transport: TCP (here on
+  loopback) through :mod:`inferd.transport`, the cluster token's challenge-response
+  before the first frame.
 * ``zmq``: pyzmq with ``zmq.asyncio``; DEALER (parent) / ROUTER (child) over ``ipc://``,
   carrying the same msgspec-encoded bodies (no length prefix), with the same id-matched
   futures, per-call timeout timer and ``from_tensor`` decoding as ReplicaClient.
@@ -49,15 +52,23 @@ from typing import Any
 import msgspec
 import numpy as np
 import uvloop
-import zmq
-import zmq.asyncio
 
+try:
+    import zmq
+    import zmq.asyncio
+except ImportError:  # pyzmq is not a dependency: the zmq variants need it installed
+    zmq = None  # type: ignore[assignment]
+
+from inferd import transport
 from inferd.serving import protocol as p
 from inferd.serving.client import ReplicaClient
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-VARIANTS = ("inferd", "zmq", "zmq-raw")
+VARIANTS = ("inferd", "inferd-tcp", "zmq", "zmq-raw")
+BENCH_TOKEN = transport.Credentials(b"bench-cluster-token-0123456789")
+"""``inferd-tcp``: the cross-host transport (TCP on loopback, the cluster token's
+challenge-response before the first frame), the cost of leaving the Unix socket."""
 FEATURES = 30
 TIMEOUT_S = 10.0
 CHILD_MAX_S = 300.0
@@ -96,6 +107,17 @@ def echo_body(body: bytes) -> bytes | None:
 async def serve_inferd(path: str, stop: asyncio.Event) -> None:
     loop = asyncio.get_running_loop()
     server = await loop.create_unix_server(EchoProtocol, path)
+    await stop.wait()
+    server.close()
+
+
+async def serve_inferd_tcp(path: str, stop: asyncio.Event) -> None:
+    """A guarded TCP listener on a free loopback port, written to ``path`` when ready."""
+    transport.use(BENCH_TOKEN)
+    server = await transport.listen("127.0.0.1:0", EchoProtocol)
+    port = server.sockets[0].getsockname()[1]
+    Path(path + ".tmp").write_text(f"127.0.0.1:{port}")
+    os.replace(path + ".tmp", path)
     await stop.wait()
     server.close()
 
@@ -149,7 +171,12 @@ async def child_main(variant: str, path: str, max_s: float) -> None:
     loop.call_later(max_s, stop.set)
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    serve = {"inferd": serve_inferd, "zmq": serve_zmq, "zmq-raw": serve_zmq_raw}[variant]
+    serve = {
+        "inferd": serve_inferd,
+        "inferd-tcp": serve_inferd_tcp,
+        "zmq": serve_zmq,
+        "zmq-raw": serve_zmq_raw,
+    }[variant]
     await serve(path, stop)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
@@ -308,6 +335,10 @@ async def measure(variant: str, path: str, rows: int, args: argparse.Namespace) 
     if variant == "inferd":
         client = ReplicaClient(f"unix:{path}")
         await client.connect()
+    elif variant == "inferd-tcp":
+        transport.use(BENCH_TOKEN)
+        client = ReplicaClient(f"tcp:{Path(path).read_text()}")
+        await client.connect()
     elif variant == "zmq":
         client = ZmqAsyncClient(path)
     else:
@@ -412,7 +443,12 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per throughput run")
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 64])
-    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        choices=VARIANTS,
+        default=[v for v in VARIANTS if zmq is not None or not v.startswith("zmq")],
+    )
     parser.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop")
     parser.add_argument("--out", type=Path, default=RESULTS / "ipc.json")
     parser.add_argument("--serve", choices=VARIANTS, help=argparse.SUPPRESS)
@@ -455,8 +491,8 @@ def main() -> None:
     meta = {
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
-        "pyzmq": zmq.pyzmq_version(),
-        "libzmq": zmq.zmq_version(),
+        "pyzmq": zmq.pyzmq_version() if zmq is not None else None,
+        "libzmq": zmq.zmq_version() if zmq is not None else None,
         "uvloop": uvloop.__version__,
         "msgspec": msgspec.__version__,
         "wall_s": round(time.monotonic() - started, 1),

@@ -213,6 +213,30 @@ class InferenceLogConfig(Group):
     """PostgreSQL: daily partitions created ahead of time."""
 
 
+class ClusterConfig(Group):
+    """Roles on several hosts: ``inferd control``, ``inferd gateway``, ``inferd replica``
+    talking over TCP (see :mod:`inferd.transport`). Every TCP connection between them
+    proves the token and/or mutual TLS before any frame is read."""
+
+    token: str | None = None
+    """Shared secret of the cluster's processes (16 characters or more), proven by a
+    challenge-response, never sent."""
+    tls_cert: str | None = None
+    """This process's certificate (PEM) for mutual TLS; with ``tls_key`` and ``tls_ca``."""
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    """The CA that signed every cluster member's certificate."""
+    control: str | None = None
+    """The controller's address for ``inferd gateway`` and ``inferd replica``
+    (``host:port``)."""
+    control_listen: str | None = None
+    """Where ``inferd control`` (and ``inferd serve``) also listens for gateways and
+    replicas on other hosts (``host:port``); None: local gateways only."""
+    lost_control_after_s: float = Field(5.0, gt=0)
+    """A gateway's routing table is stale, and ``/health/ready`` says so, once the
+    controller has not been heard from for this long (the gateway keeps serving it)."""
+
+
 class RegistryConfig(Group):
     """Registering versions over the API (``POST /api/v1/models/{model}/versions``)."""
 
@@ -310,6 +334,7 @@ class Settings(BaseSettings):
     (Redis Streams) or ``kafka://host:port``."""
     jobs: JobsConfig = Field(default_factory=lambda: JobsConfig())
     registry: RegistryConfig = Field(default_factory=lambda: RegistryConfig())
+    cluster: ClusterConfig = Field(default_factory=lambda: ClusterConfig())
     artifact_store: str | None = None
     """Where versions' files live: None, the data folder (``<data_dir>/artifacts``); or
     ``s3://bucket/prefix``, an S3-compatible store (endpoint and credentials the usual

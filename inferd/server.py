@@ -10,6 +10,8 @@ then replicas drain, then the process exits.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import ipaddress
 import logging
 import secrets
@@ -21,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import inferd
+from inferd import transport
 from inferd.config import Settings
 from inferd.control.gateways import GatewayPool
 from inferd.control.plane import ControlPlane
@@ -71,11 +74,35 @@ def _loopback(host: str) -> bool:
         return host == "localhost"
 
 
+def _cluster(settings: Settings, tcp: bool) -> None:
+    """This process's credentials for TCP (checked when it will use TCP)."""
+    creds = transport.Credentials.from_settings(settings.cluster)
+    if tcp:
+        try:
+            creds.check()
+        except ValueError as exc:
+            raise SystemExit(f"error: {exc}") from None
+    transport.use(creds)
+
+
+def _internal_token(settings: Settings) -> str:
+    """The job runner's credential with the gateways: derived from the cluster token
+    when there is one (gateways on other hosts derive the same), else random."""
+    if settings.cluster.token:
+        return hmac.new(settings.cluster.token.encode(), b"jobs", hashlib.sha256).hexdigest()
+    return secrets.token_urlsafe(32)
+
+
 async def serve(
     settings: Settings,
     demo: bool = False,
     progress: Callable[[str], None] = print,
+    *,
+    gateways: bool = True,
 ) -> None:
+    """``inferd serve`` (``gateways``) or ``inferd control`` (the registry, controller and
+    replicas, and the control channel for gateways on other hosts; no gateway here)."""
+    _cluster(settings, tcp=settings.cluster.control_listen is not None)
     registry = await asyncio.to_thread(Registry.from_settings, settings)
     if demo:
         from inferd.demo.install import install_demo
@@ -96,40 +123,87 @@ async def serve(
         )
         logger.warning(warning)
         progress(warning)
-    reserved = _resolve_ports(settings)
+    reserved = _resolve_ports(settings) if gateways else []
     # The job runner's credential with the gateways (they get it in their settings).
-    settings.auth.internal_token = secrets.token_urlsafe(32)
+    settings.auth.internal_token = _internal_token(settings)
     run_dir = settings.run_dir or Path(tempfile.mkdtemp(prefix="inferd-"))
     run_dir.mkdir(parents=True, exist_ok=True)
     plane = ControlPlane(settings, registry, run_dir)
-    gateways = GatewayPool(settings, plane.control_socket)
-    plane.gateway_pids = lambda: [p.pid for p in gateways.processes]
+    pool = GatewayPool(settings, plane.control_socket)
+    plane.gateway_pids = lambda: [p.pid for p in pool.processes]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
         await plane.start()
-        await gateways.start()
-        for sock in reserved:
-            sock.close()
-        if settings.jobs.runner:
-            plane.jobs = JobService(settings, registry)
-            await plane.jobs.start()
         models = ", ".join(sorted(plane.controller.models)) or "none yet"
-        grpc = f", gRPC on {settings.host}:{settings.grpc_port}" if settings.grpc_port >= 0 else ""
-        progress(
-            f"inferd {inferd.__version__} serving on http://{settings.host}:{settings.port}"
-            f"{grpc} ({settings.gateway_workers} gateway process(es)); models: {models}"
-        )
+        if gateways:
+            await pool.start()
+            for sock in reserved:
+                sock.close()
+            if settings.jobs.runner:
+                plane.jobs = JobService(settings, registry)
+                await plane.jobs.start()
+            grpc = (
+                f", gRPC on {settings.host}:{settings.grpc_port}" if settings.grpc_port >= 0 else ""
+            )
+            progress(
+                f"inferd {inferd.__version__} serving on http://{settings.host}:{settings.port}"
+                f"{grpc} ({settings.gateway_workers} gateway process(es)); models: {models}"
+            )
+        else:
+            progress(
+                f"inferd {inferd.__version__} control plane: gateways and replicas connect to "
+                f"{settings.cluster.control_listen}; models: {models}"
+            )
         await stop.wait()
         progress("shutting down: draining gateways, then replicas")
     finally:
         if plane.jobs is not None:
             await plane.jobs.stop()  # what runs comes back from the queue after its lease
-        await gateways.stop()
+        await pool.stop()
         await plane.stop()
         registry.close()
         if settings.run_dir is None:
             shutil.rmtree(run_dir, ignore_errors=True)
     logger.info("stopped")
+
+
+async def serve_gateways(
+    settings: Settings, control: str, progress: Callable[[str], None] = print
+) -> None:
+    """``inferd gateway``: gateway processes on this host following the controller at
+    ``control`` (``host:port`` of ``inferd control``); they keep serving their last
+    routing table while it is unreachable, and reconnect."""
+    _cluster(settings, tcp=True)
+    reserved = _resolve_ports(settings)
+    settings.auth.internal_token = _internal_token(settings)
+    pool = GatewayPool(settings, control)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        # A gateway starts once the controller answers: stopping meanwhile is allowed.
+        starting = asyncio.create_task(pool.start())
+        stopping = asyncio.create_task(stop.wait())
+        await asyncio.wait([starting, stopping], return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+            return
+        stopping.cancel()
+        starting.result()
+        for sock in reserved:
+            sock.close()
+        grpc = f", gRPC on {settings.host}:{settings.grpc_port}" if settings.grpc_port >= 0 else ""
+        progress(
+            f"inferd {inferd.__version__} gateway on http://{settings.host}:{settings.port}"
+            f"{grpc} ({settings.gateway_workers} process(es)), following the controller at "
+            f"{control}"
+        )
+        await stop.wait()
+        progress("shutting down: draining gateways")
+    finally:
+        await pool.stop()

@@ -5,7 +5,10 @@
 - ``/health/ready``: this gateway has the controller's routing table and every loaded
   model has a serving version with a ready replica (a model unloaded on purpose is
   not waited for); else 503 with ``Retry-After`` and what it waits for. A readiness
-  probe failing means take the pod out of the Service, not restart it.
+  probe failing means take the pod out of the Service, not restart it. A gateway on
+  another host than its controller that has not heard from it for
+  ``cluster.lost_control_after_s`` stays ready (it serves its last routing table) and
+  says so under ``control``.
 - ``/health``: the same as ``/health/ready`` (same status codes), its body also
   saying ``live`` and ``ready``.
 - ``/health/ready/{model}``: the same for one model: 200 when it can answer now, 503
@@ -48,6 +51,17 @@ def _readiness(request: Request, spelled_out: bool) -> Response:
     if spelled_out:
         body |= {"live": True, "ready": ready}
     body["models"] = {name: route.default_version for name, route in table.models.items()}
+    link = request.app.state.router.server
+    silent = link.silent_for()
+    if link.reconnect and silent > request.app.state.settings.cluster.lost_control_after_s:
+        # still ready: the data plane serves on without the control plane
+        body["control"] = {
+            "status": "unreachable",
+            "address": link.address,
+            "silent_s": round(silent, 1),
+            "detail": f"the controller has not been heard from for {silent:.0f} s; serving "
+            f"with the last routing table (generation {table.generation})",
+        }
     if ready:
         return json_response(body)
     body["waiting_for"] = not_ready

@@ -19,9 +19,11 @@ from typing import Any
 
 import uvicorn
 
+from inferd import transport
 from inferd.api.app import create_app
 from inferd.api.limits import rate_limits_for
 from inferd.config import Settings
+from inferd.control.gateways import SETTINGS_VAR
 from inferd.jobs import Jobs
 from inferd.jobs.queue import queue_for
 from inferd.jobs.store import JobStore
@@ -70,11 +72,15 @@ class Gateway:
         self.registry.close()
 
 
-async def build_gateway(settings: Settings, control_socket: Path) -> Gateway:
-    """Follow the server's routing tables and build the app; returns once the first
-    table arrived."""
+async def build_gateway(settings: Settings, control: str | Path) -> Gateway:
+    """Follow the controller's routing tables and build the app; returns once the first
+    table arrived. ``control``: the server's Unix socket (a path), or ``host:port`` of
+    ``inferd control`` on another host (then the gateway outlives losing it)."""
+    transport.use(transport.Credentials.from_settings(settings.cluster))
     router = Router(settings.hold_timeout_s, settings.hold_max_requests)
-    await router.follow(control_socket)
+    address = control if isinstance(control, Path) else _address(control)
+    router.server.reconnect = isinstance(address, str) and transport.split(address)[0] == "tcp"
+    await router.follow(address)
     registry = Registry(
         settings.resolved_database_url,
         settings.artifact_dir,
@@ -96,8 +102,12 @@ async def build_gateway(settings: Settings, control_socket: Path) -> Gateway:
     return Gateway(app, router, registry, inference_log, cache, limits, jobs)
 
 
-async def run_gateway(settings: Settings, control_socket: Path) -> None:
-    gateway = await build_gateway(settings, control_socket)
+def _address(control: str) -> str | Path:
+    return Path(control) if control.startswith("/") else control
+
+
+async def run_gateway(settings: Settings, control: str | Path) -> None:
+    gateway = await build_gateway(settings, control)
     config = uvicorn.Config(
         gateway.app,
         loop="none",
@@ -156,8 +166,10 @@ async def _stop_grpc_with(server: uvicorn.Server, grpc_server: Any, settings: Se
 
 
 def main() -> None:
-    settings = Settings.model_validate_json(sys.argv[1])
-    control = Path(sys.argv[2])
+    # The settings come in the environment (readable by this user only), not on the
+    # command line: they may hold the cluster token.
+    settings = Settings.model_validate_json(os.environ.pop(SETTINGS_VAR))
+    control = sys.argv[1]
     configure_logging(settings.log_level, settings.log_json, "gateway")
     die_with_parent()
     tracing.configure("gateway")

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import secrets
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,8 @@ class Controller:
         self.analyst = CanaryAnalyst(registry.rollouts, clock)
         self.models: dict[str, ModelState] = {}
         self._generation = itertools.count(1)
+        self.epoch = secrets.token_hex(8)
+        """This controller's tables (gateways take a new epoch's from generation 1)."""
         self._ids = itertools.count(1)
         self._task: asyncio.Task[None] | None = None
         self._pass = asyncio.Lock()
@@ -440,7 +443,7 @@ class Controller:
             await asyncio.to_thread(self.registry.rollouts.set_status, *change)
 
     def publish(self) -> None:
-        self.on_change(routing_table(next(self._generation), self.models))
+        self.on_change(routing_table(next(self._generation), self.models, self.epoch))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)

@@ -1,9 +1,11 @@
-"""The gateway processes: started, watched and restarted by the server process."""
+"""The gateway processes: started, watched and restarted by ``inferd serve`` (beside
+the controller) or ``inferd gateway`` (following a controller on another host)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -12,11 +14,16 @@ from inferd.config import Settings
 
 logger = logging.getLogger(__name__)
 
+SETTINGS_VAR = "INFERD_GATEWAY_SETTINGS"
+"""A gateway process's settings (JSON) come in this variable, not on its command line:
+they may hold secrets (the cluster token), and the environment is its user's only."""
+
 
 class GatewayPool:
-    def __init__(self, settings: Settings, control_socket: Path) -> None:
+    def __init__(self, settings: Settings, control: Path | str) -> None:
         self.settings = settings
-        self.control_socket = control_socket
+        self.control = str(control)
+        """The server's Unix socket, or ``host:port`` of ``inferd control``."""
         self.processes: list[asyncio.subprocess.Process] = []
         self._watchers: list[asyncio.Task[None]] = []
         self._stopping = False
@@ -31,8 +38,8 @@ class GatewayPool:
             sys.executable,
             "-m",
             "inferd.api.worker",
-            self.settings.model_dump_json(),
-            str(self.control_socket),
+            self.control,
+            env={**os.environ, SETTINGS_VAR: self.settings.model_dump_json()},
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             start_new_session=True,  # stopped by the server, in order, not by Ctrl-C
@@ -42,6 +49,10 @@ class GatewayPool:
             line = await asyncio.wait_for(process.stdout.readline(), timeout_s)
         except TimeoutError:
             line = b""
+        except asyncio.CancelledError:  # told to stop while it starts
+            process.kill()
+            await process.wait()
+            raise
         if line.strip() != b"LISTENING":
             process.kill()
             await process.wait()

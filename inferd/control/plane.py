@@ -57,7 +57,7 @@ class ControlPlane:
     ) -> None:
         self.settings = settings
         self.registry = registry
-        self.publisher = TablePublisher(run_dir / "control.sock")
+        self.publisher = TablePublisher(run_dir / "control.sock", settings.cluster.control_listen)
         self.controller = Controller(settings, registry, run_dir, self.publisher.publish, backend)
         self.requests = RequestMetrics()
         self.writer: InferenceLog | None = None

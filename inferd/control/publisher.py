@@ -1,4 +1,6 @@
-"""Pushes routing-table snapshots to gateway processes over a Unix socket, and hands
+"""Pushes routing-table snapshots (and a heartbeat every second) to gateway processes
+over a Unix socket, and over TCP to gateways on other hosts when ``cluster.control_listen``
+is set (connections proving the cluster's credentials, :mod:`inferd.transport`); hands
 the requests gateways send back on the same connection to the controller."""
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ from typing import TypeVar
 
 import msgspec
 
+from inferd import transport
 from inferd.routing.table import (
     Demand,
+    Heartbeat,
     LogRows,
     MetricsQuery,
     MetricsText,
@@ -27,9 +31,14 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+HEARTBEAT_S = 1.0
+
+
 class TablePublisher:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, listen: str | None = None) -> None:
         self.path = path
+        self.listen = listen
+        """Also a TCP address (``host:port``) for gateways on other hosts."""
         self.on_reconcile: Callable[[], Awaitable[None]] | None = None
         """Called for each :class:`ReconcileRequest` a gateway sends (the controller's
         ``reconcile``); one gateway's requests are handled one at a time."""
@@ -41,11 +50,26 @@ class TablePublisher:
         """Called when a gateway holds a request for a version scaled to zero."""
         self._frame: bytes | None = None
         self._writers: set[asyncio.StreamWriter] = set()
-        self._server: asyncio.Server | None = None
+        self._servers: list[asyncio.Server] = []
+        self._beat: asyncio.Task[None] | None = None
+        self._generation = 0
 
     async def start(self) -> None:
-        self.path.unlink(missing_ok=True)
-        self._server = await asyncio.start_unix_server(self._on_connect, str(self.path))
+        self._servers.append(
+            await transport.start_stream_server(self._on_connect, f"unix:{self.path}")
+        )
+        if self.listen:
+            self._servers.append(await transport.start_stream_server(self._on_connect, self.listen))
+            logger.info("listening for gateways and replicas on %s", self.listen)
+        self._beat = asyncio.get_running_loop().create_task(self._heartbeat())
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            frame = encode_down(Heartbeat(self._generation))
+            for writer in list(self._writers):
+                if not writer.is_closing():
+                    writer.write(frame)
 
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
@@ -98,6 +122,7 @@ class TablePublisher:
 
     def publish(self, table: RoutingTable) -> None:
         self._frame = encode_table(table)
+        self._generation = table.generation
         for writer in list(self._writers):
             if writer.is_closing():
                 self._writers.discard(writer)
@@ -105,8 +130,10 @@ class TablePublisher:
                 writer.write(self._frame)
 
     async def close(self) -> None:
+        if self._beat is not None:
+            self._beat.cancel()
         for writer in list(self._writers):
             writer.close()
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
         self.path.unlink(missing_ok=True)

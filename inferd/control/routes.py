@@ -8,7 +8,7 @@ from inferd.registry import VersionRecord
 from inferd.routing.table import ModelRoute, RoutingTable, VersionRoute
 
 
-def routing_table(generation: int, models: dict[str, ModelState]) -> RoutingTable:
+def routing_table(generation: int, models: dict[str, ModelState], epoch: str = "") -> RoutingTable:
     return RoutingTable(
         generation,
         {
@@ -21,6 +21,7 @@ def routing_table(generation: int, models: dict[str, ModelState]) -> RoutingTabl
             )
             for name, state in models.items()
         },
+        epoch,
     )
 
 

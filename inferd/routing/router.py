@@ -145,14 +145,14 @@ class Router:
         """The control channel to the server: tables down; reconcile requests, log rows
         and /metrics queries up."""
 
-    async def follow(self, control_socket: Path) -> None:
+    async def follow(self, control: str | Path) -> None:
         """Subscribe to the controller's table; returns once the first one arrived."""
-        await self.server.connect(control_socket, self.apply)
+        await self.server.connect(control, self.apply)
         await self.received.wait()
 
     async def apply(self, table: RoutingTable) -> None:
-        if table.generation <= self.table.generation:
-            return
+        if table.epoch == self.table.epoch and table.generation <= self.table.generation:
+            return  # an older table of the same controller
         wanted: dict[str, str] = {}
         targets: dict[tuple[str, str], Target] = {}
         for model in table.models.values():

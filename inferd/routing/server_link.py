@@ -1,18 +1,22 @@
-"""A gateway's control channel to the server process (one Unix socket, both ways):
-routing tables and ``/metrics`` replies come down; reconcile requests, inference log
-rows and ``/metrics`` queries go up."""
+"""A gateway's control channel to the controller (a Unix socket beside ``inferd serve``,
+or TCP to ``inferd control`` on another host; both ways): routing tables, heartbeats and
+``/metrics`` replies come down; reconcile requests, inference log rows, demands and
+``/metrics`` queries go up."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from inferd import transport
 from inferd.errors import ModelNotReady
 from inferd.observability.inference_log import LogRow
 from inferd.routing.table import (
     Demand,
+    Heartbeat,
     LogRows,
     MetricsQuery,
     MetricsText,
@@ -28,18 +32,66 @@ logger = logging.getLogger(__name__)
 class ServerLink:
     def __init__(self) -> None:
         self.on_lost: Callable[[], None] | None = None
-        """Called when the server goes away (the gateway then stops)."""
+        """Called when the server goes away and the link does not reconnect (a local
+        gateway then stops: its server process is gone)."""
+        self.reconnect = False
+        """Keep the last table and reconnect when the controller goes away (a gateway on
+        another host than the controller: the data plane outlives the control plane)."""
+        self.last_heard = time.monotonic()
+        """When the controller last sent anything (a table, a heartbeat)."""
+        self.address = ""
         self._writer: asyncio.StreamWriter | None = None
         self._task: asyncio.Task[None] | None = None
         self._metrics: dict[int, asyncio.Future[str]] = {}
         self._metrics_ids = 0
 
     async def connect(
-        self, path: Path, on_table: Callable[[RoutingTable], Awaitable[None]]
+        self, address: str | Path, on_table: Callable[[RoutingTable], Awaitable[None]]
     ) -> None:
         """Connect, and hand every table that comes to ``on_table``, in order."""
-        reader, self._writer = await asyncio.open_unix_connection(str(path))
-        self._task = asyncio.get_running_loop().create_task(self._read(reader, on_table))
+        self.address = address if isinstance(address, str) else f"unix:{address}"
+        if self.reconnect:  # the controller may not be up yet: wait for it
+            reader = await self._redial()
+        else:
+            reader, self._writer = await transport.open_stream(self.address, limit=2**26)
+        self.last_heard = time.monotonic()
+        self._task = asyncio.get_running_loop().create_task(self._follow(reader, on_table))
+
+    async def _follow(
+        self,
+        reader: asyncio.StreamReader,
+        on_table: Callable[[RoutingTable], Awaitable[None]],
+    ) -> None:
+        while True:
+            await self._read(reader, on_table)
+            self._writer = None
+            if not self.reconnect:
+                logger.error("lost the controller; this gateway stops")
+                if self.on_lost is not None:
+                    self.on_lost()
+                return
+            logger.warning(
+                "lost the controller at %s; serving with the last routing table, reconnecting",
+                self.address,
+            )
+            reader = await self._redial()
+            logger.info("reconnected to the controller at %s", self.address)
+
+    async def _redial(self) -> asyncio.StreamReader:
+        backoff = 0.1
+        while True:
+            try:
+                reader, self._writer = await transport.open_stream(
+                    self.address, limit=2**26, timeout_s=2.0
+                )
+                return reader
+            except transport.AuthError as exc:  # says so once per try, louder
+                logger.error("the controller at %s refused this gateway: %s", self.address, exc)
+                await asyncio.sleep(1.0)
+            except (OSError, TimeoutError, ConnectionError) as exc:
+                logger.debug("controller at %s not reachable: %s", self.address, exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
 
     async def _read(
         self,
@@ -50,16 +102,21 @@ class ServerLink:
             while True:
                 size = int.from_bytes(await reader.readexactly(4), "little")
                 message = decode_table(await reader.readexactly(size))
+                self.last_heard = time.monotonic()
+                if isinstance(message, Heartbeat):
+                    continue
                 if isinstance(message, MetricsText):
                     waiter = self._metrics.pop(message.id, None)
                     if waiter is not None and not waiter.done():
                         waiter.set_result(message.text)
                     continue
                 await on_table(message)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            logger.error("lost the controller; this gateway stops")
-            if self.on_lost is not None:
-                self.on_lost()
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            return
+
+    def silent_for(self) -> float:
+        """Seconds since the controller was last heard from (0 while it talks)."""
+        return time.monotonic() - self.last_heard
 
     @property
     def connected(self) -> bool:

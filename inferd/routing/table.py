@@ -82,6 +82,17 @@ class ModelRoute(msgspec.Struct, frozen=True):
 class RoutingTable(msgspec.Struct, frozen=True, tag="table"):
     generation: int
     models: dict[str, ModelRoute]
+    epoch: str = ""
+    """The controller that made it (one id per controller start): a gateway takes a
+    table of a new epoch whatever its generation (a restarted or failed-over
+    controller counts from 1 again)."""
+
+
+class Heartbeat(msgspec.Struct, frozen=True, tag="beat"):
+    """Controller -> gateway, every second: still here (a gateway that stops hearing
+    it keeps serving its last table and says so in ``/health/ready``)."""
+
+    generation: int
 
 
 class ReconcileRequest(msgspec.Struct, frozen=True, tag="reconcile"):
@@ -120,7 +131,7 @@ class MetricsText(msgspec.Struct, frozen=True, tag="metrics"):
 
 
 _encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(RoutingTable | MetricsText)
+_decoder = msgspec.msgpack.Decoder(RoutingTable | MetricsText | Heartbeat)
 _request_decoder = msgspec.msgpack.Decoder(ReconcileRequest | Demand | LogRows | MetricsQuery)
 
 
@@ -132,12 +143,12 @@ def encode_table(table: RoutingTable) -> bytes:
     return _frame(_encoder.encode(table))
 
 
-def decode_table(body: bytes | memoryview) -> RoutingTable | MetricsText:
-    """What the server sends a gateway: a table, or a ``/metrics`` answer."""
+def decode_table(body: bytes | memoryview) -> RoutingTable | MetricsText | Heartbeat:
+    """What the server sends a gateway: a table, a ``/metrics`` answer, a heartbeat."""
     return _decoder.decode(body)
 
 
-def encode_down(message: MetricsText) -> bytes:
+def encode_down(message: MetricsText | Heartbeat) -> bytes:
     return _frame(_encoder.encode(message))
 
 

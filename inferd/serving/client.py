@@ -13,6 +13,7 @@ import logging
 from collections.abc import AsyncGenerator
 from typing import Any
 
+from inferd import transport as transport_
 from inferd.errors import (
     BadRequest,
     InferdError,
@@ -96,9 +97,8 @@ class ReplicaClient:
             return
         if kind == "unix":
             coro = loop.create_unix_connection(lambda: _ClientProtocol(self), where)
-        else:
-            host, _, port = where.rpartition(":")
-            coro = loop.create_connection(lambda: _ClientProtocol(self), host, int(port))
+        else:  # tcp: proven both ways before the first frame (inferd.transport)
+            coro = transport_.connect(where, lambda: _ClientProtocol(self), timeout_s=timeout_s)
         transport, _ = await asyncio.wait_for(coro, timeout_s)
         self._transport = transport  # type: ignore[assignment]
         self.closed = False

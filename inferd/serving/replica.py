@@ -277,6 +277,10 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     spec = ReplicaSpec.from_json(args[0])
     grace_s = float(args[1]) if len(args) > 1 else 30.0
+    if spec.address.startswith("tcp:"):  # reached from other hosts: the cluster's credentials
+        from inferd import transport
+
+        transport.use(transport.Credentials.from_env())
     configure_logging(spec.log_level, spec.log_json, f"replica {spec.model}:{spec.version}")
     die_with_parent()
     tracing.configure(

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from inferd import transport
 from inferd.observability import tracing
 from inferd.observability.logging import request_id_var
 from inferd.serving import inprocess
@@ -254,8 +255,8 @@ async def start_listening(
     if kind == "unix":
         Path(where).unlink(missing_ok=True)
         return await loop.create_unix_server(lambda: ReplicaProtocol(core, drain), where)
-    host, _, port = where.rpartition(":")
-    return await loop.create_server(lambda: ReplicaProtocol(core, drain), host, int(port))
+    # another host's gateways: only peers proving the cluster's credentials get a frame in
+    return await transport.listen(where, lambda: ReplicaProtocol(core, drain))
 
 
 def make_core(spec: ReplicaSpec) -> ReplicaCore | GenerationCore:
