@@ -232,6 +232,11 @@ class ClusterConfig(Group):
     control_listen: str | None = None
     """Where ``inferd control`` (and ``inferd serve``) also listens for gateways and
     replicas on other hosts (``host:port``); None: local gateways only."""
+    local_replicas: bool = True
+    """Start replicas on this host; off (``inferd control --no-local-replicas``): only
+    replicas that join from other hosts serve."""
+    replica_timeout_s: float = Field(3.0, gt=0)
+    """A joined replica whose beats (one a second) stopped this long leaves routing."""
     lost_control_after_s: float = Field(5.0, gt=0)
     """A gateway's routing table is stale, and ``/health/ready`` says so, once the
     controller has not been heard from for this long (the gateway keeps serving it)."""

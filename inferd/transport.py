@@ -212,11 +212,10 @@ class _Guard(asyncio.Protocol):
         if self._inner is not None:
             self._inner.connection_lost(exc)
         elif not self.done.done():
-            self.done.set_exception(
-                AuthError(
-                    "cluster handshake failed: the peer hung up (does it hold the same token?)"
-                )
-            )
+            self.done.set_exception(self._hung_up())
+
+    def _hung_up(self) -> Exception:
+        return AuthError("cluster handshake failed: the peer hung up (does it hold the token?)")
 
     def eof_received(self) -> bool | None:
         if self._inner is not None and hasattr(self._inner, "eof_received"):
@@ -252,6 +251,11 @@ class _ListenerGuard(_Guard):
 
 class _ConnectorGuard(_Guard):
     _ours: bytes | None = None
+
+    def _hung_up(self) -> Exception:
+        if self._ours is None:  # before the listener's hello: it went away, it did not refuse
+            return ConnectionResetError("the listener closed the connection before its hello")
+        return super()._hung_up()
 
     def _step(self) -> bool:
         assert self._transport is not None

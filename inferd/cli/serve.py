@@ -55,6 +55,13 @@ def control(
             "(cluster.control_listen; default 0.0.0.0:7070)."
         ),
     ] = None,
+    local_replicas: Annotated[
+        bool | None,
+        typer.Option(
+            "--local-replicas/--no-local-replicas",
+            help="Start replicas on this host too (cluster.local_replicas; default on).",
+        ),
+    ] = None,
     config: ConfigOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
@@ -66,6 +73,8 @@ def control(
 
     settings = _settings(config, data_dir=data_dir)
     settings.cluster.control_listen = listen or settings.cluster.control_listen or "0.0.0.0:7070"
+    if local_replicas is not None:
+        settings.cluster.local_replicas = local_replicas
     settings.jobs.runner = False  # it calls a gateway: run it with `inferd serve` for now
     configure_logging(settings.log_level, settings.log_json, "control")
     _run(run_server(settings, progress=_progress, gateways=False))
@@ -114,3 +123,61 @@ def _run(main: Coroutine[Any, Any, None]) -> None:
         import asyncio
 
         asyncio.run(main)
+
+
+@app.command()
+def replica(
+    model: Annotated[str, typer.Option(help="The model to serve.")],
+    version: Annotated[str, typer.Option(help="Its version (deployed on the controller).")],
+    control: Annotated[
+        str | None,
+        typer.Option(
+            help="host:port of `inferd control` (cluster.control; INFERD_CLUSTER__CONTROL)."
+        ),
+    ] = None,
+    listen: Annotated[
+        str, typer.Option(help="host:port this replica listens on for gateways.")
+    ] = "0.0.0.0:9100",
+    advertise: Annotated[
+        str | None,
+        typer.Option(help="host:port gateways reach it at (default: --listen, unless 0.0.0.0)."),
+    ] = None,
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Serve one replica of MODEL:VERSION on this host and join the controller: it is
+    routed to, health-checked and drained like one the controller started. The files
+    come from the S3 artifact store into this host's data folder."""
+    import sys
+
+    from inferd import transport
+    from inferd.observability.logging import configure_logging
+    from inferd.serving.joiner import run_joined
+
+    settings = _settings(config, data_dir=data_dir)
+    address = control or settings.cluster.control
+    if not address:
+        raise typer.BadParameter("give --control HOST:PORT (or cluster.control)")
+    host, _, _ = listen.rpartition(":")
+    if advertise is None:
+        if host in ("0.0.0.0", "::", ""):
+            raise typer.BadParameter("--listen binds every address: give --advertise HOST:PORT")
+        advertise = listen
+    creds = transport.Credentials.from_settings(settings.cluster)
+    try:
+        creds.check()
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    transport.use(creds)
+    configure_logging(settings.log_level, settings.log_json, f"replica {model}:{version}")
+    code: list[int] = []
+
+    async def main() -> None:
+        joined = run_joined(
+            address, model, version, listen, f"tcp:{advertise}", settings.data_dir,
+            settings.shutdown_grace_s,
+        )  # fmt: skip
+        code.append(await joined)
+
+    _run(main())
+    sys.exit(code[0] if code else 1)

@@ -31,11 +31,14 @@ import asyncio
 import itertools
 import logging
 import secrets
+import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from inferd import devices
+import msgspec
+
+from inferd import devices, transport
 from inferd.clock import SYSTEM, Clock
 from inferd.config import BatchingConfig, Settings
 from inferd.control import backends, gpu_place
@@ -43,6 +46,7 @@ from inferd.control.analyst import CanaryAnalyst
 from inferd.control.autoscaler import Autoscaler, Decision
 from inferd.control.backends import ReplicaBackend
 from inferd.control.gpu_plan import Replica
+from inferd.control.joined import JoinedReplica
 from inferd.control.rollouts import Step, policy
 from inferd.control.routes import adapters, routing_table
 from inferd.control.scaling import Scaling
@@ -53,7 +57,7 @@ from inferd.registry import ModelRecord, Registry, VersionRecord
 from inferd.registry.deployments import DeploymentRecord
 from inferd.registry.rollout import DeploymentStatus
 from inferd.registry.rollout_progress import RolloutProgress
-from inferd.routing.table import RoutingTable
+from inferd.routing.table import Join, RoutingTable
 from inferd.serving.spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)
@@ -91,12 +95,17 @@ class Controller:
         self._stopping = False
         self.scaling = Scaling(self._record_scaling, settings.autoscale_memory_headroom)
         self._autoscale_task: asyncio.Task[None] | None = None
+        self._joined_task: asyncio.Task[None] | None = None
+        self.started = asyncio.Event()
+        """Set after the first reconcile pass (joins wait for it)."""
 
     async def start(self) -> None:
         await self.reconcile()
+        self.started.set()
         loop = asyncio.get_running_loop()
         self._task = loop.create_task(self._reconcile_forever())
         self._autoscale_task = loop.create_task(self._autoscale_forever())
+        self._joined_task = loop.create_task(self._watch_joined_forever())
 
     async def _autoscale_forever(self) -> None:
         while True:
@@ -197,7 +206,7 @@ class Controller:
             desired = int((target.batching or {}).get("replicas") or self.settings.replicas)
             vset = model.versions[target.version] = VersionSet(target, desired)
             logger.info("deploying %s with %d replica(s)", vset.name, desired)
-        for _ in range(vset.desired - len(vset.live())):
+        for _ in range(self._wanted_here(vset) - len(vset.own(live=True))):
             self._start_replica(vset)
         self._switch_when_ready(model)
 
@@ -262,22 +271,31 @@ class Controller:
         the deployment's (its ``resources.gpu`` changed) are replaced: new ones start,
         and the old ones drain once the new ones are all ready (all that fit, when the
         GPUs hold fewer than desired)."""
-        live = [r for r in vset.live() if _placed_within(r.spec.gpus, vset.gpus)]
-        misplaced = [r for r in vset.live() if not _placed_within(r.spec.gpus, vset.gpus)]
-        for _ in range(vset.desired - len(live)):
+        own = vset.own(live=True)
+        live = [r for r in own if _placed_within(r.spec.gpus, vset.gpus)]
+        misplaced = [r for r in own if not _placed_within(r.spec.gpus, vset.gpus)]
+        wanted_here = self._wanted_here(vset)
+        for _ in range(wanted_here - len(live)):
             if not self._start_replica(vset):
                 break  # no GPU takes another: recorded as a capacity event
         # Short of GPU room, the ones that fit are all there will be (and misplaced ones
         # may hold the room the rest need).
-        wanted = vset.desired if vset.gpu_short is None else len(live)
+        wanted = wanted_here if vset.gpu_short is None else len(live)
         if misplaced and sum(r.state is ReplicaState.READY for r in live) >= wanted:
             for replica in misplaced:
                 self._spawn(self._scale_down(vset, replica))
-        extra = len(live) - vset.desired
+        extra = len(live) - wanted_here
         if extra > 0:
             victims = sorted(live, key=lambda r: (r.state is ReplicaState.READY, -live.index(r)))
             for replica in victims[:extra]:
                 self._spawn(self._scale_down(vset, replica))
+
+    def _wanted_here(self, vset: VersionSet) -> int:
+        """Replicas to run on this host: the desired count less the joined ones that
+        serve (none with ``cluster.local_replicas`` off)."""
+        if not self.settings.cluster.local_replicas:
+            return 0
+        return max(0, vset.desired - sum(r.ready for r in vset.joined()))
 
     async def _scale_down(self, vset: VersionSet, replica: Supervisor) -> None:
         logger.info("scaling down %s: stopping %s", vset.record.version, replica.id)
@@ -350,7 +368,7 @@ class Controller:
         self.scaling.decisions[(model, version, "capacity")] += 1
         self._spawn(self._record_scaling(model, version, decision))
 
-    def _on_replica_change(self, replica: Supervisor) -> None:
+    def _on_replica_change(self, replica: Supervisor | JoinedReplica) -> None:
         self.publish()
         if replica.state is ReplicaState.READY:
             self.scaling.ready(replica.spec.model, replica.spec.version, self.clock.monotonic())
@@ -452,15 +470,65 @@ class Controller:
 
     async def stop(self) -> None:
         self._stopping = True
-        for task in (self._task, self._autoscale_task):
+        for task in (self._task, self._autoscale_task, self._joined_task):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
         await asyncio.gather(*self._background, return_exceptions=True)
-        replicas = [
-            r for m in self.models.values() for v in m.versions.values() for r in v.replicas
-        ]
+        replicas = [r for m in self.models.values() for v in m.versions.values() for r in v.own()]
+        # Joined replicas keep serving: their gateways do not need this controller, and
+        # they join the next one (a restart, the other controller taking over).
         await asyncio.gather(*(r.stop() for r in replicas))
+
+    # -- replicas that join from other hosts ------------------------------------------------
+
+    async def join(self, request: Join, writer: asyncio.StreamWriter) -> JoinedReplica | str:
+        """A replica on another host asks to serve ``model:version``: its place in the
+        version's set, or why not."""
+        await self.started.wait()  # the registry read once: what is deployed is known
+        state = self.models.get(request.model)
+        vset = state.versions.get(request.version) if state is not None else None
+        if state is None or vset is None or vset.retiring or not state.loaded:
+            return f"{request.model}:{request.version} is not deployed on this controller"
+        if transport.split(request.address)[0] != "tcp":
+            return f"a joining replica is reached over TCP (host:port), not {request.address!r}"
+        record = vset.record
+        host = request.host or "remote"
+        rid = request.replica_id or f"{record.model_name}-{record.version}-{host}-{next(self._ids)}"
+        for old in [r for r in vset.replicas if r.id == rid]:
+            if isinstance(old, JoinedReplica):  # a rejoin before its old connection closed
+                old.lost("joined again")
+        spec = msgspec.structs.replace(
+            _replica_spec(self.settings, vset, rid, None), address=request.address
+        )
+        replica = JoinedReplica(spec, host, writer, self._on_replica_change)
+        vset.replicas.append(replica)
+        self._spawn(self._forget_when_gone(vset, replica))
+        logger.info("%s joined from %s at %s", rid, host, request.address)
+        self.publish()
+        return replica
+
+    async def _forget_when_gone(self, vset: VersionSet, replica: JoinedReplica) -> None:
+        await replica.gone.wait()
+        if replica in vset.replicas:
+            vset.replicas.remove(replica)
+        self.publish()
+        if not self._stopping:
+            self._spawn(self.reconcile())  # replicas started here may fill the gap
+
+    async def _watch_joined_forever(self) -> None:
+        """Joined replicas whose beats stopped (a host that died or was cut off) leave
+        routing within ``cluster.replica_timeout_s``."""
+        timeout = self.settings.cluster.replica_timeout_s
+        while True:
+            await asyncio.sleep(min(0.5, timeout / 4))
+            now = time.monotonic()
+            for model in list(self.models.values()):
+                for vset in list(model.versions.values()):
+                    for replica in vset.joined():
+                        silent = now - replica.last_beat
+                        if silent > timeout:
+                            replica.lost(f"no beat for {silent:.1f}s")
 
 
 async def _run_step(

@@ -83,6 +83,7 @@ class ControlPlane:
         self.publisher.on_log_rows = self._take_rows
         self.publisher.on_metrics = self.render_metrics
         self.publisher.on_demand = self.controller.demand
+        self.publisher.on_join = self.controller.join
         if self.settings.inference_log.enabled:
             cfg = self.settings.inference_log
             engine = log_engine(self.settings.resolved_database_url)

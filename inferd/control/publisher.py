@@ -15,12 +15,18 @@ from typing import TypeVar
 import msgspec
 
 from inferd import transport
+from inferd.control.joined import JoinedReplica
 from inferd.routing.table import (
+    Beat,
     Demand,
     Heartbeat,
+    Join,
+    Joined,
     LogRows,
     MetricsQuery,
     MetricsText,
+    ReconcileRequest,
+    Refused,
     RoutingTable,
     decode_request,
     encode_down,
@@ -48,6 +54,10 @@ class TablePublisher:
         """Renders ``/metrics`` for a gateway that asks."""
         self.on_demand: Callable[[str, str], Awaitable[None]] | None = None
         """Called when a gateway holds a request for a version scaled to zero."""
+        self.on_join: (
+            Callable[[Join, asyncio.StreamWriter], Awaitable[JoinedReplica | str]] | None
+        ) = None
+        """A replica on another host asks to join: its joined self, or why not."""
         self._frame: bytes | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._servers: list[asyncio.Server] = []
@@ -84,30 +94,66 @@ class TablePublisher:
     async def _serve_requests(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        while True:
-            try:
-                size = int.from_bytes(await reader.readexactly(4), "little")
-                request = decode_request(await reader.readexactly(size))
-            except (asyncio.IncompleteReadError, ConnectionError):
-                return
-            except msgspec.DecodeError as exc:
-                logger.error("dropping a gateway that sent a bad control frame: %s", exc)
-                return
-            if isinstance(request, LogRows):
-                if self.on_log_rows is not None:
-                    self.on_log_rows(request)
-            elif isinstance(request, MetricsQuery):
-                text = await self._guarded(self.on_metrics, "rendering /metrics") or ""
-                if not writer.is_closing():
-                    writer.write(encode_down(MetricsText(request.id, text)))
-            elif isinstance(request, Demand):
-                if self.on_demand is not None:
-                    what = f"starting {request.model}:{request.version} on demand"
-                    demand = functools.partial(self.on_demand, request.model, request.version)
-                    await self._guarded(demand, what)
-            else:
-                logger.debug("gateway asks to reconcile (model %s)", request.model or "-")
-                await self._guarded(self.on_reconcile, "reconcile requested by a gateway")
+        joined: JoinedReplica | None = None
+        try:
+            while True:
+                try:
+                    size = int.from_bytes(await reader.readexactly(4), "little")
+                    request = decode_request(await reader.readexactly(size))
+                except (asyncio.IncompleteReadError, ConnectionError, OSError):
+                    return
+                except msgspec.DecodeError as exc:
+                    logger.error("dropping a peer that sent a bad control frame: %s", exc)
+                    return
+                if isinstance(request, Beat):
+                    if joined is not None:
+                        joined.beat(request.state, request.message)
+                elif isinstance(request, Join):
+                    self._writers.discard(writer)  # a replica: no routing tables
+                    joined = await self._join(request, writer)
+                    if joined is None:
+                        return
+                else:
+                    await self._serve_gateway(request, writer)
+        finally:
+            if joined is not None:
+                joined.lost("its connection to the controller closed")
+
+    async def _join(self, request: Join, writer: asyncio.StreamWriter) -> JoinedReplica | None:
+        if self.on_join is None:
+            answer: JoinedReplica | str = "this controller takes no joining replicas"
+        else:
+            answer = await self.on_join(request, writer)
+        if isinstance(answer, str):
+            logger.warning(
+                "refused %s:%s from %s: %s", request.model, request.version, request.host, answer
+            )
+            writer.write(encode_down(Refused(answer)))
+            await writer.drain()
+            return None
+        writer.write(encode_down(Joined(answer.id, answer.spec.to_json())))
+        return answer
+
+    async def _serve_gateway(
+        self,
+        request: ReconcileRequest | Demand | LogRows | MetricsQuery,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        if isinstance(request, LogRows):
+            if self.on_log_rows is not None:
+                self.on_log_rows(request)
+        elif isinstance(request, MetricsQuery):
+            text = await self._guarded(self.on_metrics, "rendering /metrics") or ""
+            if not writer.is_closing():
+                writer.write(encode_down(MetricsText(request.id, text)))
+        elif isinstance(request, Demand):
+            if self.on_demand is not None:
+                what = f"starting {request.model}:{request.version} on demand"
+                demand = functools.partial(self.on_demand, request.model, request.version)
+                await self._guarded(demand, what)
+        else:
+            logger.debug("gateway asks to reconcile (model %s)", request.model or "-")
+            await self._guarded(self.on_reconcile, "reconcile requested by a gateway")
 
     @staticmethod
     async def _guarded(call: Callable[[], Awaitable[T]] | None, what: str) -> T | None:

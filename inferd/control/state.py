@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inferd.control.autoscaler import Autoscaler
+from inferd.control.joined import JoinedReplica
 from inferd.control.supervisor import ReplicaState, Supervisor
 from inferd.registry import VersionRecord
 from inferd.registry.rollout import DeploymentStatus
@@ -16,7 +17,7 @@ from inferd.registry.rollout import DeploymentStatus
 class VersionSet:
     record: VersionRecord
     desired: int
-    replicas: list[Supervisor] = field(default_factory=list)
+    replicas: list[Supervisor | JoinedReplica] = field(default_factory=list)
     retiring: bool = False
     """Its replicas are being stopped; the set goes away once they are."""
     batching: dict[str, Any] | None = None
@@ -41,9 +42,17 @@ class VersionSet:
     def name(self) -> str:
         return f"{self.record.model_name}:{self.record.version}"
 
-    def live(self) -> list[Supervisor]:
+    def live(self) -> list[Supervisor | JoinedReplica]:
         """Its replicas that are not being stopped."""
         return [r for r in self.replicas if not r.stopping]
+
+    def own(self, live: bool = False) -> list[Supervisor]:
+        """The replicas this controller started (``live``: not being stopped)."""
+        return [r for r in self.replicas if isinstance(r, Supervisor) and not (live and r.stopping)]
+
+    def joined(self) -> list[JoinedReplica]:
+        """The replicas that joined from other hosts."""
+        return [r for r in self.replicas if isinstance(r, JoinedReplica)]
 
     def ready_count(self) -> int:
         return sum(r.state is ReplicaState.READY for r in self.replicas)
@@ -82,7 +91,7 @@ class ModelState:
     canaries: set[str] = field(default_factory=set)
     """Canaries in progress: never the serving version while another one is ready."""
 
-    def ready_replicas(self, versions: list[str]) -> list[Supervisor]:
+    def ready_replicas(self, versions: list[str]) -> list[Supervisor | JoinedReplica]:
         """The serving replicas of ``versions``."""
         return [
             r

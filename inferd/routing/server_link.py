@@ -110,7 +110,8 @@ class ServerLink:
                     if waiter is not None and not waiter.done():
                         waiter.set_result(message.text)
                     continue
-                await on_table(message)
+                if isinstance(message, RoutingTable):
+                    await on_table(message)
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             return
 

@@ -130,9 +130,49 @@ class MetricsText(msgspec.Struct, frozen=True, tag="metrics"):
     text: str
 
 
+class Join(msgspec.Struct, frozen=True, tag="join"):
+    """Replica (``inferd replica`` on any host) -> controller, first on its connection:
+    serve ``model:version`` at ``address`` (where gateways reach it, ``tcp:host:port``).
+    ``replica_id`` empty: a first join; else a rejoin after losing the controller."""
+
+    model: str
+    version: str
+    address: str
+    host: str = ""
+    replica_id: str = ""
+
+
+class Joined(msgspec.Struct, frozen=True, tag="joined"):
+    """Controller -> replica: what to serve (a ``ReplicaSpec`` as JSON) under which id."""
+
+    replica_id: str
+    spec: str
+
+
+class Refused(msgspec.Struct, frozen=True, tag="refused"):
+    """Controller -> replica: why it may not join (the connection then closes)."""
+
+    reason: str
+
+
+class Beat(msgspec.Struct, frozen=True, tag="rbeat"):
+    """Replica -> controller, every second: its state (loading | ready | failed |
+    draining) and why it is not ready; missing beats take it out of routing."""
+
+    state: str
+    message: str = ""
+
+
+class DrainReplica(msgspec.Struct, frozen=True, tag="drain"):
+    """Controller -> replica: finish what you accepted, then leave."""
+
+
 _encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(RoutingTable | MetricsText | Heartbeat)
-_request_decoder = msgspec.msgpack.Decoder(ReconcileRequest | Demand | LogRows | MetricsQuery)
+Down = RoutingTable | MetricsText | Heartbeat | Joined | Refused | DrainReplica
+_decoder = msgspec.msgpack.Decoder(Down)
+_request_decoder = msgspec.msgpack.Decoder(
+    ReconcileRequest | Demand | LogRows | MetricsQuery | Join | Beat
+)
 
 
 def _frame(body: bytes) -> bytes:
@@ -143,16 +183,17 @@ def encode_table(table: RoutingTable) -> bytes:
     return _frame(_encoder.encode(table))
 
 
-def decode_table(body: bytes | memoryview) -> RoutingTable | MetricsText | Heartbeat:
-    """What the server sends a gateway: a table, a ``/metrics`` answer, a heartbeat."""
+def decode_table(body: bytes | memoryview) -> Down:
+    """What the controller sends: to a gateway a table, a ``/metrics`` answer, a
+    heartbeat; to a joined replica its spec, a refusal, a drain."""
     return _decoder.decode(body)
 
 
-def encode_down(message: MetricsText | Heartbeat) -> bytes:
+def encode_down(message: MetricsText | Heartbeat | Joined | Refused | DrainReplica) -> bytes:
     return _frame(_encoder.encode(message))
 
 
-Request = ReconcileRequest | Demand | LogRows | MetricsQuery
+Request = ReconcileRequest | Demand | LogRows | MetricsQuery | Join | Beat
 
 
 def encode_request(request: Request) -> bytes:

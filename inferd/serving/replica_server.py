@@ -275,13 +275,19 @@ LOAD_FAILED = 3
 
 
 async def serve(
-    spec: ReplicaSpec, drain: asyncio.Event, grace_s: float, kill: asyncio.Event | None = None
+    spec: ReplicaSpec,
+    drain: asyncio.Event,
+    grace_s: float,
+    kill: asyncio.Event | None = None,
+    on_core: Callable[[ReplicaCore | GenerationCore], None] | None = None,
 ) -> int:
     """Serve ``spec`` on its address until ``drain`` is set, then finish what was
     accepted (at most ``grace_s``, cut short by ``kill``) and stop; the exit code (0, or
-    :data:`LOAD_FAILED`)."""
+    :data:`LOAD_FAILED`). ``on_core`` sees the core (its state) once it exists."""
     loop = asyncio.get_running_loop()
     core = make_core(spec)
+    if on_core is not None:
+        on_core(core)
     server = await start_listening(core, spec.address, drain)
     loader = loop.create_task(_fetch_then_load(core, spec))
     drained = loop.create_task(drain.wait())

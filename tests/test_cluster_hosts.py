@@ -1,0 +1,172 @@
+"""inferd across real network hosts: network namespaces on this machine, joined by a
+bridge (tests/netns.py). Host A is the test's own namespace (``inferd control`` with no
+local replicas, ``inferd gateway``, the load); hosts B and C run ``inferd replica``,
+which joins over TCP with the cluster token. Under steady load from A:
+
+- replicas on B and C join and share the traffic;
+- every inferd process on B killed: no failed request (in-flight ones are retried on
+  C), B out of routing at once (its connection closed);
+- B's link cut: no failed request, B out of routing within the replica timeout
+  (``cluster.replica_timeout_s``, 3 s), and back once the link is;
+- a replica holding another token is refused and never routed to.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests import netns
+from tests.conftest import ROOT, free_port, push_source
+from tests.roles import Role, wait
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(netns.available() is not None, reason=str(netns.available())),
+]
+HOSTNAME_MODEL = """
+import os
+
+import numpy as np
+
+
+class Where:
+    signature = {
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
+        "outputs": [{"name": "host", "datatype": "BYTES", "shape": [-1]}],
+    }
+
+    def predict(self, batch):
+        tag = os.environ.get("HOST_TAG", "here")
+        return {"host": np.array([tag] * len(batch["x"]), dtype=object)}
+"""
+PORT = 9100
+
+
+def _replicas(url: str) -> dict[str, str]:
+    """Replica id -> state, as the controller routes them."""
+    shown = httpx.get(f"{url}/api/v1/deployments/where", timeout=5).json()
+    return {r["id"]: r["state"] for v in shown["versions"] for r in v["replicas"]}
+
+
+def _hosts_answering(url: str, n: int = 64) -> set[str]:
+    """The hosts that answered ``n`` predicts sent 8 at a time (sequential ones all go
+    to the same idle replica)."""
+    body = {"model": "where", "input": {"x": 1.0}}
+    with httpx.Client(timeout=10) as client, concurrent.futures.ThreadPoolExecutor(8) as pool:
+        replies = list(
+            pool.map(lambda _: client.post(f"{url}/api/v1/predict", json=body), range(n))
+        )
+    assert all(r.status_code == 200 for r in replies), [r.text for r in replies][:3]
+    return {r.json()["prediction"] for r in replies}
+
+
+class Load:
+    """``inferd bench --rate`` from host A for ``seconds``; its report when done."""
+
+    def __init__(self, url: str, out: Path, rate: int, seconds: int) -> None:
+        self.out = out
+        self.process = subprocess.Popen(
+            [
+                sys.executable, "-m", "inferd", "bench", url, "--target", "predict",
+                "--model", "where", "--rate", str(rate), "--duration", f"{seconds}s",
+                "--warmup", "0s", "--timeout", "30s", "--body", '{"inputs": [{"x": 1}]}',
+                "--json", str(out),
+            ],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+
+    def report(self) -> dict:
+        _, err = self.process.communicate(timeout=120)
+        assert self.process.returncode == 0, err
+        (run,) = json.loads(self.out.read_text())["levels"]
+        return run
+
+
+def _until_gone(url: str, host: str, since: float, bound_s: float) -> float:
+    """Seconds from ``since`` until no replica of ``host`` is routed to."""
+    deadline = since + bound_s + 10
+    while time.monotonic() < deadline:
+        if not any(f"-{host}-" in rid or rid.endswith(host) for rid in _ready(url)):
+            return time.monotonic() - since
+        time.sleep(0.05)
+    raise AssertionError(f"{host} still routed to {deadline - since:.0f}s later")
+
+
+def _ready(url: str) -> list[str]:
+    return [rid for rid, state in _replicas(url).items() if state == "ready"]
+
+
+def test_replicas_on_other_hosts_join_share_traffic_and_leave_without_failed_requests(
+    tmp_path: Path,
+):
+    push_source(tmp_path, "where", HOSTNAME_MODEL)
+    with netns.Network() as net:
+        b, c = net.add("b"), net.add("c")
+        listen = f"{net.gateway_address}:{free_port()}"
+        http = free_port()
+        url = f"http://127.0.0.1:{http}"
+        control = Role(tmp_path, "control", "control", "--listen", listen, "--no-local-replicas")
+        gateway = Role(
+            tmp_path, "gateway", "gateway", "--control", listen, "--port", str(http),
+            "--grpc-port", "-1", "--workers", "1",
+        )  # fmt: skip
+
+        def replica(host: netns.Host, name: str, **kw) -> Role:
+            return Role(
+                tmp_path, name, "replica", "--control", listen, "--model", "where",
+                "--version", "v1", "--listen", f"{host.address}:{PORT}",
+                netns=host.netns, env={"HOST_TAG": host.name}, **kw,
+            )  # fmt: skip
+
+        roles = [control, gateway, replica(b, "replica-b"), replica(c, "replica-c")]
+        try:
+            wait(lambda: len(_ready(url)) == 2, "both replicas ready", *roles)
+            assert _hosts_answering(url) == {"b", "c"}  # they share the traffic
+
+            # every inferd process on B killed under load
+            load = Load(url, tmp_path / "kill.json", rate=40, seconds=8)
+            time.sleep(2.5)
+            killed = time.monotonic()
+            b.kill_all()
+            gone_after_kill = _until_gone(url, "b", killed, bound_s=5)
+            run = load.report()
+            assert run["errors"] == 0 and run["requests"] >= 250, run
+            assert gone_after_kill <= 5, gone_after_kill
+
+            roles.append(replica(b, "replica-b2"))
+            wait(lambda: len(_ready(url)) == 2, "B back", *roles)
+
+            # B's link cut under load, then restored
+            load = Load(url, tmp_path / "cut.json", rate=40, seconds=12)
+            time.sleep(2.5)
+            cut = time.monotonic()
+            b.cut()
+            gone_after_cut = _until_gone(url, "b", cut, bound_s=5)
+            threading.Timer(max(0.0, 7.5 - (time.monotonic() - cut)), b.restore).start()
+            run = load.report()
+            assert run["errors"] == 0 and run["requests"] >= 400, run
+            assert gone_after_cut <= 5, gone_after_cut
+            wait(lambda: len(_ready(url)) == 2, "B back after its link", *roles)
+            assert _hosts_answering(url) == {"b", "c"}
+
+            # a replica holding another token is refused and never routed to
+            intruder = replica(c, "intruder", token="not-the-cluster-token-0123456789")
+            roles.append(intruder)
+            wait(lambda: "wrong cluster token" in control.log(), "the refusal", control)
+            assert len(_replicas(url)) == 2
+            print(
+                f"\nB left routing {gone_after_kill:.2f}s after its processes were killed, "
+                f"{gone_after_cut:.2f}s after its link was cut"
+            )
+        finally:
+            for role in reversed(roles):
+                role.stop()
