@@ -26,6 +26,7 @@ import inferd
 from inferd import transport
 from inferd.config import Settings
 from inferd.control.gateways import GatewayPool
+from inferd.control.leader import Leadership
 from inferd.control.plane import ControlPlane
 from inferd.jobs.service import JobService
 from inferd.registry import Registry
@@ -104,6 +105,11 @@ async def serve(
     replicas, and the control channel for gateways on other hosts; no gateway here)."""
     _cluster(settings, tcp=settings.cluster.control_listen is not None)
     registry = await asyncio.to_thread(Registry.from_settings, settings)
+    try:  # one controller writes desired state; others wait (PostgreSQL) or are refused
+        leadership = await Leadership.acquire(registry.engine, settings.data_dir, progress)
+    except BaseException:
+        registry.close()
+        raise
     if demo:
         from inferd.demo.install import install_demo
 
@@ -135,6 +141,8 @@ async def serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    abdicate = loop.create_task(leadership.lost.wait())
+    abdicate.add_done_callback(lambda _: stop.set())
     try:
         await plane.start()
         models = ", ".join(sorted(plane.controller.models)) or "none yet"
@@ -162,11 +170,15 @@ async def serve(
     finally:
         if plane.jobs is not None:
             await plane.jobs.stop()  # what runs comes back from the queue after its lease
+        abdicate.cancel()
         await pool.stop()
         await plane.stop()
+        leadership.release()
         registry.close()
         if settings.run_dir is None:
             shutil.rmtree(run_dir, ignore_errors=True)
+    if leadership.lost.is_set():
+        raise SystemExit(f"stopped leading: {leadership.why}")
     logger.info("stopped")
 
 

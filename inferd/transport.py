@@ -350,6 +350,24 @@ async def open_stream(
     return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
 
 
+async def open_any(
+    addresses: str, limit: int = 2**16, timeout_s: float = 5.0
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, str]:
+    """:func:`open_stream` to the first of ``a:1,b:2`` that answers (several controllers,
+    one leading: the others do not listen); the last failure when none does."""
+    failure: Exception = OSError(f"no address in {addresses!r}")
+    for address in (a.strip() for a in addresses.split(",") if a.strip()):
+        try:
+            reader, writer = await open_stream(address, limit, timeout_s)
+        except AuthError:
+            raise
+        except (OSError, TimeoutError) as exc:
+            failure = exc
+            continue
+        return reader, writer, address
+    raise failure
+
+
 async def start_stream_server(
     callback: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Any],
     address: str,

@@ -40,6 +40,9 @@ class ServerLink:
         self.last_heard = time.monotonic()
         """When the controller last sent anything (a table, a heartbeat)."""
         self.address = ""
+        """Where the controller is: a Unix socket, or ``host:port[,host:port…]`` (the
+        first that answers: several controllers, one leading)."""
+        self.connected_to = ""
         self._writer: asyncio.StreamWriter | None = None
         self._task: asyncio.Task[None] | None = None
         self._metrics: dict[int, asyncio.Future[str]] = {}
@@ -81,7 +84,7 @@ class ServerLink:
         backoff = 0.1
         while True:
             try:
-                reader, self._writer = await transport.open_stream(
+                reader, self._writer, self.connected_to = await transport.open_any(
                     self.address, limit=2**26, timeout_s=2.0
                 )
                 return reader

@@ -72,7 +72,7 @@ class ControlLink:
         backoff = 0.2
         while True:
             try:
-                reader, writer = await transport.open_stream(self.control, timeout_s=3.0)
+                reader, writer, _ = await transport.open_any(self.control, timeout_s=3.0)
             except transport.AuthError as exc:
                 logger.error("the controller at %s refused this replica: %s", self.control, exc)
                 await asyncio.sleep(1.0)

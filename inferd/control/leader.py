@@ -1,0 +1,146 @@
+"""One controller at a time writes desired state.
+
+With a PostgreSQL registry, any number of ``inferd control`` processes can run: the one
+holding a session-level advisory lock (keyed by the registry's database and schema)
+leads; the others wait, trying the lock every second, and run nothing (no reconcile, no
+rollout step, no routing table: a follower never writes desired state), so they are
+invisible to gateways and replicas until they lead. The lock goes with its session: a
+leader that exits or is killed frees it at once; one cut off from the database frees it
+when the server notices its connection dead (TCP keepalives set to 2 s idle, 1 s
+apart, 3 probes on that session), and by then it has stopped leading itself: it checks
+its session every second and, if the check fails or takes over 2 s, stops and exits.
+
+With SQLite only one controller can be: it holds an exclusive lock on
+``<data_dir>/controller.lock``, and a second one on the same folder is refused with the
+reason (two controllers need a PostgreSQL registry).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import hashlib
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, text
+
+logger = logging.getLogger(__name__)
+TRY_EVERY_S = 1.0
+CHECK_EVERY_S = 1.0
+CHECK_TIMEOUT_S = 2.0
+
+
+class NotLeader(SystemExit):
+    """This process cannot lead (another controller holds the SQLite registry)."""
+
+
+def lock_key(database: str, schema: str) -> int:
+    """The advisory lock's key: one per registry (database and schema), signed 64-bit."""
+    digest = hashlib.sha256(f"inferd-controller:{database}:{schema}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+class Leadership:
+    """Held while this process leads; :meth:`lost` is set when it must stop leading."""
+
+    def __init__(self) -> None:
+        self.lost = asyncio.Event()
+        self.why = ""
+        self._connection: Any = None
+        self._file: int | None = None
+        self._watch: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def acquire(
+        cls, engine: Engine, data_dir: Path, progress: Callable[[str], None]
+    ) -> Leadership:
+        """Wait until this process leads (PostgreSQL), or refuse at once (SQLite held)."""
+        self = cls()
+        if engine.dialect.name != "postgresql":
+            self._lock_file(data_dir)
+            return self
+        connection = await asyncio.to_thread(engine.connect)
+        await asyncio.to_thread(_keepalives, connection)
+        database, schema = await asyncio.to_thread(
+            lambda: connection.execute(text("SELECT current_database(), current_schema()")).one()
+        )
+        key = lock_key(database, schema)
+        said = False
+        while not await asyncio.to_thread(_try_lock, connection, key):
+            if not said:
+                progress(
+                    "another controller leads this registry; following, taking over when it goes"
+                )
+                said = True
+            await asyncio.sleep(TRY_EVERY_S)
+        if said:
+            progress("the leading controller went: this one leads now")
+        logger.info("leading (advisory lock %d on %s.%s)", key, database, schema)
+        self._connection = connection
+        self._watch = asyncio.get_running_loop().create_task(self._check_forever())
+        return self
+
+    def _lock_file(self, data_dir: Path) -> None:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        path = data_dir / "controller.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise NotLeader(
+                f"error: another controller (inferd serve or inferd control) runs on {data_dir} "
+                f"(it holds {path}); more than one controller needs a PostgreSQL registry "
+                "(database_url)"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._file = fd
+
+    async def _check_forever(self) -> None:
+        while True:
+            await asyncio.sleep(CHECK_EVERY_S)
+            try:
+                await asyncio.wait_for(asyncio.to_thread(_ping, self._connection), CHECK_TIMEOUT_S)
+            except Exception as exc:  # the lock may be gone with the session: stop leading
+                self.why = f"lost the registry session that holds leadership: {exc!r}"
+                logger.critical("%s; stopping", self.why)
+                self.lost.set()
+                return
+
+    def release(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+        if self._connection is not None:
+            try:
+                self._connection.close()  # the session ends: the lock is free
+            except Exception:
+                logger.debug("closing the leadership session failed", exc_info=True)
+        if self._file is not None:
+            os.close(self._file)
+
+
+def _keepalives(connection: Any) -> None:
+    """The server notices this session dead within seconds, not hours."""
+    for setting, value in (
+        ("tcp_keepalives_idle", 2),
+        ("tcp_keepalives_interval", 1),
+        ("tcp_keepalives_count", 3),
+    ):
+        connection.execute(text(f"SET {setting} = {value}"))
+    connection.commit()
+
+
+def _try_lock(connection: Any, key: int) -> bool:
+    got = connection.execute(text("SELECT pg_try_advisory_lock(:key)"), {"key": key}).scalar()
+    connection.commit()
+    return bool(got)
+
+
+def _ping(connection: Any) -> None:
+    connection.execute(text("SELECT 1"))
+    connection.commit()
