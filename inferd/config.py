@@ -289,6 +289,10 @@ class JobsConfig(Group):
     runner: bool = True
     """Run the job runner in this server (several servers may share a Redis or Kafka
     queue; each one's runner takes its share)."""
+    gateway_url: str | None = None
+    """Where the runner sends its requests (``http://host:port`` of a gateway); None:
+    this server's own gateways. ``inferd control`` has none: it runs the runner only
+    with this set (``--jobs-gateway``)."""
 
 
 NOT_SETTINGS = ("INFERD_CONFIG", "INFERD_API_KEY", "INFERD_URL")

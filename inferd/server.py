@@ -150,9 +150,10 @@ async def serve(
             await pool.start()
             for sock in reserved:
                 sock.close()
-            if settings.jobs.runner:
-                plane.jobs = JobService(settings, registry)
-                await plane.jobs.start()
+        if settings.jobs.runner and (gateways or settings.jobs.gateway_url):
+            plane.jobs = JobService(settings, registry)
+            await plane.jobs.start()
+        if gateways:
             grpc = (
                 f", gRPC on {settings.host}:{settings.grpc_port}" if settings.grpc_port >= 0 else ""
             )

@@ -32,13 +32,14 @@ def test_a_gateway_on_its_own_follows_the_controller_over_tcp_and_outlives_it(tm
     push_source(tmp_path, "calc", CALC)
     control_port, http_port = free_port(), free_port()
     listen = f"127.0.0.1:{control_port}"
-    control = Role(tmp_path, "control", "control", "--listen", listen)
+    url = f"http://127.0.0.1:{http_port}"
+    # the job runner runs beside the controller, sending its requests to the gateway
+    control = Role(tmp_path, "control", "control", "--listen", listen, "--jobs-gateway", url)
     gateway = Role(
         tmp_path, "gateway", "gateway", "--control", listen, "--port", str(http_port),
         "--grpc-port", "-1", "--workers", "1",
     )  # fmt: skip
     intruder = None
-    url = f"http://127.0.0.1:{http_port}"
     try:
 
         def predict() -> httpx.Response:
@@ -46,6 +47,16 @@ def test_a_gateway_on_its_own_follows_the_controller_over_tcp_and_outlives_it(tm
 
         wait(lambda: predict().status_code == 200, "a prediction", control, gateway)
         assert predict().json()["prediction"] == 4.0
+        batch = httpx.post(
+            f"{url}/api/v1/batch", json={"model": "calc", "inputs": [{"x": 1.0}, {"x": 2.0}]}
+        )
+        assert batch.status_code == 202, batch.text
+
+        def job_done() -> bool:
+            job = httpx.get(f"{url}/api/v1/batch/{batch.json()['batch_id']}").json()
+            return job["status"] == "succeeded" and job["succeeded"] == 2
+
+        wait(job_done, "the batch job, run by the controller's runner", control, gateway)
         assert "control" not in httpx.get(f"{url}/health/ready").json()
 
         # a gateway holding another token is refused before any frame, and says so

@@ -62,6 +62,13 @@ def control(
             help="Start replicas on this host too (cluster.local_replicas; default on).",
         ),
     ] = None,
+    jobs_gateway: Annotated[
+        str | None,
+        typer.Option(
+            help="Run the batch job runner here, sending its requests to this gateway "
+            "(http://host:port; jobs.gateway_url). Without it no job runs here."
+        ),
+    ] = None,
     config: ConfigOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
@@ -75,7 +82,8 @@ def control(
     settings.cluster.control_listen = listen or settings.cluster.control_listen or "0.0.0.0:7070"
     if local_replicas is not None:
         settings.cluster.local_replicas = local_replicas
-    settings.jobs.runner = False  # it calls a gateway: run it with `inferd serve` for now
+    if jobs_gateway:
+        settings.jobs.gateway_url = jobs_gateway
     configure_logging(settings.log_level, settings.log_json, "control")
     _run(run_server(settings, progress=_progress, gateways=False))
 

@@ -21,7 +21,10 @@ UPKEEP_INTERVAL_S = 600.0
 
 
 def gateway_url(settings: Settings) -> str:
-    """Where the server reaches its own gateways (a wildcard bind is reached on loopback)."""
+    """Where the runner sends requests: ``jobs.gateway_url``, or this server's own
+    gateways (a wildcard bind is reached on loopback)."""
+    if settings.jobs.gateway_url:
+        return settings.jobs.gateway_url.rstrip("/")
     host = settings.host
     if host in ("0.0.0.0", ""):
         host = "127.0.0.1"
