@@ -83,6 +83,9 @@ class Network:
         return f"10.213.{self.subnet}.1"
 
     def __enter__(self) -> Network:
+        taken = subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True).stdout
+        while f"10.213.{self.subnet}." in taken:  # another test's network (a parallel run)
+            self.subnet = random.randrange(100, 250)
         _ip("link", "add", self.bridge, "type", "bridge")
         _ip("addr", "add", f"{self.gateway_address}/24", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")

@@ -30,6 +30,7 @@ class Role:
         netns: str | None = None,
         env: dict[str, str] | None = None,
     ) -> None:
+        data.mkdir(parents=True, exist_ok=True)
         self.log_path = data / f"{name}.log"
         full_env = {
             **os.environ,

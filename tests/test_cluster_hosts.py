@@ -170,3 +170,73 @@ def test_replicas_on_other_hosts_join_share_traffic_and_leave_without_failed_req
         finally:
             for role in reversed(roles):
                 role.stop()
+
+
+def test_a_replica_on_another_host_loads_its_version_from_the_s3_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Host B has nothing of the version: its replica fetches the files from the
+    S3-compatible store (moto's server, reachable on the switch), checks them against
+    the registered digest, and serves."""
+    pytest.importorskip("s3fs")
+    import s3fs
+
+    from inferd.registry import Registry
+    from inferd.runtimes import inspect_artifact
+
+    with netns.Network() as net:
+        b = net.add("b")
+        s3_port = free_port()
+        moto = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", net.gateway_address, "-p", str(s3_port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        aws = {
+            "AWS_ENDPOINT_URL": f"http://{net.gateway_address}:{s3_port}",
+            "AWS_ACCESS_KEY_ID": "test",
+            "AWS_SECRET_ACCESS_KEY": "test",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+        for key, value in aws.items():
+            monkeypatch.setenv(key, value)
+        roles: list[Role] = []
+        try:
+            fs = s3fs.S3FileSystem(endpoint_url=aws["AWS_ENDPOINT_URL"], key="test", secret="test")
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    fs.mkdir("cluster-models")
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, "moto did not start"
+                    time.sleep(0.2)
+            control_data = tmp_path / "a"
+            src = tmp_path / "src"
+            src.mkdir()
+            (src / "model.py").write_text(HOSTNAME_MODEL)
+            framework, signature = inspect_artifact(src, None, {}, None)
+            store = "s3://cluster-models/inferd"
+            database = f"sqlite:///{control_data.resolve() / 'inferd.db'}"
+            with Registry(database, control_data / "artifacts", artifact_store=store) as registry:
+                registry.push("where", src, "v1", framework=framework, signature=signature)
+            listen, http = f"{net.gateway_address}:{free_port()}", free_port()
+            url = f"http://127.0.0.1:{http}"
+            env = {"INFERD_ARTIFACT_STORE": store}
+            roles += [
+                Role(control_data, "control", "control", "--listen", listen,
+                     "--no-local-replicas", env=env),
+                Role(control_data, "gateway", "gateway", "--control", listen, "--port",
+                     str(http), "--grpc-port", "-1", "--workers", "1", env=env),
+                Role(tmp_path / "b", "replica", "replica", "--control", listen, "--model",
+                     "where", "--version", "v1", "--listen", f"{b.address}:{PORT}",
+                     netns=b.netns, env={"HOST_TAG": "b"}),
+            ]  # fmt: skip
+            wait(lambda: len(_ready(url)) == 1, "the replica on B, from S3", *roles)
+            assert _hosts_answering(url, 8) == {"b"}
+            fetched = tmp_path / "b" / "artifacts" / "where" / "v1" / "model.py"
+            assert fetched.read_text() == HOSTNAME_MODEL  # B's own copy, from the store
+        finally:
+            for role in reversed(roles):
+                role.stop()
+            moto.terminate()
+            moto.wait(10)

@@ -89,3 +89,23 @@ def test_a_gateway_on_its_own_follows_the_controller_over_tcp_and_outlives_it(tm
     finally:
         codes = [r.stop() for r in (gateway, control, intruder) if r is not None]
     assert codes[:2] == [0, 0], gateway.log()[-3000:]
+
+
+def test_a_replica_elsewhere_needs_the_versions_files_from_s3_or_a_mount(tmp_path: Path):
+    from inferd.serving.joiner import localize
+    from inferd.serving.spec import ReplicaSpec
+
+    def spec(uri: str, folder: str) -> ReplicaSpec:
+        return ReplicaSpec(
+            replica_id="r", model="calc", version="v1", framework="python",
+            artifact_dir=folder, address="tcp:10.0.0.2:9100", artifact_uri=uri,
+        )  # fmt: skip
+
+    here = tmp_path / "data"
+    fetched = localize(spec("s3://models/calc/v1", "/srv/controller/artifacts/calc/v1"), here)
+    assert fetched.artifact_dir == str(here.resolve() / "artifacts" / "calc" / "v1")
+    mounted = tmp_path / "mounted"
+    mounted.mkdir()
+    assert localize(spec(f"file://{mounted}", str(mounted)), here).artifact_dir == str(mounted)
+    with pytest.raises(ValueError, match="needs an S3 artifact store"):
+        localize(spec("file:///srv/a/calc/v1", "/srv/a/calc/v1"), here)
