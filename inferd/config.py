@@ -235,6 +235,10 @@ class ClusterConfig(Group):
     local_replicas: bool = True
     """Start replicas on this host; off (``inferd control --no-local-replicas``): only
     replicas that join from other hosts serve."""
+    rejoin_window_s: float = Field(3.0, ge=0)
+    """A controller listening for other hosts (``control_listen``) first waits this long
+    for the replicas that served its predecessor to join again, before it starts
+    replicas or sends gateways a table (a failover then never routes around them)."""
     replica_timeout_s: float = Field(3.0, gt=0)
     """A joined replica whose beats (one a second) stopped this long leaves routing."""
     lost_control_after_s: float = Field(5.0, gt=0)

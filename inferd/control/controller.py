@@ -98,10 +98,26 @@ class Controller:
         self._joined_task: asyncio.Task[None] | None = None
         self.started = asyncio.Event()
         """Set after the first reconcile pass (joins wait for it)."""
+        self._rejoin_until = 0.0
+        """Until then nothing starts here and no table goes out (``_rejoining``)."""
 
     async def start(self) -> None:
+        window = self.settings.cluster.rejoin_window_s
+        if self.settings.cluster.control_listen and window > 0:
+            # Replicas on other hosts that served the last controller join again first:
+            # a table without them would turn gateways away from them meanwhile.
+            self._rejoin_until = self.clock.monotonic() + window
+            self._spawn(self._after_rejoin_window(window))
         await self.reconcile()
         self.started.set()
+
+    async def _after_rejoin_window(self, window: float) -> None:
+        await self.clock.sleep(window)
+        logger.info("rejoin window over: starting and routing")
+        await self.reconcile()
+
+    def _rejoining(self) -> bool:
+        return self.clock.monotonic() < self._rejoin_until
         loop = asyncio.get_running_loop()
         self._task = loop.create_task(self._reconcile_forever())
         self._autoscale_task = loop.create_task(self._autoscale_forever())
@@ -306,7 +322,9 @@ class Controller:
 
     def _start_replica(self, vset: VersionSet) -> bool:
         """Start one more replica of ``vset``; False when no GPU of its deployment's type
-        has room for it (nothing started)."""
+        has room for it, or in the rejoin window (nothing started)."""
+        if self._rejoining():
+            return False
         gpus = vset.gpus
         if vset.gpus:  # one device per replica, placed beside the others
             where = gpu_place.choose(
@@ -461,6 +479,8 @@ class Controller:
             await asyncio.to_thread(self.registry.rollouts.set_status, *change)
 
     def publish(self) -> None:
+        if self._rejoining():
+            return  # gateways keep the last controller's table meanwhile
         self.on_change(routing_table(next(self._generation), self.models, self.epoch))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
