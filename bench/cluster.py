@@ -42,7 +42,7 @@ from sqlalchemy import create_engine, make_url, text  # noqa: E402
 from tests import netns  # noqa: E402
 from tests.conftest import POSTGRES_URL, InferdServer, free_port, push_source  # noqa: E402
 from tests.roles import Role, wait  # noqa: E402
-from tests.test_cluster_hosts import HOSTNAME_MODEL, _ready  # noqa: E402
+from tests.test_cluster_hosts import HOSTNAME_MODEL, _ready, _replicas  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 
@@ -199,7 +199,7 @@ def leave_times(work: Path, rounds: int) -> dict[str, list[float]]:
             """Seconds until only C's replica is routed to."""
             while len(_ready(url)) > 1:
                 if time.monotonic() - since > 30:
-                    raise RuntimeError("host B was still routed to 30 s later")
+                    raise RuntimeError(f"host B was still routed to 30 s later: {_replicas(url)}")
                 time.sleep(0.02)
             return time.monotonic() - since
 

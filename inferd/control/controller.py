@@ -110,6 +110,10 @@ class Controller:
             self._spawn(self._after_rejoin_window(window))
         await self.reconcile()
         self.started.set()
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._reconcile_forever())
+        self._autoscale_task = loop.create_task(self._autoscale_forever())
+        self._joined_task = loop.create_task(self._watch_joined_forever())
 
     async def _after_rejoin_window(self, window: float) -> None:
         await self.clock.sleep(window)
@@ -118,10 +122,6 @@ class Controller:
 
     def _rejoining(self) -> bool:
         return self.clock.monotonic() < self._rejoin_until
-        loop = asyncio.get_running_loop()
-        self._task = loop.create_task(self._reconcile_forever())
-        self._autoscale_task = loop.create_task(self._autoscale_forever())
-        self._joined_task = loop.create_task(self._watch_joined_forever())
 
     async def _autoscale_forever(self) -> None:
         while True:
