@@ -240,3 +240,43 @@ def test_a_replica_on_another_host_loads_its_version_from_the_s3_store(
                 role.stop()
             moto.terminate()
             moto.wait(10)
+
+
+def test_a_stream_to_a_cut_off_host_fails_fast_with_a_clear_error(tmp_path: Path):
+    """A generation whose only replica's host was just cut off does not hang for its
+    deadline: once the host is out of routing (the replica timeout) the stream ends with
+    a 503 naming the replica."""
+    from tests.conftest import build_tiny_gpt2, push_folder
+
+    push_folder(tmp_path, "tiny", build_tiny_gpt2(tmp_path / "src" / "tiny"), "v1")
+    with netns.Network() as net:
+        b = net.add("b")
+        listen, http = f"{net.gateway_address}:{free_port()}", free_port()
+        url = f"http://127.0.0.1:{http}"
+        roles = [
+            Role(tmp_path, "control", "control", "--listen", listen, "--no-local-replicas"),
+            Role(tmp_path, "gateway", "gateway", "--control", listen, "--port", str(http),
+                 "--grpc-port", "-1", "--workers", "1"),
+            Role(tmp_path, "replica", "replica", "--control", listen, "--model", "tiny",
+                 "--version", "v1", "--listen", f"{b.address}:{PORT}", netns=b.netns),
+        ]  # fmt: skip
+        try:
+
+            def ready() -> bool:
+                shown = httpx.get(f"{url}/api/v1/deployments/tiny", timeout=5).json()
+                return any(r["state"] == "ready" for v in shown["versions"] for r in v["replicas"])
+
+            wait(ready, "the generation replica on B", *roles, timeout_s=120)
+            body = {"prompt": "The server", "max_tokens": 50, "stream": True}
+            assert httpx.post(f"{url}/api/v1/models/tiny/generate", json=body).status_code == 200
+            b.cut()
+            started = time.monotonic()
+            reply = httpx.post(f"{url}/api/v1/models/tiny/generate", json=body, timeout=60)
+            took = time.monotonic() - started
+            assert reply.status_code == 503, reply.text
+            assert reply.json()["error"]["code"] in ("replica_unavailable", "model_not_ready")
+            assert took <= 6, took  # the replica timeout (3 s) and a table, not the deadline
+        finally:
+            b.restore()
+            for role in reversed(roles):
+                role.stop()
