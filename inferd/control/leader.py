@@ -11,8 +11,8 @@ apart, 3 probes on that session), and by then it has stopped leading itself: it 
 its session every second and, if the check fails or takes over 2 s, stops and exits.
 
 With SQLite only one controller can be: it holds an exclusive lock on
-``<data_dir>/controller.lock``, and a second one on the same folder is refused with the
-reason (two controllers need a PostgreSQL registry).
+``<database file>.controller.lock``, and a second one on the same database is refused
+with the reason (two controllers need a PostgreSQL registry).
 """
 
 from __future__ import annotations
@@ -61,7 +61,11 @@ class Leadership:
         """Wait until this process leads (PostgreSQL), or refuse at once (SQLite held)."""
         self = cls()
         if engine.dialect.name != "postgresql":
-            self._lock_file(data_dir)
+            database = engine.url.database
+            if database and database != ":memory:":  # beside the file: whichever data folder
+                self._lock_file(Path(database).with_name(Path(database).name + ".controller.lock"))
+            else:
+                self._lock_file(data_dir / "controller.lock")
             return self
         connection = await asyncio.to_thread(engine.connect)
         await asyncio.to_thread(_keepalives, connection)
@@ -84,18 +88,17 @@ class Leadership:
         self._watch = asyncio.get_running_loop().create_task(self._check_forever())
         return self
 
-    def _lock_file(self, data_dir: Path) -> None:
-        data_dir.mkdir(parents=True, exist_ok=True)
-        path = data_dir / "controller.lock"
+    def _lock_file(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             raise NotLeader(
-                f"error: another controller (inferd serve or inferd control) runs on {data_dir} "
-                f"(it holds {path}); more than one controller needs a PostgreSQL registry "
-                "(database_url)"
+                "error: another controller (inferd serve or inferd control) runs on this "
+                f"registry (it holds {path}); more than one controller needs a PostgreSQL "
+                "registry (database_url)"
             ) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
