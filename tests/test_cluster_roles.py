@@ -109,3 +109,57 @@ def test_a_replica_elsewhere_needs_the_versions_files_from_s3_or_a_mount(tmp_pat
     assert localize(spec(f"file://{mounted}", str(mounted)), here).artifact_dir == str(mounted)
     with pytest.raises(ValueError, match="needs an S3 artifact store"):
         localize(spec("file:///srv/a/calc/v1", "/srv/a/calc/v1"), here)
+
+
+def test_the_roles_over_mutual_tls_alone(tmp_path: Path):
+    """No token: every TCP connection between the roles shows a certificate of the
+    cluster's CA; a replica whose certificate another CA signed never joins."""
+    from tests.test_transport import _ca, _member
+
+    ca, ca_cert, ca_key = _ca(tmp_path, "cluster-ca")
+    _, rogue_cert, rogue_key = _ca(tmp_path, "rogue-ca")
+
+    def tls(cert: Path, key: Path) -> dict[str, str]:
+        return {
+            "INFERD_CLUSTER__TOKEN": "",
+            "INFERD_CLUSTER__TLS_CERT": str(cert),
+            "INFERD_CLUSTER__TLS_KEY": str(key),
+            "INFERD_CLUSTER__TLS_CA": str(ca),
+        }
+
+    push_source(tmp_path, "calc", CALC)
+    listen, http, replica_port = f"127.0.0.1:{free_port()}", free_port(), free_port()
+    url = f"http://127.0.0.1:{http}"
+    member = tls(*_member(tmp_path, "member", ca_cert, ca_key))
+    roles = [
+        Role(tmp_path, "control", "control", "--listen", listen, "--no-local-replicas",
+             env=member),
+        Role(tmp_path, "gateway", "gateway", "--control", listen, "--port", str(http),
+             "--grpc-port", "-1", "--workers", "1", env=member),
+        Role(tmp_path / "r", "replica", "replica", "--control", listen, "--model", "calc",
+             "--version", "v1", "--listen", f"127.0.0.1:{replica_port}", env=member),
+    ]  # fmt: skip
+    try:
+        body = {"model": "calc", "input": {"x": 4}}
+        wait(
+            lambda: httpx.post(f"{url}/api/v1/predict", json=body).status_code == 200,
+            "a prediction through the replica over mutual TLS",
+            *roles,
+        )
+        assert httpx.post(f"{url}/api/v1/predict", json=body).json()["prediction"] == 8.0
+        rogue = Role(
+            tmp_path / "x", "rogue", "replica", "--control", listen, "--model", "calc",
+            "--version", "v1", "--listen", f"127.0.0.1:{free_port()}",
+            env=tls(*_member(tmp_path, "rogue", rogue_cert, rogue_key)),
+        )  # fmt: skip
+        roles.append(rogue)
+        wait(
+            lambda: "closed the connection before answering the join" in rogue.log(),
+            "the rogue's refusal",
+            rogue,
+        )
+        shown = httpx.get(f"{url}/api/v1/deployments/calc").json()
+        assert sum(len(v["replicas"]) for v in shown["versions"]) == 1  # never joined
+    finally:
+        for role in reversed(roles):
+            role.stop()

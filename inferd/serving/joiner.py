@@ -86,9 +86,16 @@ class ControlLink:
             writer.write(encode_request(request))
             try:
                 answer = await asyncio.wait_for(self._answer(reader), 10.0)
-            except (asyncio.IncompleteReadError, ConnectionError, OSError, TimeoutError):
+            except (asyncio.IncompleteReadError, ConnectionError, OSError, TimeoutError) as exc:
+                # With TLS the listener checks our certificate after the handshake: a
+                # refusal shows as the connection closing here.
+                logger.error(
+                    "the controller at %s closed the connection before answering the join "
+                    "(is this host's certificate signed by the cluster's CA?): %r",
+                    self.control, exc,
+                )  # fmt: skip
                 writer.close()
-                await asyncio.sleep(backoff)
+                await asyncio.sleep(1.0)
                 continue
             if isinstance(answer, Refused):
                 writer.close()
@@ -179,8 +186,17 @@ async def run_joined(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, drain.set)
     link = ControlLink(control, Join(model, version, advertise, socket.gethostname()), drain.set)
+    joining = loop.create_task(link.join())
+    stopped = loop.create_task(drain.wait())
+    await asyncio.wait([joining, stopped], return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if not joining.done():  # told to stop before any controller took it
+        joining.cancel()
+        await asyncio.gather(joining, return_exceptions=True)
+        link.close()
+        return 0
     try:
-        spec = localize(await link.join(), data_dir)
+        spec = localize(joining.result(), data_dir)
     except (JoinRefused, ValueError) as exc:
         logger.error("cannot serve %s:%s here: %s", model, version, exc)
         link.close()
