@@ -96,6 +96,7 @@ def test_tcp_without_credentials_is_refused_by_name():
 
 
 def _ca(folder: Path, name: str) -> tuple[Path, object, object]:
+    pytest.importorskip("cryptography")  # a dependency here (pyjwt[crypto])
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
