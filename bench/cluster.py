@@ -41,7 +41,7 @@ from sqlalchemy import create_engine, make_url, text  # noqa: E402
 
 from tests import netns  # noqa: E402
 from tests.conftest import POSTGRES_URL, InferdServer, free_port, push_source  # noqa: E402
-from tests.roles import Role, wait  # noqa: E402
+from tests.roles import Role, gateway_role, replica_role, wait  # noqa: E402
 from tests.test_cluster_hosts import HOSTNAME_MODEL, _ready, _replicas  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -103,33 +103,8 @@ def two_hosts(work: Path, args: argparse.Namespace) -> dict[str, Any]:
         url = f"http://127.0.0.1:{http}"
         roles = [
             Role(work, "control", "control", "--listen", listen, "--no-local-replicas"),
-            Role(
-                work,
-                "gateway",
-                "gateway",
-                "--control",
-                listen,
-                "--port",
-                str(http),
-                "--grpc-port",
-                "-1",
-                "--workers",
-                "1",
-            ),
-            Role(
-                work,
-                "replica",
-                "replica",
-                "--control",
-                listen,
-                "--model",
-                "where",
-                "--version",
-                "v1",
-                "--listen",
-                f"{b.address}:9100",
-                netns=b.netns,
-            ),
+            gateway_role(work, listen, http),
+            replica_role(work, "replica", listen, "where", f"{b.address}:9100", netns=b.netns),
         ]
         try:
             wait(lambda: len(_ready(url)) == 1, "the replica on host B", *roles)
@@ -148,50 +123,12 @@ def leave_times(work: Path, rounds: int) -> dict[str, list[float]]:
         url = f"http://127.0.0.1:{http}"
         roles = [
             Role(work, "control", "control", "--listen", listen, "--no-local-replicas"),
-            Role(
-                work,
-                "gateway",
-                "gateway",
-                "--control",
-                listen,
-                "--port",
-                str(http),
-                "--grpc-port",
-                "-1",
-                "--workers",
-                "1",
-            ),
-            Role(
-                work,
-                "replica-c",
-                "replica",
-                "--control",
-                listen,
-                "--model",
-                "where",
-                "--version",
-                "v1",
-                "--listen",
-                f"{c.address}:9100",
-                netns=c.netns,
-            ),
+            gateway_role(work, listen, http),
+            replica_role(work, "replica-c", listen, "where", f"{c.address}:9100", netns=c.netns),
         ]
 
         def on_b(name: str) -> Role:
-            role = Role(
-                work,
-                name,
-                "replica",
-                "--control",
-                listen,
-                "--model",
-                "where",
-                "--version",
-                "v1",
-                "--listen",
-                f"{b.address}:9100",
-                netns=b.netns,
-            )
+            role = replica_role(work, name, listen, "where", f"{b.address}:9100", netns=b.netns)
             roles.append(role)
             return role
 
@@ -254,19 +191,8 @@ def failover_times(work: Path, rounds: int) -> dict[str, list[float]]:
     roles = [leader]
     try:
         wait(lambda: "control plane" in leader.log(), "a leader", leader)
-        replica = Role(
-            work,
-            "replica",
-            "replica",
-            "--control",
-            controls,
-            "--model",
-            "where",
-            "--version",
-            "v1",
-            "--listen",
-            f"127.0.0.1:{free_port()}",
-            env=env,
+        replica = replica_role(
+            work, "replica", controls, "where", f"127.0.0.1:{free_port()}", env=env
         )
         roles.append(replica)
         wait(lambda: "joined" in replica.log(), "the replica", replica)

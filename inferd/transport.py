@@ -121,10 +121,6 @@ def use(credentials: Credentials) -> None:
     _credentials = credentials
 
 
-def credentials() -> Credentials:
-    return _credentials
-
-
 def split(address: str) -> tuple[str, str]:
     """``("unix", "/path")``, ``("tcp", "host:port")`` or ``("inproc", "name")``; a bare
     ``host:port`` is TCP."""

@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -74,3 +75,19 @@ def wait(predicate: Callable[[], object], what: str, *roles: Role, timeout_s: fl
         time.sleep(0.1)
     logs = "\n".join(r.log()[-3000:] for r in roles)
     raise AssertionError(f"timed out waiting for {what}:\n{logs}")
+
+
+def gateway_role(data: Path, control: str, port: int, name: str = "gateway", **kw: Any) -> Role:
+    """``inferd gateway``: one process on 127.0.0.1:``port`` following ``control``."""
+    return Role(
+        data, name, "gateway", "--control", control, "--port", str(port),
+        "--grpc-port", "-1", "--workers", "1", **kw,
+    )  # fmt: skip
+
+
+def replica_role(data: Path, name: str, control: str, model: str, listen: str, **kw: Any) -> Role:
+    """``inferd replica`` of ``model:v1`` joining ``control``, listening on ``listen``."""
+    return Role(
+        data, name, "replica", "--control", control, "--model", model,
+        "--version", "v1", "--listen", listen, **kw,
+    )  # fmt: skip

@@ -26,7 +26,7 @@ import pytest
 
 from tests import netns
 from tests.conftest import ROOT, free_port, push_source
-from tests.roles import Role, wait
+from tests.roles import Role, gateway_role, replica_role, wait
 
 pytestmark = [
     pytest.mark.slow,
@@ -115,17 +115,19 @@ def test_replicas_on_other_hosts_join_share_traffic_and_leave_without_failed_req
         http = free_port()
         url = f"http://127.0.0.1:{http}"
         control = Role(tmp_path, "control", "control", "--listen", listen, "--no-local-replicas")
-        gateway = Role(
-            tmp_path, "gateway", "gateway", "--control", listen, "--port", str(http),
-            "--grpc-port", "-1", "--workers", "1",
-        )  # fmt: skip
+        gateway = gateway_role(tmp_path, listen, http)
 
         def replica(host: netns.Host, name: str, **kw) -> Role:
-            return Role(
-                tmp_path, name, "replica", "--control", listen, "--model", "where",
-                "--version", "v1", "--listen", f"{host.address}:{PORT}",
-                netns=host.netns, env={"HOST_TAG": host.name}, **kw,
-            )  # fmt: skip
+            return replica_role(
+                tmp_path,
+                name,
+                listen,
+                "where",
+                f"{host.address}:{PORT}",
+                netns=host.netns,
+                env={"HOST_TAG": host.name},
+                **kw,
+            )
 
         roles = [control, gateway, replica(b, "replica-b"), replica(c, "replica-c")]
         try:
@@ -223,14 +225,26 @@ def test_a_replica_on_another_host_loads_its_version_from_the_s3_store(
             url = f"http://127.0.0.1:{http}"
             env = {"INFERD_ARTIFACT_STORE": store}
             roles += [
-                Role(control_data, "control", "control", "--listen", listen,
-                     "--no-local-replicas", env=env),
-                Role(control_data, "gateway", "gateway", "--control", listen, "--port",
-                     str(http), "--grpc-port", "-1", "--workers", "1", env=env),
-                Role(tmp_path / "b", "replica", "replica", "--control", listen, "--model",
-                     "where", "--version", "v1", "--listen", f"{b.address}:{PORT}",
-                     netns=b.netns, env={"HOST_TAG": "b"}),
-            ]  # fmt: skip
+                Role(
+                    control_data,
+                    "control",
+                    "control",
+                    "--listen",
+                    listen,
+                    "--no-local-replicas",
+                    env=env,
+                ),
+                gateway_role(control_data, listen, http, env=env),
+                replica_role(
+                    tmp_path / "b",
+                    "replica",
+                    listen,
+                    "where",
+                    f"{b.address}:{PORT}",
+                    netns=b.netns,
+                    env={"HOST_TAG": "b"},
+                ),
+            ]
             wait(lambda: len(_ready(url)) == 1, "the replica on B, from S3", *roles)
             assert _hosts_answering(url, 8) == {"b"}
             fetched = tmp_path / "b" / "artifacts" / "where" / "v1" / "model.py"
@@ -255,11 +269,9 @@ def test_a_stream_to_a_cut_off_host_fails_fast_with_a_clear_error(tmp_path: Path
         url = f"http://127.0.0.1:{http}"
         roles = [
             Role(tmp_path, "control", "control", "--listen", listen, "--no-local-replicas"),
-            Role(tmp_path, "gateway", "gateway", "--control", listen, "--port", str(http),
-                 "--grpc-port", "-1", "--workers", "1"),
-            Role(tmp_path, "replica", "replica", "--control", listen, "--model", "tiny",
-                 "--version", "v1", "--listen", f"{b.address}:{PORT}", netns=b.netns),
-        ]  # fmt: skip
+            gateway_role(tmp_path, listen, http),
+            replica_role(tmp_path, "replica", listen, "tiny", f"{b.address}:{PORT}", netns=b.netns),
+        ]
         try:
 
             def ready() -> bool:

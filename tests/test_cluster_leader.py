@@ -16,7 +16,7 @@ import pytest
 from inferd.registry import Registry
 from inferd.runtimes import inspect_artifact
 from tests.conftest import free_port
-from tests.roles import Role, wait
+from tests.roles import Role, gateway_role, replica_role, wait
 from tests.test_cluster_hosts import HOSTNAME_MODEL, Load
 
 pytestmark = pytest.mark.slow
@@ -53,14 +53,10 @@ def test_the_follower_takes_over_when_the_leader_dies_and_nothing_fails(
         )  # fmt: skip
         roles.append(follower)
         wait(lambda: "following" in follower.log(), "the second one following", follower)
-        gateway = Role(
-            tmp_path, "gateway", "gateway", "--control", controls, "--port", str(http),
-            "--grpc-port", "-1", "--workers", "1", env=env,
-        )  # fmt: skip
-        replica = Role(
-            tmp_path, "replica", "replica", "--control", controls, "--model", "where",
-            "--version", "v1", "--listen", f"127.0.0.1:{rport}", env={"HOST_TAG": "r"},
-        )  # fmt: skip
+        gateway = gateway_role(tmp_path, controls, http, env=env)
+        replica = replica_role(
+            tmp_path, "replica", controls, "where", f"127.0.0.1:{rport}", env={"HOST_TAG": "r"}
+        )
         roles += [gateway, replica]
         body = {"model": "where", "input": {"x": 1.0}}
         wait(

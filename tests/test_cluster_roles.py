@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.conftest import free_port, push_source
-from tests.roles import Role, wait
+from tests.roles import Role, gateway_role, replica_role, wait
 
 pytestmark = pytest.mark.slow
 CALC = """
@@ -35,10 +35,7 @@ def test_a_gateway_on_its_own_follows_the_controller_over_tcp_and_outlives_it(tm
     url = f"http://127.0.0.1:{http_port}"
     # the job runner runs beside the controller, sending its requests to the gateway
     control = Role(tmp_path, "control", "control", "--listen", listen, "--jobs-gateway", url)
-    gateway = Role(
-        tmp_path, "gateway", "gateway", "--control", listen, "--port", str(http_port),
-        "--grpc-port", "-1", "--workers", "1",
-    )  # fmt: skip
+    gateway = gateway_role(tmp_path, listen, http_port)
     intruder = None
     try:
 
@@ -60,10 +57,9 @@ def test_a_gateway_on_its_own_follows_the_controller_over_tcp_and_outlives_it(tm
         assert "control" not in httpx.get(f"{url}/health/ready").json()
 
         # a gateway holding another token is refused before any frame, and says so
-        intruder = Role(
-            tmp_path, "intruder", "gateway", "--control", listen, "--port", str(free_port()),
-            "--grpc-port", "-1", "--workers", "1", token="not-the-cluster-token-0123456789",
-        )  # fmt: skip
+        intruder = gateway_role(
+            tmp_path, listen, free_port(), name="intruder", token="not-the-cluster-token-0123456789"
+        )
         wait(lambda: "wrong cluster token" in control.log(), "the refusal", control)
         wait(lambda: "refused this gateway" in intruder.log(), "the intruder's error", intruder)
 
@@ -132,13 +128,12 @@ def test_the_roles_over_mutual_tls_alone(tmp_path: Path):
     url = f"http://127.0.0.1:{http}"
     member = tls(*_member(tmp_path, "member", ca_cert, ca_key))
     roles = [
-        Role(tmp_path, "control", "control", "--listen", listen, "--no-local-replicas",
-             env=member),
-        Role(tmp_path, "gateway", "gateway", "--control", listen, "--port", str(http),
-             "--grpc-port", "-1", "--workers", "1", env=member),
-        Role(tmp_path / "r", "replica", "replica", "--control", listen, "--model", "calc",
-             "--version", "v1", "--listen", f"127.0.0.1:{replica_port}", env=member),
-    ]  # fmt: skip
+        Role(tmp_path, "control", "control", "--listen", listen, "--no-local-replicas", env=member),
+        gateway_role(tmp_path, listen, http, env=member),
+        replica_role(
+            tmp_path / "r", "replica", listen, "calc", f"127.0.0.1:{replica_port}", env=member
+        ),
+    ]
     try:
         body = {"model": "calc", "input": {"x": 4}}
         wait(
@@ -147,11 +142,14 @@ def test_the_roles_over_mutual_tls_alone(tmp_path: Path):
             *roles,
         )
         assert httpx.post(f"{url}/api/v1/predict", json=body).json()["prediction"] == 8.0
-        rogue = Role(
-            tmp_path / "x", "rogue", "replica", "--control", listen, "--model", "calc",
-            "--version", "v1", "--listen", f"127.0.0.1:{free_port()}",
+        rogue = replica_role(
+            tmp_path / "x",
+            "rogue",
+            listen,
+            "calc",
+            f"127.0.0.1:{free_port()}",
             env=tls(*_member(tmp_path, "rogue", rogue_cert, rogue_key)),
-        )  # fmt: skip
+        )
         roles.append(rogue)
         wait(
             lambda: "closed the connection before answering the join" in rogue.log(),

@@ -9,23 +9,28 @@ import typer
 
 from inferd.cli.common import ConfigOpt, DataDirOpt, _progress, _settings, app
 
+HostOpt = Annotated[str | None, typer.Option(help="Address to bind (default 127.0.0.1).")]
+PortOpt = Annotated[int | None, typer.Option(help="HTTP port (default 8000).")]
+GrpcPortOpt = Annotated[int | None, typer.Option(help="gRPC port (default 8001; -1: no gRPC).")]
+WorkersOpt = Annotated[int | None, typer.Option(help="Gateway processes.")]
+ControlOpt = Annotated[
+    str | None,
+    typer.Option(help="host:port[,host:port] of `inferd control` (cluster.control)."),
+]
+
 
 @app.command()
 def serve(
     demo: Annotated[bool, typer.Option(help="Build, register and serve the demo models.")] = False,
-    host: Annotated[str | None, typer.Option(help="Address to bind (default 127.0.0.1).")] = None,
-    port: Annotated[int | None, typer.Option(help="HTTP port (default 8000).")] = None,
-    grpc_port: Annotated[
-        int | None, typer.Option(help="gRPC port (default 8001; -1: no gRPC).")
-    ] = None,
-    workers: Annotated[int | None, typer.Option(help="Gateway processes.")] = None,
+    host: HostOpt = None,
+    port: PortOpt = None,
+    grpc_port: GrpcPortOpt = None,
+    workers: WorkersOpt = None,
     config: ConfigOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
     """Start the server: gateway processes on HOST:PORT (HTTP) and HOST:GRPC_PORT (the
     Open Inference Protocol's gRPC service), and one replica per model."""
-    import asyncio
-
     from inferd.observability.logging import configure_logging
     from inferd.server import serve as run_server
 
@@ -38,12 +43,7 @@ def serve(
         data_dir=data_dir,
     )
     configure_logging(settings.log_level, settings.log_json, "server")
-    try:
-        import uvloop
-
-        uvloop.run(run_server(settings, demo=demo, progress=_progress))
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        asyncio.run(run_server(settings, demo=demo, progress=_progress))
+    _run(run_server(settings, demo=demo, progress=_progress))
 
 
 @app.command()
@@ -90,18 +90,11 @@ def control(
 
 @app.command()
 def gateway(
-    control: Annotated[
-        str | None,
-        typer.Option(
-            help="host:port of `inferd control` (cluster.control; INFERD_CLUSTER__CONTROL)."
-        ),
-    ] = None,
-    host: Annotated[str | None, typer.Option(help="Address to bind (default 127.0.0.1).")] = None,
-    port: Annotated[int | None, typer.Option(help="HTTP port (default 8000).")] = None,
-    grpc_port: Annotated[
-        int | None, typer.Option(help="gRPC port (default 8001; -1: no gRPC).")
-    ] = None,
-    workers: Annotated[int | None, typer.Option(help="Gateway processes.")] = None,
+    control: ControlOpt = None,
+    host: HostOpt = None,
+    port: PortOpt = None,
+    grpc_port: GrpcPortOpt = None,
+    workers: WorkersOpt = None,
     config: ConfigOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
@@ -137,12 +130,7 @@ def _run(main: Coroutine[Any, Any, None]) -> None:
 def replica(
     model: Annotated[str, typer.Option(help="The model to serve.")],
     version: Annotated[str, typer.Option(help="Its version (deployed on the controller).")],
-    control: Annotated[
-        str | None,
-        typer.Option(
-            help="host:port of `inferd control` (cluster.control; INFERD_CLUSTER__CONTROL)."
-        ),
-    ] = None,
+    control: ControlOpt = None,
     listen: Annotated[
         str, typer.Option(help="host:port this replica listens on for gateways.")
     ] = "0.0.0.0:9100",

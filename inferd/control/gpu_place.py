@@ -23,7 +23,7 @@ import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from inferd.control.gpu_plan import LATENCY_CLASSES, GpuType, Replica, Rules, fits
+from inferd.control.gpu_plan import LATENCY_CLASSES, GpuType, Replica, Rules, best, fits
 from inferd.control.gpu_plan import Gpu as PlanGpu
 from inferd.devices import Gpu
 
@@ -85,14 +85,7 @@ def choose(
         trial = rules if strict else dataclasses.replace(rules, spread=False)
         fitting = [g for g in gpus if fits(g, replica, trial)]
         if fitting:
-
-            def score(g: PlanGpu) -> tuple[bool, float]:
-                heavy_neighbour = need.latency == "critical" and any(
-                    r.memory_gb >= rules.heavy_gb for r in g.replicas
-                )
-                return (heavy_neighbour, -(g.used_gb / g.type.memory_gb))
-
-            return Placement(min(fitting, key=score).index)
+            return Placement(best(replica, fitting, rules).index)
     usable = ", ".join(
         f"GPU {g.index} {g.type.memory_gb * (1 - rules.headroom) - g.used_gb:.1f} GB free"
         for g in gpus

@@ -195,17 +195,23 @@ def _group(replica: Replica, rules: Rules) -> int:
     return 1 if replica.latency == "critical" else 2
 
 
+def best(replica: Replica, candidates: list[Gpu], rules: Rules) -> Gpu:
+    """Of the GPUs ``replica`` fits on, the one it goes to: the fullest, a latency-critical
+    replica preferring GPUs without heavy neighbours."""
+
+    def score(g: Gpu) -> tuple[bool, float]:
+        heavy_neighbour = replica.latency == "critical" and any(
+            r.memory_gb >= rules.heavy_gb for r in g.replicas
+        )
+        return (heavy_neighbour, -(g.used_gb / g.type.memory_gb))
+
+    return min(candidates, key=score)
+
+
 def _place(replica: Replica, used: list[Gpu], free: list[Gpu], rules: Rules) -> bool:
     candidates = [g for g in used if fits(g, replica, rules)]
     if candidates:
-
-        def score(g: Gpu) -> tuple[bool, float]:
-            heavy_neighbour = replica.latency == "critical" and any(
-                r.memory_gb >= rules.heavy_gb for r in g.replicas
-            )
-            return (heavy_neighbour, -(g.used_gb / g.type.memory_gb))
-
-        min(candidates, key=score).replicas.append(replica)
+        best(replica, candidates, rules).replicas.append(replica)
         return True
     for gpu in free:
         if fits(gpu, replica, rules):

@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from inferd.control.supervisor import ReplicaState
+from inferd.control.supervisor import ReplicaState, route_of
 from inferd.routing.table import DrainReplica, ReplicaRoute, encode_down
 from inferd.serving.spec import ReplicaSpec
 
@@ -100,13 +100,4 @@ class JoinedReplica:
             self.lost("did not leave within its grace after a drain")
 
     def route(self) -> ReplicaRoute:
-        return ReplicaRoute(
-            self.id,
-            self.address,
-            self.state.value,
-            self.pid,
-            self.restarts,
-            self.message,
-            self.ever_ready,
-            self.spec.gpus,
-        )
+        return route_of(self)

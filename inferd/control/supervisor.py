@@ -18,6 +18,7 @@ import asyncio
 import enum
 import logging
 from collections.abc import Callable
+from typing import Protocol
 
 from inferd.clock import SYSTEM, Clock
 from inferd.control.backends import ReplicaBackend, ReplicaHandle
@@ -36,6 +37,38 @@ class ReplicaState(enum.StrEnum):
     FAILED = "failed"
     DRAINING = "draining"
     STOPPED = "stopped"
+
+
+class Routed(Protocol):
+    """What a routing table says of a replica (a supervised one, or one that joined)."""
+
+    state: ReplicaState
+    restarts: int
+    message: str
+    ever_ready: bool
+    spec: ReplicaSpec
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def address(self) -> str: ...
+
+    @property
+    def pid(self) -> int: ...
+
+
+def route_of(replica: Routed) -> ReplicaRoute:
+    return ReplicaRoute(
+        replica.id,
+        replica.address,
+        replica.state.value,
+        replica.pid,
+        replica.restarts,
+        replica.message,
+        replica.ever_ready,
+        replica.spec.gpus,
+    )
 
 
 class Supervisor:
@@ -101,16 +134,7 @@ class Supervisor:
             await asyncio.gather(self._task, return_exceptions=True)
 
     def route(self) -> ReplicaRoute:
-        return ReplicaRoute(
-            self.id,
-            self.address,
-            self.state.value,
-            self.pid,
-            self.restarts,
-            self.message,
-            self.ever_ready,
-            self.spec.gpus,
-        )
+        return route_of(self)
 
     async def _run(self) -> None:
         backoff = FIRST_BACKOFF_S

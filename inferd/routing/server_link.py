@@ -78,7 +78,7 @@ class ServerLink:
                 self.address,
             )
             reader = await self._redial()
-            logger.info("reconnected to the controller at %s", self.address)
+            logger.info("reconnected to the controller at %s", self.connected_to)
 
     async def _redial(self) -> asyncio.StreamReader:
         backoff = 0.1
