@@ -4,12 +4,12 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
 
-.PHONY: run test install services lint bench-tabular clean
+.PHONY: run test install vllm services lint bench-tabular clean
 
 run: install  ## venv + install + build the demo models + serve them on :8000
 	$(PY) -m inferd serve --demo --port $(PORT)
 
-test: install services  ## the whole test suite (starts PostgreSQL if it is down)
+test: install vllm services  ## the whole test suite (starts PostgreSQL if it is down)
 	$(PY) -m pytest -q
 
 install: $(VENV)/.installed
@@ -19,6 +19,11 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet -e ".[dev]"
 	touch $@
+
+vllm: .venv-vllm/.installed  ## vLLM (CPU build here) in its own environment, for engine: vllm
+
+.venv-vllm/.installed: pyproject.toml scripts/install-vllm.sh
+	bash scripts/install-vllm.sh .venv-vllm
 
 services:
 	bash scripts/ensure-services.sh
@@ -32,4 +37,4 @@ bench-tabular: install
 	$(PY) bench/tabular.py
 
 clean:
-	rm -rf $(VENV) .inferd
+	rm -rf $(VENV) .venv-vllm .inferd

@@ -79,7 +79,19 @@ class BatchingConfig(Group):
 
 
 class LLMConfig(Group):
-    """The generation engine of GPT-2-family models."""
+    """The generation engines: inferd's own (GPT-2 family) and vLLM (any decoder it
+    runs); the version's metadata ``engine`` picks one for a model."""
+
+    engine: str = Field("auto", pattern="^(auto|inferd|vllm)$")
+    """The engine of generative versions whose metadata does not name one. ``auto``:
+    inferd's own engine for the GPT-2 family, vLLM for other architectures."""
+    vllm_python: Path | None = None
+    """The Python interpreter of an environment with vLLM (``make vllm`` makes
+    ``.venv-vllm``): vLLM replicas run under it. None: this interpreter when it imports
+    vllm, else ``.venv-vllm/bin/python`` in the working folder when that exists."""
+    vllm_args: dict[str, Any] = Field(default_factory=dict)
+    """Extra vLLM engine arguments for every vLLM replica (e.g.
+    ``{"gpu_memory_utilization": 0.85}``); a version's metadata ``vllm_args`` adds to them."""
 
     kv_cache_mb: int = Field(256, ge=1)
     """Memory of each replica's paged KV cache."""

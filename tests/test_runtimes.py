@@ -432,6 +432,7 @@ def test_manifest_overrides_inference_and_arguments_override_manifest(tmp_path: 
 
 def test_every_builtin_runtime_is_listed() -> None:
     assert set(RUNTIMES) == {
+        "llm",
         "sklearn",
         "xgboost",
         "lightgbm",

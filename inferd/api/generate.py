@@ -38,7 +38,12 @@ Events = Callable[[p.TokenChunk], list[dict[str, Any]]]
 
 
 async def start(
-    request: Request, name: str, body: dict[str, Any], version: str | None = None
+    request: Request,
+    name: str,
+    body: dict[str, Any],
+    version: str | None = None,
+    chat: dict[str, Any] | None = None,
+    guide: dict[str, Any] | None = None,
 ) -> tuple[Chunks, Target, str, float]:
     """:func:`start_generation` for an HTTP request: its app's router and settings, and
     its request id (returned too)."""
@@ -52,7 +57,7 @@ async def start(
     cache = state.dataplane.cache
     if log is None:
         chunks, target, started, hit = await start_generation(
-            state.router, state.settings, name, body, version, rid, budget, cache
+            state.router, state.settings, name, body, version, rid, budget, cache, chat, guide
         )
         context.cache_hit = hit
         return chunks, target, rid, started
@@ -63,7 +68,7 @@ async def start(
     began = time.perf_counter()
     try:
         chunks, target, started, hit = await start_generation(
-            state.router, state.settings, name, body, version, rid, budget, cache
+            state.router, state.settings, name, body, version, rid, budget, cache, chat, guide
         )
     except InferdError as exc:
         ms = (time.perf_counter() - began) * 1000

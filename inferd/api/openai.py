@@ -14,16 +14,17 @@ import base64
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
+from inferd.api import structured
 from inferd.api.generate import Chunks, cache_header, collect, start, usage
 from inferd.api.http import context_of, json_response, read_json
-from inferd.api.openai_schema import EMBEDDINGS, chat_prompt, check_fields, check_known
+from inferd.api.openai_schema import EMBEDDINGS, chat_messages, check_fields, check_known
 from inferd.api.v1 import embed_texts, embedding_reply
 from inferd.errors import BadRequest, InferdError, InvalidInput, ModelNotReady, PromptTooLong
 from inferd.runtimes import GENERATIVE
@@ -82,11 +83,14 @@ async def _body_and_model(request: Request) -> tuple[dict[str, Any], str]:
 async def _complete(request: Request, chat: bool) -> Response:
     body, model = await _body_and_model(request)
     check_fields(body, chat)
+    plan, prompt = structured.Plan(), None
     if chat:
-        body = {**body, "prompt": chat_prompt(body.get("messages"))}
+        messages = chat_messages(body.get("messages"))
+        plan = structured.plan(body)
+        prompt = {"messages": messages, **({"tools": plan.tools} if plan.tools else {})}
         if "max_completion_tokens" in body:
-            body["max_tokens"] = body["max_completion_tokens"]
-    chunks, _, rid, _ = await start(request, model, body)
+            body = {**body, "max_tokens": body["max_completion_tokens"]}
+    chunks, _, rid, _ = await start(request, model, body, chat=prompt, guide=plan.guide)
     meta = {
         "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
         "created": int(time.time()),
@@ -94,7 +98,12 @@ async def _complete(request: Request, chat: bool) -> Response:
     }
     if body.get("stream"):
         options = body.get("stream_options") or {}
-        stream = _stream(chunks, meta, chat, bool(options.get("include_usage")))
+        include_usage = bool(options.get("include_usage"))
+        stream = (
+            _chat_stream(chunks, meta, plan, include_usage)
+            if chat
+            else _text_stream(chunks, meta, include_usage)
+        )
         return StreamingResponse(
             stream,
             media_type="text/event-stream",
@@ -103,7 +112,11 @@ async def _complete(request: Request, chat: bool) -> Response:
     text, last = await collect(chunks)
     choice: dict[str, Any] = {"index": 0, "finish_reason": last.finish_reason, "logprobs": None}
     if chat:
-        choice["message"] = {"role": "assistant", "content": text}
+        content, calls, reason = structured.answer(text, last.finish_reason, plan)
+        choice["message"] = {"role": "assistant", "content": content}
+        if calls:
+            choice["message"]["tool_calls"] = calls
+        choice["finish_reason"] = reason
     else:
         choice["text"] = text
     obj = "chat.completion" if chat else "text_completion"
@@ -113,54 +126,68 @@ async def _complete(request: Request, chat: bool) -> Response:
     )
 
 
-async def _stream(
-    chunks: Chunks, meta: dict[str, Any], chat: bool, include_usage: bool
+def _event(meta: dict[str, Any], obj: str, choices: list[dict[str, Any]], **extra: Any) -> bytes:
+    return b"data: " + orjson.dumps({**meta, "object": obj, "choices": choices, **extra}) + b"\n\n"
+
+
+def _stream_error(exc: InferdError) -> bytes:
+    error = {"error": {"message": exc.message, "type": "server_error", "code": exc.code}}
+    return b"data: " + orjson.dumps(error) + b"\n\n"
+
+
+async def _text_stream(
+    chunks: Chunks, meta: dict[str, Any], include_usage: bool
 ) -> AsyncGenerator[bytes, None]:
-    obj = "chat.completion.chunk" if chat else "text_completion"
-    make: Callable[[str | None, str | None], dict[str, Any]]
-    if chat:
+    obj = "text_completion"
 
-        def make(text: str | None, reason: str | None) -> dict[str, Any]:
-            delta = {} if text is None else {"content": text}
-            return {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}
-    else:
-
-        def make(text: str | None, reason: str | None) -> dict[str, Any]:
-            return {"index": 0, "text": text or "", "finish_reason": reason, "logprobs": None}
-
-    def event(choices: list[dict[str, Any]], **extra: Any) -> bytes:
-        return (
-            b"data: " + orjson.dumps({**meta, "object": obj, "choices": choices, **extra}) + b"\n\n"
-        )
+    def choice(text: str, reason: str | None) -> dict[str, Any]:
+        return {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
 
     async with contextlib.aclosing(chunks):
         try:
-            if chat:
-                yield event(
-                    [
-                        {
-                            "index": 0,
-                            "delta": {"role": "assistant", "content": ""},
-                            "finish_reason": None,
-                            "logprobs": None,
-                        }
-                    ]
-                )
             async for chunk in chunks:
                 if chunk.text:
-                    yield event([make(chunk.text, None)])
+                    yield _event(meta, obj, [choice(chunk.text, None)])
                 if chunk.finished:
-                    yield event([make(None, chunk.finish_reason)])
+                    yield _event(meta, obj, [choice("", chunk.finish_reason)])
                     if include_usage:
-                        yield event([], usage=usage(chunk))
+                        yield _event(meta, obj, [], usage=usage(chunk))
         except InferdError as exc:
-            yield (
-                b"data: "
-                + orjson.dumps(
-                    {"error": {"message": exc.message, "type": "server_error", "code": exc.code}}
-                )
-                + b"\n\n"
-            )
+            yield _stream_error(exc)
+        yield b"data: [DONE]\n\n"
+
+
+async def _chat_stream(
+    chunks: Chunks, meta: dict[str, Any], plan: structured.Plan, include_usage: bool
+) -> AsyncGenerator[bytes, None]:
+    """Content deltas as they come; tool calls once complete (a forced call's JSON, or
+    from the first ``<tool_call>`` on: held back, parsed at the end, sent as one
+    ``tool_calls`` delta with the finish reason ``tool_calls``)."""
+    obj = "chat.completion.chunk"
+
+    def choice(delta: dict[str, Any], reason: str | None = None) -> dict[str, Any]:
+        return {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}
+
+    watch = structured.StreamedCalls(plan)
+    async with contextlib.aclosing(chunks):
+        try:
+            yield _event(meta, obj, [choice({"role": "assistant", "content": ""})])
+            async for chunk in chunks:
+                text = watch.feed(chunk.text) if chunk.text else ""
+                if text:
+                    yield _event(meta, obj, [choice({"content": text})])
+                if chunk.finished:
+                    rest, calls, reason = watch.finish(chunk.finish_reason)
+                    if rest:
+                        yield _event(meta, obj, [choice({"content": rest})])
+                    if calls:
+                        deltas = [{"index": i, **call} for i, call in enumerate(calls)]
+                        yield _event(meta, obj, [choice({"tool_calls": deltas})])
+                    yield _event(meta, obj, [choice({}, reason)])
+                    if include_usage:
+                        yield _event(meta, obj, [], usage=usage(chunk))
+        except InferdError as exc:
+            yield _stream_error(exc)
         yield b"data: [DONE]\n\n"
 
 
@@ -225,8 +252,9 @@ async def completions(request: Request) -> Response:
 
 @router.post("/chat/completions")
 async def chat_completions(request: Request) -> Response:
-    """OpenAI chat completions over a plain ``role: content`` transcript (messages are
-    checked against the reference: :mod:`inferd.api.openai_schema`)."""
+    """OpenAI chat completions: the messages (checked against the reference,
+    :mod:`inferd.api.openai_schema`) rendered with the model's chat template, tools and
+    structured outputs as :mod:`inferd.api.structured` says."""
     return await _complete(request, chat=True)
 
 

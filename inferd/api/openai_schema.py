@@ -7,9 +7,10 @@ Checked before anything runs, each refusal a 400 in OpenAI's error shape naming 
 - fields: OpenAI's own request fields, plus inferd's extensions (``top_k``,
   ``ignore_eos``, ``priority``, ``adapter``, as vLLM takes them through the client's
   ``extra_body``); any other is "Unrecognized request argument supplied". Fields of the
-  reference that would change the answer in ways the engine cannot honour (``tools``,
-  ``response_format`` other than text, ``logit_bias``, penalties, ``top_logprobs``,
-  ``n`` > 1, audio) are refused by name instead of ignored.
+  reference that would change the answer in ways the engine cannot honour
+  (``logit_bias``, penalties, ``top_logprobs``, ``n`` > 1, audio, the deprecated
+  ``functions``) are refused by name instead of ignored. ``tools``, ``tool_choice`` and
+  ``response_format`` are :mod:`inferd.api.structured`'s.
 - chat messages: roles ``system``, ``developer``, ``user``, ``assistant``, ``tool``;
   each role's fields and nothing else; ``content`` a string or a list of content parts
   of the kinds the role takes (text everywhere, refusal for the assistant; image, audio
@@ -82,11 +83,8 @@ def check_fields(body: dict[str, Any], chat: bool) -> None:
     """Unknown fields, and known ones the engine cannot honour, refused by name."""
     check_known(body, (_CHAT if chat else _COMPLETIONS) | EXTENSIONS)
     unsupported = {
-        "tools": bool(body.get("tools")),
         "functions": bool(body.get("functions")),
-        "tool_choice": body.get("tool_choice") not in (None, "none", "auto"),
         "function_call": body.get("function_call") not in (None, "none", "auto"),
-        "response_format": _format_type(body.get("response_format")) not in (None, "text"),
         "logit_bias": bool(body.get("logit_bias")),
         "presence_penalty": body.get("presence_penalty") not in (None, 0, 0.0),
         "frequency_penalty": body.get("frequency_penalty") not in (None, 0, 0.0),
@@ -108,29 +106,25 @@ def check_fields(body: dict[str, Any], chat: bool) -> None:
         raise _bad("give max_tokens or max_completion_tokens, not both", "max_tokens")
 
 
-def _format_type(value: Any) -> Any:
-    return value.get("type") if isinstance(value, dict) else value
-
-
 def _why(name: str) -> str:
-    if name in ("tools", "functions", "tool_choice", "function_call"):
-        return "tool calling is not available for this model"
-    if name == "response_format":
-        return "structured outputs are not available for this model; use type text"
+    if name in ("functions", "function_call"):
+        return "use 'tools' and 'tool_choice' (the deprecated function fields are not taken)"
     if name in ("n", "best_of"):
         return "one choice per request (send n requests)"
     return "drop it, or use its default"
 
 
-def chat_messages(messages: Any) -> list[tuple[str, str]]:
-    """The messages as (role, text) pairs, after checking them against the reference.
-    Raises InvalidInput (a 400 on OpenAI's routes) naming the message and field."""
+def chat_messages(messages: Any) -> list[dict[str, Any]]:
+    """The messages, checked against the reference, as the replica renders them:
+    ``role``, ``content`` as text, and ``name``, ``tool_calls`` or ``tool_call_id``
+    where given. Raises InvalidInput (a 400 on OpenAI's routes) naming the message and
+    field."""
     if not isinstance(messages, list) or not messages:
         raise _bad("'messages' must be a non-empty list of messages", "messages")
     return [_message(m, i) for i, m in enumerate(messages)]
 
 
-def _message(message: Any, i: int) -> tuple[str, str]:
+def _message(message: Any, i: int) -> dict[str, Any]:
     where = f"messages.[{i}]"
     if not isinstance(message, dict):
         raise _bad(f"{where} must be an object with 'role' and 'content'", where)
@@ -147,19 +141,27 @@ def _message(message: Any, i: int) -> tuple[str, str]:
             f"{where}: unknown field {unknown[0]!r} (a {role} message takes {allowed})",
             f"{where}.{unknown[0]}",
         )
+    out: dict[str, Any] = {"role": role}
     name = message.get("name")
-    if name is not None and (not isinstance(name, str) or not name):
-        raise _bad(f"{where}.name must be a non-empty string", f"{where}.name")
-    if role == "tool" and not isinstance(message.get("tool_call_id"), str):
-        raise _bad(f"{where}.tool_call_id must be a string", f"{where}.tool_call_id")
-    calls = _tool_calls(message.get("tool_calls"), where) if role == "assistant" else ""
+    if name is not None:
+        if not isinstance(name, str) or not name:
+            raise _bad(f"{where}.name must be a non-empty string", f"{where}.name")
+        out["name"] = name
+    if role == "tool":
+        if not isinstance(message.get("tool_call_id"), str):
+            raise _bad(f"{where}.tool_call_id must be a string", f"{where}.tool_call_id")
+        out["tool_call_id"] = message["tool_call_id"]
+    calls = _tool_calls(message.get("tool_calls"), where) if role == "assistant" else []
+    if calls:
+        out["tool_calls"] = calls
     content = message.get("content")
     if content is None and role == "assistant" and (calls or message.get("function_call")):
-        return role, calls
-    if content is None and role == "assistant" and isinstance(message.get("refusal"), str):
-        return role, message["refusal"]
-    text = _content(content, role, f"{where}.content")
-    return role, text + calls
+        out["content"] = ""
+    elif content is None and role == "assistant" and isinstance(message.get("refusal"), str):
+        out["content"] = message["refusal"]
+    else:
+        out["content"] = _content(content, role, f"{where}.content")
+    return out
 
 
 def _content(content: Any, role: str, where: str) -> str:
@@ -188,14 +190,13 @@ def _content(content: Any, role: str, where: str) -> str:
     return "".join(texts)
 
 
-def _tool_calls(calls: Any, where: str) -> str:
-    """An assistant's earlier tool calls, as text for the transcript ("" for none)."""
+def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
+    """An assistant's earlier tool calls, checked."""
     if calls is None:
-        return ""
+        return []
     at = f"{where}.tool_calls"
     if not isinstance(calls, list):
         raise _bad(f"{at} must be a list", at)
-    lines = []
     for k, call in enumerate(calls):
         function = call.get("function") if isinstance(call, dict) else None
         if (
@@ -212,12 +213,8 @@ def _tool_calls(calls: Any, where: str) -> str:
                 "{'name': str, 'arguments': str}}",
                 f"{at}.[{k}]",
             )
-        lines.append(f"{function['name']}({function['arguments']})")
-    return "\n".join(lines)
-
-
-def chat_prompt(messages: Any) -> str:
-    """A plain ``role: text`` transcript ending with ``assistant:`` (GPT-2 checkpoints
-    carry no chat template)."""
-    lines = [f"{role}: {text}" for role, text in chat_messages(messages)]
-    return "\n".join(lines) + "\nassistant:"
+    return [
+        {"id": c["id"], "type": "function",
+         "function": {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}}
+        for c in calls
+    ]  # fmt: skip

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 if TYPE_CHECKING:
     pass
@@ -38,7 +39,7 @@ def predict(
             f"{url.rstrip('/')}/api/v1/models/{model}/predict", json=body, timeout=timeout
         )
     except httpx.HTTPError as exc:
-        console.print(f"[red]error:[/red] cannot reach {url}: {exc}")
+        console.print(f"[red]error:[/red] cannot reach {url}: {escape(str(exc))}")
         raise typer.Exit(1) from None
     print(json.dumps(reply.json(), indent=2))
     if reply.status_code >= 400:
@@ -167,5 +168,5 @@ def bench(
         )
         run(opts, Console())
     except (ValueError, FileNotFoundError, ConnectionError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None

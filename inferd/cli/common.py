@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from inferd.config import Settings, load_settings
 from inferd.errors import InferdError
@@ -56,7 +57,7 @@ def _settings(config: Path | None, **overrides: Any) -> Settings:
     try:
         return load_settings(config, **overrides)
     except (FileNotFoundError, ValueError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
 
 
@@ -75,7 +76,7 @@ def _errors() -> Any:
     try:
         yield
     except InferdError as exc:
-        console.print(f"[red]error ({exc.status_code} {exc.code}):[/red] {exc.message}")
+        console.print(f"[red]error ({exc.status_code} {exc.code}):[/red] {escape(exc.message)}")
         raise typer.Exit(1) from None
 
 

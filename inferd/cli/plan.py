@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from inferd.cli.common import ConfigOpt, DataDirOpt, _registry, app, console
@@ -56,7 +57,7 @@ def plan_gpus(
         if headroom is not None:
             rules = Rules(headroom, rules.heavy_gb, rules.critical_heavy_gb)
     except (TypeError, ValueError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
     if not models or not inventory:
         console.print(

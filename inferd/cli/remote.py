@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
 from inferd.cli.common import console
@@ -156,5 +157,5 @@ def _json(reply: httpx.Response) -> Any:
 
 
 def _fail(message: str) -> typer.Exit:
-    console.print(f"[red]error:[/red] {message}")
+    console.print(f"[red]error:[/red] {escape(message)}")
     return typer.Exit(1)

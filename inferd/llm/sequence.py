@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -24,6 +25,9 @@ class SamplingParams:
     priority: int = 2
     """1 (high) to 4 (batch): waiting sequences start best level first, and a preemption
     takes the worst level's youngest running sequence."""
+    guide: dict[str, Any] | None = None
+    """Constrained output: ``{"json": schema}`` or ``{"json_object": True}``
+    (see :mod:`inferd.api.structured`)."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

@@ -190,6 +190,10 @@ REPLICA_GAUGES = {
     "waiting": ("inferd_waiting_sequences", "Generations waiting for a slot."),
     "kv_blocks_used": ("inferd_kv_cache_blocks_used", "KV-cache blocks in use."),
     "kv_blocks_total": ("inferd_kv_cache_blocks", "KV-cache blocks of the replica."),
+    "kv_cache_usage": (
+        "inferd_kv_cache_usage_ratio",
+        "vLLM replicas: share of the KV cache in use.",
+    ),
 }
 REPLICA_COUNTERS = {
     "batches": ("inferd_batches_total", "Batches computed."),
@@ -198,6 +202,14 @@ REPLICA_COUNTERS = {
     "rejected": ("inferd_requests_rejected_total", "Requests refused: the queue was full."),
     "compute_s": ("inferd_compute_seconds_total", "Seconds spent computing batches."),
     "preemptions": ("inferd_preemptions_total", "Generations preempted (KV cache full)."),
+    "prefix_cache_queries": (
+        "inferd_prefix_cache_queried_tokens_total",
+        "vLLM replicas: prompt tokens looked up in the prefix cache.",
+    ),
+    "prefix_cache_hits": (
+        "inferd_prefix_cache_hit_tokens_total",
+        "vLLM replicas: prompt tokens found in the prefix cache (not computed again).",
+    ),
     "tokens": ("inferd_batch_tokens_total", "Text models: tokens of the texts computed."),
     "padded_tokens": (
         "inferd_batch_padded_tokens_total",

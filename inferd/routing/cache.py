@@ -66,7 +66,7 @@ def generation_key(
     version: str,
     digest: str,
     adapter: str | None,
-    prompt: str | list[int],
+    prompt: str | list[int] | dict[str, Any],
     params: dict[str, Any],
 ) -> bytes:
     """The key of a deterministic generation: the version (and its artifact's sha256,

@@ -133,6 +133,8 @@ async def start_generation(
     request_id: str = "",
     budget: TokenBudget | None = None,
     cache: ResultCache | None = None,
+    chat: dict[str, Any] | None = None,
+    guide: dict[str, Any] | None = None,
 ) -> tuple[Chunks, Target, float, bool | None]:
     """Resolve ``name`` (a model, an adapter, or ``base:adapter``), check ``body`` (its
     ``prompt``, ``adapter`` and sampling fields) and start streaming; returns the chunks,
@@ -144,7 +146,11 @@ async def start_generation(
     Raises :class:`InferdError`: ``ModelNotFound`` for an unknown name or version,
     ``InvalidInput`` for bad options or a model that does not generate text,
     ``RateLimited`` for a budget in debt, and whatever the replica answers before its
-    first token (overloaded, prompt too long, ...)."""
+    first token (overloaded, prompt too long, ...).
+
+    ``chat`` (checked ``messages`` and the ``tools`` to show) is rendered by the
+    replica with the model's chat template, in place of ``prompt``; ``guide`` constrains
+    the output (see :mod:`inferd.api.structured`)."""
     started = time.perf_counter()
     arrived_at = time.time()
     request_id_var.set(request_id)
@@ -154,7 +160,7 @@ async def start_generation(
             f"model {target.model!r} is a {target.framework} model and does not generate "
             "text; call predict (V2: infer) instead"
         )
-    request = _request(body, settings, adapter, request_id, arrived_at)
+    request = _request(body, settings, adapter, request_id, arrived_at, chat, guide)
     if budget is not None:
         await budget.admit(target.model)
     key, ttl = None, 0.0
@@ -178,6 +184,8 @@ def _request(
     adapter: str | None,
     request_id: str,
     arrived_at: float,
+    chat: dict[str, Any] | None = None,
+    guide: dict[str, Any] | None = None,
 ) -> p.GenerateRequest:
     """The checked generation ``body`` asks for (its ``adapter`` before the one its
     model name gave), within the server's limits."""
@@ -191,7 +199,9 @@ def _request(
             f"'max_tokens' {params['max_tokens']} is above this server's limit of {limit} "
             "(llm.max_tokens_limit)"
         )
-    prompt = prompt_of(body)
+    if guide is not None:
+        params["guide"] = guide
+    prompt = chat if chat is not None else prompt_of(body)
     timeout_s = settings.request_timeout_s
     # Before its first token a request may be queued in the replica for up to the LLM
     # queue timeout (the replica answers 503 then); this bound only catches a hung replica.

@@ -31,11 +31,13 @@ RUNTIMES: dict[str, str] = {
     "torch": "inferd.runtimes.torch:TorchRuntime",
     "python": "inferd.runtimes.python:PythonRuntime",
     "gpt2": "inferd.runtimes.gpt2:GPT2Runtime",
+    "llm": "inferd.runtimes.decoder:DecoderRuntime",
     "transformers": "inferd.runtimes.transformers:TransformersRuntime",
     "tensorflow": "inferd.runtimes.tensorflow:TensorFlowRuntime",
 }
-GENERATIVE = ("gpt2",)
-"""Frameworks whose replicas run the LLM engine and generate text (the others predict)."""
+GENERATIVE = ("gpt2", "llm")
+"""Frameworks whose replicas run an LLM engine and generate text (the others predict):
+GPT-2 checkpoints (inferd's own engine, or vLLM) and other decoders (vLLM)."""
 # framework -> the frameworks it overrules when both detect the same folder
 _OVERRULES: dict[str, set[str]] = {
     "python": set(RUNTIMES) - {"python"},
@@ -48,6 +50,7 @@ OUTPUT_METADATA = frozenset(
     {
         "labels", "dtype", "device", "max_length", "normalize", "pooling", "task",
         "quantization", "python_class", "python_module", "allow_non_finite", "adapters",
+        "engine", "vllm_args",
     }
 )  # fmt: skip
 """Metadata keys that change what a version computes or accepts: the registry writes them
@@ -141,6 +144,8 @@ def inspect_artifact(
         if inputs and signature is None:
             resolved = dataclasses.replace(resolved, inputs=inputs)
             runtime.config.signature = resolved
+        if not runtime.warm_up_at_push:
+            return framework, resolved
         batch = {k: np.repeat(v, _WARMUP_ROWS, axis=0) for k, v in runtime.warmup_inputs().items()}
         try:
             outputs = runtime.run(batch)

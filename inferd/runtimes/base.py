@@ -124,6 +124,9 @@ class Runtime(ABC):
     """Registry name of the framework, e.g. ``"sklearn"``."""
     file_suffixes: ClassVar[tuple[str, ...]] = ()
     """Artifact file suffixes this runtime recognises, used by framework detection."""
+    warm_up_at_push: ClassVar[bool] = True
+    """A push runs the loaded model on :meth:`warmup_inputs`; False for runtimes whose
+    :meth:`load` is the whole check (LLMs served by an engine in their replica)."""
 
     def __init__(self, artifact_dir: Path, config: RuntimeConfig | None = None) -> None:
         self.artifact_dir = Path(artifact_dir)

@@ -37,8 +37,12 @@ class GPT2Runtime(Runtime):
 
     def load(self) -> None:
         from inferd.config import LLMConfig
+        from inferd.llm.chat import ChatTemplate
+        from inferd.llm.engines import check_supported
         from inferd.llm.loader import engine_for
 
+        ChatTemplate.load(self.artifact_dir).check()
+        check_supported(self.artifact_dir, "gpt2", self.config.metadata)
         llm = LLMConfig(kv_cache_mb=16, max_num_seqs=8)
         self.engine = engine_for(self.artifact_dir, self.config.threads, llm)
 

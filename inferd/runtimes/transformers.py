@@ -74,8 +74,12 @@ class TransformersRuntime(Runtime):
         config = read_config(folder)
         if config is None or not has_weights(folder):
             return False
-        # GPT-2 language models belong to the generation runtime; its classifiers are ours.
-        return config.get("model_type") != "gpt2" or is_sequence_classifier(config)
+        # Language models belong to the generation runtimes; their classifiers are ours.
+        from inferd.runtimes.decoder import is_decoder
+
+        if config.get("model_type") == "gpt2":
+            return is_sequence_classifier(config)
+        return not is_decoder(config)
 
     # -- loading -------------------------------------------------------------------
 

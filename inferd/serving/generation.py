@@ -28,6 +28,7 @@ from inferd.errors import (
     Overloaded,
 )
 from inferd.errors import PromptTooLong as PromptTooLongError
+from inferd.llm.chat import ChatTemplate
 from inferd.llm.engine import EngineFull, LLMEngine, PromptOverLimit, PromptTooLong, TokenOutput
 from inferd.llm.metrics import GenerationMetrics
 from inferd.llm.sequence import SamplingParams
@@ -71,6 +72,7 @@ class GenerationCore:
         self._build = build
         self.queue_timeout_s = spec.llm.queue_timeout_s
         self.engine: LLMEngine | None = None
+        self.chat = ChatTemplate(None)
         self._commands: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._sinks: dict[str, Sink] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -85,6 +87,7 @@ class GenerationCore:
         mark_ready(self)
 
     def _load_and_warm_up(self) -> LLMEngine:
+        self.chat = ChatTemplate.load(Path(self.spec.artifact_dir))
         engine = self._build(self.spec)
         engine.add_request("warm-up", "Hello", SamplingParams(max_tokens=2, temperature=0))
         while engine.has_work():
@@ -96,7 +99,7 @@ class GenerationCore:
     def generate(
         self,
         request_id: str,
-        prompt: str | list[int],
+        prompt: str | list[int] | dict[str, Any],
         params: dict[str, Any],
         adapter: str | None,
         sink: Sink,
@@ -109,6 +112,8 @@ class GenerationCore:
             sampling = SamplingParams(**params)
         except (TypeError, ValueError) as exc:
             raise InvalidInput(f"invalid sampling parameters: {exc}") from None
+        if isinstance(prompt, dict):
+            prompt = self.chat.render(prompt["messages"], prompt.get("tools"))
         accepted: Future[None] = Future()
         self._sinks[request_id] = sink
         self._commands.put(_Add(request_id, prompt, sampling, adapter, sink, accepted, arrived))

@@ -55,7 +55,9 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
     """A generation as the gateway sends it, from ``start_generation`` through the
     router and the replica client into the :class:`Generate` frame."""
 
-    prompt: str | list[int]
+    prompt: str | list[int] | dict[str, Any]
+    """Text, token ids, or a chat (``messages``, ``tools``) the replica renders with
+    the model's chat template."""
     params: dict[str, Any]
     """SamplingParams fields (max_tokens, temperature, ...)."""
     adapter: str | None = None
@@ -136,7 +138,7 @@ class Generate(msgspec.Struct, tag="generate", array_like=True):
     ``finished``. ``params`` are SamplingParams fields (max_tokens, temperature, ...)."""
 
     id: int
-    prompt: str | list[int]
+    prompt: str | list[int] | dict[str, Any]
     params: dict[str, Any]
     adapter: str | None = None
     request_id: str = ""

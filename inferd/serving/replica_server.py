@@ -263,6 +263,12 @@ def make_core(spec: ReplicaSpec) -> ReplicaCore | GenerationCore:
     from inferd.runtimes import GENERATIVE
 
     if spec.framework in GENERATIVE:
+        from inferd.llm.engines import engine_of
+
+        if engine_of(spec.framework, spec.metadata, spec.llm.engine) == "vllm":
+            from inferd.serving.vllm_core import VLLMCore
+
+            return VLLMCore(spec)  # type: ignore[return-value]
         from inferd.llm.loader import build_engine
         from inferd.serving.generation import GenerationCore
 

@@ -43,6 +43,19 @@ class LocalReplica(probe.ProbedReplica):
         return f"exited with code {code}"
 
 
+def python_for(spec: ReplicaSpec) -> str:
+    """The interpreter of a replica: vLLM's environment for a version served by vLLM
+    (:mod:`inferd.llm.engines`), else this one."""
+    from inferd.runtimes import GENERATIVE
+
+    if spec.framework in GENERATIVE:
+        from inferd.llm.engines import engine_of, require_vllm
+
+        if engine_of(spec.framework, spec.metadata, spec.llm.engine) == "vllm":
+            return require_vllm(spec.llm.vllm_python)
+    return sys.executable
+
+
 class LocalBackend:
     name = "local"
 
@@ -64,7 +77,7 @@ class LocalBackend:
         if spec.gpus is not None:  # the deployment asked for a GPU type: only those
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, spec.gpus))
         process = await asyncio.create_subprocess_exec(
-            sys.executable,
+            python_for(spec),
             "-m",
             "inferd.serving.replica",
             spec.to_json(),

@@ -1,0 +1,422 @@
+"""The replica core of a version served by vLLM: vLLM's async engine in this process.
+
+It answers the replica protocol exactly as :class:`~inferd.serving.generation.GenerationCore`
+does (``generate`` with a sink of :class:`~inferd.llm.engine.TokenOutput`, ``cancel``,
+``adapter``, ``stats``, ``metrics``), so every API inferd has — v1 generate, V2
+generate and gRPC streams, OpenAI completions and chat — drives vLLM unchanged, with
+inferd's routing, auth, limits, cache, logs and metrics around it.
+
+- **Requests**: each is one task iterating ``AsyncLLM.generate`` with delta outputs;
+  cancelling the task (the client went away) aborts the request in vLLM. inferd's
+  sampling fields map onto vLLM's (``priority`` onto its priority scheduler, ``guide``
+  onto its structured outputs, ``logprobs`` onto the sampled token's logprob).
+- **Chat**: rendered here with the model's template (:mod:`inferd.llm.chat`), the same
+  rendering inferd's own engine uses, and sent as text without added special tokens.
+- **Admission**: vLLM queues without bound; here at most ``llm.max_waiting`` requests
+  wait for their first token (more get 503) and one that waits longer than
+  ``llm.queue_timeout_s`` leaves with 503, as with inferd's engine.
+- **Adapters**: LoRA adapters registered with the version load at start; inferd's
+  adapter API loads and unloads more at run time (vLLM ``LoRARequest``s).
+- **Metrics**: TTFT, ITL, end-to-end, token counts and finish reasons are measured on
+  the stream from the gateway's arrival time (as for inferd's engine); queue time,
+  KV-cache use, prefix-cache hits and running/waiting counts come from vLLM's own stats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from inferd.errors import (
+    InferdError,
+    InvalidInput,
+    ModelNotFound,
+    ModelNotReady,
+    Overloaded,
+)
+from inferd.errors import PromptTooLong as PromptTooLongError
+from inferd.llm.chat import ChatTemplate
+from inferd.llm.engine import TokenOutput
+from inferd.llm.metrics import GenerationMetrics
+from inferd.llm.sequence import SamplingParams
+from inferd.serving.replica import load_off_loop, mark_ready, rss_bytes
+from inferd.serving.spec import ReplicaSpec
+
+logger = logging.getLogger(__name__)
+Sink = Callable[[TokenOutput | InferdError], None]
+_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+CPU_KV_MIN_GIB = 1
+
+
+def engine_args(spec: ReplicaSpec) -> dict[str, Any]:
+    """vLLM engine arguments for a replica: its folder and ``llm`` settings, then the
+    settings' and the version's ``vllm_args``."""
+    llm = spec.llm
+    args: dict[str, Any] = {
+        "model": spec.artifact_dir,
+        "tokenizer": spec.artifact_dir,
+        "served_model_name": spec.model,
+        "dtype": _DTYPES[llm.dtype],
+        "max_num_seqs": llm.max_num_seqs,
+        "scheduling_policy": "priority",
+        "enable_prefix_caching": True,
+        "disable_log_stats": False,
+        "enforce_eager": True,
+        "seed": 0,
+        # compact JSON: a grammar that allows any whitespace lets a model pad with it up
+        # to max_tokens (seen: a random-weight model wrote 60 spaces after "{")
+        "structured_outputs_config": {"backend": "guidance", "disable_any_whitespace": True},
+    }
+    if spec.adapters or spec.metadata.get("lora"):
+        args.update(enable_lora=True, max_loras=max(1, llm.max_adapters),
+                    max_lora_rank=llm.max_lora_rank)  # fmt: skip
+    args.update(llm.vllm_args)
+    args.update(spec.metadata.get("vllm_args") or {})
+    return args
+
+
+def engine_env(spec: ReplicaSpec) -> dict[str, str]:
+    """Environment a vLLM replica needs set before vLLM is imported: on a CPU, its
+    KV-cache size (``llm.kv_cache_mb``, at least 1 GiB: vLLM's unit) and the cores its
+    OpenMP threads bind to (all of them; vLLM would otherwise keep one for itself)."""
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(max(CPU_KV_MIN_GIB, -(-spec.llm.kv_cache_mb // 1024)))}
+    cores = sorted(os.sched_getaffinity(0))
+    env["VLLM_CPU_OMP_THREADS_BIND"] = f"{cores[0]}-{cores[-1]}" if cores else "all"
+    env["VLLM_NO_USAGE_STATS"] = "1"
+    env["VLLM_DO_NOT_TRACK"] = "1"
+    return env
+
+
+class VLLMCore:
+    def __init__(self, spec: ReplicaSpec) -> None:
+        self.spec = spec
+        self.state = "loading"
+        self.message = ""
+        self.started = time.monotonic()
+        self.queue_timeout_s = spec.llm.queue_timeout_s
+        self.engine: Any = None
+        self.chat = ChatTemplate(None)
+        self.metrics_ = GenerationMetrics()
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._pending = 0  # requests waiting for their first token
+        self._adapters: dict[str, Any] = {}  # name -> LoRARequest
+        self._next_adapter_id = 1
+        self._stats: dict[str, float] = {"running": 0, "waiting": 0, "kv_cache_usage": 0.0}
+        self._prefix = [0, 0]  # queried, hit tokens
+        self._busy_s = 0.0
+        self._busy_mark = time.monotonic()
+        self._client_error: type[Exception] = ValueError
+        """vLLM's errors caused by the request (set at load): answered as 4xx."""
+
+    async def load(self) -> None:
+        self.engine = await load_off_loop(self, self._build)
+        for name, relative in self.spec.adapters.items():
+            await self._load_adapter(name, str(Path(self.spec.artifact_dir) / relative))
+        await self._warm_up()
+        mark_ready(self)
+
+    def _build(self) -> Any:
+        for key, value in engine_env(self.spec).items():
+            os.environ.setdefault(key, value)
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.exceptions import VLLMClientError
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self._client_error = VLLMClientError
+
+        self.chat = ChatTemplate.load(Path(self.spec.artifact_dir))
+        args = AsyncEngineArgs(**engine_args(self.spec))
+        return AsyncLLM.from_engine_args(args, stat_loggers=[self._stat_logger()])
+
+    async def _warm_up(self) -> None:
+        from vllm import SamplingParams as VSampling
+
+        params = VSampling(max_tokens=2, temperature=0)
+        async for _ in self.engine.generate("Hello", params, "warm-up"):
+            pass
+        self.metrics_ = GenerationMetrics()
+
+    # -- called on the event loop ------------------------------------------------------
+    def generate(
+        self,
+        request_id: str,
+        prompt: str | list[int] | dict[str, Any],
+        params: dict[str, Any],
+        adapter: str | None,
+        sink: Sink,
+        arrived: float | None = None,
+    ) -> Future[None]:
+        if self.state not in ("ready", "draining"):
+            raise ModelNotReady(f"replica is {self.state}")
+        try:
+            sampling = SamplingParams(**params)
+        except (TypeError, ValueError) as exc:
+            raise InvalidInput(f"invalid sampling parameters: {exc}") from None
+        if adapter is not None and adapter not in self._adapters:
+            raise ModelNotFound(f"adapter {adapter!r} is not loaded")
+        if self._pending >= self.spec.llm.max_waiting:
+            raise Overloaded(f"{self._pending} requests are waiting in this replica "
+                             f"(llm.max_waiting); retry later")  # fmt: skip
+        if isinstance(prompt, dict):
+            prompt = self.chat.render(prompt["messages"], prompt.get("tools"))
+        accepted: Future[None] = Future()
+        task = asyncio.get_running_loop().create_task(
+            self._run(request_id, prompt, sampling, adapter, sink, accepted,
+                      arrived if arrived is not None else time.monotonic())
+        )  # fmt: skip
+        self._tasks[request_id] = task
+        task.add_done_callback(lambda _t: self._tasks.pop(request_id, None))
+        return accepted
+
+    def submit(self, *args: Any, **kwargs: Any) -> Any:
+        raise InvalidInput(f"model {self.spec.model!r} generates text; use generate")
+
+    def cancel(self, request_id: str) -> None:
+        task = self._tasks.pop(request_id, None)
+        if task is not None:
+            task.cancel()
+
+    def adapter(self, name: str, path: str | None) -> Future[dict[str, Any]]:
+        done: Future[dict[str, Any]] = Future()
+
+        async def apply() -> None:
+            try:
+                if path is not None:
+                    done.set_result(await self._load_adapter(name, path))
+                elif name in self._adapters:
+                    request = self._adapters.pop(name)
+                    await self.engine.remove_lora(request.lora_int_id)
+                    done.set_result({"unloaded": name})
+                else:
+                    raise ModelNotFound(f"adapter {name!r} is not loaded")
+            except InferdError as exc:
+                done.set_exception(exc)
+            except Exception as exc:
+                done.set_exception(InvalidInput(f"cannot load adapter {name!r}: {exc}"))
+
+        asyncio.get_running_loop().create_task(apply())
+        return done
+
+    async def _load_adapter(self, name: str, path: str) -> dict[str, Any]:
+        from vllm.lora.request import LoRARequest
+
+        if not (Path(path) / "adapter_config.json").is_file():
+            raise InvalidInput(f"cannot load adapter {name!r}: no adapter_config.json in {path}")
+        previous = self._adapters.get(name)
+        request = LoRARequest(name, self._next_adapter_id, path)
+        self._next_adapter_id += 1
+        if not await self.engine.add_lora(request):
+            raise InvalidInput(f"vLLM did not load adapter {name!r} from {path}")
+        self._adapters[name] = request
+        if previous is not None:
+            await self.engine.remove_lora(previous.lora_int_id)
+        return {"loaded": name, "path": path}
+
+    def _sampling(self, params: SamplingParams) -> Any:
+        from vllm import SamplingParams as VSampling
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+
+        structured = None
+        if params.guide is not None:
+            guide = params.guide
+            structured = (
+                StructuredOutputsParams(json_object=True)
+                if guide.get("json_object")
+                else StructuredOutputsParams(json=guide["json"])
+            )
+        return VSampling(
+            max_tokens=params.max_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            seed=params.seed,
+            stop=list(params.stop) or None,
+            ignore_eos=params.ignore_eos,
+            logprobs=0 if params.logprobs else None,
+            output_kind=RequestOutputKind.DELTA,
+            structured_outputs=structured,
+        )
+
+    async def _run(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        adapter: str | None,
+        sink: Sink,
+        accepted: Future[None],
+        arrived: float,
+    ) -> None:
+        if isinstance(prompt, str):
+            engine_prompt: Any = prompt
+            tokenization = {"add_special_tokens": not self.chat.templated}
+        else:
+            engine_prompt, tokenization = {"prompt_token_ids": list(prompt)}, None
+        self.metrics_.requests_by_adapter.inc(adapter or "")
+        try:
+            sampling = self._sampling(params)
+        except ValueError as exc:
+            accepted.set_exception(InvalidInput(str(exc)))
+            return
+        stream = self.engine.generate(
+            engine_prompt, sampling, request_id, tokenization_kwargs=tokenization,
+            lora_request=self._adapters.get(adapter) if adapter is not None else None,
+            priority=params.priority,
+        )  # fmt: skip
+        try:
+            first = await self._admit(stream, accepted)
+            if first is not None:
+                await self._stream(request_id, first, stream, sink, arrived)
+        except asyncio.CancelledError:
+            self.metrics_.finished.inc("abort")
+            raise
+        finally:
+            with contextlib.suppress(Exception):
+                await stream.aclose()
+
+    async def _admit(self, stream: Any, accepted: Future[None]) -> Any:
+        """The first output, once vLLM took the request (``accepted`` then resolves);
+        None when it did not: its checks refused it (400), or it waited longer than the
+        queue timeout (503), and ``accepted`` holds why."""
+        self._pending += 1
+        try:
+            first = await asyncio.wait_for(anext(stream), self.queue_timeout_s)
+        except TimeoutError:
+            accepted.set_exception(Overloaded(
+                f"no free sequence slot within the queue timeout "
+                f"({self.queue_timeout_s:g}s); retry later"))  # fmt: skip
+            self.metrics_.finished.inc("queue_timeout")
+            return None
+        except (ValueError, self._client_error) as exc:  # vLLM's input checks
+            accepted.set_exception(_refusal(str(exc)))
+            return None
+        except Exception as exc:
+            logger.exception("vLLM could not start a request")
+            accepted.set_exception(exc)
+            return None
+        finally:
+            self._pending -= 1
+        accepted.set_result(None)
+        return first
+
+    async def _stream(
+        self, request_id: str, output: Any, stream: Any, sink: Sink, arrived: float
+    ) -> None:
+        metrics = self.metrics_
+        completion, last = 0, arrived
+        while True:
+            now = time.monotonic()
+            piece = output.outputs[0]
+            new = len(piece.token_ids)
+            if new:
+                if completion == 0:
+                    metrics.ttft_s.observe(now - arrived)
+                    metrics.ttft_sketch.observe(now - arrived)
+                else:
+                    metrics.itl_s.observe((now - last) / new)
+                completion += new
+                last = now
+            logprob = None
+            if piece.logprobs:
+                logprob = float(piece.logprobs[-1][piece.token_ids[-1]].logprob)
+            reason = piece.finish_reason if output.finished else None
+            prompt_tokens = len(output.prompt_token_ids or ())
+            sink(TokenOutput(
+                request_id, piece.text, piece.token_ids[-1] if new else None,
+                output.finished, reason, prompt_tokens, completion, logprob,
+            ))  # fmt: skip
+            if output.finished:
+                metrics.finished.inc(reason or "stop")
+                metrics.prompt_tokens.observe(prompt_tokens)
+                metrics.generation_tokens.observe(completion)
+                metrics.e2e_s.observe(now - arrived)
+                return
+            try:
+                output = await anext(stream)
+            except Exception:
+                logger.exception("vLLM request %s failed", request_id)
+                metrics.finished.inc("error")
+                sink(TokenOutput(request_id, "", None, True, "error", prompt_tokens, completion))
+                return
+
+    # -- vLLM's stats ---------------------------------------------------------------
+    def _stat_logger(self) -> Any:
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        core = self
+
+        class InferdStats(StatLoggerBase):
+            def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+                pass
+
+            def record(self, scheduler_stats: Any, iteration_stats: Any,
+                       mm_cache_stats: Any = None, engine_idx: int = 0) -> None:  # fmt: skip
+                core._record(scheduler_stats, iteration_stats)
+
+            def log_engine_initialized(self) -> None:
+                pass
+
+        return InferdStats
+
+    def _record(self, scheduler: Any, iteration: Any) -> None:
+        now = time.monotonic()
+        self._busy_s += (
+            (now - self._busy_mark)
+            * min(1.0, self._stats["running"] / max(1, self.spec.llm.max_num_seqs))
+            if self._stats["running"]
+            else 0.0
+        )
+        self._busy_mark = now
+        if scheduler is not None:
+            self._stats["running"] = scheduler.num_running_reqs
+            self._stats["waiting"] = scheduler.num_waiting_reqs
+            self._stats["kv_cache_usage"] = float(scheduler.kv_cache_usage)
+            prefix = scheduler.prefix_cache_stats
+            if prefix is not None:
+                self._prefix[0] += prefix.queries
+                self._prefix[1] += prefix.hits
+        if iteration is not None:
+            for done in iteration.finished_requests:
+                self.metrics_.queue_time_s.observe(done.queued_time)
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "uptime_s": time.monotonic() - self.started,
+            "inflight": len(self._tasks),
+            "busy_s": round(self._busy_s, 6),
+            "running": self._stats["running"],
+            "waiting": self._stats["waiting"] + self._pending,
+            "kv_cache_usage": self._stats["kv_cache_usage"],
+            "prefix_cache_queries": self._prefix[0],
+            "prefix_cache_hits": self._prefix[1],
+            "rss_bytes": rss_bytes(),
+        }
+
+    def metrics(self) -> dict[str, Any]:
+        return self.metrics_.snapshot()
+
+    def shadow_outcome(self, outputs: Any, message: Any) -> None:
+        """Never called: gateways mirror predict requests only."""
+
+    def idle(self) -> bool:
+        return not self._tasks
+
+    async def close(self) -> None:
+        for task in list(self._tasks.values()):
+            task.cancel()
+        if self.engine is not None:
+            self.engine.shutdown()
+
+
+def _refusal(message: str) -> InferdError:
+    lowered = message.lower()
+    if any(says in lowered for says in ("maximum model length", "maximum context length")):
+        return PromptTooLongError(message)
+    return InvalidInput(message)

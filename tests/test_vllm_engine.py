@@ -1,0 +1,277 @@
+"""vLLM as an engine: Llama- and Qwen2-shaped decoders (2 layers, random weights, real
+configs and chat templates) served by the real server, whose replicas run vLLM's CPU
+build in-process (``make vllm`` builds its environment; ``make test`` does it first).
+
+Greedy outputs are checked against Hugging Face transformers on the same folders; the
+chat template against transformers' own rendering; structured outputs and tool calls
+against their schemas.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from inferd.llm.engines import vllm_python
+from tests.conftest import InferdServer, push_folder
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(vllm_python() is None, reason="vLLM is not installed (make vllm)"),
+]
+PROMPTS = ("The function returns", "Hello world, this is", "A list of")
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "mood": {"enum": ["happy", "sad"]},
+    },
+    "required": ["name", "age", "mood"],
+    "additionalProperties": False,
+}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"enum": ["Paris", "Oslo"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            },
+            "required": ["city", "days"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferdServer]:
+    from inferd.demo.decoders import random_decoder
+
+    data = tmp_path_factory.mktemp("vllm")
+    for family in ("llama", "qwen2"):
+        folder = random_decoder(data / "src", family, vocab=1024)
+        push_folder(data, family, folder, "v1")
+    server = InferdServer(data, workers=2, env={"INFERD_LLM__MAX_NUM_SEQS": "16"})
+    try:
+        server.wait_ready(timeout_s=300)
+        yield server
+    finally:
+        assert server.stop() == 0, server.log()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def client(served: InferdServer) -> Iterator[object]:
+    import openai
+
+    with openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused") as client:
+        yield client
+
+
+def _hf(folder: Path) -> tuple[object, object]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return AutoModelForCausalLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(
+        folder
+    )
+
+
+def hf_greedy(folder: Path, ids: list[int], max_new_tokens: int) -> list[int]:
+    import torch
+
+    model, _ = _hf(folder)
+    prompt = torch.tensor([ids])
+    with torch.no_grad():
+        out = model.generate(  # type: ignore[attr-defined]
+            prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=max_new_tokens,
+            do_sample=False, pad_token_id=0,
+        )  # fmt: skip
+    return [int(t) for t in out[0, len(ids) :]]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_greedy_outputs_match_hugging_face(served: InferdServer, family: str):
+    folder = served.data_dir / "src" / f"{family}-random"
+    _, tok = _hf(folder)
+    for prompt in PROMPTS:
+        ids = tok(prompt, add_special_tokens=False)["input_ids"]  # type: ignore[operator]
+        expected = tok.decode(hf_greedy(folder, ids, 12), skip_special_tokens=True)  # type: ignore[attr-defined]
+        reply = served.client.post("/v1/completions", json={
+            "model": family, "prompt": prompt, "max_tokens": 12, "temperature": 0,
+            "ignore_eos": True,
+        })  # fmt: skip
+        assert reply.status_code == 200, reply.text
+        body = reply.json()
+        assert body["choices"][0]["text"] == expected, (prompt, body)
+        assert body["usage"] == {"prompt_tokens": len(ids), "completion_tokens": 12,
+                                 "total_tokens": len(ids) + 12}  # fmt: skip
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_chat_uses_the_models_template(served: InferdServer, client: Any, family: str):
+    folder = served.data_dir / "src" / f"{family}-random"
+    _, tok = _hf(folder)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)  # type: ignore[attr-defined]
+    ids = tok(text, add_special_tokens=False)["input_ids"]  # type: ignore[operator]
+    expected = tok.decode(hf_greedy(folder, ids, 10), skip_special_tokens=True)  # type: ignore[attr-defined]
+    chat = client.chat.completions.create(
+        model=family,
+        messages=messages,
+        max_tokens=10,
+        temperature=0,  # type: ignore[arg-type]
+        extra_body={"ignore_eos": True},
+    )
+    assert chat.usage is not None and chat.usage.prompt_tokens == len(ids)
+    assert chat.choices[0].message.content == expected
+    stream = client.chat.completions.create(
+        model=family,
+        messages=messages,
+        max_tokens=10,
+        temperature=0,
+        stream=True,  # type: ignore[arg-type]
+        extra_body={"ignore_eos": True},
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == expected
+
+
+def test_json_schema_answers_parse_and_validate(served: InferdServer):
+    from jsonschema import validate
+
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON,
+                                                  "strict": True}}  # fmt: skip
+    for seed in range(3):
+        reply = served.client.post("/v1/chat/completions", json={
+            "model": "qwen2", "messages": [{"role": "user", "content": "Who?"}],
+            "response_format": fmt, "max_tokens": 200, "temperature": 1.0, "seed": seed,
+        })  # fmt: skip
+        assert reply.status_code == 200, reply.text
+        choice = reply.json()["choices"][0]
+        assert choice["finish_reason"] == "stop", choice
+        validate(json.loads(choice["message"]["content"]), PERSON)
+    reply = served.client.post("/v1/chat/completions", json={
+        "model": "llama", "messages": [{"role": "user", "content": "JSON"}],
+        "response_format": {"type": "json_object"}, "max_tokens": 200, "temperature": 0,
+    })  # fmt: skip
+    content = reply.json()["choices"][0]["message"]["content"]
+    if reply.json()["choices"][0]["finish_reason"] == "stop":
+        assert isinstance(json.loads(content), dict)
+    else:  # cut by max_tokens: documented, finish_reason length
+        assert content.startswith("{")
+
+
+def test_forced_tool_calls(client: Any):
+    messages = [{"role": "user", "content": "Weather in Oslo?"}]
+    # one call (a random-weight model given an array of calls writes calls until
+    # max_tokens cuts it; the answer is then finish_reason length, no tool_calls)
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        chat = client.chat.completions.create(
+            model="qwen2",
+            messages=messages,
+            tools=[WEATHER],
+            tool_choice=choice,  # type: ignore[arg-type]
+            max_tokens=120,
+            temperature=0,
+            parallel_tool_calls=False,
+        )
+        answer = chat.choices[0]
+        assert answer.finish_reason == "tool_calls", answer
+        calls = answer.message.tool_calls
+        assert calls and calls[0].function.name == "get_weather"  # type: ignore[union-attr]
+        arguments = json.loads(calls[0].function.arguments)  # type: ignore[union-attr]
+        assert arguments["city"] in ("Paris", "Oslo") and 1 <= arguments["days"] <= 7
+    stream = client.chat.completions.create(
+        model="qwen2",
+        messages=messages,
+        tools=[WEATHER],
+        tool_choice="required",  # type: ignore[arg-type]
+        max_tokens=120,
+        temperature=0,
+        stream=True,
+        parallel_tool_calls=False,
+    )
+    chunks = [c for c in stream if c.choices]
+    deltas = [d for c in chunks for d in (c.choices[0].delta.tool_calls or ())]
+    assert deltas and deltas[0].function.name == "get_weather"  # type: ignore[union-attr]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    # the answer goes back as a tool message, and the template renders it
+    call = deltas[0]
+    assert call.function is not None
+    function = {"name": "get_weather", "arguments": call.function.arguments}
+    earlier = {"id": call.id, "type": "function", "function": function}
+    followup = [
+        *messages,
+        {"role": "assistant", "content": None, "tool_calls": [earlier]},
+        {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 21 C"},
+    ]
+    done = client.chat.completions.create(
+        model="qwen2",
+        messages=followup,
+        tools=[WEATHER],
+        tool_choice="none",  # type: ignore[arg-type]
+        max_tokens=5,
+        temperature=0,
+    )
+    assert done.choices[0].finish_reason in ("stop", "length")
+
+
+def test_bad_requests_are_400s(served: InferdServer):
+    # a schema the grammar backend cannot compile (a look-ahead in a pattern)
+    reply = served.client.post("/v1/chat/completions", json={
+        "model": "llama", "messages": [{"role": "user", "content": "x"}], "max_tokens": 5,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "object", "properties": {"a": {"type": "string", "pattern": "(?=a)b"}}}}},
+    })  # fmt: skip
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["type"] == "invalid_request_error"
+    too_long = "word " * 3000
+    reply = served.client.post("/v1/completions", json={
+        "model": "llama", "prompt": too_long, "max_tokens": 5})  # fmt: skip
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_disconnect_cancels_and_metrics_come_from_the_engine(served: InferdServer):
+    with httpx.stream("POST", f"{served.url}/api/v1/models/llama/generate", json={
+        "prompt": "Hello", "max_tokens": 900, "ignore_eos": True, "stream": True,
+    }, timeout=30) as reply:  # fmt: skip
+        for n, _ in enumerate(reply.iter_lines()):
+            if n > 4:
+                break
+    import time
+
+    deadline = time.monotonic() + 15
+    while True:
+        metrics = served.client.get("/metrics").text
+        inflight = [
+            line for line in metrics.splitlines()
+            if line.startswith("inferd_inflight_requests{") and 'model="llama"' in line
+        ]  # fmt: skip
+        if inflight and all(line.endswith(" 0") for line in inflight):
+            break
+        assert time.monotonic() < deadline, f"the cancelled request still runs: {inflight}"
+        time.sleep(0.2)
+    assert 'inferd_time_to_first_token_seconds_count{model="llama"' in metrics
+    assert 'inferd_kv_cache_usage_ratio{model="llama"' in metrics
+    assert 'inferd_generation_queue_seconds_count{model="llama"' in metrics
+
+
+def test_an_engine_that_is_not_installed_is_refused_at_push(tmp_path: Path, monkeypatch):
+    from inferd.demo.decoders import random_decoder
+
+    folder = random_decoder(tmp_path / "src", "mistral", vocab=600)
+    monkeypatch.setenv("INFERD_LLM__VLLM_PYTHON", str(tmp_path / "no-python"))
+    with pytest.raises(ValueError, match="engine vllm is not installed"):
+        push_folder(tmp_path / "data", "mistral", folder, "v1")
+    monkeypatch.delenv("INFERD_LLM__VLLM_PYTHON")
+    with pytest.raises(ValueError, match="runs the GPT-2 family only"):
+        push_folder(tmp_path / "data", "mistral", folder, "v1", engine="inferd")
