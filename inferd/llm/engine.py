@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import torch
 
 from inferd.llm.batch import KVCache, ModelInput
+from inferd.llm.guides import GuideCompiler
 from inferd.llm.metrics import GenerationMetrics
 from inferd.llm.sampling import sample
 from inferd.llm.scheduler import Scheduled, Scheduler, SchedulerConfig
@@ -81,6 +82,8 @@ class _Request:
     """Arrival (monotonic clock): at the gateway when known."""
     scheduled: bool = False
     last_token: float | None = None
+    matcher: Any = None
+    """The request's output constraint (:mod:`inferd.llm.guides`), or None."""
 
 
 class PromptTooLong(ValueError):
@@ -97,9 +100,15 @@ class EngineFull(RuntimeError):
 
 class LLMEngine:
     def __init__(
-        self, model: Model, tokenizer: TextTokenizer, config: EngineConfig, lora: Any = None
+        self,
+        model: Model,
+        tokenizer: TextTokenizer,
+        config: EngineConfig,
+        lora: Any = None,
+        guides: GuideCompiler | None = None,
     ) -> None:
         self.model = model
+        self.guides = guides
         self.tokenizer = tokenizer
         self.config = config
         self.lora = lora
@@ -160,6 +169,11 @@ class LLMEngine:
             raise EngineFull(f"{len(self.scheduler.waiting)} requests are already waiting")
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already running")
+        matcher = None
+        if params.guide is not None:
+            if self.guides is None:
+                raise ValueError("this engine was started without structured outputs")
+            matcher = self.guides.matcher(params.guide)
         seq = Sequence(request_id, ids, params, adapter_slot)
         now = time.monotonic()
         self.requests[request_id] = _Request(
@@ -167,6 +181,7 @@ class LLMEngine:
             Detokenizer(self.tokenizer, ids),
             StopChecker(params.stop),
             now if arrived is None else min(arrived, now),
+            matcher=matcher,
         )
         self.metrics.requests_by_adapter.inc(adapter_name or "")
         self.metrics.prompt_tokens.observe(len(ids))
@@ -232,6 +247,7 @@ class LLMEngine:
         self._note_scheduled(scheduled)
         sampled = self.execute(scheduled)
         self.scheduler.update(scheduled, {seq: tok for seq, (tok, _) in sampled.items()})
+        self._advance_guides(sampled)
         self.steps += 1
         out = [self._output(seq, tok, lp) for seq, (tok, lp) in sampled.items()]
         elapsed = time.perf_counter() - started
@@ -273,8 +289,26 @@ class LLMEngine:
         inp, sampling = self._model_input(scheduled)
         with torch.inference_mode():
             logits = self.model.forward(inp, self.cache, self.lora)
+            guided = [
+                (row, request.matcher)
+                for row, seq in enumerate(sampling)
+                if (request := self.requests[seq.request_id]).matcher is not None
+            ]
+            if guided and self.guides is not None:
+                self.guides.mask(logits, [r for r, _ in guided], [m for _, m in guided])
         tokens, logprobs = sample(logits, sampling)
         return {seq: (t, lp) for seq, t, lp in zip(sampling, tokens, logprobs, strict=True)}
+
+    def _advance_guides(self, sampled: dict[Sequence, tuple[int, float | None]]) -> None:
+        """Each guided sequence's matcher takes its token; one whose output is complete
+        (the grammar admits nothing more) finishes with ``stop``."""
+        for seq, (token, _) in sampled.items():
+            matcher = self.requests[seq.request_id].matcher
+            if matcher is None:
+                continue
+            matcher.consume_token(token)
+            if not seq.finished and (matcher.is_stopped() or matcher.is_error()):
+                self.scheduler.finish(seq, "stop")
 
     def _model_input(self, scheduled: list[Scheduled]) -> tuple[ModelInput, list[Sequence]]:
         ids: list[int] = []

@@ -11,6 +11,7 @@ import torch
 from inferd.config import LLMConfig
 from inferd.llm import native
 from inferd.llm.engine import EngineConfig, LLMEngine
+from inferd.llm.guides import GuideCompiler
 from inferd.llm.lora import LoRABank
 from inferd.llm.model import GPT2
 from inferd.llm.tokenizer import TextTokenizer
@@ -52,7 +53,9 @@ def engine_for(
         max_prompt_tokens=llm.max_prompt_tokens,
     )
     lora = LoRABank(cfg, llm.max_adapters, llm.max_lora_rank, dtype=dtype)
-    engine = LLMEngine(model, tokenizer, config, lora)
+    vocab = getattr(cfg, "vocab_size", None) or tokenizer.vocab_size
+    guides = GuideCompiler(folder / "tokenizer.json", vocab, tokenizer.eos_token_id)
+    engine = LLMEngine(model, tokenizer, config, lora, guides)
     for name, path in (adapters or {}).items():
         engine.load_adapter(name, folder / path)  # relative to the version folder
     logger.info(
