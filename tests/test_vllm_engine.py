@@ -60,7 +60,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferdServer]:
     data = tmp_path_factory.mktemp("vllm")
     for family in ("llama", "qwen2"):
         folder = random_decoder(data / "src", family, vocab=1024)
-        push_folder(data, family, folder, "v1")
+        # llama with LoRA slots: adapters load into it at run time
+        push_folder(data, family, folder, "v1", **({"lora": True} if family == "llama" else {}))
     server = InferdServer(data, workers=2, env={"INFERD_LLM__MAX_NUM_SEQS": "16"})
     try:
         server.wait_ready(timeout_s=300)
@@ -263,6 +264,59 @@ def test_disconnect_cancels_and_metrics_come_from_the_engine(served: InferdServe
     assert 'inferd_time_to_first_token_seconds_count{model="llama"' in metrics
     assert 'inferd_kv_cache_usage_ratio{model="llama"' in metrics
     assert 'inferd_generation_queue_seconds_count{model="llama"' in metrics
+
+
+def make_lora(base: Path, out: Path, seed: int) -> Path:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base)
+    peft_model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16,
+                                                  target_modules=["q_proj", "v_proj"]))  # fmt: skip
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:  # PEFT starts B at zero: make the adapter matter
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.5)
+    peft_model.save_pretrained(out)
+    return out
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+def test_lora_adapters_load_and_unload_at_run_time(served: InferdServer, tmp_path: Path):
+    import torch
+    from peft import PeftModel
+
+    base = served.data_dir / "src" / "llama-random"
+    adapter = make_lora(base, tmp_path / "lora", seed=3)
+    model, tok = _hf(base)
+    tuned = PeftModel.from_pretrained(model, adapter).eval()
+    ids = tok("The function returns", add_special_tokens=False)["input_ids"]  # type: ignore[operator]
+    prompt = torch.tensor([ids])
+    with torch.no_grad():
+        out = tuned.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt),
+                             max_new_tokens=8, do_sample=False, pad_token_id=0)  # fmt: skip
+    expected = tok.decode(out[0, len(ids) :].tolist(), skip_special_tokens=True)  # type: ignore[attr-defined]
+    c = served.client
+    loaded = c.post("/v1/load_lora_adapter", json={
+        "lora_name": "mine", "lora_path": str(adapter), "base_model": "llama"})  # fmt: skip
+    assert loaded.status_code == 200, loaded.text
+
+    def complete(model: str) -> httpx.Response:
+        return c.post("/v1/completions", json={
+            "model": model, "prompt": "The function returns", "max_tokens": 8,
+            "temperature": 0, "ignore_eos": True})  # fmt: skip
+
+    with_adapter = complete("llama:mine")
+    assert with_adapter.status_code == 200, with_adapter.text
+    assert with_adapter.json()["choices"][0]["text"] == expected
+    assert expected != complete("llama").json()["choices"][0]["text"]
+    unloaded = c.post("/v1/unload_lora_adapter", json={"lora_name": "mine", "base_model": "llama"})
+    assert unloaded.status_code == 200
+    gone = complete("llama:mine")
+    assert gone.status_code == 404, gone.text
 
 
 def test_an_engine_that_is_not_installed_is_refused_at_push(tmp_path: Path, monkeypatch):
