@@ -19,7 +19,7 @@ and at 256 concurrent streams (output tokens/s), and an open loop at 2 requests/
 chat completions at 64 streams, every request with a JSON schema (a string of 200+
 characters, so every answer is 64 tokens, as unconstrained ones are) vs none.
 
-Writes bench/results/vllm_engine.json and prints a table.
+Writes bench/results/vllm_engine_<dtype>.json and prints a table.
 """
 
 from __future__ import annotations
@@ -227,7 +227,8 @@ def write(results: dict[str, Any]) -> None:
     }
     results["summary"] = summary
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "vllm_engine.json").write_text(json.dumps(results, indent=2))
+    dtype = results["args"]["dtype"]
+    (RESULTS / f"vllm_engine_{dtype}.json").write_text(json.dumps(results, indent=2))
     print(f"{'run':<32}{'tokens/s':>10}{'TTFT p50 ms':>13}{'TTFT p99 ms':>13}{'errors':>8}")
     for name in ("vllm-server", "inferd-vllm", "inferd-own"):
         for level, r in results[name].items():

@@ -174,3 +174,13 @@ def test_streamed_answers_hold_back_what_may_be_a_call():
     assert plain.feed("a <b") == "a <b"
     assert plain.feed(" <too") == " "
     assert plain.finish("stop") == ("<too", [], "stop")
+
+
+def test_an_output_complete_on_its_last_allowed_token_finishes_with_stop(engine: LLMEngine):
+    guide = {"json": {"enum": ["yes", "no"]}}
+    ids: list[int] = []
+    engine.add_request("full", "The server", SamplingParams(max_tokens=20, guide=guide))
+    while engine.has_work():
+        ids += [out.token_id for out in engine.step() if out.token_id is not None]
+    text, reason = run(engine, {"exact": SamplingParams(max_tokens=len(ids), guide=guide)})["exact"]
+    assert reason == "stop" and json.loads(text) in ("yes", "no")

@@ -81,13 +81,16 @@ LLM_DEMO = ("tinygpt", "v1")
 def install_llm_demo(registry: Registry, work_dir: Path, progress: Callable[[str], None]) -> None:
     """A small GPT-2 trained here, registered with its LoRA adapter inside its version
     folder (``adapters/reviews``), so one base serves two styles: ``tinygpt`` and
-    ``tinygpt-reviews``."""
+    ``tinygpt-reviews``; with a ChatML chat template, so chat, JSON-schema answers and
+    tool calls show on it."""
     name, version = LLM_DEMO
     if _has(registry, name, version):
         return
     import shutil
 
+    from inferd.demo.decoders import CHATML_TEMPLATE
     from inferd.demo.llm import build_tiny_gpt2
+    from inferd.llm.chat import TEMPLATE_FILE
 
     progress("building the demo LLM locally (a small GPT-2 and a LoRA adapter, ~2 min) ...")
     demo = build_tiny_gpt2(work_dir / "llm", progress=progress)
@@ -95,6 +98,8 @@ def install_llm_demo(registry: Registry, work_dir: Path, progress: Callable[[str
     shutil.rmtree(folder, ignore_errors=True)
     shutil.copytree(demo.base, folder)
     shutil.copytree(demo.adapter, folder / "adapters" / "reviews")
+    # a chat template, so /v1/chat/completions prompts it as chat models are prompted
+    (folder / TEMPLATE_FILE).write_text(CHATML_TEMPLATE)
     adapter_name = f"{name}-{demo.adapter_name}"
     metadata = {**demo.metadata, "adapters": {adapter_name: "adapters/reviews"}}
     description = (

@@ -307,8 +307,12 @@ class LLMEngine:
             if matcher is None:
                 continue
             matcher.consume_token(token)
-            if not seq.finished and (matcher.is_stopped() or matcher.is_error()):
+            if not (matcher.is_stopped() or matcher.is_error()):
+                continue
+            if not seq.finished:
                 self.scheduler.finish(seq, "stop")
+            elif seq.finish_reason == "length":  # complete on its last allowed token
+                seq.finish_reason = "stop"
 
     def _model_input(self, scheduled: list[Scheduled]) -> tuple[ModelInput, list[Sequence]]:
         ids: list[int] = []
