@@ -113,6 +113,10 @@ def test_greedy_outputs_match_hugging_face(served: InferdServer, family: str):
         assert reply.status_code == 200, reply.text
         body = reply.json()
         assert body["choices"][0]["text"] == expected, (prompt, body)
+        greedy = {"max_tokens": 12, "temperature": 0, "ignore_eos": True}
+        v2 = served.client.post(f"/v2/models/{family}/generate",
+                                json={"text_input": prompt, "parameters": greedy})  # fmt: skip
+        assert v2.status_code == 200 and v2.json()["text_output"] == expected, v2.text
         assert body["usage"] == {"prompt_tokens": len(ids), "completion_tokens": 12,
                                  "total_tokens": len(ids) + 12}  # fmt: skip
 
