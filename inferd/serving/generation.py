@@ -63,6 +63,22 @@ class _AdapterOp:
     done: Future[dict[str, Any]]
 
 
+def checked(
+    core: Any, prompt: str | list[int] | dict[str, Any], params: dict[str, Any]
+) -> tuple[str | list[int], SamplingParams]:
+    """What both engines' cores do first with a generation: refuse it unless the replica
+    serves, check its sampling fields, render a chat with the model's template."""
+    if core.state not in ("ready", "draining"):
+        raise ModelNotReady(f"replica is {core.state}")
+    try:
+        sampling = SamplingParams(**params)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"invalid sampling parameters: {exc}") from None
+    if isinstance(prompt, dict):
+        return core.chat.render(prompt["messages"], prompt.get("tools")), sampling
+    return prompt, sampling
+
+
 class GenerationCore:
     def __init__(self, spec: ReplicaSpec, build: Callable[[ReplicaSpec], LLMEngine]) -> None:
         self.spec = spec
@@ -106,14 +122,7 @@ class GenerationCore:
         arrived: float | None = None,
     ) -> Future[None]:
         """Queue a generation; the future resolves once the engine accepted it."""
-        if self.state not in ("ready", "draining"):
-            raise ModelNotReady(f"replica is {self.state}")
-        try:
-            sampling = SamplingParams(**params)
-        except (TypeError, ValueError) as exc:
-            raise InvalidInput(f"invalid sampling parameters: {exc}") from None
-        if isinstance(prompt, dict):
-            prompt = self.chat.render(prompt["messages"], prompt.get("tools"))
+        prompt, sampling = checked(self, prompt, params)
         accepted: Future[None] = Future()
         self._sinks[request_id] = sink
         self._commands.put(_Add(request_id, prompt, sampling, adapter, sink, accepted, arrived))

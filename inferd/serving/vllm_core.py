@@ -29,28 +29,21 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from inferd.errors import (
-    InferdError,
-    InvalidInput,
-    ModelNotFound,
-    ModelNotReady,
-    Overloaded,
-)
+from inferd.errors import InferdError, InvalidInput, ModelNotFound, Overloaded
 from inferd.errors import PromptTooLong as PromptTooLongError
 from inferd.llm.chat import ChatTemplate
 from inferd.llm.engine import TokenOutput
 from inferd.llm.metrics import GenerationMetrics
 from inferd.llm.sequence import SamplingParams
+from inferd.serving.generation import Sink, checked
 from inferd.serving.replica import load_off_loop, mark_ready, rss_bytes
 from inferd.serving.spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)
-Sink = Callable[[TokenOutput | InferdError], None]
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 CPU_KV_MIN_GIB = 1
 
@@ -153,19 +146,12 @@ class VLLMCore:
         sink: Sink,
         arrived: float | None = None,
     ) -> Future[None]:
-        if self.state not in ("ready", "draining"):
-            raise ModelNotReady(f"replica is {self.state}")
-        try:
-            sampling = SamplingParams(**params)
-        except (TypeError, ValueError) as exc:
-            raise InvalidInput(f"invalid sampling parameters: {exc}") from None
+        prompt, sampling = checked(self, prompt, params)
         if adapter is not None and adapter not in self._adapters:
             raise ModelNotFound(f"adapter {adapter!r} is not loaded")
         if self._pending >= self.spec.llm.max_waiting:
             raise Overloaded(f"{self._pending} requests are waiting in this replica "
                              f"(llm.max_waiting); retry later")  # fmt: skip
-        if isinstance(prompt, dict):
-            prompt = self.chat.render(prompt["messages"], prompt.get("tools"))
         accepted: Future[None] = Future()
         task = asyncio.get_running_loop().create_task(
             self._run(request_id, prompt, sampling, adapter, sink, accepted,
