@@ -306,12 +306,15 @@ def test_predict_on_a_generative_model_says_use_generate(llm: InferdServer):
 
 
 def make_adapter(base: Path, out: Path, seed: int, targets: list[str]) -> Path:
+    """A PEFT LoRA adapter of ``base`` (any causal LM folder) on ``targets``, with random
+    B matrices so it changes the output."""
     import torch
     from peft import LoraConfig, get_peft_model
-    from transformers import GPT2LMHeadModel
+    from transformers import AutoModelForCausalLM
 
-    model = GPT2LMHeadModel.from_pretrained(base)
-    config = LoraConfig(r=4, lora_alpha=8, target_modules=targets, fan_in_fan_out=True)
+    model = AutoModelForCausalLM.from_pretrained(base)
+    gpt2 = model.config.model_type == "gpt2"  # its Conv1D layers store weights transposed
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=targets, fan_in_fan_out=gpt2)
     peft_model = get_peft_model(model, config)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():

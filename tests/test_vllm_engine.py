@@ -19,6 +19,7 @@ import pytest
 
 from inferd.llm.engines import vllm_python
 from tests.conftest import InferdServer, push_folder
+from tests.test_generation_server import make_adapter
 
 pytestmark = [
     pytest.mark.slow,
@@ -270,23 +271,6 @@ def test_disconnect_cancels_and_metrics_come_from_the_engine(served: InferdServe
     assert 'inferd_generation_queue_seconds_count{model="llama"' in metrics
 
 
-def make_lora(base: Path, out: Path, seed: int) -> Path:
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(base)
-    peft_model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16,
-                                                  target_modules=["q_proj", "v_proj"]))  # fmt: skip
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_B" in name:  # PEFT starts B at zero: make the adapter matter
-                param.copy_(torch.randn(param.shape, generator=gen) * 0.5)
-    peft_model.save_pretrained(out)
-    return out
-
-
 @pytest.mark.filterwarnings("ignore::UserWarning")
 @pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
 def test_lora_adapters_load_and_unload_at_run_time(served: InferdServer, tmp_path: Path):
@@ -294,7 +278,7 @@ def test_lora_adapters_load_and_unload_at_run_time(served: InferdServer, tmp_pat
     from peft import PeftModel
 
     base = served.data_dir / "src" / "llama-random"
-    adapter = make_lora(base, tmp_path / "lora", seed=3)
+    adapter = make_adapter(base, tmp_path / "lora", seed=3, targets=["q_proj", "v_proj"])
     model, tok = _hf(base)
     tuned = PeftModel.from_pretrained(model, adapter).eval()
     ids = tok("The function returns", add_special_tokens=False)["input_ids"]  # type: ignore[operator]

@@ -44,7 +44,6 @@ from inferd.serving.replica import load_off_loop, mark_ready, rss_bytes
 from inferd.serving.spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)
-_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 CPU_KV_MIN_GIB = 1
 
 
@@ -56,7 +55,7 @@ def engine_args(spec: ReplicaSpec) -> dict[str, Any]:
         "model": spec.artifact_dir,
         "tokenizer": spec.artifact_dir,
         "served_model_name": spec.model,
-        "dtype": _DTYPES[llm.dtype],
+        "dtype": llm.dtype,  # float32, bfloat16, float16: vLLM's names too
         "max_num_seqs": llm.max_num_seqs,
         "scheduling_policy": "priority",
         "enable_prefix_caching": True,
@@ -353,12 +352,9 @@ class VLLMCore:
 
     def _record(self, scheduler: Any, iteration: Any) -> None:
         now = time.monotonic()
-        self._busy_s += (
-            (now - self._busy_mark)
-            * min(1.0, self._stats["running"] / max(1, self.spec.llm.max_num_seqs))
-            if self._stats["running"]
-            else 0.0
-        )
+        # the time since the last record, weighted by how full the engine was in it
+        occupancy = self._stats["running"] / max(1, self.spec.llm.max_num_seqs)
+        self._busy_s += (now - self._busy_mark) * occupancy
         self._busy_mark = now
         if scheduler is not None:
             self._stats["running"] = scheduler.num_running_reqs

@@ -76,8 +76,9 @@ class LocalBackend:
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         if spec.gpus is not None:  # the deployment asked for a GPU type: only those
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, spec.gpus))
+        python = await asyncio.to_thread(python_for, spec)  # may ask an interpreter (once)
         process = await asyncio.create_subprocess_exec(
-            python_for(spec),
+            python,
             "-m",
             "inferd.serving.replica",
             spec.to_json(),
