@@ -258,6 +258,82 @@ class ClusterConfig(Group):
     controller has not been heard from for this long (the gateway keeps serving it)."""
 
 
+class TLSConfig(Group):
+    """TLS on the client-facing ports: the HTTP and gRPC ports of every gateway (see
+    :mod:`inferd.tls`). Not ``cluster.tls_*``, which is between inferd's own processes."""
+
+    cert_file: Path | None = None
+    """PEM certificate chain served on the HTTP and gRPC ports (None: plain HTTP and gRPC)."""
+    key_file: Path | None = None
+    """The private key (PEM) of ``cert_file``."""
+    client_ca_file: Path | None = None
+    """Mutual TLS for API clients: both ports require a client certificate signed by this
+    CA (PEM); None: no client certificate asked for."""
+
+    @model_validator(mode="after")
+    def _cert_and_key_together(self) -> TLSConfig:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError(
+                "tls.cert_file and tls.key_file go together (INFERD_TLS__CERT_FILE, "
+                "INFERD_TLS__KEY_FILE): give both, or neither for plain HTTP and gRPC"
+            )
+        if self.client_ca_file is not None and self.cert_file is None:
+            raise ValueError("tls.client_ca_file needs tls.cert_file and tls.key_file")
+        return self
+
+
+class KubernetesConfig(Group):
+    """The ``kubernetes`` replica backend (``replica_backend: kubernetes``): per deployed
+    version a Deployment of ``inferd replica`` pods in one namespace, scaled by the
+    controller and the autoscaler, its pods found through the Kubernetes API (see
+    :mod:`inferd.control.backends.kubernetes`). The API is reached in-cluster (the pod's
+    service account) or through ``KUBECONFIG``."""
+
+    namespace: str | None = None
+    """Where replica Deployments live; None: the controller pod's own namespace (else
+    ``default``)."""
+    image: str = "inferd:latest"
+    """Image of replica pods (the controller's own image, as the Helm chart sets it)."""
+    image_pull_policy: str = Field("IfNotPresent", pattern="^(Always|IfNotPresent|Never)$")
+    image_pull_secrets: list[str] = Field(default_factory=list)
+    """Secrets replica pods pull their image with."""
+    instance: str = Field("inferd", pattern=r"^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$")
+    """``app.kubernetes.io/instance`` of everything it creates (the Helm release): one
+    controller owns the replica Deployments carrying its instance, and only those."""
+    owner: str | None = None
+    """A Deployment (the controller's own) that owns the replica Deployments: deleting it
+    (``helm uninstall``) garbage-collects them. None: they are left to the controller."""
+    service_account: str | None = None
+    """Replica pods' service account (its token is never mounted: they need no API)."""
+    env_from_secrets: list[str] = Field(default_factory=list)
+    """Secrets whose keys become replica pods' environment (the cluster token, the S3
+    store's credentials)."""
+    env_from_config_maps: list[str] = Field(default_factory=list)
+    """ConfigMaps whose keys become replica pods' environment."""
+    replica_port: int = Field(9000, ge=1, le=65535)
+    """Port of the replica protocol in a pod (gateways and the controller connect)."""
+    health_port: int = Field(9001, ge=1, le=65535)
+    """Port of a pod's ``/health/live`` and ``/health/ready`` (the kubelet's probes)."""
+    cpu_request: str = "500m"
+    """A replica container's CPU request (a deployment's resources do not set one)."""
+    memory_request: str = "1Gi"
+    """A replica container's memory request (and limit: the pod is evicted beyond)."""
+    data_size_limit: str = "20Gi"
+    """Size limit of a pod's model cache (an ``emptyDir`` the version's files are
+    fetched into)."""
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    """Node labels every replica pod asks for."""
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    """Tolerations of every replica pod (Kubernetes' own shape)."""
+    gpu_node_label: str = "nvidia.com/gpu.product"
+    """The node label a deployment's ``resources.gpu`` selects (its value, as named)."""
+    leader_election: bool = True
+    """Controllers elect one leader through a Lease (beside the registry's lock)."""
+    lease_name: str = "inferd-controller"
+    lease_duration_s: float = Field(15.0, ge=2, le=300)
+    """A leader that has not renewed the Lease for this long is replaced."""
+
+
 class RegistryConfig(Group):
     """Registering versions over the API (``POST /api/v1/models/{model}/versions``)."""
 
@@ -306,14 +382,15 @@ class JobsConfig(Group):
     """Run the job runner in this server (several servers may share a Redis or Kafka
     queue; each one's runner takes its share)."""
     gateway_url: str | None = None
-    """Where the runner sends its requests (``http://host:port`` of a gateway); None:
+    """Where the runner sends its requests (``http(s)://host:port`` of a gateway); None:
     this server's own gateways. ``inferd control`` has none: it runs the runner only
     with this set (``--jobs-gateway``)."""
 
 
-NOT_SETTINGS = ("INFERD_CONFIG", "INFERD_API_KEY", "INFERD_URL")
-"""``INFERD_*`` variables that are not server settings: the YAML file to read, and the
-credential and address ``inferd`` client commands use."""
+NOT_SETTINGS = ("INFERD_CONFIG", "INFERD_API_KEY", "INFERD_URL", "INFERD_REPLICA_SPEC")
+"""``INFERD_*`` variables that are not server settings: the YAML file to read, the
+credential and address ``inferd`` client commands use, and the spec a replica pod is
+given (``inferd replica --spec-env``)."""
 NOT_SETTINGS_PREFIXES = ("INFERD_TEST_", "INFERD_SKIP_", "INFERD_BENCH_")
 """Variables of inferd's own test suite and benchmarks (never read by the server)."""
 
@@ -360,6 +437,12 @@ class Settings(BaseSettings):
     jobs: JobsConfig = Field(default_factory=lambda: JobsConfig())
     registry: RegistryConfig = Field(default_factory=lambda: RegistryConfig())
     cluster: ClusterConfig = Field(default_factory=lambda: ClusterConfig())
+    replica_backend: str = Field("local", pattern="^(local|kubernetes)$")
+    """Where the controller runs replicas: ``local`` child processes, or ``kubernetes``
+    (a Deployment of replica pods per version, see ``kubernetes``)."""
+    kubernetes: KubernetesConfig = Field(default_factory=lambda: KubernetesConfig())
+    tls: TLSConfig = Field(default_factory=lambda: TLSConfig())
+    """TLS (and optionally client certificates) on the HTTP and gRPC ports."""
     artifact_store: str | None = None
     """Where versions' files live: None, the data folder (``<data_dir>/artifacts``); or
     ``s3://bucket/prefix``, an S3-compatible store (endpoint and credentials the usual

@@ -18,12 +18,13 @@ import secrets
 import shutil
 import signal
 import socket
+import ssl
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import inferd
-from inferd import transport
+from inferd import tls, transport
 from inferd.config import Settings
 from inferd.control.gateways import GatewayPool
 from inferd.control.leader import Leadership
@@ -54,7 +55,9 @@ def _reserve_port(host: str, port: int) -> socket.socket:
 
 
 def _resolve_ports(settings: Settings) -> list[socket.socket]:
-    """Reserve the HTTP port and the gRPC port (unless disabled); 0 becomes a real port."""
+    """Check their TLS files, reserve the HTTP port and the gRPC port (unless disabled);
+    0 becomes a real port."""
+    tls.check(settings.tls)
     http = _reserve_port(settings.host, settings.port)
     settings.port = http.getsockname()[1]
     if settings.grpc_port < 0:
@@ -86,6 +89,27 @@ def _cluster(settings: Settings, tcp: bool) -> None:
     transport.use(creds)
 
 
+def _listening_on(settings: Settings) -> str:
+    """``http(s)://host:port, gRPC on host:port`` for the start message."""
+    secure = settings.tls.cert_file is not None
+    where = f"{'https' if secure else 'http'}://{settings.host}:{settings.port}"
+    if settings.grpc_port >= 0:
+        where += f", gRPC{' (TLS)' if secure else ''} on {settings.host}:{settings.grpc_port}"
+    if settings.tls.client_ca_file is not None:
+        where += ", client certificates required"
+    return where
+
+
+def _own_gateways_tls(settings: Settings, run_dir: Path) -> ssl.SSLContext | None:
+    """How the job runner reaches this server's gateways over TLS (None: plain HTTP);
+    with client certificates required, the gateways also trust the runner's own."""
+    if settings.tls.cert_file is None:
+        return None
+    context, client_cas = tls.own_gateways_client(settings.tls, run_dir)
+    settings.tls.client_ca_file = client_cas or settings.tls.client_ca_file
+    return context
+
+
 def _internal_token(settings: Settings) -> str:
     """The job runner's credential with the gateways: derived from the cluster token
     when there is one (gateways on other hosts derive the same), else random."""
@@ -103,10 +127,12 @@ async def serve(
 ) -> None:
     """``inferd serve`` (``gateways``) or ``inferd control`` (the registry, controller and
     replicas, and the control channel for gateways on other hosts; no gateway here)."""
-    _cluster(settings, tcp=settings.cluster.control_listen is not None)
+    # Replicas on other hosts (joined, or Kubernetes pods) are reached over TCP.
+    tcp = settings.cluster.control_listen is not None or settings.replica_backend != "local"
+    _cluster(settings, tcp=tcp)
     registry = await asyncio.to_thread(Registry.from_settings, settings)
     try:  # one controller writes desired state; others wait (PostgreSQL) or are refused
-        leadership = await Leadership.acquire(registry.engine, settings.data_dir, progress)
+        leadership = await Leadership.acquire(registry.engine, settings, progress)
     except BaseException:
         registry.close()
         raise
@@ -134,6 +160,7 @@ async def serve(
     settings.auth.internal_token = _internal_token(settings)
     run_dir = settings.run_dir or Path(tempfile.mkdtemp(prefix="inferd-"))
     run_dir.mkdir(parents=True, exist_ok=True)
+    own_tls = _own_gateways_tls(settings, run_dir) if gateways else None
     plane = ControlPlane(settings, registry, run_dir)
     pool = GatewayPool(settings, plane.control_socket)
     plane.gateway_pids = lambda: [p.pid for p in pool.processes]
@@ -151,15 +178,12 @@ async def serve(
             for sock in reserved:
                 sock.close()
         if settings.jobs.runner and (gateways or settings.jobs.gateway_url):
-            plane.jobs = JobService(settings, registry)
+            plane.jobs = JobService(settings, registry, own_tls)
             await plane.jobs.start()
         if gateways:
-            grpc = (
-                f", gRPC on {settings.host}:{settings.grpc_port}" if settings.grpc_port >= 0 else ""
-            )
             progress(
-                f"inferd {inferd.__version__} serving on http://{settings.host}:{settings.port}"
-                f"{grpc} ({settings.gateway_workers} gateway process(es)); models: {models}"
+                f"inferd {inferd.__version__} serving on {_listening_on(settings)} "
+                f"({settings.gateway_workers} gateway process(es)); models: {models}"
             )
         else:
             progress(
@@ -174,7 +198,7 @@ async def serve(
         abdicate.cancel()
         await pool.stop()
         await plane.stop()
-        leadership.release()
+        await leadership.release()
         registry.close()
         if settings.run_dir is None:
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -210,11 +234,9 @@ async def serve_gateways(
         starting.result()
         for sock in reserved:
             sock.close()
-        grpc = f", gRPC on {settings.host}:{settings.grpc_port}" if settings.grpc_port >= 0 else ""
         progress(
-            f"inferd {inferd.__version__} gateway on http://{settings.host}:{settings.port}"
-            f"{grpc} ({settings.gateway_workers} process(es)), following the controller at "
-            f"{control}"
+            f"inferd {inferd.__version__} gateway on {_listening_on(settings)} "
+            f"({settings.gateway_workers} process(es)), following the controller at {control}"
         )
         await stop.wait()
         progress("shutting down: draining gateways")

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -39,11 +40,15 @@ class InferdServer:
         demo: bool = False,
         workers: int = 1,
         env: dict[str, str] | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
+        """``tls``: the server serves TLS (``env`` names its files); the client context
+        that trusts it, for ``client`` and the readiness polls."""
         self.data_dir = data_dir
         self.port = free_port()
         self.grpc_port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.verify: ssl.SSLContext | bool = tls or True
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         self.log_path = data_dir / f"server-{self.port}.log"
         data_dir.mkdir(parents=True, exist_ok=True)
         cmd = [
@@ -72,7 +77,7 @@ class InferdServer:
         self.process = subprocess.Popen(
             cmd, stdout=self._log, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT
         )
-        self.client = httpx.Client(base_url=self.url, timeout=30)
+        self.client = httpx.Client(base_url=self.url, timeout=30, verify=self.verify)
         _STARTED.append(self)
 
     def log(self) -> str:
@@ -88,7 +93,7 @@ class InferdServer:
             if self.process.poll() is not None:
                 raise AssertionError(f"server exited with {self.process.returncode}:\n{self.log()}")
             try:
-                ok = httpx.get(self.url + path, timeout=10).status_code == 200
+                ok = httpx.get(self.url + path, timeout=10, verify=self.verify).status_code == 200
             except httpx.TransportError:
                 ok = False
             in_a_row = in_a_row + 1 if ok else 0

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import socket
+import ssl
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ import uvicorn
 from inferd import transport
 from inferd.api.app import create_app
 from inferd.api.limits import rate_limits_for
-from inferd.config import Settings
+from inferd.config import Settings, TLSConfig
 from inferd.control.gateways import SETTINGS_VAR
 from inferd.jobs import Jobs
 from inferd.jobs.queue import queue_for
@@ -119,6 +120,7 @@ async def run_gateway(settings: Settings, control: str | Path) -> None:
         proxy_headers=False,
         timeout_keep_alive=30,
         timeout_graceful_shutdown=int(settings.shutdown_grace_s),
+        **_tls_options(settings.tls),
     )
     server = uvicorn.Server(config)
 
@@ -147,6 +149,17 @@ async def run_gateway(settings: Settings, control: str | Path) -> None:
         if stopping is not None:
             await stopping
         await gateway.close()
+
+
+def _tls_options(tls: TLSConfig) -> dict[str, Any]:
+    """uvicorn's TLS options for ``settings.tls`` (none: plain HTTP). Each gateway process
+    wraps its own connections; the shared port (SO_REUSEPORT) is unchanged."""
+    if tls.cert_file is None:
+        return {}
+    options: dict[str, Any] = {"ssl_certfile": tls.cert_file, "ssl_keyfile": tls.key_file}
+    if tls.client_ca_file is not None:
+        options.update(ssl_cert_reqs=ssl.CERT_REQUIRED, ssl_ca_certs=str(tls.client_ca_file))
+    return options
 
 
 def _listening() -> None:

@@ -12,6 +12,7 @@ chunked bodies, and splits Server-Sent Events to time streamed tokens.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections.abc import Callable
 
@@ -276,10 +277,15 @@ class Connection(asyncio.Protocol):
 
 
 async def open_connection(
-    host: str, port: int, factory: Callable[[], Connection], timeout_s: float
+    host: str,
+    port: int,
+    factory: Callable[[], Connection],
+    timeout_s: float,
+    tls: ssl.SSLContext | None = None,
 ) -> Connection:
     loop = asyncio.get_running_loop()
-    _, protocol = await asyncio.wait_for(loop.create_connection(factory, host, port), timeout_s)
+    connecting = loop.create_connection(factory, host, port, ssl=tls)
+    _, protocol = await asyncio.wait_for(connecting, timeout_s)
     return protocol
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import ssl
 import time
 from collections import deque
 from collections.abc import Callable
@@ -36,6 +37,8 @@ class LoadSpec:
     timeout_s: float = 30.0
     max_connections: int = 2048
     seed: int | None = None
+    ssl: ssl.SSLContext | None = None
+    """TLS (an ``https://`` URL); None: plain TCP."""
 
 
 @dataclass
@@ -140,8 +143,9 @@ class LoadGenerator:
         s.opening += 1
         try:
             conn = await open_connection(
-                self.spec.host, self.spec.port, self._factory, min(self.spec.timeout_s, 10.0)
-            )
+                self.spec.host, self.spec.port, self._factory, min(self.spec.timeout_s, 10.0),
+                self.spec.ssl,
+            )  # fmt: skip
         except (OSError, TimeoutError):
             s.connect_errors += 1
             return None

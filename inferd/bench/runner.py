@@ -11,6 +11,7 @@ import asyncio
 import gc
 import json
 import signal
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -114,6 +115,8 @@ def levels(opts: BenchOptions) -> list[tuple[str, dict[str, Any]]]:
 
 def run(opts: BenchOptions, console: Console) -> list[tuple[str, Summary]]:
     host, port, next_request = build_requests(opts)
+    # https: the server's certificate checked against the system's CAs (or SSL_CERT_FILE's)
+    tls = ssl.create_default_context() if opts.url.startswith("https://") else None
     results: list[tuple[str, Summary]] = []
     timelines: dict[str, list[dict[str, Any]]] = {}
     for label, load in levels(opts):
@@ -126,6 +129,7 @@ def run(opts: BenchOptions, console: Console) -> list[tuple[str, Summary]]:
             warmup_s=opts.warmup_s,
             timeout_s=opts.timeout_s,
             seed=opts.seed,
+            ssl=tls,
             **load,
         )
         result = _run_level(spec, label, console)

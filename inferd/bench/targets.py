@@ -53,13 +53,13 @@ def _usage(stream: bool) -> dict[str, Any]:
 
 
 def split_url(url: str) -> tuple[str, int, str]:
-    """``http://host:port/path`` -> (host, port, path); only plain http is supported."""
+    """``http(s)://host:port/path`` -> (host, port, path)."""
     parts = urlsplit(url if "://" in url else f"http://{url}")
-    if parts.scheme != "http":
-        raise ValueError(f"only http:// URLs are supported, got {parts.scheme}://")
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"only http:// and https:// URLs are supported, got {parts.scheme}://")
     if not parts.hostname:
         raise ValueError(f"no host in {url!r}")
     path = parts.path or "/"
     if parts.query:
         path += "?" + parts.query
-    return parts.hostname, parts.port or 80, path
+    return parts.hostname, parts.port or (443 if parts.scheme == "https" else 80), path

@@ -40,7 +40,8 @@ UrlOpt = Annotated[
         "--url",
         envvar="INFERD_URL",
         help="A running server to talk to (default: $INFERD_URL; none: this machine's "
-        "registry files).",
+        "registry files). An https:// server's certificate is checked against the CAs in "
+        "$SSL_CERT_FILE, else the system's.",
     ),
 ]
 ApiKeyOpt = Annotated[

@@ -69,6 +69,9 @@ def control(
             "(http://host:port; jobs.gateway_url). Without it no job runs here."
         ),
     ] = None,
+    demo: Annotated[
+        bool, typer.Option(help="Build and register the demo models (as `serve --demo`).")
+    ] = False,
     config: ConfigOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
@@ -85,7 +88,7 @@ def control(
     if jobs_gateway:
         settings.jobs.gateway_url = jobs_gateway
     configure_logging(settings.log_level, settings.log_json, "control")
-    _run(run_server(settings, progress=_progress, gateways=False))
+    _run(run_server(settings, demo=demo, progress=_progress, gateways=False))
 
 
 @app.command()
@@ -128,8 +131,10 @@ def _run(main: Coroutine[Any, Any, None]) -> None:
 
 @app.command()
 def replica(
-    model: Annotated[str, typer.Option(help="The model to serve.")],
-    version: Annotated[str, typer.Option(help="Its version (deployed on the controller).")],
+    model: Annotated[str | None, typer.Option(help="The model to serve.")] = None,
+    version: Annotated[
+        str | None, typer.Option(help="Its version (deployed on the controller).")
+    ] = None,
     control: ControlOpt = None,
     listen: Annotated[
         str, typer.Option(help="host:port this replica listens on for gateways.")
@@ -138,19 +143,65 @@ def replica(
         str | None,
         typer.Option(help="host:port gateways reach it at (default: --listen, unless 0.0.0.0)."),
     ] = None,
+    spec_env: Annotated[
+        str | None,
+        typer.Option(
+            help="Serve the replica spec (JSON) in this environment variable instead of "
+            "joining a controller (Kubernetes pods: the controller finds them through the API)."
+        ),
+    ] = None,
+    health_listen: Annotated[
+        str | None,
+        typer.Option(help="host:port answering GET /health/live and /health/ready (probes)."),
+    ] = None,
+    replica_id: Annotated[
+        str | None, typer.Option(help="With --spec-env: its id (default: the host name).")
+    ] = None,
     config: ConfigOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
     """Serve one replica of MODEL:VERSION on this host and join the controller: it is
     routed to, health-checked and drained like one the controller started. The files
-    come from the S3 artifact store into this host's data folder."""
+    come from the S3 artifact store into this host's data folder. With --spec-env it
+    joins nothing: it serves the spec it was handed (a Kubernetes replica pod)."""
+    import os
+    import socket
     import sys
 
     from inferd import transport
     from inferd.observability.logging import configure_logging
-    from inferd.serving.joiner import run_joined
 
     settings = _settings(config, data_dir=data_dir)
+    creds = transport.Credentials.from_settings(settings.cluster)
+    try:
+        creds.check()
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    code: list[int] = []
+    if spec_env is not None:
+        from inferd.serving.pod import run_pod, spec_of
+
+        try:
+            spec = spec_of(os.environ.get(spec_env) or "")
+        except ValueError as exc:
+            raise typer.BadParameter(f"${spec_env}: {exc}") from None
+        transport.use(creds)
+        configure_logging(
+            settings.log_level, settings.log_json, f"replica {spec.model}:{spec.version}"
+        )
+
+        async def pod() -> None:
+            health = health_listen or f"0.0.0.0:{settings.kubernetes.health_port}"
+            rid = replica_id or socket.gethostname()
+            grace = settings.shutdown_grace_s
+            code.append(await run_pod(spec, rid, listen, health, settings.data_dir, grace))
+
+        _run(pod())
+        sys.exit(code[0] if code else 1)
+    from inferd.serving.joiner import run_joined
+
+    if not model or not version:
+        raise typer.BadParameter("give --model and --version (or --spec-env)")
     address = control or settings.cluster.control
     if not address:
         raise typer.BadParameter("give --control HOST:PORT (or cluster.control)")
@@ -159,14 +210,8 @@ def replica(
         if host in ("0.0.0.0", "::", ""):
             raise typer.BadParameter("--listen binds every address: give --advertise HOST:PORT")
         advertise = listen
-    creds = transport.Credentials.from_settings(settings.cluster)
-    try:
-        creds.check()
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
     transport.use(creds)
     configure_logging(settings.log_level, settings.log_json, f"replica {model}:{version}")
-    code: list[int] = []
 
     async def main() -> None:
         joined = run_joined(

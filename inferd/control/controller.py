@@ -45,8 +45,10 @@ from inferd.control import backends, gpu_place
 from inferd.control.analyst import CanaryAnalyst
 from inferd.control.autoscaler import Autoscaler, Decision
 from inferd.control.backends import ReplicaBackend
+from inferd.control.backends.kubernetes import KubernetesBackend, PodSeen
 from inferd.control.gpu_plan import Replica
 from inferd.control.joined import JoinedReplica
+from inferd.control.pods import PodReplica
 from inferd.control.rollouts import Step, policy
 from inferd.control.routes import adapters, routing_table
 from inferd.control.scaling import Scaling
@@ -75,11 +77,17 @@ class Controller:
         on_change: Callable[[RoutingTable], None],
         backend: ReplicaBackend | None = None,
         clock: Clock = SYSTEM,
+        fleet: KubernetesBackend | None = None,
     ) -> None:
         self.settings = settings
         self.registry = registry
         self.on_change = on_change
         self.backend = backend or backends.create("local", run_dir, settings.shutdown_grace_s)
+        if fleet is None and settings.replica_backend == "kubernetes":
+            fleet = KubernetesBackend(settings)
+        self.fleet = fleet
+        """Kubernetes keeps the replicas (a Deployment per version): the controller only
+        says how many, and routes to the pods it reports; None: the backend's replicas."""
         self.clock = clock
         self.analyst = CanaryAnalyst(registry.rollouts, clock)
         self.models: dict[str, ModelState] = {}
@@ -93,7 +101,9 @@ class Controller:
         self._steps: set[tuple[str, str, Step]] = set()
         """Rollout steps running now (model, version, step): each runs once at a time."""
         self._stopping = False
-        self.scaling = Scaling(self._record_scaling, settings.autoscale_memory_headroom)
+        self.scaling = Scaling(
+            self._record_scaling, settings.autoscale_memory_headroom, machine_bound=fleet is None
+        )
         self._autoscale_task: asyncio.Task[None] | None = None
         self._joined_task: asyncio.Task[None] | None = None
         self.started = asyncio.Event()
@@ -108,7 +118,12 @@ class Controller:
             # a table without them would turn gateways away from them meanwhile.
             self._rejoin_until = self.clock.monotonic() + window
             self._spawn(self._after_rejoin_window(window))
+        if self.fleet is not None:
+            await self.fleet.start(self._on_pod)
         await self.reconcile()
+        if self.fleet is not None:
+            running = {(m.name, v) for m in self.models.values() for v in m.versions}
+            self.fleet.keep_only(running)
         self.started.set()
         loop = asyncio.get_running_loop()
         self._task = loop.create_task(self._reconcile_forever())
@@ -190,6 +205,9 @@ class Controller:
             for record in records:
                 if record.versions:
                     self._reconcile_model(record, deployments.get(record.name, []))
+            if self.fleet is not None:
+                for pod in self.fleet.pods():
+                    self._on_pod(pod)  # pods of versions that run from this pass on
             self.publish()
             await self._write_statuses()
 
@@ -222,6 +240,7 @@ class Controller:
             desired = int((target.batching or {}).get("replicas") or self.settings.replicas)
             vset = model.versions[target.version] = VersionSet(target, desired)
             logger.info("deploying %s with %d replica(s)", vset.name, desired)
+        self._orchestrate(vset)
         for _ in range(self._wanted_here(vset) - len(vset.own(live=True))):
             self._start_replica(vset)
         self._switch_when_ready(model)
@@ -250,8 +269,9 @@ class Controller:
             if current is not None and current.retiring:
                 continue  # still stopping from an unload or removal; a later pass restarts it
             vset = _deployed(
-                model, row, registered[row.version], self.settings.replicas, self.clock.monotonic()
-            )
+                model, row, registered[row.version], self.settings.replicas,
+                self.clock.monotonic(), self._pods_of(model.name, row.version), self.fleet is None,
+            )  # fmt: skip
             self._scale(vset)
             step = policy(row).next_step(row, vset, now)
             if step is not None:
@@ -287,6 +307,7 @@ class Controller:
         the deployment's (its ``resources.gpu`` changed) are replaced: new ones start,
         and the old ones drain once the new ones are all ready (all that fit, when the
         GPUs hold fewer than desired)."""
+        self._orchestrate(vset)
         own = vset.own(live=True)
         live = [r for r in own if _placed_within(r.spec.gpus, vset.gpus)]
         misplaced = [r for r in own if not _placed_within(r.spec.gpus, vset.gpus)]
@@ -308,10 +329,50 @@ class Controller:
 
     def _wanted_here(self, vset: VersionSet) -> int:
         """Replicas to run on this host: the desired count less the joined ones that
-        serve (none with ``cluster.local_replicas`` off)."""
-        if not self.settings.cluster.local_replicas:
+        serve (none with ``cluster.local_replicas`` off, nor on Kubernetes)."""
+        if not self.settings.cluster.local_replicas or self.fleet is not None:
             return 0
         return max(0, vset.desired - sum(r.ready for r in vset.joined()))
+
+    def _orchestrate(self, vset: VersionSet) -> None:
+        """On Kubernetes: the version's Deployment runs ``desired`` pods of its spec."""
+        if self.fleet is not None and not vset.retiring:
+            # Pods fetch the files from the S3 store: no folder of this host in their spec.
+            spec = msgspec.structs.replace(
+                _replica_spec(self.settings, vset, "", None), artifact_dir=""
+            )
+            self.fleet.want(spec, vset.desired, vset.gpu_type)
+
+    def _pods_of(self, model: str, version: str) -> int:
+        """Replica pods of ``model:version`` Kubernetes runs now (0 off Kubernetes)."""
+        if self.fleet is None:
+            return 0
+        pods = self.fleet.pods()
+        return sum(p.model == model and p.version == version and not p.deleting for p in pods)
+
+    def _on_pod(self, pod: PodSeen) -> None:
+        """The API says something new of a replica pod: its replica in its version's set
+        (pods of versions that do not run here are left to the backend, which deletes
+        their Deployments)."""
+        state = self.models.get(pod.model)
+        vset = state.versions.get(pod.version) if state is not None else None
+        if vset is None:
+            return
+        replica = next(
+            (r for r in vset.replicas if isinstance(r, PodReplica) and r.id == pod.name), None
+        )
+        if replica is None:
+            if pod.deleted:
+                return
+            spec = _replica_spec(self.settings, vset, pod.name, None)
+            port = self.settings.kubernetes.replica_port
+            replica = PodReplica(spec, port, self._on_replica_change)
+            replica.stopping = vset.retiring
+            vset.replicas.append(replica)
+        replica.update(pod)
+        if pod.deleted and replica in vset.replicas:
+            vset.replicas.remove(replica)
+            self.publish()
 
     async def _scale_down(self, vset: VersionSet, replica: Supervisor) -> None:
         logger.info("scaling down %s: stopping %s", vset.record.version, replica.id)
@@ -386,7 +447,7 @@ class Controller:
         self.scaling.decisions[(model, version, "capacity")] += 1
         self._spawn(self._record_scaling(model, version, decision))
 
-    def _on_replica_change(self, replica: Supervisor | JoinedReplica) -> None:
+    def _on_replica_change(self, replica: Supervisor | JoinedReplica | PodReplica) -> None:
         self.publish()
         if replica.state is ReplicaState.READY:
             self.scaling.ready(replica.spec.model, replica.spec.version, self.clock.monotonic())
@@ -457,6 +518,8 @@ class Controller:
         if vset is None:
             return
         await self.clock.sleep(RETIRE_DELAY_S)
+        if self.fleet is not None:
+            self.fleet.remove(model.name, version)  # Kubernetes drains and deletes its pods
         await asyncio.gather(*(r.stop() for r in vset.replicas))
         model.versions.pop(version, None)
         logger.info("%s:%s retired", model.name, version)
@@ -497,8 +560,11 @@ class Controller:
         await asyncio.gather(*self._background, return_exceptions=True)
         replicas = [r for m in self.models.values() for v in m.versions.values() for r in v.own()]
         # Joined replicas keep serving: their gateways do not need this controller, and
-        # they join the next one (a restart, the other controller taking over).
+        # they join the next one (a restart, the other controller taking over); so do
+        # replica pods (the next controller finds them through the API).
         await asyncio.gather(*(r.stop() for r in replicas))
+        if self.fleet is not None:
+            await self.fleet.close()
 
     # -- replicas that join from other hosts ------------------------------------------------
 
@@ -581,6 +647,8 @@ def _deployed(
     record: VersionRecord,
     default_replicas: int,
     now: float,
+    running: int = 0,
+    gpus_here: bool = True,
 ) -> VersionSet:
     """The running set of a deployed version, created or brought up to date; an
     autoscaled one runs what its autoscaler wants (starting from the fixed count)."""
@@ -593,7 +661,8 @@ def _deployed(
     if row.autoscaling is None:
         vset.autoscaler = None
     elif vset.autoscaler is None:
-        vset.autoscaler = Autoscaler(row.autoscaling, len(vset.live()) or desired, now)
+        # A controller taking over an autoscaled version goes on from what runs.
+        vset.autoscaler = Autoscaler(row.autoscaling, len(vset.live()) or running or desired, now)
     else:
         vset.autoscaler.retune(row.autoscaling)
     if vset.autoscaler is not None:
@@ -602,7 +671,8 @@ def _deployed(
     vset.status = row.status  # what the registry says now: _status_changes compares
     if row.gpu_type != vset.gpu_type:
         vset.gpu_type = row.gpu_type
-        vset.gpus = None if row.gpu_type is None else _gpus(vset)
+        # On Kubernetes the scheduler places pods on GPU nodes: no device here is chosen.
+        vset.gpus = _gpus(vset) if row.gpu_type is not None and gpus_here else None
     return vset
 
 

@@ -24,9 +24,14 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, text
+
+from inferd.config import Settings
+
+if TYPE_CHECKING:
+    from inferd.control.lease import LeaseLeadership
 
 logger = logging.getLogger(__name__)
 TRY_EVERY_S = 1.0
@@ -45,7 +50,10 @@ def lock_key(database: str, schema: str) -> int:
 
 
 class Leadership:
-    """Held while this process leads; :meth:`lost` is set when it must stop leading."""
+    """Held while this process leads; :meth:`lost` is set when it must stop leading.
+
+    On Kubernetes (``replica_backend: kubernetes``) a controller first takes the Lease
+    (:mod:`inferd.control.lease`), then the registry's lock; losing either stops it."""
 
     def __init__(self) -> None:
         self.lost = asyncio.Event()
@@ -53,20 +61,41 @@ class Leadership:
         self._connection: Any = None
         self._file: int | None = None
         self._watch: asyncio.Task[None] | None = None
+        self._lease: LeaseLeadership | None = None
 
     @classmethod
     async def acquire(
-        cls, engine: Engine, data_dir: Path, progress: Callable[[str], None]
+        cls, engine: Engine, settings: Settings, progress: Callable[[str], None]
     ) -> Leadership:
-        """Wait until this process leads (PostgreSQL), or refuse at once (SQLite held)."""
+        """Wait until this process leads (PostgreSQL, a Lease), or refuse at once (SQLite
+        held)."""
         self = cls()
+        kube = settings.kubernetes
+        if settings.replica_backend == "kubernetes" and kube.leader_election:
+            from inferd.control.backends.kubernetes import namespace_of
+            from inferd.control.lease import LeaseLeadership
+
+            self._lease = await LeaseLeadership.acquire(kube, namespace_of(kube), progress)
+            self._lease.lost_to(self._give_up)
+        try:
+            await self._lock(engine, settings.data_dir, progress)
+        except BaseException:
+            await self.release()
+            raise
+        return self
+
+    def _give_up(self, why: str) -> None:
+        self.why = why
+        self.lost.set()
+
+    async def _lock(self, engine: Engine, data_dir: Path, progress: Callable[[str], None]) -> None:
         if engine.dialect.name != "postgresql":
             database = engine.url.database
             if database and database != ":memory:":  # beside the file: whichever data folder
                 self._lock_file(Path(database).with_name(Path(database).name + ".controller.lock"))
             else:
                 self._lock_file(data_dir / "controller.lock")
-            return self
+            return
         connection = await asyncio.to_thread(engine.connect)
         await asyncio.to_thread(_keepalives, connection)
         database, schema = await asyncio.to_thread(
@@ -86,7 +115,6 @@ class Leadership:
         logger.info("leading (advisory lock %d on %s.%s)", key, database, schema)
         self._connection = connection
         self._watch = asyncio.get_running_loop().create_task(self._check_forever())
-        return self
 
     def _lock_file(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -110,12 +138,11 @@ class Leadership:
             try:
                 await asyncio.wait_for(asyncio.to_thread(_ping, self._connection), CHECK_TIMEOUT_S)
             except Exception as exc:  # the lock may be gone with the session: stop leading
-                self.why = f"lost the registry session that holds leadership: {exc!r}"
+                self._give_up(f"lost the registry session that holds leadership: {exc!r}")
                 logger.critical("%s; stopping", self.why)
-                self.lost.set()
                 return
 
-    def release(self) -> None:
+    async def release(self) -> None:
         if self._watch is not None:
             self._watch.cancel()
         if self._connection is not None:
@@ -125,6 +152,10 @@ class Leadership:
                 logger.debug("closing the leadership session failed", exc_info=True)
         if self._file is not None:
             os.close(self._file)
+            self._file = None
+        if self._lease is not None:
+            await self._lease.release()
+            self._lease = None
 
 
 def _keepalives(connection: Any) -> None:

@@ -204,9 +204,13 @@ class Scaling:
         record: Callable[[str, str, Decision], Awaitable[None]],
         memory_headroom: float,
         looker: Looker = look,
+        machine_bound: bool = True,
     ) -> None:
         self.record = record
         self.memory_headroom = memory_headroom
+        self.machine_bound = machine_bound
+        """Replicas run on this machine: its memory and idle cores bound scale-ups. False
+        (Kubernetes): the cluster's scheduler (and its autoscaler) decides what fits."""
         self.looker = looker
         self._looks: dict[tuple[str, str], dict[Key, Look]] = {}
         self.decisions: Counter[tuple[str, str, str]] = Counter()
@@ -259,6 +263,8 @@ class Scaling:
         gpu_room: tuple[int, str] | None = None,
     ) -> tuple[int | None, str]:
         """The most replicas the machine holds for this version, and what limits it."""
+        if not self.machine_bound:
+            return gpu_room or (None, "")
         footprint = max((f.rss_bytes for f in now.values()), default=0)
         total = memory_total() or 0
         by_memory = room_for(live, footprint, memory_available(), int(total * self.memory_headroom))

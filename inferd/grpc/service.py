@@ -31,7 +31,7 @@ import grpc
 
 from inferd import __version__
 from inferd.api.limits import RateLimits, TokenBudget
-from inferd.config import Settings
+from inferd.config import Settings, TLSConfig
 from inferd.errors import InferdError, InvalidInput, ModelNotReady
 from inferd.grpc import grpc_service_pb2 as pb
 from inferd.grpc import grpc_service_pb2_grpc as pb_grpc
@@ -370,6 +370,21 @@ async def start_server(
         InferenceService(router, registry, settings, inference_log, cache, limits), server
     )
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    server.add_insecure_port(f"{host}:{settings.grpc_port}")
+    if settings.tls.cert_file is None:
+        server.add_insecure_port(f"{host}:{settings.grpc_port}")
+    else:
+        server.add_secure_port(f"{host}:{settings.grpc_port}", _credentials(settings.tls))
     await server.start()
     return server
+
+
+def _credentials(tls: TLSConfig) -> grpc.ServerCredentials:
+    """``settings.tls`` as gRPC server credentials (client certificates required when
+    ``client_ca_file`` is set), loaded from the same files as the HTTP port's."""
+    assert tls.cert_file is not None and tls.key_file is not None
+    client_ca = tls.client_ca_file.read_bytes() if tls.client_ca_file is not None else None
+    return grpc.ssl_server_credentials(
+        [(tls.key_file.read_bytes(), tls.cert_file.read_bytes())],
+        root_certificates=client_ca,
+        require_client_auth=client_ca is not None,
+    )

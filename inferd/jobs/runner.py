@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import ssl
 import time
 from typing import Any
 
@@ -73,6 +74,7 @@ class JobRunner:
         lease_s: float = 60.0,
         poll_s: float = 0.2,
         callbacks: CallbackSender | None = None,
+        verify: ssl.SSLContext | bool = True,
     ) -> None:
         self.store = store
         self.queue = queue
@@ -85,6 +87,7 @@ class JobRunner:
             headers={"authorization": f"Bearer {token}"},
             timeout=httpx.Timeout(None, connect=10),
             limits=httpx.Limits(max_connections=concurrency + 2),
+            verify=verify,
         )
         self._running: dict[str, tuple[str, asyncio.Task[None]]] = {}
         """Message id -> (topic, its task)."""

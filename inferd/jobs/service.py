@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 
 from inferd.config import Settings
 from inferd.jobs import describe
@@ -32,11 +33,17 @@ def gateway_url(settings: Settings) -> str:
         host = "::1"
     if ":" in host:
         host = f"[{host}]"
-    return f"http://{host}:{settings.port}"
+    scheme = "https" if settings.tls.cert_file is not None else "http"
+    return f"{scheme}://{host}:{settings.port}"
 
 
 class JobService:
-    def __init__(self, settings: Settings, registry: Registry) -> None:
+    def __init__(
+        self, settings: Settings, registry: Registry, own_tls: ssl.SSLContext | None = None
+    ) -> None:
+        """``own_tls``: the TLS client context for this server's own gateways (see
+        :func:`inferd.tls.own_gateways_client`); a ``jobs.gateway_url`` is verified the
+        usual way (the system's CAs, or ``SSL_CERT_FILE``)."""
         assert settings.auth.internal_token is not None
         cfg = settings.jobs
         self.store = JobStore(registry.engine)
@@ -48,6 +55,7 @@ class JobService:
         self.runner = JobRunner(
             self.store, self.queue, gateway_url(settings), settings.auth.internal_token,
             cfg.concurrency, cfg.lease_s, callbacks=self.callbacks,
+            verify=True if cfg.gateway_url or own_tls is None else own_tls,
         )  # fmt: skip
         self._upkeep: asyncio.Task[None] | None = None
         self._callbacks: asyncio.Task[None] | None = None

@@ -55,5 +55,5 @@ def configure_logging(level: str = "INFO", as_json: bool = False, role: str = "i
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    for noisy in ("uvicorn.access", "alembic", "httpx", "httpcore"):
+    for noisy in ("uvicorn.access", "alembic", "httpx", "httpcore", "httpx2", "httpcore2"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

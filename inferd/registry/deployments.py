@@ -248,8 +248,9 @@ class Deployments:
         """:meth:`deploy` inside the caller's write transaction (a push that deploys)."""
         policy = autoscaling_policy(autoscaling)
         plans.check_deploy(
-            100 if traffic_pct is None else traffic_pct, replicas, strategy, gpu_type
-        )
+            100 if traffic_pct is None else traffic_pct, replicas, strategy, gpu_type,
+            gpus_here=self._registry.gpus_here,
+        )  # fmt: skip
         if not isinstance(fallback, bool):
             raise InvalidInput(f"fallback must be true or false, not {fallback!r}")
         kind = Strategy(strategy)

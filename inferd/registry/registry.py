@@ -82,16 +82,21 @@ class Registry(CatalogEdits):
         self.rollouts = RolloutProgress(self)
         self.keys = ApiKeys(self)
         """Which versions run and the traffic split between them."""
+        self.gpus_here = True
+        """Replicas run on this machine: ``resources.gpu`` names a GPU it has. False: an
+        orchestrator (Kubernetes) places them on its nodes."""
         if migrate:
             self.migrate()
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Registry:
-        return cls(
+        registry = cls(
             settings.resolved_database_url,
             settings.artifact_dir,
             artifact_store=settings.artifact_store,
         )
+        registry.gpus_here = settings.replica_backend == "local"
+        return registry
 
     def __enter__(self) -> Registry:
         return self

@@ -211,7 +211,9 @@ def check_split(split: Any) -> dict[str, int]:
     return dict(split)
 
 
-def check_deploy(traffic_pct: Any, replicas: Any, strategy: Any, gpu_type: Any = None) -> None:
+def check_deploy(
+    traffic_pct: Any, replicas: Any, strategy: Any, gpu_type: Any = None, gpus_here: bool = True
+) -> None:
     if not isinstance(traffic_pct, int) or isinstance(traffic_pct, bool):
         raise InvalidInput("traffic_percent must be an integer from 0 to 100")
     if not 0 <= traffic_pct <= 100:
@@ -224,7 +226,7 @@ def check_deploy(traffic_pct: Any, replicas: Any, strategy: Any, gpu_type: Any =
         raise InvalidInput(f"replicas must be at most {MAX_REPLICAS}, not {replicas}")
     if gpu_type is not None and (not isinstance(gpu_type, str) or not 0 < len(gpu_type) <= 64):
         raise InvalidInput(f"gpu must be a GPU type name of 1 to 64 characters, not {gpu_type!r}")
-    if gpu_type is not None:
+    if gpu_type is not None and gpus_here:
         devices.place(gpu_type)  # refused unless this machine has one
     if strategy not in STRATEGIES:
         raise InvalidInput(f"strategy {strategy!r} is not available; use one of {list(STRATEGIES)}")

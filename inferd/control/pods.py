@@ -1,0 +1,97 @@
+"""Replica pods, as the Kubernetes backend reports them.
+
+A pod is started, restarted, moved and stopped by Kubernetes, never by the controller:
+the controller only holds what the API last said of it (:class:`PodReplica`, the parts
+of :class:`~inferd.control.supervisor.Supervisor` that routing, status, scaling and
+draining use) in its version's set, so gateways route to the pods whose readiness probe
+passes, and stop the moment Kubernetes starts deleting one (its replica drains on
+SIGTERM). Its container's restarts are the replica's crash count (canary analysis reads
+it); a crash loop or an image that cannot be pulled shows as ``failed`` with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import msgspec
+
+from inferd.control.backends.kubernetes import PodSeen
+from inferd.control.supervisor import ReplicaState, route_of
+from inferd.routing.table import ReplicaRoute
+from inferd.serving.spec import ReplicaSpec
+
+logger = logging.getLogger(__name__)
+
+
+class PodReplica:
+    joined = True  # not started here: a controller that stops leaves it serving
+    pid = 0
+
+    def __init__(
+        self, spec: ReplicaSpec, port: int, on_change: Callable[[PodReplica], None]
+    ) -> None:
+        self.spec = spec
+        self.port = port
+        self.on_change = on_change
+        self.state = ReplicaState.LOADING
+        self.message = ""
+        self.restarts = 0
+        self.incarnation = 0
+        self.ever_ready = False
+        self.stopping = False
+        self.gone = asyncio.Event()
+
+    @property
+    def id(self) -> str:
+        return self.spec.replica_id
+
+    @property
+    def address(self) -> str:
+        return self.spec.address
+
+    @property
+    def ready(self) -> bool:
+        return self.state is ReplicaState.READY and not self.stopping
+
+    def update(self, pod: PodSeen) -> None:
+        """What the API says of it now."""
+        if pod.deleted:
+            self.state, self.message = ReplicaState.STOPPED, self.message or "deleted"
+            self.gone.set()
+            self.on_change(self)
+            return
+        address = f"tcp:{pod.ip}:{self.port}" if pod.ip else ""
+        if address != self.spec.address:
+            self.spec = msgspec.structs.replace(self.spec, address=address)
+        if pod.restarts > self.restarts:
+            logger.warning("replica pod %s restarted (%d so far)", self.id, pod.restarts)
+        self.restarts = self.incarnation = pod.restarts
+        if pod.deleting or self.stopping:
+            state, message = ReplicaState.DRAINING, "stopping"
+        elif pod.ready and address:
+            state, message = ReplicaState.READY, ""
+            self.ever_ready = True
+        elif pod.failed:
+            state, message = ReplicaState.FAILED, pod.problem
+        else:
+            state, message = ReplicaState.LOADING, pod.problem
+        if (state, message) != (self.state, self.message) or address != self.address:
+            self.state, self.message = state, message
+            self.on_change(self)
+
+    async def stop(self, drain: bool = True, grace_s: float = 60.0) -> None:
+        """Out of routing at once; returns once Kubernetes deleted it (the backend
+        deletes or scales its Deployment), or after ``grace_s``."""
+        self.stopping = True
+        if self.state is not ReplicaState.STOPPED:
+            self.state = ReplicaState.DRAINING
+            self.on_change(self)
+        try:
+            await asyncio.wait_for(self.gone.wait(), grace_s)
+        except TimeoutError:
+            logger.warning("replica pod %s still there %.0fs after its stop", self.id, grace_s)
+
+    def route(self) -> ReplicaRoute:
+        return route_of(self)

@@ -1,0 +1,396 @@
+"""The Kubernetes replica backend, end to end against the API test double.
+
+No Kubernetes cluster can run here. ``tests/kube_fake.py`` stands in for the API server
+(the real paths and shapes of the few calls the backend's Role grants) with a
+Deployment controller and a kubelet that run each pod as a real ``inferd replica``
+process, from the pod template the backend wrote. The real ``inferd serve`` runs with
+``replica_backend: kubernetes`` and talks to it through the maintained client library
+(lightkube) as it would to a cluster, with an S3 artifact store (moto's server) the
+pods fetch versions from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import io
+import socket
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from inferd.config import KubernetesConfig, Settings
+from inferd.control.backends.kubernetes import deployment_name, manifest
+from inferd.serving.spec import ReplicaSpec
+from tests.conftest import InferdServer, arithmetic_model, free_port
+from tests.kube_fake import FakeKube
+
+pytest.importorskip("lightkube")
+pytestmark = pytest.mark.slow
+BUCKET = "inferd-k8s"
+TOKEN = "k8s-test-cluster-token-0123456789"
+NS = "inferd"
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[dict[str, str]]:
+    pytest.importorskip("s3fs")
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert time.monotonic() < deadline, "moto server did not start"
+            time.sleep(0.1)
+    env = {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    import s3fs
+
+    s3fs.S3FileSystem(key="test", secret="test", endpoint_url=env["AWS_ENDPOINT_URL"]).mkdir(BUCKET)
+    try:
+        yield env
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.fixture()
+def kube(tmp_path: Path, s3: dict[str, str]) -> Iterator[FakeKube]:
+    fake = FakeKube(tmp_path / "kube", namespace=NS)
+    fake.start()
+    secret = {"INFERD_CLUSTER__TOKEN": TOKEN, **s3}
+    fake.secrets["inferd-env"] = {
+        k: base64.b64encode(v.encode()).decode() for k, v in secret.items()
+    }
+    fake.config_maps["inferd-config"] = {"INFERD_LOG_LEVEL": "INFO"}
+    try:
+        yield fake
+    finally:
+        fake.stop()
+
+
+def _server(tmp_path: Path, kube: FakeKube, s3: dict[str, str], name: str = "srv") -> InferdServer:
+    env = {
+        **s3,
+        "KUBECONFIG": str(kube.kubeconfig(tmp_path / "kubeconfig")),
+        "INFERD_REPLICA_BACKEND": "kubernetes",
+        "INFERD_ARTIFACT_STORE": f"s3://{BUCKET}/models",
+        "INFERD_DATABASE_URL": f"sqlite:///{tmp_path / 'registry.db'}",
+        "INFERD_CLUSTER__TOKEN": TOKEN,
+        "INFERD_KUBERNETES__NAMESPACE": NS,
+        "INFERD_KUBERNETES__OWNER": "inferd-control",
+        "INFERD_KUBERNETES__IMAGE": "inferd:test",
+        "INFERD_KUBERNETES__ENV_FROM_SECRETS": '["inferd-env"]',
+        "INFERD_KUBERNETES__ENV_FROM_CONFIG_MAPS": '["inferd-config"]',
+        "INFERD_KUBERNETES__LEASE_DURATION_S": "3",
+        "INFERD_SHUTDOWN_GRACE_S": "3",
+    }
+    return InferdServer(tmp_path / name, workers=1, env=env)
+
+
+def _upload(server: InferdServer, model: str, version: str, expression: str) -> None:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        data = arithmetic_model(expression).encode()
+        info = tarfile.TarInfo("model.py")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    body = buf.getvalue()
+    reply = server.client.post(
+        f"/api/v1/models/{model}/versions",
+        params={"version": version, "sha256": hashlib.sha256(body).hexdigest()},
+        content=body,
+        headers={"content-type": "application/gzip"},
+    )
+    assert reply.status_code == 201, reply.text
+
+
+def _y(server: InferdServer, model: str, x: float) -> float | None:
+    reply = server.client.post(f"/api/v1/models/{model}/predict", json={"inputs": [{"x": x}]})
+    return reply.json()["outputs"][0]["y"] if reply.status_code == 200 else None
+
+
+def _ready_pods(kube: FakeKube, deployment: str) -> list[dict]:
+    return [
+        p
+        for p in kube.pod_list()
+        if p["metadata"]["labels"].get("inferd.io/deployment") == deployment
+        and "deletionTimestamp" not in p["metadata"]
+        and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"]["conditions"])
+    ]
+
+
+def _calls(kube: FakeKube, method: str, suffix: str) -> list[tuple]:
+    return [r for r in kube.requests if r[0] == method and r[1].split("?")[0].endswith(suffix)]
+
+
+def test_versions_run_as_deployments_of_replica_pods_that_scale_roll_back_and_survive(
+    tmp_path: Path, kube: FakeKube, s3: dict[str, str]
+):
+    owner_uid = kube.add_owner("inferd-control")
+    server = _server(tmp_path, kube, s3)
+    v1, v2 = deployment_name("inferd", "calc", "v1"), deployment_name("inferd", "calc", "v2")
+    try:
+        server.wait_ready()
+        _upload(server, "calc", "v1", "x * 7")
+        server.wait_for(lambda: _y(server, "calc", 2.0) == 14.0, 90, "calc:v1 served by a pod")
+
+        # one Deployment, applied server-side by inferd, owned by the controller's own
+        applied = _calls(kube, "PATCH", f"/deployments/{v1}")
+        assert applied and applied[0][2] == "application/apply-patch+yaml"
+        assert "fieldManager=inferd" in applied[0][1] and "force=true" in applied[0][1]
+        dep = kube.deployment(v1)
+        assert dep is not None
+        assert dep["metadata"]["ownerReferences"][0]["uid"] == owner_uid
+        assert dep["spec"]["replicas"] == 1
+        pod = _ready_pods(kube, v1)[0]
+        assert pod["metadata"]["annotations"]["inferd.io/model"] == "calc"
+        detail = server.client.get("/api/v1/models/calc/versions/v1").json()
+        replica = detail["replicas"][0]
+        assert replica["id"] == pod["metadata"]["name"]
+        assert replica["state"] == "ready" and "stats" in replica  # the gateway reached it
+
+        # scaled through the scale subresource, not by rewriting the Deployment
+        reply = server.client.post(
+            "/api/v1/deployments",
+            json={"model_name": "calc", "version": "v1", "resources": {"replicas": 2}},
+        )
+        assert reply.status_code == 201, reply.text
+        server.wait_for(lambda: len(_ready_pods(kube, v1)) == 2, 60, "two ready pods")
+        scales = _calls(kube, "PATCH", f"/deployments/{v1}/scale")
+        assert scales and scales[-1][3] == {"spec": {"replicas": 2}}
+        assert scales[-1][2] == "application/merge-patch+json"
+        server.wait_for(
+            lambda: (
+                sum(
+                    r["state"] == "ready"
+                    for r in server.client.get("/api/v1/models/calc/versions/v1").json()["replicas"]
+                )
+                == 2
+            ),
+            30,
+            "both pods routed",
+        )
+
+        # a crashed container is Kubernetes' to restart; the other pod serves meanwhile
+        victim = _ready_pods(kube, v1)[0]["metadata"]["name"]
+        kube.kill_container(victim)
+        assert all(_y(server, "calc", float(i)) == 7.0 * i for i in range(20))
+        server.wait_for(
+            lambda: any(
+                r["id"] == victim and r["restarts"] >= 1 and r["state"] == "ready"
+                for r in server.client.get("/api/v1/models/calc/versions/v1").json()["replicas"]
+            ),
+            60,
+            "the crashed pod restarted, counted and routed again",
+        )
+
+        # a new version rolls out as its own Deployment; v1's stays (0 %) for a rollback
+        _upload(server, "calc", "v2", "x * 9")
+        reply = server.client.post(
+            "/api/v1/deployments", json={"model_name": "calc", "version": "v2"}
+        )
+        assert reply.status_code == 201, reply.text
+        server.wait_for(lambda: _y(server, "calc", 1.0) == 9.0, 90, "v2 serving")
+        assert kube.deployment(v2)["metadata"]["annotations"]["inferd.io/version"] == "v2"
+        reply = server.client.post("/api/v1/deployments/calc/rollback")
+        assert reply.status_code == 200, reply.text
+        server.wait_for(lambda: _y(server, "calc", 1.0) == 7.0, 30, "back on v1")
+
+        # undeployed: its Deployment is deleted, its pods drain and go
+        reply = server.client.delete("/api/v1/deployments/calc/v2")
+        assert reply.status_code == 202, reply.text
+        server.wait_for(lambda: kube.deployment(v2) is None, 60, "v2's Deployment deleted")
+        server.wait_for(
+            lambda: (
+                not any(
+                    p["metadata"]["labels"].get("inferd.io/deployment") == v2
+                    for p in kube.pod_list()
+                )
+            ),
+            60,
+            "v2's pods gone",
+        )
+    finally:
+        assert server.stop() == 0, server.log()[-4000:]
+    # the controller stopped: its pods keep serving, and the next controller adopts them
+    # (the same spec is not applied again)
+    assert len(_ready_pods(kube, v1)) == 2
+    applies = len(_calls(kube, "PATCH", f"/deployments/{v1}"))
+    again = _server(tmp_path, kube, s3, "srv2")
+    try:
+        again.wait_ready()
+        again.wait_for(lambda: _y(again, "calc", 1.0) == 7.0, 30, "serving after restart")
+        assert len(_calls(kube, "PATCH", f"/deployments/{v1}")) == applies
+    finally:
+        assert again.stop() == 0, again.log()[-4000:]
+
+
+def test_the_deployment_asks_for_gpus_probes_and_drains_as_kubernetes_expects():
+    settings = Settings(
+        kubernetes=KubernetesConfig(
+            image="registry.example.com/inferd:1.0",
+            service_account="inferd-replica",
+            env_from_secrets=["inferd-env"],
+            node_selector={"pool": "inference"},
+        ),
+        shutdown_grace_s=30,
+    )
+    spec = ReplicaSpec(
+        replica_id="",
+        model="Big_Model.v2",
+        version="2024-01-01",
+        framework="onnx",
+        artifact_dir="/tmp/x",
+        address="",
+    )
+    owner = {"apiVersion": "apps/v1", "kind": "Deployment", "name": "ctl", "uid": "u-1"}
+    body = manifest(settings, "prod", spec, 3, "a100", owner)
+    pod = body["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert pod["nodeSelector"] == {"pool": "inference", "nvidia.com/gpu.product": "a100"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+    assert pod["terminationGracePeriodSeconds"] > settings.shutdown_grace_s
+    assert container["readinessProbe"]["httpGet"]["path"] == "/health/ready"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/health/live"
+    assert pod["automountServiceAccountToken"] is False
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    name = body["metadata"]["name"]
+    assert len(name) <= 46 and name.startswith("inferd-big-model-v2-2024-01-01")
+    assert body["metadata"]["annotations"]["inferd.io/model"] == "Big_Model.v2"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert ReplicaSpec.from_json(env["INFERD_REPLICA_SPEC"]).model == "Big_Model.v2"
+    try:
+        from tests.k8s_schemas import validate
+    except ImportError:  # pragma: no cover - the chart's tests bring it
+        return
+    validate(body)
+
+
+def test_a_lease_elects_one_controller_and_hands_over(tmp_path: Path):
+    from lightkube import AsyncClient
+    from lightkube.config.kubeconfig import KubeConfig
+
+    from inferd.control.lease import LeaseLeadership
+
+    kube = FakeKube(tmp_path / "kube", namespace=NS)
+    kube.start()
+    config = KubernetesConfig(lease_duration_s=2)
+
+    def client() -> AsyncClient:
+        return AsyncClient(KubeConfig.from_file(kube.kubeconfig(tmp_path / "kc")), namespace=NS)
+
+    async def scenario() -> None:
+        said: list[str] = []
+        a = await LeaseLeadership.acquire(config, NS, said.append, client(), "ctl-a")
+        b_task = asyncio.create_task(
+            LeaseLeadership.acquire(config, NS, said.append, client(), "ctl-b")
+        )
+        await asyncio.sleep(3 * config.lease_duration_s)  # a renews: b keeps waiting
+        assert not b_task.done() and not a.lost.is_set()
+        assert any("ctl-a leads" in s for s in said)
+        started = time.monotonic()
+        await a.release()  # a clean stop hands over at once, not after the duration
+        b = await asyncio.wait_for(b_task, 5)
+        assert time.monotonic() - started < 1.5 * 2
+        lease = kube.objects["leases"][config.lease_name]
+        assert lease["spec"]["holderIdentity"] == "ctl-b"
+        assert lease["spec"]["leaseTransitions"] == 1
+
+        # b hangs (stops renewing without a word): c takes over once the Lease expired,
+        # and b, when it wakes, sees it lost and stops leading
+        assert b._renew is not None
+        b._renew.cancel()
+        c = await asyncio.wait_for(
+            LeaseLeadership.acquire(config, NS, said.append, client(), "ctl-c"), 10
+        )
+        assert kube.objects["leases"][config.lease_name]["spec"]["holderIdentity"] == "ctl-c"
+        b._renew = asyncio.create_task(b._renew_forever())
+        await asyncio.wait_for(b.lost.wait(), 5)
+        assert "taken by ctl-c" in b.why
+        await b.release()
+        await c.release()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        kube.stop()
+
+
+def test_a_pod_answers_its_probes(tmp_path: Path):
+    """``inferd replica --spec-env`` alone: health says loading, then ready; SIGTERM
+    fails readiness at once and the process leaves with 0."""
+    model = tmp_path / "src"
+    model.mkdir()
+    (model / "model.py").write_text(arithmetic_model("x + 1"))
+    from tests.conftest import local_registry, push_folder
+
+    push_folder(tmp_path / "data", "inc", model)
+    record = local_registry(tmp_path / "data").get_version("inc", "v1")
+    spec = ReplicaSpec(
+        replica_id="",
+        model="inc",
+        version="v1",
+        framework=record.framework,
+        artifact_dir=str(record.artifact_path),
+        address="",
+        signature=record.signature.to_dict(),
+    )
+    port, health = free_port(), free_port()
+    env = {
+        "INFERD_REPLICA_SPEC": spec.to_json(),
+        "INFERD_CLUSTER__TOKEN": TOKEN,
+        "PATH": "/usr/bin:/bin",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "inferd", "replica", "--spec-env", "INFERD_REPLICA_SPEC",
+         "--replica-id", "inc-pod-1", "--listen", f"127.0.0.1:{port}",
+         "--health-listen", f"127.0.0.1:{health}"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        states = []
+        while time.monotonic() < deadline:
+            try:
+                reply = httpx.get(f"http://127.0.0.1:{health}/health/ready", timeout=1)
+            except httpx.HTTPError:
+                time.sleep(0.05)
+                continue
+            states.append(reply.json()["state"])
+            if reply.status_code == 200:
+                break
+            assert reply.status_code == 503
+            time.sleep(0.05)
+        assert states[-1] == "ready", states
+        live = httpx.get(f"http://127.0.0.1:{health}/health/live", timeout=1)
+        assert live.status_code == 200
+        assert httpx.get(f"http://127.0.0.1:{health}/nope", timeout=1).status_code == 404
+        proc.terminate()
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        output = proc.communicate()[0].decode()
+    assert "serving inc:v1 as inc-pod-1" in output, output[-2000:]
