@@ -50,3 +50,10 @@ else
   # machine where the package cannot be installed.
   echo "WARNING: prometheus/promtool are not installed and could not be; their tests will skip" >&2
 fi
+
+# The Helm chart's renderer (tests/test_helm_chart.py): `helm` when installed, else
+# deploy/helm/render built from Debian's Go packages into .cache/helm-render (installed
+# when missing and apt-get can). Not fatal: the chart tests skip, saying why.
+if ! bash "$(dirname "$0")/helm-render.sh" --build; then
+  echo "WARNING: no Helm renderer (helm, or golang-go and sprig from Debian); the chart tests will skip" >&2
+fi

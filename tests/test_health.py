@@ -52,6 +52,10 @@ def test_readiness_overall_and_per_model(server: InferdServer):
         "models": {"sum": "v1", "lazy": None}, "waiting_for": ["lazy"],
     }  # fmt: skip
     assert c.get("/health/live").json() == {"status": "live"}
+    # a gateway behind a Service: ready with its routing table, whatever a model waits for
+    gateway = c.get("/health/ready", params={"models": "none"})
+    assert gateway.status_code == 200 and gateway.json()["status"] == "ready"
+    assert c.get("/health/ready", params={"models": "some"}).status_code == 422
     ready = c.get("/health/ready/sum")  # no credential needed, auth is on
     assert ready.status_code == 200 and ready.json() == {
         "status": "ready",

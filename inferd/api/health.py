@@ -9,6 +9,9 @@
   another host than its controller that has not heard from it for
   ``cluster.lost_control_after_s`` stays ready (it serves its last routing table) and
   says so under ``control``.
+  With ``?models=none`` only the routing table counts: the readiness of a gateway
+  Deployment behind a Service (Kubernetes), which must not leave the Service, API and
+  all, because one model has no replica yet (a GPU pod that cannot be scheduled).
 - ``/health``: the same as ``/health/ready`` (same status codes), its body also
   saying ``live`` and ``ready``.
 - ``/health/ready/{model}``: the same for one model: 200 when it can answer now, 503
@@ -32,8 +35,13 @@ async def live() -> Response:
 
 
 @router.get("/health/ready")
-async def ready(request: Request) -> Response:
-    return _readiness(request, spelled_out=False)
+async def ready(request: Request, models: str = "all") -> Response:
+    if models not in ("all", "none"):
+        return json_response(
+            {"error": {"code": "invalid_input", "message": "models must be all or none"}},
+            status_code=422,
+        )
+    return _readiness(request, spelled_out=False, models=models == "all")
 
 
 @router.get("/health")
@@ -43,9 +51,9 @@ async def health(request: Request) -> Response:
     return _readiness(request, spelled_out=True)
 
 
-def _readiness(request: Request, spelled_out: bool) -> Response:
+def _readiness(request: Request, spelled_out: bool, models: bool = True) -> Response:
     table = request.app.state.router.table
-    not_ready = request.app.state.router.waiting_for()
+    not_ready = request.app.state.router.waiting_for() if models else []
     ready = table.generation > 0 and not not_ready
     body: dict[str, object] = {"status": "ready" if ready else "not_ready"}
     if spelled_out:
