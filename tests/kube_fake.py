@@ -138,6 +138,18 @@ class Pod:
             return
         self._condition("PodScheduled", True)
         self.obj["spec"]["nodeName"] = "fake-node"
+        container = self.container
+        self.obj["status"]["containerStatuses"] = [  # once scheduled, as the kubelet does
+            {
+                "name": container["name"],
+                "image": container["image"],
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "started": False,
+                "state": {"waiting": {"reason": "ContainerCreating"}},
+            }
+        ]
         self.obj["status"]["podIP"] = self.obj["status"]["podIPs"][0]["ip"]
         self.changed()
         backoff = 0.5
@@ -206,6 +218,7 @@ class Pod:
             command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         log.close()
+        self.fake.processes.append(self.proc)
         cs = self.obj["status"]["containerStatuses"][0]
         cs["started"] = True
         cs["containerID"] = f"fake://{uuid.uuid4().hex}"
@@ -294,6 +307,7 @@ class FakeKube:
         self._thread: threading.Thread | None = None
         self.stop_watches = False
         self._tasks: set[asyncio.Task[None]] = set()
+        self.processes: list[subprocess.Popen[bytes]] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -321,6 +335,10 @@ class FakeKube:
             self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(10)
+        for proc in self.processes:  # none outlives the double, whatever was in flight
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(10)
 
     async def _delete_all_pods(self) -> None:
         await asyncio.gather(*(p.delete() for p in list(self.pods.values())))
@@ -657,7 +675,6 @@ class FakeKube:
     def _create_pod(self, dep: dict[str, Any], template: dict[str, Any], digest: str) -> None:
         name = f"{dep['metadata']['name']}-{digest[:10]}-{uuid.uuid4().hex[:5]}"
         ip = f"127.0.0.{next(self._ips)}"
-        container = template["spec"]["containers"][0]
         obj = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -683,17 +700,6 @@ class FakeKube:
                 "conditions": [
                     {"type": t, "status": "False", "lastTransitionTime": _now()}
                     for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
-                ],
-                "containerStatuses": [
-                    {
-                        "name": container["name"],
-                        "image": container["image"],
-                        "imageID": "",
-                        "ready": False,
-                        "restartCount": 0,
-                        "started": False,
-                        "state": {"waiting": {"reason": "ContainerCreating"}},
-                    }
                 ],
             },
         }

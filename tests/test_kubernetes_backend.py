@@ -87,8 +87,15 @@ def kube(tmp_path: Path, s3: dict[str, str]) -> Iterator[FakeKube]:
         fake.stop()
 
 
-def _server(tmp_path: Path, kube: FakeKube, s3: dict[str, str], name: str = "srv") -> InferdServer:
+def _server(
+    tmp_path: Path,
+    kube: FakeKube,
+    s3: dict[str, str],
+    name: str = "srv",
+    env: dict[str, str] | None = None,
+) -> InferdServer:
     env = {
+        **(env or {}),
         **s3,
         "KUBECONFIG": str(kube.kubeconfig(tmp_path / "kubeconfig")),
         "INFERD_REPLICA_BACKEND": "kubernetes",
@@ -242,6 +249,71 @@ def test_versions_run_as_deployments_of_replica_pods_that_scale_roll_back_and_su
         assert len(_calls(kube, "PATCH", f"/deployments/{v1}")) == applies
     finally:
         assert again.stop() == 0, again.log()[-4000:]
+
+
+def test_the_autoscaler_scales_the_deployment_to_zero_and_a_request_brings_a_pod_back(
+    tmp_path: Path, kube: FakeKube, s3: dict[str, str]
+):
+    kube.add_owner("inferd-control")
+    server = _server(tmp_path, kube, s3, env={"INFERD_AUTOSCALE_INTERVAL_S": "0.3"})
+    name = deployment_name("inferd", "calc", "v1")
+    try:
+        server.wait_ready()
+        _upload(server, "calc", "v1", "x * 3")
+        policy = {"min_replicas": 0, "max_replicas": 2, "idle_timeout_s": 2}
+        reply = server.client.post(
+            "/api/v1/deployments",
+            json={"model_name": "calc", "version": "v1", "autoscaling": policy},
+        )
+        assert reply.status_code == 201, reply.text
+        server.wait_for(lambda: _y(server, "calc", 1.0) == 3.0, 60, "a first pod serving")
+        server.wait_for(
+            lambda: (
+                (kube.deployment(name) or {}).get("spec", {}).get("replicas") == 0
+                and not kube.pod_list()
+            ),
+            30,
+            "the Deployment scaled to zero after 2 s idle, its pod gone",
+        )
+        assert _calls(kube, "PATCH", f"/deployments/{name}/scale")[-1][3] == {
+            "spec": {"replicas": 0}
+        }
+        cold = server.client.post("/api/v1/models/calc/predict", json={"inputs": [{"x": 5}]})
+        assert cold.status_code == 200, cold.text  # held while a pod started
+        assert cold.json()["outputs"] == [{"y": 15.0}]
+        assert float(cold.headers["x-inferd-cold-start-ms"]) > 0
+        assert kube.deployment(name)["spec"]["replicas"] == 1
+
+        # a GPU the cluster has no node for: accepted (the scheduler places pods, not
+        # this machine), and the replica says why it does not come up
+        _upload(server, "calc", "v2", "x * 4")
+        reply = server.client.post(
+            "/api/v1/deployments",
+            json={
+                "model_name": "calc", "version": "v2", "traffic_percent": 0,
+                "resources": {"gpu": "a100"},
+            },
+        )  # fmt: skip
+        assert reply.status_code == 201, reply.text
+        gpu = deployment_name("inferd", "calc", "v2")
+        server.wait_for(lambda: kube.deployment(gpu) is not None, 30, "the GPU Deployment")
+        container = kube.deployment(gpu)["spec"]["template"]["spec"]["containers"][0]
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+
+        seen: list[object] = []
+
+        def unschedulable() -> bool:
+            found = server.client.get("/api/v1/models/calc/versions/v2").json()["replicas"]
+            seen[:] = [found, kube.pod_list()]
+            return any("Unschedulable" in r.get("message", "") for r in found)
+
+        try:
+            server.wait_for(unschedulable, 30, "the scheduler's reason on the replica")
+        except AssertionError:
+            raise AssertionError(f"replicas and pods: {seen}") from None
+        assert _y(server, "calc", 1.0) == 3.0  # v1 serves on
+    finally:
+        assert server.stop() == 0, server.log()[-4000:]
 
 
 def test_the_deployment_asks_for_gpus_probes_and_drains_as_kubernetes_expects():

@@ -88,6 +88,7 @@ async def build_gateway(settings: Settings, control: str | Path) -> Gateway:
         migrate=False,
         artifact_store=settings.artifact_store,
     )
+    registry.gpus_here = settings.replica_backend == "local"
     # Rows go to the server even with the log off: /metrics counts requests from them.
     cfg = settings.inference_log
     inference_log = LogShipper(

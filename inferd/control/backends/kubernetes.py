@@ -249,12 +249,13 @@ def seen(pod: Any, deleted: bool = False) -> PodSeen | None:
     ready = False
     problem, failed = "", False
     restarts = 0
+    unscheduled = ""
     if status is not None:
         for condition in status.conditions or []:
             if condition.type == "Ready":
                 ready = condition.status == "True"
             if condition.type == "PodScheduled" and condition.status == "False":
-                problem = f"{condition.reason or 'Unschedulable'}: {condition.message or ''}"
+                unscheduled = f"{condition.reason or 'Unschedulable'}: {condition.message or ''}"
         for container in status.containerStatuses or []:
             restarts += container.restartCount or 0
             waiting = container.state.waiting if container.state is not None else None
@@ -264,6 +265,8 @@ def seen(pod: Any, deleted: bool = False) -> PodSeen | None:
             last = container.lastState.terminated if container.lastState is not None else None
             if last is not None and not problem:
                 problem = f"its container exited with code {last.exitCode} ({last.reason})"
+        if unscheduled:  # no node takes it (yet): what the scheduler says, not a crash
+            problem, failed = unscheduled.rstrip(": "), False
         if status.phase == "Failed":
             problem = f"{status.reason or 'Failed'}: {status.message or ''}".rstrip(": ")
             failed = True
