@@ -346,8 +346,9 @@ def test_what_the_chart_sets_loads_as_inferd_settings(
         return
     assert settings.database_url and settings.database_url.startswith("postgresql+psycopg://")
     assert settings.redis_url and settings.queue_url and settings.queue_url.endswith("/1")
+    # the gateways accept deployments whose GPUs are the cluster's, not their host's
+    assert settings.replica_backend == "kubernetes"
     if role == "control":
-        assert settings.replica_backend == "kubernetes"
         assert settings.kubernetes.owner == f"{FULLNAME}-control"
         assert settings.kubernetes.namespace == NAMESPACE
     if values.startswith("external"):
