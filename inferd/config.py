@@ -294,6 +294,10 @@ class KubernetesConfig(Group):
     ``default``)."""
     image: str = "inferd:latest"
     """Image of replica pods (the controller's own image, as the Helm chart sets it)."""
+    torch_image: str | None = None
+    """Image of the replica pods of versions that need PyTorch (``torch``,
+    ``transformers``, ``gpt2``, ``llm``: the image's ``llm`` variant); None: ``image``.
+    A version's ``image`` metadata overrides both."""
     image_pull_policy: str = Field("IfNotPresent", pattern="^(Always|IfNotPresent|Never)$")
     image_pull_secrets: list[str] = Field(default_factory=list)
     """Secrets replica pods pull their image with."""

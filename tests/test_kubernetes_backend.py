@@ -360,6 +360,23 @@ def test_the_deployment_asks_for_gpus_probes_and_drains_as_kubernetes_expects():
     validate(body)
 
 
+def test_versions_that_need_pytorch_run_the_torch_image_unless_they_name_one():
+    from inferd.control.backends.kubernetes import image_of
+
+    kube = KubernetesConfig(image="inferd:1", torch_image="inferd:1-llm")
+
+    def spec(framework: str, **metadata: object) -> ReplicaSpec:
+        return ReplicaSpec(
+            replica_id="", model="m", version="v", framework=framework, artifact_dir="",
+            address="", metadata=metadata,
+        )  # fmt: skip
+
+    assert image_of(kube, spec("xgboost")) == "inferd:1"
+    assert image_of(kube, spec("gpt2")) == "inferd:1-llm"
+    assert image_of(kube, spec("llm", image="vllm-inferd:2")) == "vllm-inferd:2"
+    assert image_of(KubernetesConfig(image="inferd:1"), spec("torch")) == "inferd:1"
+
+
 def test_a_lease_elects_one_controller_and_hands_over(tmp_path: Path):
     from lightkube import AsyncClient
     from lightkube.config.kubeconfig import KubeConfig

@@ -130,7 +130,7 @@ def manifest(
         tolerations.append({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"})
     container: dict[str, Any] = {
         "name": "replica",
-        "image": kube.image,
+        "image": image_of(kube, spec),
         "imagePullPolicy": kube.image_pull_policy,
         "command": ["inferd"],
         "args": [  # $(VAR): expanded by the kubelet from the container's environment
@@ -217,6 +217,20 @@ def manifest(
             },
         },
     }
+
+
+TORCH_FRAMEWORKS = frozenset({"torch", "transformers", "gpt2", "llm"})
+
+
+def image_of(kube: KubernetesConfig, spec: ReplicaSpec) -> str:
+    """The image a version's pods run: its ``image`` metadata, else the PyTorch image
+    for frameworks that need it, else the default one."""
+    chosen = spec.metadata.get("image")
+    if isinstance(chosen, str) and chosen:
+        return chosen
+    if spec.framework in TORCH_FRAMEWORKS and kube.torch_image:
+        return kube.torch_image
+    return kube.image
 
 
 def _probe(path: str, *, period_s: int, failures: int) -> dict[str, Any]:
