@@ -87,15 +87,9 @@ def kube(tmp_path: Path, s3: dict[str, str]) -> Iterator[FakeKube]:
         fake.stop()
 
 
-def _server(
-    tmp_path: Path,
-    kube: FakeKube,
-    s3: dict[str, str],
-    name: str = "srv",
-    env: dict[str, str] | None = None,
-) -> InferdServer:
-    env = {
-        **(env or {}),
+def _env(tmp_path: Path, kube: FakeKube, s3: dict[str, str]) -> dict[str, str]:
+    """The settings the Helm chart gives the control (and the gateways)."""
+    return {
         **s3,
         "KUBECONFIG": str(kube.kubeconfig(tmp_path / "kubeconfig")),
         "INFERD_REPLICA_BACKEND": "kubernetes",
@@ -110,10 +104,22 @@ def _server(
         "INFERD_KUBERNETES__LEASE_DURATION_S": "3",
         "INFERD_SHUTDOWN_GRACE_S": "3",
     }
-    return InferdServer(tmp_path / name, workers=1, env=env)
+
+
+def _server(
+    tmp_path: Path,
+    kube: FakeKube,
+    s3: dict[str, str],
+    name: str = "srv",
+) -> InferdServer:
+    return InferdServer(tmp_path / name, workers=1, env=_env(tmp_path, kube, s3))
 
 
 def _upload(server: InferdServer, model: str, version: str, expression: str) -> None:
+    _upload_to(server.client, model, version, expression)
+
+
+def _upload_to(client: httpx.Client, model: str, version: str, expression: str) -> None:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         data = arithmetic_model(expression).encode()
@@ -121,7 +127,7 @@ def _upload(server: InferdServer, model: str, version: str, expression: str) -> 
         info.size = len(data)
         tar.addfile(info, io.BytesIO(data))
     body = buf.getvalue()
-    reply = server.client.post(
+    reply = client.post(
         f"/api/v1/models/{model}/versions",
         params={"version": version, "sha256": hashlib.sha256(body).hexdigest()},
         content=body,
@@ -251,43 +257,58 @@ def test_versions_run_as_deployments_of_replica_pods_that_scale_roll_back_and_su
         assert again.stop() == 0, again.log()[-4000:]
 
 
-def test_the_autoscaler_scales_the_deployment_to_zero_and_a_request_brings_a_pod_back(
+def test_the_chart_s_roles_scale_a_deployment_to_zero_and_a_request_brings_a_pod_back(
     tmp_path: Path, kube: FakeKube, s3: dict[str, str]
 ):
+    """``inferd control`` and ``inferd gateway`` as the chart runs them; the autoscaler
+    drives the Deployment's scale."""
+    from tests.roles import Role, gateway_role, wait
+
     kube.add_owner("inferd-control")
-    server = _server(tmp_path, kube, s3, env={"INFERD_AUTOSCALE_INTERVAL_S": "0.3"})
+    env = {**_env(tmp_path, kube, s3), "INFERD_AUTOSCALE_INTERVAL_S": "0.3"}
+    listen, port = f"127.0.0.1:{free_port()}", free_port()
+    control = Role(tmp_path / "control", "control", "control", "--listen", listen, env=env)
+    gateway = gateway_role(tmp_path / "gateway", listen, port, env=env)
+    roles = (control, gateway)
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
     name = deployment_name("inferd", "calc", "v1")
+
+    def y(x: float) -> float | None:
+        reply = client.post("/api/v1/models/calc/predict", json={"inputs": [{"x": x}]})
+        return reply.json()["outputs"][0]["y"] if reply.status_code == 200 else None
+
     try:
-        server.wait_ready()
-        _upload(server, "calc", "v1", "x * 3")
+        wait(lambda: client.get("/health/ready?models=none").status_code == 200, "gateway", *roles)
+        _upload_to(client, "calc", "v1", "x * 3")
         policy = {"min_replicas": 0, "max_replicas": 2, "idle_timeout_s": 2}
-        reply = server.client.post(
+        reply = client.post(
             "/api/v1/deployments",
             json={"model_name": "calc", "version": "v1", "autoscaling": policy},
         )
         assert reply.status_code == 201, reply.text
-        server.wait_for(lambda: _y(server, "calc", 1.0) == 3.0, 60, "a first pod serving")
-        server.wait_for(
+        wait(lambda: y(1.0) == 3.0, "a first pod serving", *roles, timeout_s=60)
+        wait(
             lambda: (
                 (kube.deployment(name) or {}).get("spec", {}).get("replicas") == 0
                 and not kube.pod_list()
             ),
-            30,
             "the Deployment scaled to zero after 2 s idle, its pod gone",
+            *roles,
+            timeout_s=30,
         )
         assert _calls(kube, "PATCH", f"/deployments/{name}/scale")[-1][3] == {
             "spec": {"replicas": 0}
         }
-        cold = server.client.post("/api/v1/models/calc/predict", json={"inputs": [{"x": 5}]})
+        cold = client.post("/api/v1/models/calc/predict", json={"inputs": [{"x": 5}]})
         assert cold.status_code == 200, cold.text  # held while a pod started
         assert cold.json()["outputs"] == [{"y": 15.0}]
         assert float(cold.headers["x-inferd-cold-start-ms"]) > 0
         assert kube.deployment(name)["spec"]["replicas"] == 1
 
         # a GPU the cluster has no node for: accepted (the scheduler places pods, not
-        # this machine), and the replica says why it does not come up
-        _upload(server, "calc", "v2", "x * 4")
-        reply = server.client.post(
+        # the gateway's host), and the replica says why it does not come up
+        _upload_to(client, "calc", "v2", "x * 4")
+        reply = client.post(
             "/api/v1/deployments",
             json={
                 "model_name": "calc", "version": "v2", "traffic_percent": 0,
@@ -296,24 +317,23 @@ def test_the_autoscaler_scales_the_deployment_to_zero_and_a_request_brings_a_pod
         )  # fmt: skip
         assert reply.status_code == 201, reply.text
         gpu = deployment_name("inferd", "calc", "v2")
-        server.wait_for(lambda: kube.deployment(gpu) is not None, 30, "the GPU Deployment")
+        wait(lambda: kube.deployment(gpu) is not None, "the GPU Deployment", *roles)
         container = kube.deployment(gpu)["spec"]["template"]["spec"]["containers"][0]
         assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
 
-        seen: list[object] = []
-
         def unschedulable() -> bool:
-            found = server.client.get("/api/v1/models/calc/versions/v2").json()["replicas"]
-            seen[:] = [found, kube.pod_list()]
+            found = client.get("/api/v1/models/calc/versions/v2").json()["replicas"]
             return any("Unschedulable" in r.get("message", "") for r in found)
 
-        try:
-            server.wait_for(unschedulable, 30, "the scheduler's reason on the replica")
-        except AssertionError:
-            raise AssertionError(f"replicas and pods: {seen}") from None
-        assert _y(server, "calc", 1.0) == 3.0  # v1 serves on
+        wait(unschedulable, "the scheduler's reason on the replica", *roles, timeout_s=30)
+        assert y(1.0) == 3.0  # v1 serves on
+        lease = kube.objects["leases"]["inferd-controller"]
+        assert lease["spec"]["holderIdentity"]  # the control led through the Lease
     finally:
-        assert server.stop() == 0, server.log()[-4000:]
+        client.close()
+        codes = [r.stop() for r in reversed(roles)]
+        assert codes == [0, 0], "\n".join(r.log()[-3000:] for r in roles)
+    assert not kube.objects["leases"]["inferd-controller"]["spec"]["holderIdentity"]
 
 
 def test_the_deployment_asks_for_gpus_probes_and_drains_as_kubernetes_expects():
