@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -49,30 +50,36 @@ def install_demo(
     llm: bool = True,
     text: bool = True,
 ) -> list[str]:
-    """Returns ``model:version`` of every demo model, newly pushed or already there."""
-    from inferd.demo.build import build_demo_models
+    """Returns ``model:version`` of every demo model, newly pushed or already there.
+    Without PyTorch (the container image's base variant) the models that need it are
+    skipped, saying so."""
+    from inferd.demo.build import build_demo_model
 
-    if llm:
+    torch = importlib.util.find_spec("torch") is not None
+    if not torch:
+        progress("demo models needing PyTorch skipped (digits, tinygpt): pip install 'inferd[llm]'")
+    if llm and torch:
         install_llm_demo(registry, work_dir, progress)
     if text:
         install_text_demo(registry, work_dir, progress)
-    missing = [name for name, version in DEMO_VERSIONS.items() if not _has(registry, name, version)]
+    versions = {n: v for n, v in DEMO_VERSIONS.items() if torch or n not in _NEED_TORCH}
+    missing = [name for name, version in versions.items() if not _has(registry, name, version)]
     if not missing:
-        progress("demo models already registered: " + ", ".join(DEMO_VERSIONS))
-        return [f"{n}:{v}" for n, v in DEMO_VERSIONS.items()]
+        progress("demo models already registered: " + ", ".join(versions))
+        return [f"{n}:{v}" for n, v in versions.items()]
     progress(f"building demo models locally ({', '.join(missing)}) ...")
-    for demo in build_demo_models(work_dir, progress=progress):
-        if demo.name not in missing:
-            continue
+    for name in missing:
+        demo = build_demo_model(name, work_dir, progress=progress)
         framework = _register(
             registry, demo.name, demo.version, demo.path, demo.framework, demo.metadata,
             demo.description, demo.signature,
         )  # fmt: skip
         progress(f"registered {demo.name}:{demo.version} ({framework})")
-    return [f"{n}:{v}" for n, v in DEMO_VERSIONS.items()]
+    return [f"{n}:{v}" for n, v in versions.items()]
 
 
 DEMO_VERSIONS = {"fraud": "v1", "sentiment": "v1", "iris": "v1", "digits": "v1"}
+_NEED_TORCH = ("digits",)
 
 
 LLM_DEMO = ("tinygpt", "v1")

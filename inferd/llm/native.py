@@ -9,10 +9,12 @@ time (its blocks stay in the core's cache across all heads).
 
 It is plain C99 (no PyTorch headers, so it compiles in about a second with the
 system's ``cc``) loaded with :mod:`ctypes`, which releases the GIL during the call; the
-caller splits the batch over threads. Where there is no compiler, or the ``llm.native``
-setting is off (``INFERD_LLM__NATIVE=0``, applied by :func:`enable` when a replica
-builds its engine), :func:`kernel` returns None and the engine keeps its PyTorch path,
-which gives the same results.
+caller splits the batch over threads. Where there is no compiler, the library compiled
+when inferd's container image was built (:data:`PREBUILT`, portable flags) is loaded
+instead. Where there is neither, or the ``llm.native`` setting is off
+(``INFERD_LLM__NATIVE=0``, applied by :func:`enable` when a replica builds its engine),
+:func:`kernel` returns None and the engine keeps its PyTorch path, which gives the same
+results.
 
 ``CC`` and ``XDG_CACHE_HOME`` are read here: they are the system's conventions for the
 compiler and the cache folder, not inferd settings.
@@ -84,6 +86,11 @@ _FLAGS = [
     # Vectorised dot products need reassociation; no -ffast-math (it assumes no inf).
     "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math",
 ]  # fmt: skip
+PORTABLE_FLAGS = [flag for flag in _FLAGS if flag != "-march=native"]
+"""For a library built on one machine and run on others (a container image)."""
+PREBUILT = Path(__file__).with_name("paged_attention.so")
+"""Built with :data:`PORTABLE_FLAGS` by ``python -m inferd.llm.native`` (the image's
+build stage, which has a compiler its final stage lacks); loaded where no ``cc`` is."""
 
 
 def _cpu_flags() -> str:
@@ -111,6 +118,8 @@ def kernel() -> ctypes.CDLL | None:
     if not _enabled:
         return None
     compiler = shutil.which(os.environ.get("CC", "cc"))
+    if compiler is None and PREBUILT.exists():
+        return _load(PREBUILT)
     if compiler is None:
         logger.info("no C compiler: paged decode attention stays on PyTorch ops")
         return None
@@ -122,20 +131,33 @@ def kernel() -> ctypes.CDLL | None:
     library = cache / f"paged_attention_{digest}.so"
     try:
         if not library.exists():
-            cache.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=cache) as tmp:
-                source = Path(tmp) / "paged_attention.c"
-                source.write_text(SOURCE)
-                built = Path(tmp) / library.name
-                subprocess.run(
-                    [compiler, *_FLAGS, str(source), "-o", str(built), "-lm"],
-                    check=True,
-                    capture_output=True,
-                    timeout=120,
-                )
-                os.replace(built, library)  # atomic: concurrent replicas may race here
-        lib = ctypes.CDLL(str(library))
+            build(library, compiler, _FLAGS)
     except (OSError, subprocess.SubprocessError) as exc:
+        logger.warning("paged attention kernel unavailable, using PyTorch ops: %s", exc)
+        return None
+    return _load(library)
+
+
+def build(library: Path, compiler: str, flags: list[str]) -> None:
+    """Compile the kernel into ``library`` (replaced at once: replicas may race here)."""
+    library.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=library.parent) as tmp:
+        source = Path(tmp) / "paged_attention.c"
+        source.write_text(SOURCE)
+        built = Path(tmp) / library.name
+        subprocess.run(
+            [compiler, *flags, str(source), "-o", str(built), "-lm"],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        os.replace(built, library)
+
+
+def _load(library: Path) -> ctypes.CDLL | None:
+    try:
+        lib = ctypes.CDLL(str(library))
+    except OSError as exc:
         logger.warning("paged attention kernel unavailable, using PyTorch ops: %s", exc)
         return None
     fn = lib.paged_decode_f32
@@ -143,3 +165,8 @@ def kernel() -> ctypes.CDLL | None:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     fn.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, ptr, i64, i64, i64, i64, i64, ctypes.c_float, ptr]
     return lib
+
+
+if __name__ == "__main__":  # the container image's build stage: python -m inferd.llm.native
+    build(PREBUILT, os.environ.get("CC", "cc"), PORTABLE_FLAGS)
+    print(PREBUILT)

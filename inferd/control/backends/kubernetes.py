@@ -143,6 +143,8 @@ def manifest(
             {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
             {"name": SPEC_ENV, "value": spec.to_json()},
             {"name": "INFERD_DATA_DIR", "value": "/data"},
+            # the root file system is read-only: caches (the C kernel's, libraries') in /tmp
+            {"name": "XDG_CACHE_HOME", "value": "/tmp/.cache"},
             {"name": "INFERD_LOG_JSON", "value": "true"},
         ],
         "envFrom": [{"secretRef": {"name": s}} for s in kube.env_from_secrets]
