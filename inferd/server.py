@@ -147,7 +147,7 @@ async def serve(
             settings.demo_llm,
             settings.demo_text,
         )
-    if not settings.auth.enabled and not _loopback(settings.host):
+    if gateways and not settings.auth.enabled and not _loopback(settings.host):
         warning = (
             f"WARNING: serving on {settings.host} WITHOUT AUTHENTICATION: anyone who can "
             "reach this port can run, deploy and delete models. Turn it on with "
