@@ -51,6 +51,8 @@ from typing import Any
 import httpx
 import uvicorn
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -306,6 +308,8 @@ class FakeKube:
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self.stop_watches = False
+        self.forbid: set[str] = set()
+        """Resources the caller's Role does not grant (403)."""
         self._tasks: set[asyncio.Task[None]] = set()
         self.processes: list[subprocess.Popen[bytes]] = []
 
@@ -452,7 +456,28 @@ class FakeKube:
             yield
             controller.cancel()
 
-        return Starlette(routes=routes, lifespan=lifespan)
+        return Starlette(
+            routes=routes,
+            lifespan=lifespan,
+            middleware=[Middleware(BaseHTTPMiddleware, dispatch=self._rbac)],
+        )
+
+    async def _rbac(self, request: Request, call_next: Any) -> Response:
+        refused = self._forbidden(request)
+        return refused if refused is not None else await call_next(request)
+
+    def _forbidden(self, request: Request) -> JSONResponse | None:
+        """A Role without ``resource`` (``forbid``): the API's 403, as RBAC answers."""
+        parts = request.url.path.split("/")
+        resource = next((r for r in ("leases", "deployments", "pods") if r in parts), "")
+        if resource not in self.forbid:
+            return None
+        return _status(
+            403, "Forbidden",
+            f'{resource} is forbidden: User "system:serviceaccount:{self.namespace}:inferd" '
+            f'cannot {request.method.lower()} resource "{resource}" in the namespace '
+            f'"{self.namespace}"',
+        )  # fmt: skip
 
     async def _record(self, request: Request) -> Any:
         raw = await request.body()

@@ -336,6 +336,37 @@ def test_the_chart_s_roles_scale_a_deployment_to_zero_and_a_request_brings_a_pod
     assert not kube.objects["leases"]["inferd-controller"]["spec"]["holderIdentity"]
 
 
+def test_a_controller_that_cannot_use_the_api_says_why_and_stops(tmp_path: Path):
+    """No configuration, or a Role without leases: one line saying so, no traceback."""
+    kube = FakeKube(tmp_path / "kube", namespace=NS)
+    kube.start()
+    kube.forbid = {"leases"}
+    base = {
+        "PATH": "/usr/bin:/bin",
+        "INFERD_REPLICA_BACKEND": "kubernetes",
+        "INFERD_ARTIFACT_STORE": f"s3://{BUCKET}/models",
+        "INFERD_CLUSTER__TOKEN": TOKEN,
+        "INFERD_KUBERNETES__NAMESPACE": NS,
+    }
+    cases = {
+        "no Kubernetes API is configured": {"KUBECONFIG": str(tmp_path / "none")},
+        'cannot get resource "leases"': {
+            "KUBECONFIG": str(kube.kubeconfig(tmp_path / "kubeconfig"))
+        },
+    }
+    try:
+        for said, env in cases.items():
+            done = subprocess.run(
+                [sys.executable, "-m", "inferd", "control", "--listen", f"127.0.0.1:{free_port()}",
+                 "--data-dir", str(tmp_path / "data")],
+                env={**base, **env}, capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            assert done.returncode != 0 and said in done.stderr, done.stderr[-2000:]
+            assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    finally:
+        kube.stop()
+
+
 def test_the_deployment_asks_for_gpus_probes_and_drains_as_kubernetes_expects():
     settings = Settings(
         kubernetes=KubernetesConfig(

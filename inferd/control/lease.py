@@ -69,14 +69,18 @@ class LeaseLeadership:
         identity: str | None = None,
     ) -> LeaseLeadership:
         """Wait until this process holds the Lease."""
-        if client is None:
-            from lightkube import AsyncClient
-            from lightkube.config.kubeconfig import KubeConfig
+        from inferd.control.backends.kubernetes import connect, unavailable
 
-            client = AsyncClient(KubeConfig.from_env(), namespace=namespace, field_manager="inferd")
+        if client is None:
+            client = connect(namespace)
         self = cls(kube, namespace, client, identity or socket.gethostname())
         said = False
-        while not await self._try():
+        try:
+            taken = await self._try()
+        except Exception as exc:  # refused (RBAC) or unreachable: nothing to lead with
+            await client.close()
+            raise unavailable(f"the Lease {namespace}/{kube.lease_name}", exc) from None
+        while not taken:
             if not said:
                 holder = self._lease.spec.holderIdentity if self._lease is not None else "?"
                 progress(
@@ -85,6 +89,10 @@ class LeaseLeadership:
                 )
                 said = True
             await asyncio.sleep(RETRY_S)
+            try:
+                taken = await self._try()
+            except Exception as exc:  # the API went away for a while: keep following
+                logger.warning("reading the Lease failed: %r", exc)
         if said:
             progress(f"this controller ({self.identity}) leads now")
         logger.info("leading: Lease %s/%s held by %s", namespace, kube.lease_name, self.identity)
@@ -103,8 +111,7 @@ class LeaseLeadership:
             lease = await self.client.get(Lease, self.kube.lease_name, namespace=self.namespace)
         except ApiError as exc:
             if exc.status.code != 404:
-                logger.warning("reading the Lease failed: %s", exc.status.message)
-                return False
+                raise
             fresh = Lease(
                 metadata=ObjectMeta(name=self.kube.lease_name, namespace=self.namespace),
                 spec=LeaseSpec(
@@ -119,7 +126,7 @@ class LeaseLeadership:
                 self._lease = await self.client.create(fresh)
             except ApiError as race:
                 if race.status.code != 409:
-                    logger.warning("creating the Lease failed: %s", race.status.message)
+                    raise
                 return False  # another candidate created it first
             return True
         self._lease = lease
@@ -142,8 +149,8 @@ class LeaseLeadership:
             self._lease = await self.client.replace(lease)
         except ApiError as exc:
             if exc.status.code != 409:
-                logger.warning("taking the Lease failed: %s", exc.status.message)
-            return False
+                raise
+            return False  # its resourceVersion moved: read it again
         return True
 
     async def _renew_forever(self) -> None:

@@ -63,6 +63,38 @@ FAILING = frozenset(
 RETRY_MAX_S = 30.0
 
 
+class KubernetesUnavailable(SystemExit):
+    """The Kubernetes API cannot be used (no configuration, unreachable, refused): the
+    controller stops with the reason, not a traceback."""
+
+
+def connect(namespace: str) -> Any:
+    """A client of the API: in-cluster (the pod's service account) or ``KUBECONFIG``."""
+    from lightkube import AsyncClient
+    from lightkube.config.kubeconfig import KubeConfig
+    from lightkube.core.exceptions import ConfigError
+
+    try:
+        config = KubeConfig.from_env()
+    except ConfigError as exc:
+        raise KubernetesUnavailable(
+            f"error: replica_backend is kubernetes but no Kubernetes API is configured "
+            f"(not in a pod, and KUBECONFIG: {exc})"
+        ) from None
+    return AsyncClient(config, namespace=namespace, field_manager=MANAGER)
+
+
+def unavailable(what: str, exc: Exception) -> KubernetesUnavailable:
+    """The error that stops a controller which cannot do ``what`` through the API."""
+    from lightkube import ApiError
+
+    if isinstance(exc, ApiError):
+        why = f"{exc.status.code} {exc.status.reason}: {exc.status.message}"
+    else:
+        why = f"{type(exc).__name__}: {exc}"
+    return KubernetesUnavailable(f"error: the Kubernetes API refused {what}: {why}")
+
+
 @dataclass(frozen=True)
 class PodSeen:
     """One replica pod as the API shows it now."""
@@ -332,25 +364,19 @@ class KubernetesBackend:
     @property
     def client(self) -> Any:
         if self._client is None:
-            from lightkube import AsyncClient
-            from lightkube.config.kubeconfig import KubeConfig
-
-            self._client = AsyncClient(
-                KubeConfig.from_env(), namespace=self.namespace, field_manager=MANAGER
-            )
+            self._client = connect(self.namespace)
         return self._client
 
     async def start(self, on_pod: Callable[[PodSeen], None]) -> None:
         """Find the owner and the Deployments this instance has, then keep them as
-        wanted and report pods. Raises (a clear RuntimeError) when the API refuses."""
-        from lightkube import ApiError
+        wanted and report pods. :class:`KubernetesUnavailable` when that cannot be."""
         from lightkube.resources.apps_v1 import Deployment
 
         if self.settings.artifact_store is None or not self.settings.artifact_store.startswith(
             "s3://"
         ):
-            raise RuntimeError(
-                "the kubernetes replica backend needs an S3 artifact store "
+            raise KubernetesUnavailable(
+                "error: the kubernetes replica backend needs an S3 artifact store "
                 "(artifact_store: s3://bucket/prefix): replica pods fetch versions' files "
                 "from it"
             )
@@ -371,11 +397,9 @@ class KubernetesBackend:
                 annotations = found.metadata.annotations or {}
                 digest = annotations.get("inferd.io/spec-digest", "")
                 self._applied[found.metadata.name] = (digest, found.spec.replicas or 0)
-        except ApiError as exc:
-            raise RuntimeError(
-                f"the Kubernetes API refused the replica backend (namespace "
-                f"{self.namespace!r}): {exc.status.code} {exc.status.message}"
-            ) from None
+        except Exception as exc:  # refused, unreachable: the controller cannot run
+            what = f"the replica backend's first calls in namespace {self.namespace!r}"
+            raise unavailable(what, exc) from None
         logger.info(
             "kubernetes backend: namespace %s, %d replica Deployment(s) of instance %s found",
             self.namespace, len(self._applied), self.kube.instance,
