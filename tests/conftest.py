@@ -31,6 +31,43 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@contextlib.contextmanager
+def moto_s3(bucket: str) -> Iterator[dict[str, str]]:
+    """moto's standalone S3 server on 127.0.0.1 holding ``bucket``: the AWS environment
+    that reaches it (endpoint and test credentials)."""
+    pytest.importorskip("s3fs")
+    import s3fs
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "moto server did not start"
+                time.sleep(0.1)
+        env = {
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+            "AWS_ACCESS_KEY_ID": "test",
+            "AWS_SECRET_ACCESS_KEY": "test",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+        s3fs.S3FileSystem(key="test", secret="test", endpoint_url=env["AWS_ENDPOINT_URL"]).mkdir(
+            bucket
+        )
+        yield env
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
 class InferdServer:
     """Starts ``python -m inferd serve``; ``stop()`` sends SIGTERM and checks a clean exit."""
 

@@ -15,7 +15,6 @@ import asyncio
 import base64
 import hashlib
 import io
-import socket
 import subprocess
 import sys
 import tarfile
@@ -29,7 +28,7 @@ import pytest
 from inferd.config import KubernetesConfig, Settings
 from inferd.control.backends.kubernetes import deployment_name, manifest
 from inferd.serving.spec import ReplicaSpec
-from tests.conftest import InferdServer, arithmetic_model, free_port
+from tests.conftest import InferdServer, arithmetic_model, free_port, moto_s3
 from tests.kube_fake import FakeKube
 
 pytest.importorskip("lightkube")
@@ -41,35 +40,8 @@ NS = "inferd"
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[dict[str, str]]:
-    pytest.importorskip("s3fs")
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            assert time.monotonic() < deadline, "moto server did not start"
-            time.sleep(0.1)
-    env = {
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-        "AWS_ACCESS_KEY_ID": "test",
-        "AWS_SECRET_ACCESS_KEY": "test",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }
-    import s3fs
-
-    s3fs.S3FileSystem(key="test", secret="test", endpoint_url=env["AWS_ENDPOINT_URL"]).mkdir(BUCKET)
-    try:
+    with moto_s3(BUCKET) as env:
         yield env
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 @pytest.fixture()

@@ -12,18 +12,14 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import socket
-import subprocess
-import sys
 import tarfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.conftest import InferdServer, arithmetic_model, free_port
+from tests.conftest import InferdServer, arithmetic_model, free_port, moto_s3
 
 pytestmark = pytest.mark.slow
 BUCKET = "inferd-models"
@@ -31,34 +27,8 @@ BUCKET = "inferd-models"
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[dict[str, str]]:
-    pytest.importorskip("s3fs")
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            assert time.monotonic() < deadline, "moto server did not start"
-            time.sleep(0.1)
-    env = {
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-        "AWS_ACCESS_KEY_ID": "test",
-        "AWS_SECRET_ACCESS_KEY": "test",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }
-    fs = _fs(env)
-    fs.mkdir(BUCKET)
-    try:
+    with moto_s3(BUCKET) as env:
         yield env
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def _fs(env: dict[str, str]):
