@@ -149,18 +149,78 @@ def manifest(
     selector = {**labels(kube.instance), "inferd.io/deployment": name}
     pod_labels = {**selector, **_label_values(spec.model, spec.version)}
     names = {"inferd.io/model": spec.model, "inferd.io/version": spec.version}
-    resources: dict[str, Any] = {
-        "requests": {"cpu": kube.cpu_request, "memory": kube.memory_request},
-        "limits": {"memory": kube.memory_request},
+    metadata: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "labels": pod_labels,
+        "annotations": names,
     }
+    if owner is not None:
+        metadata["ownerReferences"] = [owner]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata,
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": selector},
+            "revisionHistoryLimit": 2,
+            "progressDeadlineSeconds": math.ceil(settings.load_timeout_s) + 60,
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+            },
+            "template": {
+                "metadata": {"labels": pod_labels, "annotations": names},
+                "spec": _pod_spec(settings, spec, gpu_type),
+            },
+        },
+    }
+
+
+def _pod_spec(settings: Settings, spec: ReplicaSpec, gpu_type: str | None) -> dict[str, Any]:
+    """One replica pod: its container, where it may run, its grace and its volumes."""
+    kube = settings.kubernetes
     node_selector = dict(kube.node_selector)
     tolerations = list(kube.tolerations)
     if gpu_type is not None:
-        resources["limits"]["nvidia.com/gpu"] = 1
         if gpu_type.lower() != "any":
             node_selector[kube.gpu_node_label] = gpu_type
         tolerations.append({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"})
-    container: dict[str, Any] = {
+    pod: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        # SIGTERM drains what was accepted within shutdown_grace_s; then it is killed
+        "terminationGracePeriodSeconds": math.ceil(settings.shutdown_grace_s) + 10,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 10001,
+            "runAsGroup": 10001,
+            "fsGroup": 10001,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [_container(kube, spec, gpu_type)],
+        "volumes": [
+            {"name": "data", "emptyDir": {"sizeLimit": kube.data_size_limit}},
+            {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+        ],
+    }
+    if kube.service_account:
+        pod["serviceAccountName"] = kube.service_account
+    if kube.image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": s} for s in kube.image_pull_secrets]
+    if node_selector:
+        pod["nodeSelector"] = node_selector
+    if tolerations:
+        pod["tolerations"] = tolerations
+    return pod
+
+
+def _container(kube: KubernetesConfig, spec: ReplicaSpec, gpu_type: str | None) -> dict[str, Any]:
+    """``inferd replica --spec-env`` with its ports, probes, resources and limits."""
+    limits: dict[str, Any] = {"memory": kube.memory_request}
+    if gpu_type is not None:
+        limits["nvidia.com/gpu"] = 1
+    return {
         "name": "replica",
         "image": image_of(kube, spec),
         "imagePullPolicy": kube.image_pull_policy,
@@ -188,7 +248,10 @@ def manifest(
         "startupProbe": _probe("/health/live", period_s=2, failures=60),
         "livenessProbe": _probe("/health/live", period_s=10, failures=3),
         "readinessProbe": _probe("/health/ready", period_s=2, failures=2),
-        "resources": resources,
+        "resources": {
+            "requests": {"cpu": kube.cpu_request, "memory": kube.memory_request},
+            "limits": limits,
+        },
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
@@ -199,57 +262,6 @@ def manifest(
             {"name": "data", "mountPath": "/data"},
             {"name": "tmp", "mountPath": "/tmp"},
         ],
-    }
-    pod_spec: dict[str, Any] = {
-        "automountServiceAccountToken": False,
-        "terminationGracePeriodSeconds": math.ceil(settings.shutdown_grace_s) + 10,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": 10001,
-            "runAsGroup": 10001,
-            "fsGroup": 10001,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
-        "containers": [container],
-        "volumes": [
-            {"name": "data", "emptyDir": {"sizeLimit": kube.data_size_limit}},
-            {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
-        ],
-    }
-    if kube.service_account:
-        pod_spec["serviceAccountName"] = kube.service_account
-    if kube.image_pull_secrets:
-        pod_spec["imagePullSecrets"] = [{"name": s} for s in kube.image_pull_secrets]
-    if node_selector:
-        pod_spec["nodeSelector"] = node_selector
-    if tolerations:
-        pod_spec["tolerations"] = tolerations
-    metadata: dict[str, Any] = {
-        "name": name,
-        "namespace": namespace,
-        "labels": pod_labels,
-        "annotations": names,
-    }
-    if owner is not None:
-        metadata["ownerReferences"] = [owner]
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": metadata,
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": selector},
-            "revisionHistoryLimit": 2,
-            "progressDeadlineSeconds": math.ceil(settings.load_timeout_s) + 60,
-            "strategy": {
-                "type": "RollingUpdate",
-                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
-            },
-            "template": {
-                "metadata": {"labels": pod_labels, "annotations": names},
-                "spec": pod_spec,
-            },
-        },
     }
 
 
