@@ -47,7 +47,7 @@ from inferd.control.autoscaler import Autoscaler, Decision
 from inferd.control.backends import ReplicaBackend
 from inferd.control.backends.kubernetes import KubernetesBackend, PodSeen
 from inferd.control.gpu_plan import Replica
-from inferd.control.joined import JoinedReplica
+from inferd.control.joined import JoinedReplica, ReportedReplica
 from inferd.control.pods import PodReplica
 from inferd.control.rollouts import Step, policy
 from inferd.control.routes import adapters, routing_table
@@ -447,7 +447,7 @@ class Controller:
         self.scaling.decisions[(model, version, "capacity")] += 1
         self._spawn(self._record_scaling(model, version, decision))
 
-    def _on_replica_change(self, replica: Supervisor | JoinedReplica | PodReplica) -> None:
+    def _on_replica_change(self, replica: Supervisor | ReportedReplica) -> None:
         self.publish()
         if replica.state is ReplicaState.READY:
             self.scaling.ready(replica.spec.model, replica.spec.version, self.clock.monotonic())

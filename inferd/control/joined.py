@@ -27,29 +27,23 @@ logger = logging.getLogger(__name__)
 _STATES = {s.value: s for s in ReplicaState}
 
 
-class JoinedReplica:
-    joined = True
+class ReportedReplica:
+    """A replica this controller did not start and never restarts: it holds what was
+    last reported of it (by its beats, or by the Kubernetes API for a pod), with the
+    parts of :class:`~inferd.control.supervisor.Supervisor` that routing, status,
+    scaling and draining use."""
+
     pid = 0  # its process runs on another host
     incarnation = 0
 
-    def __init__(
-        self,
-        spec: ReplicaSpec,
-        host: str,
-        writer: asyncio.StreamWriter,
-        on_change: Callable[[JoinedReplica], None],
-    ) -> None:
+    def __init__(self, spec: ReplicaSpec) -> None:
         self.spec = spec
-        self.host = host
-        self.writer = writer
-        self.on_change = on_change
         self.state = ReplicaState.LOADING
         self.message = ""
         self.restarts = 0
         self.ever_ready = False
         self.stopping = False
         self.gone = asyncio.Event()
-        self.last_beat = time.monotonic()
 
     @property
     def id(self) -> str:
@@ -62,6 +56,28 @@ class JoinedReplica:
     @property
     def ready(self) -> bool:
         return self.state is ReplicaState.READY and not self.stopping
+
+    def route(self) -> ReplicaRoute:
+        return route_of(self)
+
+    async def stop(self, drain: bool = True, grace_s: float = 30.0) -> None:
+        """Out of routing at once; returns once it is gone (or after ``grace_s``)."""
+        raise NotImplementedError
+
+
+class JoinedReplica(ReportedReplica):
+    def __init__(
+        self,
+        spec: ReplicaSpec,
+        host: str,
+        writer: asyncio.StreamWriter,
+        on_change: Callable[[JoinedReplica], None],
+    ) -> None:
+        super().__init__(spec)
+        self.host = host
+        self.writer = writer
+        self.on_change = on_change
+        self.last_beat = time.monotonic()
 
     def beat(self, state: str, message: str) -> None:
         self.last_beat = time.monotonic()
@@ -98,6 +114,3 @@ class JoinedReplica:
             await asyncio.wait_for(self.gone.wait(), grace_s if drain else 1.0)
         except TimeoutError:
             self.lost("did not leave within its grace after a drain")
-
-    def route(self) -> ReplicaRoute:
-        return route_of(self)

@@ -18,42 +18,20 @@ from collections.abc import Callable
 import msgspec
 
 from inferd.control.backends.kubernetes import PodSeen
-from inferd.control.supervisor import ReplicaState, route_of
-from inferd.routing.table import ReplicaRoute
+from inferd.control.joined import ReportedReplica
+from inferd.control.supervisor import ReplicaState
 from inferd.serving.spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)
 
 
-class PodReplica:
-    joined = True  # not started here: a controller that stops leaves it serving
-    pid = 0
-
+class PodReplica(ReportedReplica):
     def __init__(
         self, spec: ReplicaSpec, port: int, on_change: Callable[[PodReplica], None]
     ) -> None:
-        self.spec = spec
+        super().__init__(spec)
         self.port = port
         self.on_change = on_change
-        self.state = ReplicaState.LOADING
-        self.message = ""
-        self.restarts = 0
-        self.incarnation = 0
-        self.ever_ready = False
-        self.stopping = False
-        self.gone = asyncio.Event()
-
-    @property
-    def id(self) -> str:
-        return self.spec.replica_id
-
-    @property
-    def address(self) -> str:
-        return self.spec.address
-
-    @property
-    def ready(self) -> bool:
-        return self.state is ReplicaState.READY and not self.stopping
 
     def update(self, pod: PodSeen) -> None:
         """What the API says of it now."""
@@ -63,7 +41,8 @@ class PodReplica:
             self.on_change(self)
             return
         address = f"tcp:{pod.ip}:{self.port}" if pod.ip else ""
-        if address != self.spec.address:
+        moved = address != self.spec.address
+        if moved:
             self.spec = msgspec.structs.replace(self.spec, address=address)
         if pod.restarts > self.restarts:
             logger.warning("replica pod %s restarted (%d so far)", self.id, pod.restarts)
@@ -77,7 +56,7 @@ class PodReplica:
             state, message = ReplicaState.FAILED, pod.problem
         else:
             state, message = ReplicaState.LOADING, pod.problem
-        if (state, message) != (self.state, self.message) or address != self.address:
+        if (state, message) != (self.state, self.message) or moved:
             self.state, self.message = state, message
             self.on_change(self)
 
@@ -92,6 +71,3 @@ class PodReplica:
             await asyncio.wait_for(self.gone.wait(), grace_s)
         except TimeoutError:
             logger.warning("replica pod %s still there %.0fs after its stop", self.id, grace_s)
-
-    def route(self) -> ReplicaRoute:
-        return route_of(self)

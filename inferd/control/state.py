@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inferd.control.autoscaler import Autoscaler
-from inferd.control.joined import JoinedReplica
-from inferd.control.pods import PodReplica
+from inferd.control.joined import JoinedReplica, ReportedReplica
 from inferd.control.supervisor import ReplicaState, Supervisor
 from inferd.registry import VersionRecord
 from inferd.registry.rollout import DeploymentStatus
@@ -18,7 +17,7 @@ from inferd.registry.rollout import DeploymentStatus
 class VersionSet:
     record: VersionRecord
     desired: int
-    replicas: list[Supervisor | JoinedReplica | PodReplica] = field(default_factory=list)
+    replicas: list[Supervisor | ReportedReplica] = field(default_factory=list)
     retiring: bool = False
     """Its replicas are being stopped; the set goes away once they are."""
     batching: dict[str, Any] | None = None
@@ -43,7 +42,7 @@ class VersionSet:
     def name(self) -> str:
         return f"{self.record.model_name}:{self.record.version}"
 
-    def live(self) -> list[Supervisor | JoinedReplica | PodReplica]:
+    def live(self) -> list[Supervisor | ReportedReplica]:
         """Its replicas that are not being stopped."""
         return [r for r in self.replicas if not r.stopping]
 
@@ -92,7 +91,7 @@ class ModelState:
     canaries: set[str] = field(default_factory=set)
     """Canaries in progress: never the serving version while another one is ready."""
 
-    def ready_replicas(self, versions: list[str]) -> list[Supervisor | JoinedReplica | PodReplica]:
+    def ready_replicas(self, versions: list[str]) -> list[Supervisor | ReportedReplica]:
         """The serving replicas of ``versions``."""
         return [
             r
