@@ -21,9 +21,7 @@ import hashlib
 import io
 import os
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -33,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.conftest import InferdServer, free_port  # noqa: E402
+from tests.conftest import InferdServer, moto_s3  # noqa: E402
 
 BUCKET = "inferd-bench"
 
@@ -55,33 +53,6 @@ def pack(folder: Path) -> bytes:
             if "__pycache__" not in path.parts:
                 tar.add(path, arcname=path.relative_to(folder).as_posix(), recursive=False)
     return buf.getvalue()
-
-
-def start_moto() -> tuple[subprocess.Popen[bytes], dict[str, str]]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    for _ in range(300):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            time.sleep(0.1)
-    env = {
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-        "AWS_ACCESS_KEY_ID": "bench",
-        "AWS_SECRET_ACCESS_KEY": "bench",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }
-    import s3fs
-
-    s3fs.S3FileSystem(key="bench", secret="bench", endpoint_url=env["AWS_ENDPOINT_URL"]).mkdir(
-        BUCKET
-    )
-    return proc, env
 
 
 def ready(server: InferdServer, model: str, version: str, timeout_s: float = 300) -> None:
@@ -148,8 +119,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="inferd-bench-registry-") as tmp:
         work = Path(tmp)
         folders = models(work / "models")
-        moto, s3_env = start_moto()
-        try:
+        with moto_s3(BUCKET) as s3_env:
             results: dict[str, dict[str, dict[str, list[float]]]] = {}
             for r in range(args.rounds):
                 for store in ("local", "s3"):
@@ -165,9 +135,6 @@ def main() -> None:
                             ).append(value)
                     shutil.rmtree(round_dir, ignore_errors=True)
                     print(f"round {r + 1} {store}: {got}", file=sys.stderr)
-        finally:
-            moto.terminate()
-            moto.wait(10)
     keys = ("register_s", "first_ready_s", "cold_start_s", "warm_start_s")
     print(f"| model | store | {' | '.join(keys)} |")
     print("|---|---|" + "---|" * len(keys))

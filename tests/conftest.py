@@ -35,7 +35,6 @@ def free_port() -> int:
 def moto_s3(bucket: str) -> Iterator[dict[str, str]]:
     """moto's standalone S3 server on 127.0.0.1 holding ``bucket``: the AWS environment
     that reaches it (endpoint and test credentials)."""
-    pytest.importorskip("s3fs")
     import s3fs
 
     port = free_port()
@@ -203,6 +202,30 @@ class Arithmetic:
 def arithmetic_model(expression: str) -> str:
     """The source of a Python model computing ``y = expression`` of an FP32 input ``x``."""
     return ARITHMETIC_MODEL.replace("EXPRESSION", expression)
+
+
+def upload_arithmetic(
+    client: httpx.Client, model: str, version: str, expression: str
+) -> httpx.Response:
+    """Register ``model:version`` computing ``y = expression`` over the API (a tar.gz
+    upload with its sha256), as ``inferd models push --url`` does."""
+    import hashlib
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        data = arithmetic_model(expression).encode()
+        info = tarfile.TarInfo("model.py")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    body = buf.getvalue()
+    return client.post(
+        f"/api/v1/models/{model}/versions",
+        params={"version": version, "sha256": hashlib.sha256(body).hexdigest()},
+        content=body,
+        headers={"content-type": "application/gzip"},
+    )
 
 
 def local_registry(data: Path) -> Registry:

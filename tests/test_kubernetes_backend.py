@@ -13,11 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import hashlib
-import io
 import subprocess
 import sys
-import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +25,13 @@ import pytest
 from inferd.config import KubernetesConfig, Settings
 from inferd.control.backends.kubernetes import deployment_name, manifest
 from inferd.serving.spec import ReplicaSpec
-from tests.conftest import InferdServer, arithmetic_model, free_port, moto_s3
+from tests.conftest import (
+    InferdServer,
+    arithmetic_model,
+    free_port,
+    moto_s3,
+    upload_arithmetic,
+)
 from tests.kube_fake import FakeKube
 
 pytest.importorskip("lightkube")
@@ -40,6 +43,7 @@ NS = "inferd"
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[dict[str, str]]:
+    pytest.importorskip("s3fs")
     with moto_s3(BUCKET) as env:
         yield env
 
@@ -92,19 +96,7 @@ def _upload(server: InferdServer, model: str, version: str, expression: str) -> 
 
 
 def _upload_to(client: httpx.Client, model: str, version: str, expression: str) -> None:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        data = arithmetic_model(expression).encode()
-        info = tarfile.TarInfo("model.py")
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-    body = buf.getvalue()
-    reply = client.post(
-        f"/api/v1/models/{model}/versions",
-        params={"version": version, "sha256": hashlib.sha256(body).hexdigest()},
-        content=body,
-        headers={"content-type": "application/gzip"},
-    )
+    reply = upload_arithmetic(client, model, version, expression)
     assert reply.status_code == 201, reply.text
 
 

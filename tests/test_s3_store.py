@@ -9,17 +9,20 @@ is never served; an unreachable store is a 503 naming it."""
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
-import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.conftest import InferdServer, arithmetic_model, free_port, moto_s3
+from tests.conftest import (
+    InferdServer,
+    arithmetic_model,
+    free_port,
+    moto_s3,
+    upload_arithmetic,
+)
 
 pytestmark = pytest.mark.slow
 BUCKET = "inferd-models"
@@ -27,6 +30,7 @@ BUCKET = "inferd-models"
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[dict[str, str]]:
+    pytest.importorskip("s3fs")
     with moto_s3(BUCKET) as env:
         yield env
 
@@ -42,19 +46,7 @@ def _fs(env: dict[str, str]):
 
 
 def _upload(server: InferdServer, model: str, version: str, expression: str) -> httpx.Response:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        data = arithmetic_model(expression).encode()
-        info = tarfile.TarInfo("model.py")
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-    body = buf.getvalue()
-    return server.client.post(
-        f"/api/v1/models/{model}/versions",
-        params={"version": version, "sha256": hashlib.sha256(body).hexdigest()},
-        content=body,
-        headers={"content-type": "application/gzip"},
-    )
+    return upload_arithmetic(server.client, model, version, expression)
 
 
 def _y(server: InferdServer, model: str, x: float) -> float | None:
