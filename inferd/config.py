@@ -225,6 +225,25 @@ class InferenceLogConfig(Group):
     """PostgreSQL: daily partitions created ahead of time."""
 
 
+class ConsoleConfig(Group):
+    """The web console at ``/ui`` and the figures behind it (see :mod:`inferd.console`
+    and :mod:`inferd.control.console`)."""
+
+    enabled: bool = True
+    """Serve the console at ``/ui`` (a browser asking for ``/`` is sent there)."""
+    slot_s: float = Field(2.0, ge=0.5, le=60)
+    """Resolution of the live charts: figures are summed per slot of this many seconds."""
+    history_s: float = Field(900.0, ge=60, le=86400)
+    """How much of those figures the server keeps (the charts' widest window)."""
+    alerts: bool = True
+    """Evaluate the alert rules in the server (the console's firing alerts)."""
+    alert_interval_s: float = Field(15.0, ge=1, le=600)
+    """How often the alert rules are evaluated over the server's own samples
+    (Prometheus' default scrape and evaluation interval)."""
+    alert_rules_file: Path | None = None
+    """Prometheus rules to evaluate; default the shipped ``deploy/prometheus/alerts.yml``."""
+
+
 class ClusterConfig(Group):
     """Roles on several hosts: ``inferd control``, ``inferd gateway``, ``inferd replica``
     talking over TCP (see :mod:`inferd.transport`). Every TCP connection between them
@@ -441,6 +460,7 @@ class Settings(BaseSettings):
     jobs: JobsConfig = Field(default_factory=lambda: JobsConfig())
     registry: RegistryConfig = Field(default_factory=lambda: RegistryConfig())
     cluster: ClusterConfig = Field(default_factory=lambda: ClusterConfig())
+    console: ConsoleConfig = Field(default_factory=lambda: ConsoleConfig())
     replica_backend: str = Field("local", pattern="^(local|kubernetes)$")
     """Where the controller runs replicas: ``local`` child processes, or ``kubernetes``
     (a Deployment of replica pods per version, see ``kubernetes``)."""

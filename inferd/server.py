@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import ipaddress
 import logging
+import os
 import secrets
 import shutil
 import signal
@@ -162,6 +163,11 @@ async def serve(
     run_dir.mkdir(parents=True, exist_ok=True)
     own_tls = _own_gateways_tls(settings, run_dir) if gateways else None
     plane = ControlPlane(settings, registry, run_dir)
+    plane.console.role = "serve" if gateways else "control"
+    plane.console.leader = {
+        "host": socket.gethostname(), "pid": os.getpid(), "lock": leadership.how,
+        "since": leadership.since,
+    }  # fmt: skip
     pool = GatewayPool(settings, plane.control_socket)
     plane.gateway_pids = lambda: [p.pid for p in pool.processes]
     stop = asyncio.Event()

@@ -51,6 +51,27 @@ else
   echo "WARNING: prometheus/promtool are not installed and could not be; their tests will skip" >&2
 fi
 
+# Chromium (Debian package) at /usr/bin/chromium: the web console's browser tests drive it
+# with Playwright (tests/browser.py); Playwright never downloads a browser of its own.
+# Installed from the Debian registry when missing and apt-get can, with fonts-liberation
+# (a recommendation of chromium-common) so that screenshots render text.
+if [ ! -x /usr/bin/chromium ]; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "installing chromium (Debian package) ..."
+    (DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium fonts-liberation >/dev/null 2>&1 \
+      || { apt-get update >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive \
+           apt-get install -y --no-install-recommends chromium fonts-liberation >/dev/null 2>&1; }) || true
+  fi
+fi
+if [ -x /usr/bin/chromium ]; then
+  echo "$(/usr/bin/chromium --version 2>/dev/null | head -n1 | awk '{print $1, $2}') is installed"
+else
+  # Not fatal here: the browser tests themselves fail loudly (tests/browser.py) unless
+  # INFERD_SKIP_BROWSER=1 is set.
+  echo "WARNING: /usr/bin/chromium is not installed and could not be (apt-get install chromium);" \
+    "the browser tests will FAIL unless INFERD_SKIP_BROWSER=1" >&2
+fi
+
 # The Helm chart's renderer (tests/test_helm_chart.py): `helm` when installed, else
 # deploy/helm/render built from Debian's Go packages into .cache/helm-render (installed
 # when missing and apt-get can). Not fatal: the chart tests skip, saying why.

@@ -16,11 +16,12 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from inferd.api.auth import required_scope
-from inferd.errors import InvalidInput, NotFound
+from inferd.api.auth import Principal, required_scope
+from inferd.errors import Forbidden, InvalidInput, NotFound
 from inferd.registry import Registry
 from inferd.registry.keys import parse_key, secret_matches
 from tests.conftest import InferdServer, arithmetic_model, push_source, run_cli
+from tests.inprocess import InProcessServer
 
 # -- pieces ---------------------------------------------------------------------------------
 
@@ -41,6 +42,18 @@ def test_which_scope_each_route_needs():
     assert required_scope("POST", "/v2/repository/models/fraud/load") == "admin"
     assert required_scope("POST", "/v1/load_lora_adapter") == "admin"
     assert required_scope("DELETE", "/api/v1/models/fraud") == "admin"
+    assert required_scope("GET", "/api/v1/whoami") == "infer"
+
+
+def test_a_principal_may_see_what_it_may_call():
+    only = Principal("API key", "k1", frozenset({"infer"}), frozenset({"open"}))
+    assert only.may_use("open") and only.may_use("open:reviews")  # an adapter of its model
+    assert not only.may_use("secret") and not only.may_use("secret:open")
+    with pytest.raises(Forbidden, match="may not use model 'secret:open'"):
+        only.allow_model("secret:open")
+    anyone = Principal("token", "sub", frozenset({"infer"}), None)
+    admin = Principal("token", "ops", frozenset({"admin"}), frozenset({"open"}))
+    assert anyone.may_use("secret") and admin.may_use("secret") and admin.admin
 
 
 def test_keys_are_stored_as_hashes_and_revocable(registry: Registry):
@@ -73,6 +86,8 @@ def keys_and_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[s
     data = tmp_path_factory.mktemp("auth")
     for name in ("open", "secret"):
         push_source(data, name, arithmetic_model("x * 2"))
+    # an output named "embedding": an embedding model, listed by OpenAI's /v1/models too
+    push_source(data, "vectors", arithmetic_model("x * 2").replace('"y"', '"embedding"'))
     (data / "hs256").write_text(SECRET)
     rsa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     (data / "rsa.pem").write_bytes(
@@ -248,7 +263,7 @@ def test_openai_client_and_grpc_use_the_same_keys(keys_and_server):
 
     server, keys = keys_and_server["server"], keys_and_server["keys"]
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=keys["infer"])
-    assert client.models.list().data == []  # authenticated; no text model is served here
+    assert [m.id for m in client.models.list().data] == ["vectors"]  # its embedding model
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong").models.list()
 
@@ -267,3 +282,68 @@ def test_openai_client_and_grpc_use_the_same_keys(keys_and_server):
     admin = {"x-api-key": keys["admin"]}
     assert triton.get_model_repository_index(headers=admin, as_json=True)["models"]
     triton.close()
+
+
+# -- what a credential may see -------------------------------------------------------------
+
+
+def _listed(server: Any, credential: str | None) -> tuple[list[str], list[str]]:
+    """The models ``GET /api/v1/models`` and OpenAI's ``GET /v1/models`` show a caller."""
+    ours = _call(server, "GET", "/api/v1/models", credential)
+    openai = _call(server, "GET", "/v1/models", credential)
+    assert ours.status_code == openai.status_code == 200, (ours.text, openai.text)
+    names = sorted(m["name"] for m in ours.json()["models"])
+    return names, [m["id"] for m in openai.json()["data"]]
+
+
+@pytest.mark.slow
+def test_a_restricted_credential_lists_only_its_models(keys_and_server):
+    server, keys = keys_and_server["server"], keys_and_server["keys"]
+    everything = (["open", "secret", "vectors"], ["vectors"])
+    assert _listed(server, keys["admin"]) == everything
+    assert _listed(server, keys["infer"]) == everything
+    assert _listed(server, keys["open_only"]) == (["open"], [])
+    assert _listed(server, _token({"models": ["vectors"]})) == (["vectors"], ["vectors"])
+    assert _listed(server, _token({"models": ["open"], "scope": "admin"})) == everything
+
+
+@pytest.mark.slow
+def test_whoami(keys_and_server):
+    server, keys = keys_and_server["server"], keys_and_server["keys"]
+
+    def whoami(credential: str | None) -> dict[str, Any]:
+        reply = _call(server, "GET", "/api/v1/whoami", credential)
+        assert reply.status_code == 200, reply.text
+        assert credential is None or credential not in reply.text  # never echoed
+        return dict(reply.json())
+
+    admin_id, only_id = (keys[k].split("_")[1] for k in ("admin", "open_only"))
+    assert whoami(keys["admin"]) == {
+        "auth": True, "kind": "API key", "subject": admin_id,
+        "scopes": ["admin"], "models": None, "admin": True,
+    }  # fmt: skip
+    assert whoami(keys["open_only"]) == {
+        "auth": True, "kind": "API key", "subject": only_id,
+        "scopes": ["infer"], "models": ["open"], "admin": False,
+    }  # fmt: skip
+    assert whoami(_token({"models": ["vectors", "open"]})) == {
+        "auth": True, "kind": "token", "subject": "svc-42",
+        "scopes": ["infer"], "models": ["open", "vectors"], "admin": False,
+    }  # fmt: skip
+    assert _call(server, "GET", "/api/v1/whoami").status_code == 401
+
+
+def test_whoami_and_listings_with_auth_off(tmp_path):
+    server = InProcessServer(tmp_path)
+    try:
+        server.push_source("open", arithmetic_model("x * 2"))
+        ignored = {"authorization": "Bearer ik_0123456789ab_" + "A" * 43}  # auth is off
+        reply = server.client.get("/api/v1/whoami", headers=ignored)
+        assert reply.json() == {
+            "auth": False, "kind": None, "subject": None,
+            "scopes": ["admin", "infer"], "models": None, "admin": True,
+        }  # fmt: skip
+        listed = server.client.get("/api/v1/models", headers=ignored).json()["models"]
+        assert [m["name"] for m in listed] == ["open"]
+    finally:
+        server.stop()

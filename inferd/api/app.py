@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import inferd
 from inferd.api import (
+    console,
     deployments,
     generate,
     health,
@@ -35,6 +36,7 @@ from inferd.api import (
     v2,
     v2_generate,
     v2_repository,
+    whoami,
 )
 from inferd.api import jobs as jobs_api
 from inferd.api.http import DisconnectWatch, context_of, json_response, request_id_of
@@ -77,6 +79,7 @@ def create_app(
     )
     app.state.status = StatusView(router)
     app.include_router(health.router)
+    app.include_router(console.router)
     app.include_router(v1.router)
     app.include_router(generate.router)
     app.include_router(openai.router)
@@ -85,6 +88,7 @@ def create_app(
     app.include_router(v2_generate.router)
     app.include_router(deployments.router)
     app.include_router(registration.router)
+    app.include_router(whoami.router)
     _install_error_handlers(app)
     app.state.inference_log = inference_log
     app.include_router(logs.router)

@@ -18,6 +18,10 @@ Scopes: ``admin`` (control plane: registry writes and artifact downloads, deploy
 keys, logs, repository; includes infer) and ``infer`` (predict, infer, generate, OpenAI,
 model metadata). No or bad credential → 401 with ``WWW-Authenticate``; a valid one
 without the scope or the model → 403. Credentials never reach a log line.
+
+What a caller may call is what it may see: :meth:`Principal.may_use` is the one rule
+behind both the 403 (:meth:`Principal.allow_model`) and every model listing
+(:func:`visible_models`), so a key limited to ``fraud`` neither calls nor lists ``iris``.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import hmac
 import json
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,14 +78,23 @@ class Principal:
     models: frozenset[str] | None
 
     def require(self, scope: str) -> None:
-        if scope not in self.scopes and "admin" not in self.scopes:
+        if scope not in self.scopes and not self.admin:
             raise Forbidden(
                 f"this {self.kind} ({self.subject}) lacks the {scope!r} scope",
                 required_scope=scope,
             )
 
+    @property
+    def admin(self) -> bool:
+        return "admin" in self.scopes
+
+    def may_use(self, model: str) -> bool:
+        """Whether this caller may call ``model`` (a ``base:adapter`` name counts as its
+        base; model names have no colon): an admin or an unrestricted credential, any."""
+        return self.models is None or self.admin or model.partition(":")[0] in self.models
+
     def allow_model(self, model: str) -> None:
-        if self.models is not None and model not in self.models and "admin" not in self.scopes:
+        if not self.may_use(model):
             raise Forbidden(f"this {self.kind} ({self.subject}) may not use model {model!r}")
 
 
@@ -105,6 +118,17 @@ def internal_caller(scope: Scope, token: str | None) -> bool:
         if name == b"authorization":
             return is_internal_token(value.decode("latin-1").removeprefix("Bearer "), token)
     return False
+
+
+def _any_model(model: str) -> bool:
+    return True
+
+
+def visible_models(scope: Scope) -> Callable[[str], bool]:
+    """Which models a listing shows this request's caller: those it may call (an
+    adapter goes with its base model), every one when auth is off."""
+    principal = context_of(scope).principal
+    return _any_model if principal is None else principal.may_use
 
 
 def authorize_model(scope: Scope, model: str) -> None:

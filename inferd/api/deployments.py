@@ -131,6 +131,7 @@ def live_fields(status: str | None, vroute: VersionRoute | None) -> dict[str, An
                 "pid": r.pid,
                 "restarts": r.restarts,
                 "message": r.message,
+                "placement": r.placement,
                 **({} if r.gpus is None else {"gpus": r.gpus}),
             }
             for r in replicas

@@ -22,8 +22,12 @@ if TYPE_CHECKING:
 
 _JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 
-PUBLIC_PATHS = re.compile(r"^/(health(/live|/ready(/[^/]+)?)?|v2/health/(live|ready)|metrics)$")
-"""Routes no credential or rate limit ever applies to (probes and scrapes)."""
+PUBLIC_PATHS = re.compile(
+    r"^/(health(/live|/ready(/[^/]+)?)?|v2/health/(live|ready)|metrics|ui(/.*)?|)$"
+)
+"""Routes no credential or rate limit ever applies to: probes, scrapes, and the console's
+files and the index at ``/`` (they hold no data; the console asks the API for it with
+the person's credential)."""
 _MODEL_PATH = re.compile(r"^/(?:api/v1|v2)/models/([^/:]+)")
 
 

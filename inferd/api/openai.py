@@ -22,6 +22,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
 from inferd.api import structured
+from inferd.api.auth import visible_models
 from inferd.api.generate import Chunks, cache_header, collect, start, usage
 from inferd.api.http import context_of, json_response, read_json
 from inferd.api.openai_schema import EMBEDDINGS, chat_messages, check_fields, check_known
@@ -48,12 +49,14 @@ def openai_error(exc: InferdError) -> Response:
 
 @router.get("/models")
 async def models(request: Request) -> Response:
-    """Generative and embedding models being served, in OpenAI's list shape."""
+    """Generative and embedding models being served that the caller may use (an
+    adapter with its base model), in OpenAI's list shape."""
     table = request.app.state.router.table
+    visible = visible_models(request.scope)
     data = []
     for name, route in table.models.items():
         serving = route.versions.get(route.default_version or "")
-        if serving is None:
+        if serving is None or not visible(name):
             continue
         if serving.framework not in GENERATIVE:
             outputs = serving.signature.get("outputs") or ()

@@ -64,6 +64,7 @@ class StatusView:
                 "state": r.state,
                 "pid": r.pid,
                 "restarts": r.restarts,
+                "placement": r.placement,
             }
             if r.message:
                 entry["message"] = r.message

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from inferd.api import docs
-from inferd.api.auth import authorize_model
+from inferd.api.auth import authorize_model, visible_models
 from inferd.api.http import (
     context_of,
     json_response,
@@ -244,10 +244,10 @@ async def embed(request: Request) -> Response:
 
 @router.get("/models", tags=["registry"])
 async def list_models(request: Request) -> Response:
-    """Registered models, their versions and what is serving now."""
+    """Registered models the caller may use, their versions and what is serving now."""
     records = await asyncio.to_thread(request.app.state.registry.list_models)
-    status = request.app.state.status
-    return json_response({"models": [status.model_summary(r) for r in records]})
+    status, visible = request.app.state.status, visible_models(request.scope)
+    return json_response({"models": [status.model_summary(r) for r in records if visible(r.name)]})
 
 
 @router.get("/models/{model}", tags=["registry"])

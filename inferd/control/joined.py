@@ -35,6 +35,7 @@ class ReportedReplica:
 
     pid = 0  # its process runs on another host
     incarnation = 0
+    placement = "elsewhere"
 
     def __init__(self, spec: ReplicaSpec) -> None:
         self.spec = spec
@@ -75,6 +76,7 @@ class JoinedReplica(ReportedReplica):
     ) -> None:
         super().__init__(spec)
         self.host = host
+        self.placement = f"host {host}"
         self.writer = writer
         self.on_change = on_change
         self.last_beat = time.monotonic()

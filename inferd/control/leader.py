@@ -23,6 +23,7 @@ import hashlib
 import logging
 import os
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +63,10 @@ class Leadership:
         self._file: int | None = None
         self._watch: asyncio.Task[None] | None = None
         self._lease: LeaseLeadership | None = None
+        self.how = ""
+        """How this process leads, in words (the console's health view)."""
+        self.since = ""
+        """When it started leading (ISO 8601, UTC)."""
 
     @classmethod
     async def acquire(
@@ -113,6 +118,7 @@ class Leadership:
         if said:
             progress("the leading controller went: this one leads now")
         logger.info("leading (advisory lock %d on %s.%s)", key, database, schema)
+        self._led(f"PostgreSQL advisory lock on {database}.{schema}")
         self._connection = connection
         self._watch = asyncio.get_running_loop().create_task(self._check_forever())
 
@@ -131,6 +137,11 @@ class Leadership:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._file = fd
+        self._led(f"file lock {path}")
+
+    def _led(self, how: str) -> None:
+        self.how = how + (" and a Kubernetes Lease" if self._lease is not None else "")
+        self.since = datetime.now(UTC).isoformat()
 
     async def _check_forever(self) -> None:
         while True:

@@ -14,12 +14,13 @@ import asyncio
 import logging
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from inferd.config import Settings
 from inferd.control.backends import ReplicaBackend
+from inferd.control.console import ConsoleFeed
 from inferd.control.controller import Controller
 from inferd.control.publisher import TablePublisher
 from inferd.observability import feedback
@@ -60,6 +61,7 @@ class ControlPlane:
         self.publisher = TablePublisher(run_dir / "control.sock", settings.cluster.control_listen)
         self.controller = Controller(settings, registry, run_dir, self.publisher.publish, backend)
         self.requests = RequestMetrics()
+        self.console = ConsoleFeed(settings, self.controller, self.publisher, self.metric_samples)
         self.writer: InferenceLog | None = None
         self.jobs: JobService | None = None
         """The job service, once the server started one (its figures join /metrics)."""
@@ -82,6 +84,7 @@ class ControlPlane:
         self.publisher.on_reconcile = self.controller.reconcile  # a gateway changed a model
         self.publisher.on_log_rows = self._take_rows
         self.publisher.on_metrics = self.render_metrics
+        self.publisher.on_console = self.console.answer
         self.publisher.on_demand = self.controller.demand
         self.publisher.on_join = self.controller.join
         if self.settings.inference_log.enabled:
@@ -94,11 +97,13 @@ class ControlPlane:
                 _log_upkeep_forever(self.registry, self.settings)
             )
         await self.controller.start()
+        self.console.start()
 
     async def stop(self) -> None:
         """Drain and stop the replicas, then close the socket and the log."""
         if self._upkeep is not None:
             self._upkeep.cancel()
+        await self.console.stop()
         await self.controller.stop()
         await self.publisher.close()
         if self.writer is not None:
@@ -109,6 +114,7 @@ class ControlPlane:
         """What gateways ship: request rows and counters feed ``/metrics`` and, when the
         inference log is on, the writer."""
         self.requests.observe(message.rows)
+        self.console.figures.observe(message.rows, self.controller.models)
         if message.counters:
             self.requests.add_counters(message.counters)
         if self.writer is not None:
@@ -117,7 +123,16 @@ class ControlPlane:
     async def render_metrics(self) -> str:
         """``/metrics``: requests from every gateway, then every replica and process,
         then accuracy from feedback, then jobs."""
-        out = Text()
+        return (await self._exposition()).render()
+
+    async def metric_samples(
+        self, names: Container[str]
+    ) -> list[tuple[str, dict[str, str], float]]:
+        """The samples of ``/metrics`` named ``names`` (for the console's alert rules)."""
+        return (await self._exposition(names)).samples
+
+    async def _exposition(self, keep: Container[str] | None = None) -> Text:
+        out = Text(keep)
         write_requests(out, self.requests, 0 if self.writer is None else self.writer.dropped)
         states, reachable = [], []
         processes = [({"process": "server", "id": "server"}, os.getpid())]
@@ -147,7 +162,7 @@ class ControlPlane:
             await self._write_accuracy(out)
         if self.jobs is not None:
             await self.jobs.write_metrics(out)
-        return out.render()
+        return out
 
     async def _write_accuracy(self, out: Text) -> None:
         thresholds = []

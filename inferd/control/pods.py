@@ -26,6 +26,8 @@ logger = logging.getLogger(__name__)
 
 
 class PodReplica(ReportedReplica):
+    placement = "pod"
+
     def __init__(
         self, spec: ReplicaSpec, port: int, on_change: Callable[[PodReplica], None]
     ) -> None:

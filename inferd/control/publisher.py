@@ -18,6 +18,8 @@ from inferd import transport
 from inferd.control.joined import JoinedReplica
 from inferd.routing.table import (
     Beat,
+    ConsoleAnswer,
+    ConsoleQuery,
     Demand,
     Heartbeat,
     Join,
@@ -52,6 +54,8 @@ class TablePublisher:
         """Called with the inference log rows (and counters) a gateway sends."""
         self.on_metrics: Callable[[], Awaitable[str]] | None = None
         """Renders ``/metrics`` for a gateway that asks."""
+        self.on_console: Callable[[ConsoleQuery], Awaitable[bytes]] | None = None
+        """Answers the web console's queries for figures (JSON)."""
         self.on_demand: Callable[[str, str], Awaitable[None]] | None = None
         """Called when a gateway holds a request for a version scaled to zero."""
         self.on_join: (
@@ -136,7 +140,7 @@ class TablePublisher:
 
     async def _serve_gateway(
         self,
-        request: ReconcileRequest | Demand | LogRows | MetricsQuery,
+        request: ReconcileRequest | Demand | LogRows | MetricsQuery | ConsoleQuery,
         writer: asyncio.StreamWriter,
     ) -> None:
         if isinstance(request, LogRows):
@@ -146,6 +150,11 @@ class TablePublisher:
             text = await self._guarded(self.on_metrics, "rendering /metrics") or ""
             if not writer.is_closing():
                 writer.write(encode_down(MetricsText(request.id, text)))
+        elif isinstance(request, ConsoleQuery):
+            query = functools.partial(self.on_console, request) if self.on_console else None
+            body = await self._guarded(query, "answering the console") or b"{}"
+            if not writer.is_closing():
+                writer.write(encode_down(ConsoleAnswer(request.id, body)))
         elif isinstance(request, Demand):
             if self.on_demand is not None:
                 what = f"starting {request.model}:{request.version} on demand"
@@ -165,6 +174,17 @@ class TablePublisher:
         except Exception:
             logger.exception("%s failed", what)
             return None
+
+    def gateways(self) -> list[str]:
+        """Where the gateways following this controller connect from: ``local`` (this
+        host's Unix socket) or ``host:port`` over TCP."""
+        out = []
+        for writer in self._writers:
+            if writer.is_closing():
+                continue
+            peer = writer.get_extra_info("peername")
+            out.append(f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "local")
+        return sorted(out)
 
     def publish(self, table: RoutingTable) -> None:
         self._frame = encode_table(table)

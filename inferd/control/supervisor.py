@@ -57,6 +57,9 @@ class Routed(Protocol):
     @property
     def pid(self) -> int: ...
 
+    @property
+    def placement(self) -> str: ...
+
 
 def route_of(replica: Routed) -> ReplicaRoute:
     return ReplicaRoute(
@@ -68,6 +71,7 @@ def route_of(replica: Routed) -> ReplicaRoute:
         replica.message,
         replica.ever_ready,
         replica.spec.gpus,
+        replica.placement,
     )
 
 
@@ -119,6 +123,9 @@ class Supervisor:
     @property
     def ready(self) -> bool:
         return self.state is ReplicaState.READY and not self.stopping
+
+    placement = "local"
+    """Where it runs, for people: started by this controller on its own host."""
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())

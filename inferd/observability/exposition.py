@@ -25,7 +25,7 @@ import asyncio
 import bisect
 import os
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from typing import Any
 
 from inferd.observability.inference_log import LogRow
@@ -77,11 +77,15 @@ class RequestMetrics:
 
 
 class Text:
-    """The exposition being written: ``# HELP``/``# TYPE`` once per family."""
+    """The exposition being written: ``# HELP``/``# TYPE`` once per family. ``keep``:
+    also collect the samples of these metric names as ``(name, labels, value)`` (the
+    console's alert rules evaluate them without parsing the text back)."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: Container[str] | None = None) -> None:
         self.lines: list[str] = []
         self._declared: set[str] = set()
+        self.keep = keep
+        self.samples: list[tuple[str, dict[str, str], float]] = []
 
     def family(self, name: str, kind: str, help_: str) -> None:
         if name not in self._declared:
@@ -91,6 +95,8 @@ class Text:
 
     def sample(self, name: str, labels: dict[str, str], value: float) -> None:
         self.lines.append(f"{name}{_labels(labels)} {_number(value)}")
+        if self.keep is not None and name in self.keep:
+            self.samples.append((name, labels, float(value)))
 
     def histogram(
         self, name: str, labels: dict[str, str], bounds: Iterable[float], cumulative: list[float],

@@ -120,6 +120,9 @@ class CanaryRollout(msgspec.Struct, kw_only=True):
     reason: str | None = None
     analysis: dict[str, Any] | None = None
     """The last analysis window's figures and verdict."""
+    analyses: list[dict[str, Any]] = []
+    """Every concluded analysis window, oldest first (the console shows each step's
+    figures and verdict); rows written before it have none."""
     promoted_at: str | None = None
     done: bool = False
     ended_at: str | msgspec.UnsetType = msgspec.UNSET

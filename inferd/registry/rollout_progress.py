@@ -77,6 +77,7 @@ class RolloutProgress:
             pct = plan.steps[step + 1]
             now = rows_.give(session, model, row, pct)
             plan.step, plan.analysis = step + 1, analysis
+            plan.analyses = [*plan.analyses, analysis]
             reason = Reason.CANARY_STEP
             if pct == 100:
                 plan.state, plan.promoted_at = CanaryState.PROMOTED, now.isoformat()
@@ -105,6 +106,8 @@ class RolloutProgress:
             row, plan = found
             now = utcnow()
             plan.reason, plan.analysis, plan.ended_at = reason, analysis, now.isoformat()
+            if analysis is not None:
+                plan.analyses = [*plan.analyses, analysis]
             if not rollback:
                 plan.state = CanaryState.HALTED
                 row.rollout, row.updated_at = plans.dump(plan), now

@@ -10,11 +10,14 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from inferd import transport
 from inferd.errors import ModelNotReady
 from inferd.observability.inference_log import LogRow
 from inferd.routing.table import (
+    ConsoleAnswer,
+    ConsoleQuery,
     Demand,
     Heartbeat,
     LogRows,
@@ -45,8 +48,9 @@ class ServerLink:
         self.connected_to = ""
         self._writer: asyncio.StreamWriter | None = None
         self._task: asyncio.Task[None] | None = None
-        self._metrics: dict[int, asyncio.Future[str]] = {}
-        self._metrics_ids = 0
+        self._answers: dict[int, asyncio.Future[Any]] = {}
+        """Queries (``/metrics``, the console's figures) waiting for their answer, by id."""
+        self._query_ids = 0
 
     async def connect(
         self, address: str | Path, on_table: Callable[[RoutingTable], Awaitable[None]]
@@ -108,10 +112,10 @@ class ServerLink:
                 self.last_heard = time.monotonic()
                 if isinstance(message, Heartbeat):
                     continue
-                if isinstance(message, MetricsText):
-                    waiter = self._metrics.pop(message.id, None)
+                if isinstance(message, MetricsText | ConsoleAnswer):
+                    waiter = self._answers.pop(message.id, None)
                     if waiter is not None and not waiter.done():
-                        waiter.set_result(message.text)
+                        waiter.set_result(message)
                     continue
                 if isinstance(message, RoutingTable):
                     await on_table(message)
@@ -152,18 +156,38 @@ class ServerLink:
 
     async def metrics(self, timeout_s: float = 10.0) -> str:
         """``/metrics`` as the server process renders it (every gateway and replica)."""
+        answer: MetricsText = await self._ask(MetricsQuery, timeout_s)
+        return answer.text
+
+    async def console(
+        self,
+        what: str,
+        models: list[str] | None = None,
+        since: float | None = None,
+        window_s: float = 300.0,
+        timeout_s: float = 10.0,
+    ) -> bytes:
+        """The console's figures from the server process, as JSON (see
+        :class:`~inferd.routing.table.ConsoleQuery`)."""
+        answer: ConsoleAnswer = await self._ask(
+            lambda query: ConsoleQuery(query, what, models, since, window_s), timeout_s
+        )
+        return answer.body
+
+    async def _ask(self, make: Callable[[int], Any], timeout_s: float) -> Any:
+        """Send the query ``make(id)`` and wait for the answer with that id."""
         if not self.connected:
             raise ModelNotReady("the server process is not reachable")
-        self._metrics_ids += 1
-        query = self._metrics_ids
-        waiter: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._metrics[query] = waiter
+        self._query_ids += 1
+        query = self._query_ids
+        waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._answers[query] = waiter
         assert self._writer is not None
-        self._writer.write(encode_request(MetricsQuery(query)))
+        self._writer.write(encode_request(make(query)))
         try:
             return await asyncio.wait_for(waiter, timeout_s)
         finally:
-            self._metrics.pop(query, None)
+            self._answers.pop(query, None)
 
     def close(self) -> None:
         if self._task is not None:

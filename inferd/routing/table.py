@@ -30,6 +30,9 @@ class ReplicaRoute(msgspec.Struct, frozen=True):
     """It was ready once: when it is starting again (a crash restart), requests wait for it."""
     gpus: list[int] | None = None
     """The GPUs it sees (``CUDA_VISIBLE_DEVICES``); None: no GPU asked for."""
+    placement: str = "local"
+    """Where it runs: ``local`` (started by the controller on its host), ``host NAME``
+    (joined from another host), ``pod`` (a Kubernetes pod, named by its id)."""
 
 
 class VersionRoute(msgspec.Struct, frozen=True, kw_only=True):
@@ -130,6 +133,27 @@ class MetricsText(msgspec.Struct, frozen=True, tag="metrics"):
     text: str
 
 
+class ConsoleQuery(msgspec.Struct, frozen=True, tag="console?"):
+    """Gateway -> server: the web console's figures (see
+    :mod:`inferd.observability.recent`); answered with :class:`ConsoleAnswer`."""
+
+    id: int
+    what: str
+    """overview (per model summaries, alerts, control health) | series (time series)"""
+    models: list[str] | None = None
+    """Only these models (a key limited to some models); None: all."""
+    since: float | None = None
+    """series: the slots after this one (the ``until`` of a previous answer)."""
+    window_s: float = 300.0
+
+
+class ConsoleAnswer(msgspec.Struct, frozen=True, tag="console"):
+    """Server -> gateway: the JSON body asked for by query ``id``."""
+
+    id: int
+    body: bytes
+
+
 class Join(msgspec.Struct, frozen=True, tag="join"):
     """Replica (``inferd replica`` on any host) -> controller, first on its connection:
     serve ``model:version`` at ``address`` (where gateways reach it, ``tcp:host:port``).
@@ -168,10 +192,10 @@ class DrainReplica(msgspec.Struct, frozen=True, tag="drain"):
 
 
 _encoder = msgspec.msgpack.Encoder()
-Down = RoutingTable | MetricsText | Heartbeat | Joined | Refused | DrainReplica
+Down = RoutingTable | MetricsText | ConsoleAnswer | Heartbeat | Joined | Refused | DrainReplica
 _decoder = msgspec.msgpack.Decoder(Down)
 _request_decoder = msgspec.msgpack.Decoder(
-    ReconcileRequest | Demand | LogRows | MetricsQuery | Join | Beat
+    ReconcileRequest | Demand | LogRows | MetricsQuery | ConsoleQuery | Join | Beat
 )
 
 
@@ -189,11 +213,13 @@ def decode_table(body: bytes | memoryview) -> Down:
     return _decoder.decode(body)
 
 
-def encode_down(message: MetricsText | Heartbeat | Joined | Refused | DrainReplica) -> bytes:
+def encode_down(
+    message: MetricsText | ConsoleAnswer | Heartbeat | Joined | Refused | DrainReplica,
+) -> bytes:
     return _frame(_encoder.encode(message))
 
 
-Request = ReconcileRequest | Demand | LogRows | MetricsQuery | Join | Beat
+Request = ReconcileRequest | Demand | LogRows | MetricsQuery | ConsoleQuery | Join | Beat
 
 
 def encode_request(request: Request) -> bytes:
