@@ -101,6 +101,14 @@ def _listening_on(settings: Settings) -> str:
     return where
 
 
+def _console_at(settings: Settings) -> str:
+    """``; console at http(s)://host:port/ui/`` for the start message (when it is on)."""
+    if not settings.console.enabled:
+        return ""
+    scheme = "https" if settings.tls.cert_file is not None else "http"
+    return f"; console at {scheme}://{settings.host}:{settings.port}/ui/"
+
+
 def _own_gateways_tls(settings: Settings, run_dir: Path) -> ssl.SSLContext | None:
     """How the job runner reaches this server's gateways over TLS (None: plain HTTP);
     with client certificates required, the gateways also trust the runner's own."""
@@ -190,6 +198,7 @@ async def serve(
             progress(
                 f"inferd {inferd.__version__} serving on {_listening_on(settings)} "
                 f"({settings.gateway_workers} gateway process(es)); models: {models}"
+                + _console_at(settings)
             )
         else:
             progress(

@@ -55,6 +55,12 @@ def test_a_gateway_on_its_own_follows_the_controller_over_tcp_and_outlives_it(tm
 
         wait(job_done, "the batch job, run by the controller's runner", control, gateway)
         assert "control" not in httpx.get(f"{url}/health/ready").json()
+        # the console's figures come from the controller, over the same channel
+        overview = httpx.get(f"{url}/api/v1/console/overview").json()
+        assert overview["health"]["server"]["role"] == "control"
+        gateways = overview["health"]["gateways"]  # one connection per gateway process
+        assert gateways and all(g.startswith("127.0.0.1:") for g in gateways), gateways
+        assert [m["name"] for m in overview["models"]] == ["calc"]
 
         # a gateway holding another token is refused before any frame, and says so
         intruder = gateway_role(

@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -82,6 +83,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferdServer]:
             assert upload_arithmetic(client, "calc", version, expression).status_code == 201
         assert upload_arithmetic(client, "marked", "v1", "x + 1").status_code == 201
         assert upload_arithmetic(client, "flaky", "v1", "x - 1").status_code == 201
+        for version in ("v1", "v2"):
+            assert upload_arithmetic(client, "canaried", version, "x * 2").status_code == 201
         patch = {"description": XSS, "tags": {"team": XSS}}
         assert client.patch("/api/v1/models/marked", json=patch).status_code == 200
         deployed = client.post(
@@ -385,6 +388,8 @@ def test_nothing_shows_before_sign_in_and_scopes_hide_admin_controls(browser, au
         page.wait_for_selector("#credential")
         assert "calc" not in page.inner_text("main")
     assert data_requests == [], data_requests  # nothing asked before a credential is given
+    violations = axe_violations(page)
+    assert not violations, format_violations(violations)
     save_screenshot(page, "console-signin")
 
     page.fill("#credential", "ik_not_a_real_key")
@@ -486,3 +491,42 @@ def test_a_firing_alert_shows_on_the_overview(page, server: InferdServer) -> Non
     row = page.locator("tr", has_text="InferdReplicaRestarting")
     assert "firing" in row.inner_text() and "restarted" in row.inner_text()
     save_screenshot(page, "console-overview-alert")
+
+
+def test_a_canary_shows_each_analysis_step_and_its_verdict(page, server: InferdServer) -> None:
+    client = server.client
+    deployed = client.post(
+        "/api/v1/deployments",
+        json={
+            "model_name": "canaried",
+            "version": "v2",
+            "strategy": "canary",
+            "rollout": {"steps": [25, 50, 100], "step_s": 1, "min_requests": 5},
+        },
+    )
+    assert deployed.status_code == 201, deployed.text
+    stop = threading.Event()
+
+    def traffic() -> None:
+        with httpx.Client(base_url=server.url) as c:
+            while not stop.is_set():
+                c.post("/api/v1/models/canaried/predict", json={"inputs": [{"x": 1.0}]})
+                time.sleep(0.01)
+
+    def promoted() -> bool:
+        found = client.get("/api/v1/deployments/canaried").json()["versions"]
+        return any((v.get("rollout") or {}).get("state") == "promoted" for v in found)
+
+    sender = threading.Thread(target=traffic)
+    sender.start()
+    try:
+        server.wait_for(promoted, timeout_s=40, what="the canary's promotion")
+    finally:
+        stop.set()
+        sender.join()
+    _open(page, server, "#/models/canaried", "[data-canary='v2'] >> text=promoted")
+    rows = page.locator("[data-canary='v2'] tbody tr")
+    assert rows.count() == 2  # 25 % and 50 % analysed; 100 % is the promotion
+    for text in rows.all_inner_texts():
+        assert "pass" in text and "req" in text
+    save_screenshot(page, "console-model-canary")

@@ -31,6 +31,7 @@ def row(
 
 def test_rows_become_per_slot_series_of_settled_slots_only() -> None:
     f = RecentFigures(slot_s=2.0, history_s=60, settle_s=1.5)
+    f.started = T0 - 10
     rows = [row(T0 + 0.1 * i, ms=10.0 + i) for i in range(10)]  # slot 0: 10 requests
     rows += [row(T0 + 2.5, status=503, ms=100.0), row(T0 + 2.6, ms=20.0)]  # slot 1
     rows += [row(T0 + 2.7, model="unknown")]
@@ -79,6 +80,7 @@ def status(batches: int, rows: int, queued: int, ttft: list[float], itl: list[fl
 
 def test_replica_samples_difference_their_counters() -> None:
     f = RecentFigures(slot_s=1.0, history_s=60, settle_s=0.5)
+    f.started = T0
     labels = {"model": "m", "version": "v1", "replica": "m-v1-0"}
     f.sample_replicas(T0, [(labels, status(10, 40, 3, [0.1] * 5, [0.02] * 5))])
     first = f.gauges[("m", "v1")][int(T0)]

@@ -80,6 +80,7 @@ def create_app(
     app.state.status = StatusView(router)
     app.include_router(health.router)
     app.include_router(console.router)
+    app.state.console_registry = console.RegistryCache()
     app.include_router(v1.router)
     app.include_router(generate.router)
     app.include_router(openai.router)

@@ -93,6 +93,11 @@ class Principal:
         base; model names have no colon): an admin or an unrestricted credential, any."""
         return self.models is None or self.admin or model.partition(":")[0] in self.models
 
+    def limited_to(self) -> frozenset[str] | None:
+        """The models this caller may use, or None for every one (:meth:`may_use` as a
+        set, for filters that take one: the console's figures)."""
+        return None if self.models is None or self.admin else self.models
+
     def allow_model(self, model: str) -> None:
         if not self.may_use(model):
             raise Forbidden(f"this {self.kind} ({self.subject}) may not use model {model!r}")

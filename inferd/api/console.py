@@ -98,16 +98,14 @@ async def console_file(path: str, request: Request) -> Response:
 # -- figures ---------------------------------------------------------------------------------
 
 
-def visible_models(request: Request) -> set[str] | None:
+def visible_models(request: Request) -> frozenset[str] | None:
     """The models the caller may see: None for all (auth off, an admin, a key not
     limited to some models)."""
     principal = context_of(request.scope).principal
-    if principal is None or "admin" in principal.scopes or principal.models is None:
-        return None
-    return set(principal.models)
+    return None if principal is None else principal.limited_to()
 
 
-class _RegistryCache:
+class RegistryCache:
     """The registry's models as last read, for ``REGISTRY_TTL_S``."""
 
     def __init__(self) -> None:
@@ -138,9 +136,7 @@ async def overview(
     ``window_s``; alerts firing or pending; the control plane's health."""
     state = request.app.state
     visible = visible_models(request)
-    cache = getattr(state, "console_registry", None)
-    if cache is None:
-        cache = state.console_registry = _RegistryCache()
+    cache: RegistryCache = state.console_registry
     records, server = await asyncio.gather(
         cache.models(state.registry),
         state.router.server.console(
@@ -165,7 +161,7 @@ async def overview(
             # the hosts and gateways of the control plane are an operator's business
             "health": found.get("health") if visible is None else None,
             "routing_generation": table.generation,
-            "admin": principal is None or "admin" in principal.scopes,
+            "admin": principal is None or principal.admin,
         }
     )
 

@@ -8,10 +8,10 @@ every gateway process answers the same figures. Two sources:
   (no work added to the request path): requests, server errors (5xx), latency (a
   :class:`~inferd.observability.metrics.Sketch`, so p99 is within 1 %), cache hits and
   misses, generated tokens. Always on: it costs a few dict operations per row.
-- **replicas**, from their status frames, sampled once a slot only while a console is
-  watching (:meth:`RecentFigures.watched`): queued rows or waiting generations,
-  requests in the replica, mean batch size, TTFT and inter-token quantiles, KV-cache
-  use.
+- **replicas**, from their status frames, sampled once a slot (whether a console is
+  open or not, so a page opened during an incident shows the minutes before it):
+  queued rows or waiting generations, requests in the replica, mean batch size, TTFT
+  and inter-token quantiles, KV-cache use.
 
 A slot is *settled* once rows can no longer arrive for it (gateways flush every
 ``inference_log.flush_interval_s``); queries return settled slots only, so a client
@@ -29,8 +29,6 @@ from typing import Any
 from inferd.observability.inference_log import LogRow
 from inferd.observability.metrics import Histogram, Sketch
 
-WATCH_S = 30.0
-"""Replicas are sampled while a console asked for figures within this long."""
 LLM_SERIES = ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "kv_use", "running")
 
 
@@ -77,7 +75,6 @@ class RecentFigures:
         self.traffic: dict[Key, dict[int, Traffic]] = {}
         self.gauges: dict[Key, dict[int, dict[str, float | None]]] = {}
         self._seen: dict[str, ReplicaSeen] = {}
-        self._watched_at = -math.inf
         self.started = time.time()
 
     # -- what comes in ---------------------------------------------------------------------
@@ -111,13 +108,6 @@ class RecentFigures:
                     traffic.misses += 1
             if row.completion_tokens:
                 traffic.tokens += row.completion_tokens
-
-    def watch(self) -> None:
-        """A console asked: sample the replicas for a while."""
-        self._watched_at = time.monotonic()
-
-    def watched(self) -> bool:
-        return time.monotonic() - self._watched_at < WATCH_S
 
     def sample_replicas(self, t: float, statuses: list[tuple[dict[str, str], Any]]) -> None:
         """One sample of the replicas' status frames (labels: model, version, replica)."""
@@ -206,6 +196,7 @@ class RecentFigures:
         ``total`` sums its versions."""
         end = self.settled(now)
         first = end - min(self.slots, max(1, math.ceil(window_s / self.slot_s)))
+        first = max(first, self.slot(self.started))  # nothing was measured before
         if since is not None:
             first = max(first, self.slot(since) + 1)
         indices = range(first, end)

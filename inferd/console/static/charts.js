@@ -10,10 +10,12 @@ export const colorOf = (i) => COLORS[i % COLORS.length];
 // Keeps the last `windowS` seconds of every series the server sends, by path
 // "model|version|figure" (version "*" for a model's total).
 export class SeriesFeed {
-  constructor(models, { windowS = 300, everyMs = 2000 } = {}) {
+  // everyMs: how often to poll, at least once a slot (the server's resolution).
+  constructor(models, { windowS = 300, everyMs = 0 } = {}) {
     this.models = models; // null: every model the caller may see
     this.windowS = windowS;
-    this.everyMs = everyMs;
+    this.minMs = everyMs;
+    this.everyMs = Math.max(everyMs, 2000);
     this.t = [];
     this.values = new Map();
     this.until = null;
@@ -56,8 +58,13 @@ export class SeriesFeed {
   take(answer) {
     const fresh = answer.t || [];
     this.until = answer.until;
-    this.everyMs = Math.max(1000, (answer.slot_s || 2) * 1000);
-    if (!fresh.length) return;
+    this.everyMs = Math.max(this.minMs, 1000, (answer.slot_s || 2) * 1000);
+    const first = !this.answered;
+    this.answered = true;
+    if (!fresh.length) {
+      if (first) for (const listener of this.listeners) listener(this); // draw "no figures"
+      return;
+    }
     const before = this.t.length;
     this.t.push(...fresh);
     for (const [model, entry] of Object.entries(answer.models || {})) {
@@ -157,7 +164,7 @@ export class LiveChart {
       width: this.width(),
       height: this.height,
       scales: { x: { time: true }, y: { range: (u, min, max) => [0, max > 0 ? max * 1.1 : 1] } },
-      axes: [{}, { values: (u, ticks) => ticks.map((v) => format(v)), size: 64 }],
+      axes: [{ values: timeTicks, space: 60 }, { values: (u, ticks) => ticks.map((v) => format(v)), size: 64 }],
       legend: { live: false },
       cursor: { drag: { x: false, y: false } },
       series: [{}, ...lines.map((l, i) => ({
@@ -183,6 +190,14 @@ export class LiveChart {
     this.resize.disconnect();
     if (this.plot) this.plot.destroy();
   }
+}
+
+// Clock times, with seconds when the ticks are less than a minute apart.
+function timeTicks(u, ticks) {
+  const step = ticks.length > 1 ? ticks[1] - ticks[0] : 60;
+  const options = { hour: '2-digit', minute: '2-digit', hour12: false };
+  if (step < 60) options.second = '2-digit';
+  return ticks.map((t) => new Date(t * 1000).toLocaleTimeString('en-GB', options));
 }
 
 function lastValue(values) {

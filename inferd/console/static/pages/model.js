@@ -50,6 +50,10 @@ export async function render(main, { me, params }) {
   let timer = 0;
   let stopped = false;
   const refresh = async () => {
+    if (document.visibilityState === 'hidden') {
+      if (!stopped) timer = setTimeout(refresh, REFRESH_MS);
+      return;
+    }
     try {
       model = await get(path);
       const deployed = me.admin ? await get('/api/v1/deployments/' + encodeURIComponent(name)) : null;
@@ -113,10 +117,10 @@ function makeCharts(generative) {
     charts.itl = new LiveChart('Inter-token latency p50 / p99 (ms)', { format: (v) => num(v, 1) });
     charts.tokens = new LiveChart('Tokens/s', { format: (v) => num(v, 1) });
     charts.kv = new LiveChart('KV-cache use', { format: (v) => pct(v, 0) });
-    charts.queue = new LiveChart('Waiting generations', { format: (v) => num(v, 0) });
+    charts.queue = new LiveChart('Waiting generations', { format: (v) => num(v, 1) });
   } else {
     charts.batch = new LiveChart('Batch size (rows)', { format: (v) => num(v, 1) });
-    charts.queue = new LiveChart('Queue depth (rows)', { format: (v) => num(v, 0) });
+    charts.queue = new LiveChart('Queue depth (rows)', { format: (v) => num(v, 1) });
   }
   return charts;
 }
@@ -253,8 +257,11 @@ function append(node, ...children) {
   for (const child of children.flat()) if (child) node.append(child);
 }
 
+// A canary still progressing (or halted), or a blue-green not switched yet.
 function promoteButton(deployed, promote) {
-  const candidate = deployed.versions.find((v) => v.rollout && !v.rollout.done && (v.strategy === 'canary' || v.strategy === 'blue_green'));
+  const candidate = deployed.versions.find((v) => v.rollout && (
+    (v.strategy === 'canary' && (v.rollout.state === 'progressing' || v.rollout.state === 'halted'))
+    || (v.strategy === 'blue_green' && !v.rollout.switched_at)));
   if (!candidate) return null;
   return h('button', { type: 'button', class: 'secondary', onclick: () => promote(candidate.version) }, 'Promote ' + candidate.version);
 }
@@ -350,11 +357,16 @@ function metadataOf(metadata) {
   return h('dl', { class: 'kv' }, entries.map(([k, v]) => [h('dt', null, k), h('dd', null, typeof v === 'string' ? v : h('code', null, JSON.stringify(v)))]));
 }
 
+// Where the version came from: an MLflow import says so in its metadata; otherwise
+// an upload, kept where the artifact URI says (a local folder or an S3 store).
 function sourceOf(v) {
-  const m = v.metadata || {};
-  if (m.mlflow_run_id || m.mlflow_source || m.source_uri) return 'MLflow ' + (m.mlflow_source || m.source_uri || 'run ' + m.mlflow_run_id);
-  if (String(v.artifact_uri).startsWith('s3://')) return 'S3: ' + v.artifact_uri;
-  return v.artifact_uri;
+  const mlflow = (v.metadata || {}).mlflow;
+  const kept = String(v.artifact_uri).startsWith('s3://') ? 'kept in S3: ' : 'kept at ';
+  if (mlflow && typeof mlflow === 'object') {
+    const parts = ['MLflow', mlflow.uri || mlflow.source || '', mlflow.run_id ? 'run ' + mlflow.run_id : '', mlflow.flavor ? '(' + mlflow.flavor + ')' : ''];
+    return [parts.filter(Boolean).join(' '), h('div', { class: 'muted' }, kept + v.artifact_uri)];
+  }
+  return ['upload', h('div', { class: 'muted' }, kept + v.artifact_uri)];
 }
 
 function drawVersions(node, model) {

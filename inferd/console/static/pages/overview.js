@@ -5,7 +5,10 @@ import { get } from '../api.js';
 import { LiveChart, SeriesFeed } from '../charts.js';
 import { ago, h, ms, num, panel, pct, replace, route, stateLabel, table } from '../dom.js';
 
-const REFRESH_MS = 5000;
+// The overview is the page left open on a wall screen: it polls gently (the model
+// page follows one model at the server's resolution).
+const REFRESH_MS = 10000;
+const SERIES_MS = 5000;
 const TOP = 6;
 
 export async function render(main) {
@@ -35,6 +38,10 @@ export async function render(main) {
   let timer = 0;
   let stopped = false;
   const refresh = async () => {
+    if (document.visibilityState === 'hidden') {
+      if (!stopped) timer = setTimeout(refresh, REFRESH_MS);
+      return;
+    }
     try {
       last = await get('/api/v1/console/overview');
       drawStatus(status, last);
@@ -47,7 +54,7 @@ export async function render(main) {
   };
   await refresh();
 
-  const feed = new SeriesFeed(null, { windowS: 300 });
+  const feed = new SeriesFeed(null, { windowS: 300, everyMs: SERIES_MS });
   let drawnOnce = false;
   feed.subscribe((f) => {
     drawCharts(charts, f);

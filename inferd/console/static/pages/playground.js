@@ -54,7 +54,8 @@ function fieldsFor(version, row, onchange) {
           const id = 'in-' + spec.name.replace(/\W/g, '_') + '-' + i;
           const input = h('input', { id, type: 'number', step: 'any', value: String(v), 'data-input': spec.name, 'data-index': String(i) });
           input.addEventListener('input', () => { row[spec.name][i] = Number(input.value); onchange(); });
-          return h('label', { for: id }, labels ? String(labels[i]) : spec.name + '[' + i + ']', input);
+          const name = labels ? String(labels[i]) : spec.name + '[' + i + ']';
+          return h('label', { for: id }, h('span', { class: 'name', title: name }, name), input);
         }))));
     } else if (typeof value === 'string') {
       const id = 'in-' + spec.name.replace(/\W/g, '_');
