@@ -201,18 +201,28 @@ class Replay:
         self.thread.join()
 
 
-def cost(args: argparse.Namespace, work: Path) -> dict[str, object]:
+@contextlib.contextmanager
+def fraud_server(work: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """``inferd serve`` (2 gateway processes) with ``bench/tabular.py``'s fraud model,
+    ready: (its process, its base URL)."""
     prepare(work)
     port = free_port()
     cmd = [sys.executable, "-m", "inferd", "serve", "--workers", "2", "--data-dir",
            str(work / "data"), "--grpc-port", "-1", "--port", str(port)]  # fmt: skip
-    proc = start(cmd, {"INFERD_LOG_LEVEL": "WARNING"}, work / "cost.log")
+    proc = start(cmd, {"INFERD_LOG_LEVEL": "WARNING"}, work / "server.log")
     base = f"http://127.0.0.1:{port}"
-    url = base + "/api/v1/models/fraud/predict"
+    try:
+        wait_http(base + "/api/v1/models/fraud/predict")
+        yield proc, base
+    finally:
+        stop(proc)
+
+
+def cost(args: argparse.Namespace, work: Path) -> dict[str, object]:
     load = run_wrk if shutil.which("wrk") else run_inferd_bench
     rows: list[dict[str, object]] = []
-    try:
-        wait_http(url)
+    with fraud_server(work) as (_, base):
+        url = base + "/api/v1/models/fraud/predict"
         load(url, 64, 3)  # warm-up
         variants = ["none", "browser", "replay"]
         for round_ in range(args.rounds):
@@ -223,8 +233,6 @@ def cost(args: argparse.Namespace, work: Path) -> dict[str, object]:
                 rows.append({"variant": variant, "round": round_, **r})
                 print(f"round {round_} {variant:>8}: {r['rps']:8.0f} req/s  "
                       f"p99 {r['p99_ms']:6.2f} ms", flush=True)  # fmt: skip
-    finally:
-        stop(proc)
     med = {
         v: statistics.median(float(r["rps"]) for r in rows if r["variant"] == v)  # type: ignore[arg-type]
         for v in ("none", "browser", "replay")
@@ -279,15 +287,8 @@ def tree_cpu_s(root: int) -> float:
 def idle_cpu(args: argparse.Namespace, work: Path) -> dict[str, object]:
     """CPU the console itself costs, with no other load: the server's processes (server,
     gateways, replica) and the browser's, per minute, with the overview open vs not."""
-    prepare(work)
-    port = free_port()
-    cmd = [sys.executable, "-m", "inferd", "serve", "--workers", "2", "--data-dir",
-           str(work / "data"), "--grpc-port", "-1", "--port", str(port)]  # fmt: skip
-    proc = start(cmd, {"INFERD_LOG_LEVEL": "WARNING"}, work / "idle.log")
-    base = f"http://127.0.0.1:{port}"
     out: dict[str, object] = {}
-    try:
-        wait_http(base + "/api/v1/models/fraud/predict")
+    with fraud_server(work) as (proc, base):
         time.sleep(3)
         for variant in ("none", "browser", "none", "browser"):
             with contextlib.ExitStack() as stack:
@@ -308,8 +309,6 @@ def idle_cpu(args: argparse.Namespace, work: Path) -> dict[str, object]:
             )  # type: ignore[union-attr]
             print(f"idle, {variant:>7}: server processes {server:.2f} CPU s/min, "
                   f"browser {browser:.2f} CPU s/min", flush=True)  # fmt: skip
-    finally:
-        stop(proc)
     return out
 
 

@@ -90,7 +90,7 @@ def test_automatic_mode_view_shows_what_runs() -> None:
         ("v1", 0, "draining"),
     ]
     assert view["versions"][0]["replicas"] == [
-        {"id": "r0", "state": "ready", "pid": 100, "restarts": 0, "message": ""}
+        {"id": "r0", "state": "ready", "pid": 100, "restarts": 0, "message": "", "placement": "local"}
     ]
     empty = model_view(ModelDeployments("m", 0, []), None)  # not picked up yet
     assert (empty["traffic"], empty["versions"]) == ({}, [])
@@ -351,7 +351,7 @@ def test_listing_in_automatic_mode(server: InferdServer) -> None:
         1,
     )
     (replica,) = version["replicas"]
-    assert set(replica) == {"id", "state", "pid", "restarts", "message"}
+    assert set(replica) == {"id", "state", "pid", "restarts", "message", "placement"}
     assert replica["state"] == "ready" and replica["pid"] > 0
     live = version["live"]  # what the replica measured since it started
     assert set(live) == {

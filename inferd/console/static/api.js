@@ -78,3 +78,17 @@ export async function* events(res) {
     }
   }
 }
+
+// Runs `fn` now and `ms` after each run settles, skipping runs while the tab is hidden;
+// `first` settles with the first run (a page shows its data before it returns).
+export function every(ms, fn) {
+  let timer = 0;
+  let stopped = false;
+  const tick = async () => {
+    if (document.visibilityState !== 'hidden') {
+      try { await fn(); } catch { /* fn shows its own errors */ }
+    }
+    if (!stopped) timer = setTimeout(tick, ms);
+  };
+  return { first: tick(), stop: () => { stopped = true; clearTimeout(timer); } };
+}

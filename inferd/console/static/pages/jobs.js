@@ -1,6 +1,6 @@
 // Batch jobs: progress, ETA with what it was estimated from, cancel, results download.
 
-import { api, request } from '../api.js';
+import { api, every, request } from '../api.js';
 import { confirm, duration, h, num, panel, replace, route, stateLabel, table, toast, when } from '../dom.js';
 
 const REFRESH_MS = 3000;
@@ -11,8 +11,6 @@ export async function render(main, { query }) {
   const list = h('div');
   main.append(h('h1', null, 'Batch jobs' + (model ? ' of ' + model : '')),
     panel(null, h('p', { class: 'muted' }, 'Submit with ', h('code', null, 'POST /api/v1/batch'), ' or ', h('code', null, 'inferd jobs submit'), '. An admin sees every job; others see their own.'), list));
-  let timer = 0;
-  let stopped = false;
   const refresh = async () => {
     try {
       const params = new URLSearchParams({ limit: '100' });
@@ -22,10 +20,10 @@ export async function render(main, { query }) {
     } catch (error) {
       replace(list, h('div', { class: 'notice bad', role: 'alert' }, 'Could not list jobs: ' + error.message));
     }
-    if (!stopped) timer = setTimeout(refresh, REFRESH_MS);
   };
-  await refresh();
-  return () => { stopped = true; clearTimeout(timer); };
+  const poller = every(REFRESH_MS, refresh);
+  await poller.first;
+  return poller.stop;
 }
 
 function eta(job) {

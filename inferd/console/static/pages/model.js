@@ -2,7 +2,7 @@
 // promote, rollout progress with each canary analysis), versions, replicas, scaling
 // events and the history of its traffic.
 
-import { ApiError, api, get } from '../api.js';
+import { ApiError, api, every, get } from '../api.js';
 import { LiveChart, SeriesFeed } from '../charts.js';
 import {
   bytes, confirm, h, kv, ms, num, panel, pct, replace, route, stateLabel, table, toast, when,
@@ -47,13 +47,7 @@ export async function render(main, { me, params }) {
   const deploy = h('div');
   let deployFor = '';
   if (me.admin) deployment.append(editor.node, rollout, deploy);
-  let timer = 0;
-  let stopped = false;
   const refresh = async () => {
-    if (document.visibilityState === 'hidden') {
-      if (!stopped) timer = setTimeout(refresh, REFRESH_MS);
-      return;
-    }
     try {
       model = await get(path);
       const deployed = me.admin ? await get('/api/v1/deployments/' + encodeURIComponent(name)) : null;
@@ -74,14 +68,13 @@ export async function render(main, { me, params }) {
     } catch (error) {
       toast('Refresh failed: ' + error.message);
     }
-    if (!stopped) timer = setTimeout(refresh, REFRESH_MS);
   };
-  await refresh();
+  const poller = every(REFRESH_MS, refresh);
+  await poller.first;
   const feed = new SeriesFeed([name], { windowS: 300 }).start();
   feed.subscribe((f) => drawCharts(charts, f, name));
   return () => {
-    stopped = true;
-    clearTimeout(timer);
+    poller.stop();
     feed.stop();
     Object.values(charts).forEach((c) => c.destroy());
   };

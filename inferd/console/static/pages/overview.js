@@ -1,7 +1,7 @@
 // Overview: health, alerts, live charts of the busiest models, and every model with
 // what it serves and its figures over the last minutes.
 
-import { get } from '../api.js';
+import { every, get } from '../api.js';
 import { LiveChart, SeriesFeed } from '../charts.js';
 import { ago, h, ms, num, panel, pct, replace, route, stateLabel, table } from '../dom.js';
 
@@ -35,13 +35,7 @@ export async function render(main) {
   };
   filter.addEventListener('input', draw);
 
-  let timer = 0;
-  let stopped = false;
-  const refresh = async () => {
-    if (document.visibilityState === 'hidden') {
-      if (!stopped) timer = setTimeout(refresh, REFRESH_MS);
-      return;
-    }
+  const poller = every(REFRESH_MS, async () => {
     try {
       last = await get('/api/v1/console/overview');
       drawStatus(status, last);
@@ -50,9 +44,8 @@ export async function render(main) {
     } catch (error) {
       replace(status, h('div', { class: 'notice bad', role: 'alert' }, 'Could not read the overview: ' + error.message));
     }
-    if (!stopped) timer = setTimeout(refresh, REFRESH_MS);
-  };
-  await refresh();
+  });
+  await poller.first;
 
   const feed = new SeriesFeed(null, { windowS: 300, everyMs: SERIES_MS });
   let drawnOnce = false;
@@ -65,8 +58,7 @@ export async function render(main) {
   });
   feed.start();
   return () => {
-    stopped = true;
-    clearTimeout(timer);
+    poller.stop();
     feed.stop();
     Object.values(charts).forEach((c) => c.destroy());
   };
