@@ -90,7 +90,14 @@ def test_automatic_mode_view_shows_what_runs() -> None:
         ("v1", 0, "draining"),
     ]
     assert view["versions"][0]["replicas"] == [
-        {"id": "r0", "state": "ready", "pid": 100, "restarts": 0, "message": "", "placement": "local"}
+        {
+            "id": "r0",
+            "state": "ready",
+            "pid": 100,
+            "restarts": 0,
+            "message": "",
+            "placement": "local",
+        }
     ]
     empty = model_view(ModelDeployments("m", 0, []), None)  # not picked up yet
     assert (empty["traffic"], empty["versions"]) == ({}, [])
