@@ -41,6 +41,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 from servers import free_port, start, stop
@@ -224,10 +225,10 @@ def cost(args: argparse.Namespace, work: Path) -> dict[str, object]:
     with fraud_server(work) as (_, base):
         url = base + "/api/v1/models/fraud/predict"
         load(url, 64, 3)  # warm-up
-        variants = ["none", "browser", "replay"]
+        variants = args.variants
         for round_ in range(args.rounds):
-            # rotated, so that each variant runs first, second and third equally often
-            order = variants[round_ % 3 :] + variants[: round_ % 3]
+            # rotated, so that each variant runs in each position equally often
+            order = variants[round_ % len(variants) :] + variants[: round_ % len(variants)]
             for variant in order:
                 r = _one_round(variant, base, url, load, args.duration)
                 rows.append({"variant": variant, "round": round_, **r})
@@ -235,7 +236,7 @@ def cost(args: argparse.Namespace, work: Path) -> dict[str, object]:
                       f"p99 {r['p99_ms']:6.2f} ms", flush=True)  # fmt: skip
     med = {
         v: statistics.median(float(r["rps"]) for r in rows if r["variant"] == v)  # type: ignore[arg-type]
-        for v in ("none", "browser", "replay")
+        for v in args.variants
     }
     paired = {  # each round's ratio: its variants ran back to back, in the same weather
         v: statistics.median(
@@ -244,19 +245,15 @@ def cost(args: argparse.Namespace, work: Path) -> dict[str, object]:
             for b in rows
             if a["variant"] == v and b["variant"] == "none" and a["round"] == b["round"]
         )
-        for v in ("browser", "replay")
+        for v in args.variants
+        if v != "none"
     }
-    out = {
-        "loadgen": load.__name__,
-        "runs": rows,
-        "median_rps": med,
-        "ratio_browser": med["browser"] / med["none"],
-        "ratio_replay": med["replay"] / med["none"],
-        "paired_ratio_browser": paired["browser"],
-        "paired_ratio_replay": paired["replay"],
-    }
-    print(f"console open (browser): {out['ratio_browser']:.3f}x; console's requests alone: "
-          f"{out['ratio_replay']:.3f}x of no console (ratio of medians)")  # fmt: skip
+    out: dict[str, object] = {"loadgen": load.__name__, "runs": rows, "median_rps": med}
+    for v in paired:
+        out[f"ratio_{v}"] = med[v] / med["none"]
+        out[f"paired_ratio_{v}"] = paired[v]
+        print(f"{v}: {med[v] / med['none']:.3f}x of no console (ratio of medians), "
+              f"{paired[v]:.3f}x (median of each round's ratio)")  # fmt: skip
     return out
 
 
@@ -351,6 +348,10 @@ def main() -> None:
     parser.add_argument("--deployed", type=int, default=20)
     parser.add_argument("--loads", type=int, default=5)
     parser.add_argument("--idle-s", type=int, default=60, help="each idle CPU measurement")
+    parser.add_argument(
+        "--variants", nargs="+", default=["none", "browser", "replay"],
+        help="the cost rounds' variants (none is the baseline)",
+    )  # fmt: skip
     parser.add_argument("--skip", nargs="*", default=[], choices=("load", "cost", "idle"))
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="inferd-console-bench-"))
@@ -389,15 +390,17 @@ def write_md(results: dict[str, object]) -> None:
             lines.append(f"| CPU, idle server, {label}: server processes / browser | "
                          f"{server:.2f} / {browser:.2f} CPU s per minute |")  # fmt: skip
     if "cost" in results:
-        c = results["cost"]
-        m = c["median_rps"]  # type: ignore[index]
-        lines.append(f"| tabular req/s: no console / console open / its requests alone | "
-                     f"{m['none']:.0f} / {m['browser']:.0f} / {m['replay']:.0f} |")  # fmt: skip
-        lines.append(f"| ratio, console open vs none (ratio of medians) | "
-                     f"{c['ratio_browser']:.3f} (requests alone: {c['ratio_replay']:.3f}) |")  # type: ignore[index]  # fmt: skip
-        lines.append(f"| median of each round's ratio, console open vs none | "
-                     f"{c['paired_ratio_browser']:.3f} (requests alone: "  # type: ignore[index]
-                     f"{c['paired_ratio_replay']:.3f}) |")  # type: ignore[index]  # fmt: skip
+        c: dict[str, Any] = results["cost"]  # type: ignore[assignment]
+        names = {"browser": "console open", "replay": "its requests alone"}
+        rounds = len([r for r in c["runs"] if r["variant"] == "none"])
+        lines.append(
+            f"| tabular req/s, median of {rounds} rounds: no console / "
+            + " / ".join(names[v] for v in c["median_rps"] if v != "none")
+            + " | " + " / ".join(f"{m:.0f}" for m in c["median_rps"].values()) + " |"
+        )  # fmt: skip
+        for v in (v for v in c["median_rps"] if v != "none"):
+            lines.append(f"| {names[v]} vs none: ratio of medians; median of each round's ratio | "
+                         f"{c[f'ratio_{v}']:.3f}; {c[f'paired_ratio_{v}']:.3f} |")  # fmt: skip
     (RESULTS / "console.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
