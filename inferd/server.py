@@ -93,7 +93,7 @@ def _cluster(settings: Settings, tcp: bool) -> None:
 def _listening_on(settings: Settings) -> str:
     """``http(s)://host:port, gRPC on host:port`` for the start message."""
     secure = settings.tls.cert_file is not None
-    where = f"{'https' if secure else 'http'}://{settings.host}:{settings.port}"
+    where = _http_url(settings)
     if settings.grpc_port >= 0:
         where += f", gRPC{' (TLS)' if secure else ''} on {settings.host}:{settings.grpc_port}"
     if settings.tls.client_ca_file is not None:
@@ -101,12 +101,14 @@ def _listening_on(settings: Settings) -> str:
     return where
 
 
+def _http_url(settings: Settings) -> str:
+    scheme = "https" if settings.tls.cert_file is not None else "http"
+    return f"{scheme}://{settings.host}:{settings.port}"
+
+
 def _console_at(settings: Settings) -> str:
     """``; console at http(s)://host:port/ui/`` for the start message (when it is on)."""
-    if not settings.console.enabled:
-        return ""
-    scheme = "https" if settings.tls.cert_file is not None else "http"
-    return f"; console at {scheme}://{settings.host}:{settings.port}/ui/"
+    return f"; console at {_http_url(settings)}/ui/" if settings.console.enabled else ""
 
 
 def _own_gateways_tls(settings: Settings, run_dir: Path) -> ssl.SSLContext | None:

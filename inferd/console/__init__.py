@@ -73,12 +73,6 @@ class Assets:
     def get(self, path: str) -> Asset | None:
         return self.files.get(path)
 
-    def gzip_bytes(self) -> int:
-        """What the console weighs over the wire (gzip where served so)."""
-        return sum(
-            len(a.gzipped or a.body) for name, a in self.files.items() if name != "index.html"
-        )
-
 
 def _asset(name: str, body: bytes) -> Asset:
     suffix = "." + name.rsplit(".", 1)[-1] if "." in name else ""

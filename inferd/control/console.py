@@ -3,8 +3,9 @@ the control plane, answered to gateways over the control channel
 (:class:`~inferd.routing.table.ConsoleQuery`).
 
 - **Figures** (:class:`~inferd.observability.recent.RecentFigures`): requests from the
-  log rows gateways ship; replicas' status frames once a slot, over one kept connection
-  per replica (measured: no CPU the server's processes would notice).
+  log rows gateways ship; replicas' status frames once a slot, over the connections
+  ``/metrics`` keeps (:class:`~inferd.observability.exposition.ReplicaStatuses`;
+  measured: no CPU the server's processes would notice).
 - **Alerts**: the shipped Prometheus rules (``inferd/observability/alerts.yml``, the
   same file as ``deploy/prometheus/alerts.yml``) evaluated here every
   ``console.alert_interval_s`` over this server's own ``/metrics`` samples, with
@@ -17,7 +18,6 @@ the control plane, answered to gateways over the control channel
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -30,9 +30,10 @@ import orjson
 
 import inferd
 from inferd.config import Settings
+from inferd.control.state import reachable
+from inferd.observability.exposition import ReplicaStatuses
 from inferd.observability.recent import RecentFigures
 from inferd.routing.table import ConsoleQuery
-from inferd.serving.client import ReplicaClient
 
 if TYPE_CHECKING:
     from inferd.control.controller import Controller
@@ -61,6 +62,7 @@ class ConsoleFeed:
         controller: Controller,
         publisher: TablePublisher,
         scrape: Callable[[Container[str]], Awaitable[Samples]],
+        statuses: ReplicaStatuses,
     ) -> None:
         cfg = settings.console
         self.settings = settings
@@ -68,6 +70,7 @@ class ConsoleFeed:
         self.publisher = publisher
         self.scrape = scrape
         """This server's ``/metrics`` samples of the named metrics."""
+        self.statuses = statuses
         settle_s = settings.inference_log.flush_interval_s + 0.5
         self.figures = RecentFigures(cfg.slot_s, cfg.history_s, settle_s)
         self.rules: AlertRules | None = None
@@ -81,7 +84,6 @@ class ConsoleFeed:
         """How this server leads (set by the server once it does)."""
         self.role = "serve"
         self.started_at = datetime.now(UTC).isoformat()
-        self._clients: dict[str, ReplicaClient] = {}
         self._tasks: list[asyncio.Task[None]] = []
 
     def _load_rules(self) -> None:
@@ -104,9 +106,6 @@ class ConsoleFeed:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for client in self._clients.values():
-            client.close()
-        self._clients.clear()
 
     # -- answering gateways ----------------------------------------------------------------
 
@@ -166,43 +165,11 @@ class ConsoleFeed:
         while True:
             await asyncio.sleep(slot_s - time.time() % slot_s + 0.05)
             try:
-                statuses = await self._statuses(min(slot_s, 2.0))
-                self.figures.sample_replicas(time.time(), statuses)
+                found = await self.statuses(reachable(self.controller.models), min(slot_s, 2.0))
+                self.figures.sample_replicas(time.time(), found)
                 self.figures.prune()
             except Exception:
                 logger.exception("sampling the replicas for the console failed")
-
-    async def _statuses(self, timeout_s: float) -> list[tuple[dict[str, str], Any]]:
-        """(labels, status) of every ready replica, over one kept connection each."""
-        wanted: dict[str, tuple[dict[str, str], str]] = {}
-        for name, model in self.controller.models.items():
-            for version, vset in model.versions.items():
-                for replica in vset.replicas:
-                    if replica.ready and replica.address:
-                        labels = {"model": name, "version": version, "replica": replica.id}
-                        wanted[f"{replica.id}@{replica.address}"] = (labels, replica.address)
-        for key in [k for k in self._clients if k not in wanted or self._clients[k].closed]:
-            self._clients.pop(key).close()
-
-        async def one(key: str, labels: dict[str, str], address: str) -> Any:
-            client = self._clients.get(key)
-            if client is None:
-                client = self._clients[key] = ReplicaClient(address, labels["replica"])
-                await client.connect(timeout_s)
-            return labels, await client.status(timeout_s)
-
-        found = await asyncio.gather(
-            *(one(key, labels, address) for key, (labels, address) in wanted.items()),
-            return_exceptions=True,
-        )
-        out = []
-        for key, result in zip(wanted, found, strict=True):
-            if isinstance(result, BaseException):
-                with contextlib.suppress(KeyError):
-                    self._clients.pop(key).close()
-            else:
-                out.append(result)
-        return out
 
     async def _alert_forever(self) -> None:
         assert self.alerting is not None and self.rules is not None and self.history is not None

@@ -23,11 +23,12 @@ from inferd.control.backends import ReplicaBackend
 from inferd.control.console import ConsoleFeed
 from inferd.control.controller import Controller
 from inferd.control.publisher import TablePublisher
+from inferd.control.state import reachable
 from inferd.observability import feedback
 from inferd.observability.exposition import (
+    ReplicaStatuses,
     RequestMetrics,
     Text,
-    replica_statuses,
     write_accuracy,
     write_gpus,
     write_processes,
@@ -61,7 +62,11 @@ class ControlPlane:
         self.publisher = TablePublisher(run_dir / "control.sock", settings.cluster.control_listen)
         self.controller = Controller(settings, registry, run_dir, self.publisher.publish, backend)
         self.requests = RequestMetrics()
-        self.console = ConsoleFeed(settings, self.controller, self.publisher, self.metric_samples)
+        self.statuses = ReplicaStatuses()
+        """The replicas' status frames, for ``/metrics`` and the console."""
+        self.console = ConsoleFeed(
+            settings, self.controller, self.publisher, self.metric_samples, self.statuses
+        )
         self.writer: InferenceLog | None = None
         self.jobs: JobService | None = None
         """The job service, once the server started one (its figures join /metrics)."""
@@ -104,6 +109,7 @@ class ControlPlane:
         if self._upkeep is not None:
             self._upkeep.cancel()
         await self.console.stop()
+        self.statuses.close()
         await self.controller.stop()
         await self.publisher.close()
         if self.writer is not None:
@@ -134,7 +140,7 @@ class ControlPlane:
     async def _exposition(self, keep: Container[str] | None = None) -> Text:
         out = Text(keep)
         write_requests(out, self.requests, 0 if self.writer is None else self.writer.dropped)
-        states, reachable = [], []
+        states = []
         processes = [({"process": "server", "id": "server"}, os.getpid())]
         for i, pid in enumerate(self.gateway_pids()):
             processes.append(({"process": "gateway", "id": str(i)}, pid))
@@ -143,11 +149,9 @@ class ControlPlane:
                 for replica in vset.replicas:
                     labels = {"model": name, "version": version, "replica": replica.id}
                     states.append((labels, replica.state.value, replica.restarts))
-                    if replica.state in ("ready", "draining"):
-                        reachable.append((labels, replica.address))
                     if replica.pid:
                         processes.append(({"process": "replica", "id": replica.id}, replica.pid))
-        write_replicas(out, states, await replica_statuses(reachable))
+        write_replicas(out, states, await self.statuses(reachable(self.controller.models)))
         desired = [
             (name, version, vset.desired, vset.autoscaler is not None)
             for name, model in self.controller.models.items()

@@ -100,3 +100,15 @@ class ModelState:
             for r in vset.replicas
             if r.ready
         ]
+
+
+def reachable(models: dict[str, ModelState]) -> list[tuple[dict[str, str], str]]:
+    """(labels, address) of every replica that answers status frames now (ready, or
+    draining what it accepted): what ``/metrics`` and the console ask."""
+    return [
+        ({"model": name, "version": version, "replica": replica.id}, replica.address)
+        for name, model in models.items()
+        for version, vset in model.versions.items()
+        for replica in vset.replicas
+        if replica.state in (ReplicaState.READY, ReplicaState.DRAINING) and replica.address
+    ]

@@ -12,7 +12,8 @@ Where the figures come from, so that none is lost with several gateway processes
 - **Replicas** (state, restarts, queue depth, in-flight, batches and batch sizes,
   expired/rejected/shed requests, the time requests spend in the replica; for
   generation TTFT, inter-token latency, tokens, running/waiting sequences, KV-cache
-  blocks): asked for their status at scrape time, all at once, 2 s at most.
+  blocks): asked for their status at scrape time, all at once, 2 s at most, over one
+  kept connection per replica (:class:`ReplicaStatuses`, shared with the console).
 - **Processes**: CPU seconds and resident memory of the server, gateway and replica
   processes, from ``/proc``.
 
@@ -234,24 +235,55 @@ REPLICA_HISTOGRAMS = {
 }
 
 
-async def replica_statuses(
-    replicas: list[tuple[dict[str, str], str]], timeout_s: float = 2.0
-) -> list[tuple[dict[str, str], Any]]:
-    """(labels, status) of replicas given as (labels, address); those that do not answer
-    in time are left out."""
+class ReplicaStatuses:
+    """Status frames of replicas given as (labels, address), over one kept connection
+    per replica: ``/metrics`` scrapes and the console's sampling once a slot both ask,
+    and neither pays a connection (and, across hosts, a handshake) each time. A
+    replica left out of a call, or whose connection broke, has its connection closed."""
 
-    async def one(labels: dict[str, str], address: str) -> tuple[dict[str, str], Any] | None:
-        client = ReplicaClient(address, labels["replica"])
-        try:
-            await client.connect(timeout_s)
-            return labels, await client.status(timeout_s)
-        except Exception:
-            return None
-        finally:
-            client.close()
+    def __init__(self) -> None:
+        self._clients: dict[str, tuple[ReplicaClient, asyncio.Task[None]]] = {}
 
-    found = await asyncio.gather(*(one(labels, address) for labels, address in replicas))
-    return [f for f in found if f is not None]
+    async def __call__(
+        self, replicas: list[tuple[dict[str, str], str]], timeout_s: float = 2.0
+    ) -> list[tuple[dict[str, str], Any]]:
+        """(labels, status) of ``replicas``; those that do not answer in time are left out."""
+        wanted = {f"{labels['replica']}@{address}": labels for labels, address in replicas}
+        for key, (client, connecting) in list(self._clients.items()):
+            if key not in wanted or (connecting.done() and client.closed):  # gone, or broke
+                self._drop(key)
+        found = await asyncio.gather(
+            *(self._one(key, labels, timeout_s) for key, labels in wanted.items()),
+            return_exceptions=True,
+        )
+        out = []
+        for key, result in zip(wanted, found, strict=True):
+            if isinstance(result, BaseException):
+                self._drop(key)
+            else:
+                out.append(result)
+        return out
+
+    async def _one(
+        self, key: str, labels: dict[str, str], timeout_s: float
+    ) -> tuple[dict[str, str], Any]:
+        if key not in self._clients:  # concurrent callers share one connect
+            client = ReplicaClient(key.split("@", 1)[1], labels["replica"])
+            task = asyncio.get_running_loop().create_task(client.connect(timeout_s))
+            self._clients[key] = (client, task)
+        client, connecting = self._clients[key]
+        await asyncio.shield(connecting)
+        return labels, await client.status(timeout_s)
+
+    def _drop(self, key: str) -> None:
+        found = self._clients.pop(key, None)
+        if found is not None:
+            found[1].cancel()
+            found[0].close()
+
+    def close(self) -> None:
+        for key in list(self._clients):
+            self._drop(key)
 
 
 def write_scaling(
