@@ -19,6 +19,7 @@ export class SeriesFeed {
     this.t = [];
     this.values = new Map();
     this.until = null;
+    this.answered = false;
     this.listeners = new Set();
     this.timer = 0;
     this.stopped = false;
@@ -111,7 +112,7 @@ export class SeriesFeed {
     return [...found].sort();
   }
 
-  models_() {
+  modelNames() {
     return [...new Set([...this.values.keys()].map((p) => p.split('|')[0]))];
   }
 }

@@ -149,7 +149,7 @@ function drawModels(node, data, filter, sortBy, sort) {
 }
 
 function drawCharts(charts, feed) {
-  const models = feed.models_();
+  const models = feed.modelNames();
   const busiest = models.map((m) => [m, sum(feed.get(m, '*', 'rps'))]).sort((a, b) => b[1] - a[1]).slice(0, TOP).map(([m]) => m);
   const lines = (figure) => busiest.map((m) => ({ label: m, values: feed.get(m, '*', figure) }));
   charts.rps.set(feed.t, lines('rps'));
