@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
 
-.PHONY: run test install vllm services lint bench-tabular clean
+.PHONY: run test install vllm services lint bench-tabular bench-latency bench-ray clean
 
 run: install  ## venv + install + build the demo models + serve them on :8000
 	$(PY) -m inferd serve --demo --port $(PORT)
@@ -36,5 +36,16 @@ lint: install
 bench-tabular: install
 	$(PY) bench/tabular.py
 
+bench-latency: install  ## inferd vs a plain app (vs Ray Serve once `make bench-ray` ran), issue #35
+	$(PY) bench/latency.py
+
+bench-ray: .venv-ray/.installed  ## Ray Serve in its own environment, for bench/latency.py's ray target
+
+.venv-ray/.installed:
+	$(PYTHON) -m venv .venv-ray
+	.venv-ray/bin/pip install --quiet --upgrade pip
+	.venv-ray/bin/pip install --quiet "ray[serve]" scikit-learn numpy
+	touch $@
+
 clean:
-	rm -rf $(VENV) .venv-vllm .inferd
+	rm -rf $(VENV) .venv-vllm .venv-ray .inferd

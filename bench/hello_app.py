@@ -12,10 +12,8 @@ worker -- and which way a run goes decides its req/s more than the load generato
 from __future__ import annotations
 
 import argparse
-import multiprocessing
-import os
-import signal
-import socket
+
+from servers import serve_reuseport
 
 BODY = b'{"hello":"world"}'
 HEADERS = [(b"content-type", b"application/json"), (b"content-length", b"17")]
@@ -31,39 +29,12 @@ async def app(scope, receive, send):  # type: ignore[no-untyped-def]
     await send({"type": "http.response.body", "body": BODY})
 
 
-def _worker(port: int) -> None:
-    import uvicorn
-
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind(("127.0.0.1", port))
-    config = uvicorn.Config(
-        app, http="httptools", loop="uvloop", access_log=False, log_level="warning"
-    )
-    uvicorn.Server(config).run(sockets=[sock])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
-    workers = [
-        multiprocessing.Process(target=_worker, args=(args.port,)) for _ in range(args.workers)
-    ]
-    for worker in workers:
-        worker.start()
-
-    def stop(*_: object) -> None:
-        for worker in workers:
-            if worker.pid is not None:
-                os.kill(worker.pid, signal.SIGTERM)
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    for worker in workers:
-        worker.join()
+    serve_reuseport(app, args.port, args.workers)
 
 
 if __name__ == "__main__":

@@ -346,7 +346,8 @@ async def measure(variant: str, path: str, rows: int, args: argparse.Namespace) 
 
     async def call() -> Any:
         request = p.InferRequest(started=time.perf_counter(), timeout_s=TIMEOUT_S)
-        return await client.infer(inputs, rows, request)
+        answer = await client.infer(inputs, rows, request)
+        return getattr(answer, "outputs", answer)  # inferd's client: an Answer
 
     try:
         first = await call()

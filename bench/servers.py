@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import socket
 import subprocess
-from collections.abc import Iterator
+import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -22,10 +27,11 @@ def start(
     cmd: list[str], env: dict[str, str], log: Path, cwd: Path = ROOT
 ) -> subprocess.Popen[bytes]:
     """A server in its own session (so ``stop`` takes its children too), logging to ``log``;
-    ``cwd``: where ``python -m inferd`` finds its package (another checkout for an A/B)."""
+    ``cwd``: the checkout whose ``inferd`` package it runs (another one for an A/B: put
+    first on PYTHONPATH, so every process it starts imports that package too)."""
     return subprocess.Popen(
         cmd,
-        env={**os.environ, **env},
+        env={**os.environ, **checkout_env(cwd), **env},
         cwd=cwd,
         stdout=log.open("w"),
         stderr=subprocess.STDOUT,
@@ -50,13 +56,76 @@ def alternating(
                 stop(proc)
 
 
-def stop(proc: subprocess.Popen[bytes], grace_s: float = 60) -> None:
-    os.killpg(proc.pid, signal.SIGTERM)
+def stop(proc: subprocess.Popen[bytes], grace_s: float = 60, group: bool = True) -> None:
+    """SIGTERM to the server's process group (``group=False``: to the server alone, for
+    one that stops its own children in order, like Ray's driver), SIGKILL to the group
+    after ``grace_s``; then SIGKILL to what is left of the tree it had (children in
+    process groups of their own that outlived it), so no round leaves a process behind."""
+    tree = process_tree(proc.pid)
+    with contextlib.suppress(ProcessLookupError):  # it may have exited (and its group)
+        if group:
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:
+            proc.terminate()
     try:
         proc.wait(grace_s)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+    deadline = time.monotonic() + 10
+    while (alive := [p for p in tree[1:] if _alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for p in alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def checkout_env(checkout: Path) -> dict[str, str]:
+    """The environment that makes Python import ``inferd`` from ``checkout``: nothing
+    for this one (the virtualenv's editable install), PYTHONPATH for another."""
+    if checkout.resolve() == ROOT:
+        return {}
+    return {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(checkout), os.environ.get("PYTHONPATH")]))
+    }
+
+
+@contextlib.contextmanager
+def worktree(ref: str, path: Path) -> Iterator[Path]:
+    """This repository as of git ``ref``, checked out at ``path`` (detached), removed after."""
+    subprocess.run(["git", "worktree", "add", "--detach", str(path), ref],
+                   cwd=ROOT, check=True, capture_output=True)  # fmt: skip
+    try:
+        yield path
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(path)],
+                       cwd=ROOT, capture_output=True)  # fmt: skip
+
+
+def push_model(
+    data_dir: Path, name: str, source: Path, meta: dict[str, Any], checkout: Path = ROOT
+) -> None:
+    """Register ``source`` as ``name`` v1 in ``data_dir`` with ``checkout``'s own CLI
+    (``inferd models push``), so the registry's tables are the ones that checkout's
+    server expects: an older commit refuses a database migrated by newer code."""
+    cmd = [sys.executable, "-m", "inferd", "models", "push", name, str(source),
+           "--version", "v1", "--data-dir", str(data_dir)]  # fmt: skip
+    for key, value in meta.items():
+        cmd += ["--meta", f"{key}={json.dumps(value)}"]
+    out = subprocess.run(
+        cmd, cwd=checkout, env={**os.environ, **checkout_env(checkout)},
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if out.returncode != 0:
+        raise RuntimeError(f"inferd models push ({checkout}) failed:\n{out.stderr[-2000:]}")
 
 
 def wait_ready(url: str, timeout_s: float = 180, poll_s: float = 0.2) -> None:
@@ -115,3 +184,101 @@ def tree_cpu_s(pid: int) -> float:
             continue
         total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
     return total
+
+
+def memory_of(pid: int) -> dict[str, float]:
+    """RSS, PSS and USS of one process in MiB (``/proc/PID/smaps_rollup``). PSS divides
+    shared pages among the processes mapping them, so a tree's PSS adds up without
+    counting the interpreter's and numpy's pages once per process."""
+    fields: dict[str, int] = {}
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]:
+        key, _, rest = line.partition(":")
+        fields[key] = int(rest.split()[0])  # kB
+    uss = fields["Private_Clean"] + fields["Private_Dirty"]
+    return {"rss_mb": fields["Rss"] / 1024, "pss_mb": fields["Pss"] / 1024, "uss_mb": uss / 1024}
+
+
+def command_kind(argv: list[str]) -> str:
+    """A short name for what a process runs, from its command line: the module of
+    ``python -m MODULE``, the script of ``python SCRIPT``, a multiprocessing child,
+    Ray's ``ray::Actor`` titles, else the executable's name."""
+    if not argv:
+        return "?"
+    if argv[0].startswith("ray::"):  # ray::ServeReplica:app:Deployment, ray::IDLE
+        return "ray::" + argv[0].split()[0].split(":")[2]
+    exe = Path(argv[0]).name
+    if not exe.startswith("python"):
+        return exe
+    args = argv[1:]
+    while args and args[0].startswith("-") and args[0] not in ("-m", "-c"):
+        args = args[1:]  # interpreter flags (-u, -B, ...)
+    if len(args) >= 2 and args[0] == "-m":
+        return args[1]
+    if len(args) >= 2 and args[0] == "-c":
+        for word in ("resource_tracker", "forkserver", "spawn"):
+            if word in args[1]:
+                return f"multiprocessing {word}"
+        return "python -c"
+    return "/".join(Path(args[0]).parts[-2:]) if args else exe
+
+
+def tree_memory_by_kind(
+    pid: int, kind: Callable[[list[str]], str] = command_kind
+) -> dict[str, dict[str, float]]:
+    """The memory of a process tree per kind of process (``kind`` of each one's command
+    line; a child with its parent's command line is a fork, "KIND (fork)"): processes,
+    RSS, PSS and USS (MiB) summed over the processes of each kind."""
+    kinds: dict[str, dict[str, float]] = {}
+    root = ""
+    for p in process_tree(pid):
+        try:
+            argv = Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
+            memory = memory_of(p)
+        except (OSError, KeyError):
+            continue  # exited meanwhile (or a zombie: no mappings)
+        name = kind([a for a in argv.split("\0") if a])
+        if p == pid:
+            root = name
+        elif name == root:
+            name += " (fork)"
+        row = kinds.setdefault(name, {"processes": 0})
+        row["processes"] += 1
+        for key, value in memory.items():
+            row[key] = row.get(key, 0.0) + value
+    return kinds
+
+
+def serve_reuseport(app: Any, port: int, workers: int) -> None:
+    """Serve an ASGI ``app`` from ``workers`` forked uvicorn processes (httptools +
+    uvloop), each with its own listening socket on ``port`` (SO_REUSEPORT), so the
+    kernel spreads connections over them by hash, as inferd's gateways share theirs.
+    Not ``uvicorn --workers``: its workers share one socket and the first to wake
+    accepts a whole burst, so 64 connections opened at once may all land on one.
+    Returns once SIGTERM/SIGINT stopped every worker."""
+    import multiprocessing
+
+    def worker() -> None:
+        import uvicorn
+
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(("127.0.0.1", port))
+        config = uvicorn.Config(
+            app, http="httptools", loop="uvloop", access_log=False, log_level="warning"
+        )
+        uvicorn.Server(config).run(sockets=[sock])
+
+    processes = [multiprocessing.get_context("fork").Process(target=worker) for _ in range(workers)]
+    for process in processes:
+        process.start()
+
+    def stop_workers(*_: object) -> None:
+        for process in processes:
+            if process.pid is not None:
+                os.kill(process.pid, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, stop_workers)
+    signal.signal(signal.SIGINT, stop_workers)
+    for process in processes:
+        process.join()

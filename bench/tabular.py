@@ -4,19 +4,21 @@
     .venv/bin/python bench/tabular.py --compare f98e67e --rounds 5 --connections 64
 
 ``--compare REF`` also runs inferd as of git commit REF (a temporary worktree, same
-virtualenv), alternating with this checkout round by round: an A/B for regressions.
+virtualenv, its own data folder registered by its own ``inferd models push``),
+alternating with this checkout round by round: an A/B for regressions.
 
 Builds the demo fraud model (XGBoost, 30 features) locally, registers it in a scratch
-data folder, starts ``inferd serve`` and the plain app (bench/plain_app.py, 2 uvicorn
-workers) one after the other on free ports, and drives each at each connection count
-with ``wrk`` (or ``inferd bench`` with ``--loadgen inferd``): closed loop, one row per
-request. Writes bench/results/tabular.json and tabular.md. Servers are started and
-stopped by this script; traffic stays on 127.0.0.1.
+data folder per inferd checkout, starts ``inferd serve`` and the plain app
+(bench/plain_app.py, 2 uvicorn workers) one after the other on free ports, and drives
+each at each connection count with ``wrk`` (or ``inferd bench`` with ``--loadgen
+inferd``): closed loop, one row per request. Writes bench/results/tabular.json and
+tabular.md. Servers are started and stopped by this script; traffic stays on 127.0.0.1.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import shutil
@@ -28,7 +30,7 @@ import time
 from pathlib import Path
 
 import httpx
-from servers import free_port, start, stop, tree_rss_mb
+from servers import free_port, push_model, start, stop, tree_rss_mb, worktree
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -67,11 +69,12 @@ ROW = [
 BODY = json.dumps({"inputs": [{"features": ROW}]})
 
 
-def wait_http(url: str, timeout_s: float = 180) -> None:
+def wait_http(url: str, timeout_s: float = 180, body: str = BODY) -> None:
+    """Until POST ``body`` to ``url`` answers 200; RuntimeError past ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            if httpx.post(url, content=BODY, timeout=5).status_code == 200:
+            if httpx.post(url, content=body, timeout=5).status_code == 200:
                 return
         except httpx.TransportError:
             pass
@@ -94,11 +97,12 @@ def run_inferd_bench(url: str, connections: int, duration_s: int) -> dict[str, f
     }  # fmt: skip
 
 
-def run_wrk(url: str, connections: int, duration_s: int) -> dict[str, float]:
+def run_wrk(url: str, connections: int, duration_s: int, body: str = BODY) -> dict[str, float]:
+    """``wrk -t2 -cN --latency``, POSTing ``body`` (JSON) on every request: closed loop."""
     script = Path(tempfile.mkdtemp()) / "post.lua"
     script.write_text(
         'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
-        f"wrk.body = '{BODY}'\n"
+        f"wrk.body = '{body}'\n"
     )
     out = subprocess.run(
         [
@@ -180,6 +184,59 @@ def measure(
         )
 
 
+def configure(
+    args: argparse.Namespace, work: Path, checkouts: contextlib.ExitStack
+) -> dict[str, tuple[list[str], dict[str, str], Path]]:
+    """The servers to compare: name -> (command less its port, environment, checkout).
+    Each inferd checkout serves its own data folder, registered by its own CLI: an older
+    commit refuses a registry that newer code created (a migration it does not know)."""
+    from inferd.demo.build import build_demo_model
+
+    demo = build_demo_model("fraud", work / "src")
+    sides = {"inferd": ROOT}
+    if args.compare:
+        base = checkouts.enter_context(worktree(args.compare, work / "baseline"))
+        sides[f"inferd@{args.compare}"] = base
+    servers: dict[str, tuple[list[str], dict[str, str], Path]] = {}
+    for i, (name, checkout) in enumerate(sides.items()):
+        data = work / f"data-{i}"
+        push_model(data, "fraud", demo.path, {"labels": demo.metadata["labels"]}, checkout)
+        cmd = [sys.executable, "-m", "inferd", "serve", "--workers", str(args.workers),
+               "--data-dir", str(data), "--grpc-port", "-1", "--port"]  # fmt: skip
+        servers[name] = (cmd, {"INFERD_LOG_LEVEL": "WARNING"}, checkout)
+    if not args.no_plain:
+        servers["plain"] = (
+            [sys.executable, "-m", "uvicorn", "bench.plain_app:app", "--workers", "2",
+             "--no-access-log", "--log-level", "warning", "--port"],
+            {"INFERD_BENCH_MODEL": str(demo.path / "model.json")}, ROOT,
+        )  # fmt: skip
+    return servers
+
+
+def run_rounds(
+    servers: dict[str, tuple[list[str], dict[str, str], Path]],
+    args: argparse.Namespace,
+    work: Path,
+) -> list[dict[str, object]]:
+    """Each round starts every server in turn (alternating order), loads it and stops it."""
+    rows: list[dict[str, object]] = []
+    for round_ in range(args.rounds):
+        order = list(servers) if round_ % 2 == 0 else list(reversed(servers))
+        for name in order:
+            cmd, env, cwd = servers[name]
+            port = free_port()
+            proc = start([*cmd, str(port)], env, work / f"{name}.log", cwd)
+            try:
+                url = f"http://127.0.0.1:{port}/api/v1/models/fraud/predict"
+                measure(name, proc, url, args, rows)
+            except RuntimeError:
+                print((work / f"{name}.log").read_text()[-3000:], file=sys.stderr)
+                raise
+            finally:
+                stop(proc)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--duration", type=int, default=20)
@@ -202,40 +259,11 @@ def main() -> None:
     if args.loadgen == "wrk" and shutil.which("wrk") is None:
         sys.exit("wrk is not installed (apt-get install wrk); or use --loadgen inferd")
     work = Path(tempfile.mkdtemp(prefix="inferd-bench-"))
-    model_file = prepare(work)
-    inferd = [sys.executable, "-m", "inferd", "serve", "--workers", str(args.workers),
-              "--data-dir", str(work / "data"), "--grpc-port", "-1", "--port"]  # fmt: skip
-    servers: dict[str, tuple[list[str], dict[str, str], Path]] = {
-        "inferd": (inferd, {"INFERD_LOG_LEVEL": "WARNING"}, ROOT),
-    }
-    if args.compare:
-        base = work / "baseline"
-        subprocess.run(["git", "worktree", "add", "--detach", str(base), args.compare],
-                       cwd=ROOT, check=True, capture_output=True)  # fmt: skip
-        servers[f"inferd@{args.compare}"] = (inferd, {"INFERD_LOG_LEVEL": "WARNING"}, base)
-    if not args.no_plain:
-        servers["plain"] = (
-            [sys.executable, "-m", "uvicorn", "bench.plain_app:app", "--workers", "2",
-             "--no-access-log", "--log-level", "warning", "--port"],
-            {"INFERD_BENCH_MODEL": str(model_file)}, ROOT,
-        )  # fmt: skip
-    rows: list[dict[str, object]] = []
     try:
-        for round_ in range(args.rounds):
-            order = list(servers) if round_ % 2 == 0 else list(reversed(servers))
-            for name in order:
-                cmd, env, cwd = servers[name]
-                port = free_port()
-                proc = start([*cmd, str(port)], env, work / f"{name}.log", cwd)
-                try:
-                    url = f"http://127.0.0.1:{port}/api/v1/models/fraud/predict"
-                    measure(name, proc, url, args, rows)
-                finally:
-                    stop(proc)
+        with contextlib.ExitStack() as checkouts:
+            servers = configure(args, work, checkouts)
+            rows = run_rounds(servers, args, work)
     finally:
-        if args.compare:
-            subprocess.run(["git", "worktree", "remove", "--force", str(work / "baseline")],
-                           cwd=ROOT, capture_output=True)  # fmt: skip
         shutil.rmtree(work, ignore_errors=True)
     write_results(rows, args, list(servers))
 

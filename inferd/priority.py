@@ -8,8 +8,8 @@ number, :data:`NAMED_PRIORITIES`) that the replica maps to the level it stands f
 
 from __future__ import annotations
 
-from inferd.config import BatchingConfig
 from inferd.errors import InvalidInput
+from inferd.replica_config import BatchingConfig
 
 NAMED_PRIORITIES = {"high": -1, "normal": -2, "low": -3, "batch": -4}
 """How the gateway sends a priority name: the replica knows the levels it stands for."""

@@ -31,7 +31,8 @@ from inferd.control.gateways import GatewayPool
 from inferd.control.leader import Leadership
 from inferd.control.plane import ControlPlane
 from inferd.jobs.service import JobService
-from inferd.registry import Registry
+from inferd.registry import Registry, schema
+from inferd.routing.cache import prepare_shared, remove_shared
 
 logger = logging.getLogger(__name__)
 
@@ -141,23 +142,20 @@ async def serve(
     # Replicas on other hosts (joined, or Kubernetes pods) are reached over TCP.
     tcp = settings.cluster.control_listen is not None or settings.replica_backend != "local"
     _cluster(settings, tcp=tcp)
-    registry = await asyncio.to_thread(Registry.from_settings, settings)
-    try:  # one controller writes desired state; others wait (PostgreSQL) or are refused
+    registry = await asyncio.to_thread(Registry.from_settings, settings, False)
+    try:
+        # The schema, when behind, is upgraded in a child: the server keeps no Alembic.
+        url = settings.resolved_database_url
+        await asyncio.to_thread(schema.upgrade_isolated, registry.engine, url)
+        # One controller writes desired state; others wait (PostgreSQL) or are refused.
         leadership = await Leadership.acquire(registry.engine, settings, progress)
     except BaseException:
         registry.close()
         raise
     if demo:
-        from inferd.demo.install import install_demo
+        from inferd.demo.install import install_demo_isolated
 
-        await asyncio.to_thread(
-            install_demo,
-            registry,
-            settings.data_dir / "demo-src",
-            progress,
-            settings.demo_llm,
-            settings.demo_text,
-        )
+        await install_demo_isolated(settings, progress)
     if gateways and not settings.auth.enabled and not _loopback(settings.host):
         warning = (
             f"WARNING: serving on {settings.host} WITHOUT AUTHENTICATION: anyone who can "
@@ -172,6 +170,7 @@ async def serve(
     run_dir = settings.run_dir or Path(tempfile.mkdtemp(prefix="inferd-"))
     run_dir.mkdir(parents=True, exist_ok=True)
     own_tls = _own_gateways_tls(settings, run_dir) if gateways else None
+    shared_cache = prepare_shared(settings) if gateways else None  # before the gateways
     plane = ControlPlane(settings, registry, run_dir)
     plane.console.role = "serve" if gateways else "control"
     plane.console.leader = {
@@ -214,6 +213,7 @@ async def serve(
             await plane.jobs.stop()  # what runs comes back from the queue after its lease
         abdicate.cancel()
         await pool.stop()
+        remove_shared(shared_cache)
         await plane.stop()
         await leadership.release()
         registry.close()
@@ -233,6 +233,7 @@ async def serve_gateways(
     _cluster(settings, tcp=True)
     reserved = _resolve_ports(settings)
     settings.auth.internal_token = _internal_token(settings)
+    shared_cache = prepare_shared(settings)
     pool = GatewayPool(settings, control)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -259,3 +260,4 @@ async def serve_gateways(
         progress("shutting down: draining gateways")
     finally:
         await pool.stop()
+        remove_shared(shared_cache)

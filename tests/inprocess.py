@@ -35,6 +35,7 @@ from inferd.config import Settings
 from inferd.control.backends.inprocess import InProcessBackend
 from inferd.control.plane import ControlPlane
 from inferd.registry import Registry
+from inferd.routing.cache import prepare_shared, remove_shared
 
 T = TypeVar("T")
 
@@ -97,6 +98,8 @@ class InProcessServer:
                 self.settings.demo_llm,
                 self.settings.demo_text,
             )
+        # The result cache as `inferd serve` has it: the machine's shared file.
+        self.shared_cache = prepare_shared(self.settings)
         backend = InProcessBackend(self.settings.shutdown_grace_s)
         plane = ControlPlane(self.settings, self.registry, self.run_dir, backend)
         await plane.start()
@@ -155,4 +158,5 @@ class InProcessServer:
 
     async def _stop(self) -> None:
         await self.gateway.close()
+        remove_shared(self.shared_cache)
         await self.plane.stop()

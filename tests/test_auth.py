@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from inferd.api.auth import Principal, required_scope
 from inferd.errors import Forbidden, InvalidInput, NotFound
 from inferd.registry import Registry
-from inferd.registry.keys import parse_key, secret_matches
+from inferd.registry.api_key import parse_key, secret_matches
 from tests.conftest import InferdServer, arithmetic_model, push_source, run_cli
 from tests.inprocess import InProcessServer
 

@@ -164,7 +164,7 @@ def test_cancelling_a_large_request_drops_its_pieces():
     assert len(rec.batch_rows) <= 2
 
 
-def test_lone_request_waits_at_most_max_wait():
+def test_window_batching_holds_a_lone_request_at_most_max_wait():
     rec = Recorder()
 
     async def body(b):
@@ -172,7 +172,8 @@ def test_lone_request_waits_at_most_max_wait():
         await b.submit(rows(1), 1, 5.0)
         return time.monotonic() - started
 
-    elapsed = run(_with_batcher(rec, BatchingConfig(max_batch_size=32, max_wait_ms=30), body))
+    config = BatchingConfig(max_batch_size=32, max_wait_ms=30, adaptive=False)
+    elapsed = run(_with_batcher(rec, config, body))
     assert 0.025 <= elapsed < 0.5
 
 
@@ -484,6 +485,107 @@ async def _with_clock(predict, config, body):
         executor.shutdown()
 
 
+def test_an_idle_replica_computes_a_request_at_once_whatever_max_wait():
+    rec = Recorder()
+
+    async def body(b, clock):
+        first = b.submit(rows(1), 1, 5.0)
+        await asyncio.wait_for(first, 5)  # the clock never moves: no window to wait out
+        second = b.submit(rows(2), 2, 5.0)
+        await asyncio.wait_for(second, 5)
+
+    run(_with_clock(rec, BatchingConfig(max_batch_size=32, max_wait_ms=10_000), body))
+    assert rec.batch_rows == [1, 2]
+
+
+def test_requests_arriving_in_one_instant_share_the_idle_replicas_batch():
+    rec = Recorder()
+
+    async def body(b, clock):
+        futures = [b.submit(rows(1), 1, 5.0) for _ in range(5)]  # one socket read's frames
+        await asyncio.wait_for(asyncio.gather(*futures), 5)
+
+    run(_with_clock(rec, BatchingConfig(max_batch_size=32, max_wait_ms=10_000), body))
+    assert rec.batch_rows == [5]
+
+
+def test_a_busy_replica_gathers_the_next_batch_while_it_computes():
+    release = threading.Event()
+    seen: list[int] = []
+
+    def predict(inputs):
+        seen.append(len(inputs["x"]))
+        if len(seen) == 1:
+            release.wait(5)  # the first batch computes until the test lets it go
+        return {"y": inputs["x"].sum(axis=1)}
+
+    async def body(b, clock):
+        first = b.submit(rows(1), 1, 5.0)
+        await settle()
+        while not b.busy:
+            await asyncio.sleep(0.001)
+        later = [b.submit(rows(2), 2, 5.0) for _ in range(3)]  # arrive during the compute
+        await settle()
+        assert seen == [1]  # they wait for the batch ahead of them, not for a window
+        release.set()
+        await asyncio.wait_for(asyncio.gather(first, *later), 5)
+
+    run(_with_clock(predict, BatchingConfig(max_batch_size=32, max_wait_ms=10_000), body))
+    assert seen == [1, 6]  # one batch of what gathered; the clock never moved
+
+
+def test_a_busy_replicas_next_batch_is_bounded_by_max_batch_size_and_priority():
+    release = threading.Event()
+    seen: list[list[float]] = []
+
+    def predict(inputs):
+        seen.append(inputs["x"][:, 0].tolist())
+        if len(seen) == 1:
+            release.wait(5)
+        return {"y": inputs["x"].sum(axis=1)}
+
+    async def body(b, clock):
+        first = b.submit(rows(1, 0), 1, 5.0)
+        while not b.busy:
+            await asyncio.sleep(0.001)
+        low = [b.submit(rows(1, 3), 1, 5.0, priority=3) for _ in range(2)]
+        normal = [b.submit(rows(1, 2), 1, 5.0) for _ in range(2)]
+        high = b.submit(rows(1, 1), 1, 5.0, priority=1)
+        await settle()
+        release.set()
+        await asyncio.wait_for(asyncio.gather(first, *low, *normal, high), 5)
+
+    run(_with_clock(predict, BatchingConfig(max_batch_size=3, max_wait_ms=10_000), body))
+    assert seen == [[0.0], [1.0, 2.0, 2.0], [3.0, 3.0]]
+
+
+def test_a_deadline_that_passes_behind_a_busy_batch_fails_without_computing():
+    release = threading.Event()
+    seen: list[int] = []
+
+    def predict(inputs):
+        seen.append(len(inputs["x"]))
+        if len(seen) == 1:
+            release.wait(5)
+        return {"y": inputs["x"].sum(axis=1)}
+
+    async def body(b, clock):
+        first = b.submit(rows(1), 1, 5.0)
+        while not b.busy:
+            await asyncio.sleep(0.001)
+        doomed = b.submit(rows(1), 1, 0.05)
+        kept = b.submit(rows(2), 2, 5.0)
+        await clock.advance(0.1)  # its deadline passes while the first batch computes
+        release.set()
+        with pytest.raises(RequestTimeout):
+            await asyncio.wait_for(doomed, 5)
+        await asyncio.wait_for(asyncio.gather(first, kept), 5)
+        return b.stats
+
+    stats = run(_with_clock(predict, BatchingConfig(max_batch_size=8), body))
+    assert seen == [1, 2] and stats.expired == 1
+
+
 def test_a_batch_waits_max_wait_on_the_clock_then_goes():
     rec = Recorder()
 
@@ -496,7 +598,7 @@ def test_a_batch_waits_max_wait_on_the_clock_then_goes():
         await clock.advance(0.001)
         await asyncio.wait_for(asyncio.gather(first, second), 5)
 
-    run(_with_clock(rec, BatchingConfig(max_batch_size=32, max_wait_ms=30), body))
+    run(_with_clock(rec, BatchingConfig(max_batch_size=32, max_wait_ms=30, adaptive=False), body))
     assert rec.batch_rows == [3]
 
 
@@ -507,7 +609,9 @@ def test_a_full_batch_does_not_wait_for_the_clock():
         futures = [b.submit(rows(2), 2, 5.0) for _ in range(4)]  # 8 rows: full
         await asyncio.wait_for(asyncio.gather(*futures), 5)  # no advance needed
 
-    run(_with_clock(rec, BatchingConfig(max_batch_size=8, max_wait_ms=10_000), body))
+    run(
+        _with_clock(rec, BatchingConfig(max_batch_size=8, max_wait_ms=10_000, adaptive=False), body)
+    )
     assert rec.batch_rows == [8]
 
 
@@ -524,5 +628,6 @@ def test_a_deadline_that_passes_in_the_window_fails_without_computing():
         await asyncio.wait_for(kept, 5)
         return b.stats
 
-    stats = run(_with_clock(rec, BatchingConfig(max_batch_size=8, max_wait_ms=100), body))
+    config = BatchingConfig(max_batch_size=8, max_wait_ms=100, adaptive=False)
+    stats = run(_with_clock(rec, config, body))
     assert rec.batch_rows == [1] and stats.expired == 1

@@ -7,6 +7,7 @@ import pytest
 
 from inferd.errors import InvalidInput
 from inferd.protocols.codec import columns_to_rows, rows_to_columns
+from inferd.protocols.v2 import to_binary
 from inferd.runtimes.base import Signature, TensorSpec
 from inferd.serving import protocol as p
 
@@ -80,3 +81,20 @@ def test_wire_frames_round_trip_tensors_and_split_across_reads():
     assert np.array_equal(p.from_tensor(infer.inputs["f"]), features)
     assert p.from_tensor(infer.inputs["t"]).tolist() == ["a", "é", ""]
     assert isinstance(infer.inputs["f"].data, bytes)  # raw buffer, not a list
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        ["legit", "fraud", "legit"] * 20,  # a classifier's labels: each encoded once
+        [f"text {i}" for i in range(20)],
+        ["é", b"raw", "", b""] * 5,
+        [1, 1.0, True, None] * 5,  # equal under ==, yet each written as its own str()
+    ],
+)
+def test_v2_binary_bytes_outputs_are_length_prefixed(values):
+    array = np.empty(len(values), dtype=object)
+    array[:] = values
+    items = (v if isinstance(v, bytes) else str(v).encode() for v in values)
+    expected = b"".join(len(b).to_bytes(4, "little") + b for b in items)
+    assert to_binary(array.reshape(-1, 1)) == expected

@@ -8,7 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import update
 
-from inferd.jobs.store import JobStore, Result, new_job_id
+from inferd.jobs import new_job_id
+from inferd.jobs.store import JobStore, Result
 from inferd.registry import Registry
 from inferd.registry.tables import jobs
 

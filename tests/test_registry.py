@@ -17,12 +17,14 @@ from pathlib import Path
 import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
+from alembic.config import Config
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import column, insert, inspect, table, text
 
 from inferd.errors import InvalidInput, ModelNotFound, VersionExists
-from inferd.registry import ArtifactStore, Registry
-from inferd.registry.engine import _alembic_config
+from inferd.registry import ArtifactStore, Registry, schema
+from inferd.registry.engine import MIGRATIONS_DIR, _alembic_config
 from inferd.registry.store import StagedArtifact
 from inferd.registry.tables import (
     JOBS_METADATA,
@@ -96,7 +98,7 @@ def test_migrate_creates_tables_and_is_idempotent(registry: Registry) -> None:
     registry.migrate()  # already at head: nothing to do, nothing fails
     registry.migrate()
     with registry.engine.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).all() == [("0009",)]
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).all() == [("0010",)]
         # The declarative classes describe exactly what the migrations built (the
         # inference log apart: partitioned on PostgreSQL, described by a Core table).
         context = MigrationContext.configure(conn, opts={"include_name": _registry_only})
@@ -137,6 +139,28 @@ def test_upgrade_from_0001_keeps_existing_models_loaded(
             )
         reg.migrate()
         assert reg.get_model("old").loaded is True
+
+
+def test_schema_head_is_alembics_head() -> None:
+    """``schema.HEAD`` lets a process skip Alembic when the schema is current: it must
+    name the newest migration (a new one in migrations/versions moves it)."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    assert ScriptDirectory.from_config(config).get_current_head() == schema.HEAD
+
+
+def test_a_schema_behind_is_upgraded_in_a_child_and_errors_come_back(
+    database_url: str, artifact_root: Path
+) -> None:
+    with Registry(database_url, artifact_root, migrate=False) as reg:
+        assert schema.revision(reg.engine) is None
+        schema.upgrade_isolated(reg.engine, database_url)
+        assert schema.revision(reg.engine) == schema.HEAD
+        schema.upgrade_isolated(reg.engine, database_url)  # current: nothing to do
+        with reg.write_engine.begin() as conn:  # a revision this inferd does not know
+            conn.execute(text("UPDATE alembic_version SET version_num = '9999'"))
+        with pytest.raises(RuntimeError, match="9999"):
+            schema.upgrade_isolated(reg.engine, database_url)
 
 
 def test_sqlite_connections_use_wal_foreign_keys_and_busy_timeout(tmp_path: Path) -> None:

@@ -232,7 +232,7 @@ def test_a_replica_over_tcp_answers_only_the_clusters_clients(tmp_path: Path):
             refused = str(exc)
         finally:
             transport.use(transport.Credentials())
-        return out["y"].tolist(), refused
+        return out.outputs["y"].tolist(), refused
 
     try:
         answer, refused = asyncio.run(talk())

@@ -14,6 +14,7 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -47,11 +48,13 @@ from inferd.config import Settings
 from inferd.errors import InferdError, InvalidInput
 from inferd.jobs import Jobs
 from inferd.observability import tracing
-from inferd.observability.inference_log import RowBuffer
-from inferd.registry import Registry
+from inferd.observability.log_rows import RowBuffer
 from inferd.routing.cache import ResultCache
 from inferd.routing.dataplane import DataPlane
 from inferd.routing.router import Router
+
+if TYPE_CHECKING:  # opened on first use in a gateway process (api/worker.py)
+    from inferd.registry import Registry
 
 logger = logging.getLogger(__name__)
 Handler = Callable[..., Awaitable[Response]]

@@ -34,14 +34,17 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from inferd.api.http import PUBLIC_PATHS, context_of, model_in_path, refuse
 from inferd.config import AuthConfig
 from inferd.errors import Forbidden, InferdError, Unauthorized
-from inferd.registry.keys import ApiKeys, KeyRecord, parse_key, secret_matches
+from inferd.registry.api_key import KeyRecord, parse_key, secret_matches
+
+if TYPE_CHECKING:
+    from inferd.registry.keys import ApiKeys
 
 _ADMIN_PREFIXES = (
     "/api/v1/deployments",

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import orjson
 from fastapi import APIRouter, Query, Request
@@ -31,9 +31,12 @@ import inferd
 from inferd.api.http import context_of, json_response
 from inferd.console import SECURITY_HEADERS, assets
 from inferd.errors import InvalidInput, NotFound
-from inferd.registry import ModelRecord, Registry
+from inferd.registry import ModelRecord
 from inferd.routing.table import ModelRoute, VersionRoute
 from inferd.runtimes import GENERATIVE
+
+if TYPE_CHECKING:
+    from inferd.registry import Registry
 
 router = APIRouter(tags=["console"])
 REGISTRY_TTL_S = 2.0

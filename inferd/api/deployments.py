@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
 from starlette.responses import Response
@@ -27,10 +27,12 @@ from inferd.api import docs
 from inferd.api.http import json_response, read_json
 from inferd.control import canary
 from inferd.errors import BadRequest, InvalidInput
-from inferd.registry import Registry
-from inferd.registry.deployments import DeploymentRecord, TrafficRecord
 from inferd.routing.router import Router
 from inferd.routing.table import ModelRoute, ReplicaRoute, VersionRoute
+
+if TYPE_CHECKING:
+    from inferd.registry import Registry
+    from inferd.registry.deployments import DeploymentRecord, TrafficRecord
 
 HISTORY_LIMIT = 20
 """Traffic changes shown by ``GET /{model}``."""

@@ -24,7 +24,7 @@ from inferd.api.auth import authorize_model
 from inferd.api.http import context_of, json_response, read_json, request_id_of
 from inferd.api.limits import budget_of
 from inferd.errors import BadRequest, InferdError, InvalidInput
-from inferd.observability.inference_log import RowBuffer
+from inferd.observability.log_rows import RowBuffer
 from inferd.routing.context import RequestContext
 from inferd.routing.generation import Chunks, start_generation
 from inferd.routing.router import Target

@@ -255,7 +255,30 @@ def outcome_headers(outcome: InferOutcome, rid: str) -> dict[str, str]:
         headers["x-inferd-model"] = outcome.target.model
     if outcome.cold_start_ms is not None:
         headers["x-inferd-cold-start-ms"] = f"{outcome.cold_start_ms:.1f}"
+    if outcome.timing is not None:
+        headers["server-timing"] = server_timing(outcome)
     return headers
+
+
+def server_timing(outcome: InferOutcome) -> str:
+    """The ``Server-Timing`` header of a predict reply (ms): ``gateway`` (parsing,
+    checks, routing, encoding: the rest of ``total``), ``cache`` (the result cache,
+    when the version is cached), the replica's ``queue`` (waiting for its batch to
+    start), ``batch`` (frames to and from the replica, assembling and splitting the
+    batch; its rows in ``desc``) and ``compute`` (the batch's ``predict_batch``), and
+    ``total``: ``latency_ms`` of the body, which the parts add up to."""
+    t = outcome.timing
+    assert t is not None
+    total = outcome.latency_ms
+    parts = [f"gateway;dur={max(0.0, total - t.replica_ms - t.cache_ms):.3f}"]
+    if outcome.cache_hit is not None:
+        parts.append(f"cache;dur={t.cache_ms:.3f};desc={'hit' if outcome.cache_hit else 'miss'}")
+    if t.replica_ms:
+        parts.append(f"queue;dur={t.queue_ms:.3f}")
+        parts.append(f'batch;dur={t.batch_ms:.3f};desc="rows={t.batch_rows}"')
+        parts.append(f"compute;dur={t.compute_ms:.3f}")
+    parts.append(f"total;dur={total:.3f}")
+    return ", ".join(parts)
 
 
 def json_response(

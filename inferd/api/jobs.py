@@ -35,9 +35,8 @@ from inferd.api.http import (
     request_id_of,
 )
 from inferd.errors import Conflict, InvalidInput, NotFound
-from inferd.jobs import Jobs, describe
+from inferd.jobs import TERMINAL, Jobs, describe
 from inferd.jobs.inputs import inline_items, read_items
-from inferd.jobs.store import TERMINAL
 from inferd.priority import NAMED_PRIORITIES
 from inferd.runtimes import GENERATIVE
 

@@ -10,7 +10,7 @@ from starlette.responses import Response
 
 from inferd.api.http import context_of, json_response, read_json
 from inferd.errors import BadRequest, InvalidInput
-from inferd.registry.keys import SCOPES
+from inferd.registry.api_key import SCOPES
 
 router = APIRouter(prefix="/api/v1/keys", tags=["keys"])
 

@@ -54,7 +54,7 @@ from inferd.api.auth import internal_caller
 from inferd.api.http import PUBLIC_PATHS, context_of, model_in_path, refuse
 from inferd.config import RateLimitConfig, Settings, TokenLimit
 from inferd.errors import RateLimited
-from inferd.observability.inference_log import COUNTERS
+from inferd.observability.log_rows import COUNTERS
 
 if TYPE_CHECKING:
     from starlette.requests import Request

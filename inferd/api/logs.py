@@ -1,5 +1,9 @@
 """``GET /api/v1/logs``: a quick look at the inference log (the rows behind dashboards
-and experiment analysis: which version answered which request, for which user hash)."""
+and experiment analysis: which version answered which request, for which user hash).
+
+Each route imports its database reader (:mod:`inferd.observability.inference_log`,
+:mod:`inferd.observability.feedback`) when it first runs: they bring SQLAlchemy, which a
+gateway process loads only once something reads the database."""
 
 from __future__ import annotations
 
@@ -14,7 +18,6 @@ from starlette.responses import Response
 from inferd.api.auth import authorize_model
 from inferd.api.http import context_of, json_response, read_json
 from inferd.errors import BadRequest, InvalidInput
-from inferd.observability import feedback, inference_log
 
 router = APIRouter(prefix="/api/v1", tags=["observability"])
 MAX_LIMIT = 1000
@@ -48,6 +51,8 @@ async def logs(
     database within ``inference_log.flush_interval_s`` (1 s by default)."""
     if not request.app.state.settings.inference_log.enabled:
         raise InvalidInput("the inference log is off (inference_log.enabled: false)")
+    from inferd.observability import inference_log
+
     rows = await asyncio.to_thread(
         inference_log.query,
         request.app.state.registry.engine,
@@ -78,6 +83,8 @@ async def post_feedback(request: Request) -> Response:
     state = request.app.state
     if not state.settings.inference_log.enabled:
         raise InvalidInput("feedback needs the inference log (inference_log.enabled: false)")
+    from inferd.observability import feedback
+
     allow = None
     if context_of(request.scope).principal is not None:  # a key may be limited to some models
         allow = functools.partial(authorize_model, request.scope)

@@ -27,7 +27,7 @@ import tarfile
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from starlette.background import BackgroundTask
@@ -40,13 +40,14 @@ from inferd.errors import (
     InvalidInput,
     PayloadTooLarge,
 )
-from inferd.registry import Registry
 from inferd.registry.inspection import inspect_isolated
 from inferd.registry.mlflow_source import is_mlflow_uri
-from inferd.registry.registry import local_files
 from inferd.registry.store import check_name
 from inferd.registry.uploads import SHA256_HEX, UPLOADS, check_sha256, file_source, receive, unpack
 from inferd.runtimes.base import Signature
+
+if TYPE_CHECKING:
+    from inferd.registry import Registry
 
 router = APIRouter(prefix="/api/v1/models", tags=["registry"])
 
@@ -180,6 +181,8 @@ async def download_artifact(model: str, version: str, request: Request) -> Respo
     """The version's artifact folder as a tar.gz; ``X-Inferd-Sha256`` is the version's
     digest (of its files, as the registry lists them), which ``inferd models pull``
     checks after unpacking."""
+    from inferd.registry.registry import local_files  # the database layer: read below anyway
+
     registry = _registry(request)
     record = await asyncio.to_thread(registry.get_version, model, version)
     scratch = Path(request.app.state.settings.data_dir) / UPLOADS

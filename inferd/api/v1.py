@@ -22,7 +22,7 @@ from inferd.api.http import (
     request_id_of,
     request_timeout,
 )
-from inferd.errors import BadRequest, InvalidInput, PayloadTooLarge
+from inferd.errors import BadRequest, InvalidInput, ModelNotFound, PayloadTooLarge
 from inferd.observability.logging import request_id_var
 from inferd.priority import priority_code
 from inferd.protocols.codec import columns_to_rows, rows_to_columns
@@ -81,7 +81,12 @@ async def _run(
     user = user or request.headers.get("x-user-id")
     context = context_of(request.scope)
     context.user = user  # for the inference log
-    target = plane.target(model, version, user)
+    try:
+        target = plane.target(model, version, user)
+    except ModelNotFound as missing:
+        if version is None:
+            raise
+        target = await plane.arriving(model, version, started, timeout_s, missing)
     authorize_model(request.scope, target.model)  # a model named in the body
     rows = body.get(rows_key)
     if rows_key == "input":

@@ -26,7 +26,7 @@ from inferd.api.http import (
     request_id_of,
     request_timeout,
 )
-from inferd.errors import BadRequest, InferdError, InvalidInput, ModelNotReady
+from inferd.errors import BadRequest, InferdError, InvalidInput, ModelNotFound, ModelNotReady
 from inferd.observability.logging import request_id_var
 from inferd.protocols.v2 import (
     EXTENSIONS,
@@ -114,7 +114,13 @@ async def infer(request: Request, model: str, version: str | None = None) -> Res
     user = user_of(params) or request.headers.get("x-user-id")
     context = context_of(request.scope)
     context.user = user  # for the inference log
-    target = plane.target(model, version, user)
+    try:
+        target = plane.target(model, version, user)
+    except ModelNotFound as missing:
+        if version is None:
+            raise
+        waited = request_timeout(request, schedule_policy(params)[1])
+        target = await plane.arriving(model, version, started, waited, missing)
     columns, rows = decode_inputs(
         body.get("inputs"), target.signature, binary, target.allow_non_finite
     )

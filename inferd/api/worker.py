@@ -4,6 +4,12 @@ Started by ``inferd serve`` (``python -m inferd.api.worker SETTINGS_JSON CONTROL
 Several gateway processes bind the same port with SO_REUSEPORT, so the kernel spreads
 connections evenly across them. A gateway prints ``LISTENING`` on stdout once it accepts
 connections, and exits when it loses the controller.
+
+The registry's database (and SQLAlchemy with it, ~20 MiB a process) is opened on first
+use (:func:`on_first_use`): the predict path never reads it (routing tables say what
+runs), so a gateway that only serves predictions never loads the database layer. Routes
+that read the registry, jobs, API keys (``auth.enabled``: opened at start) and pinned
+versions not yet in a table open it.
 """
 
 from __future__ import annotations
@@ -14,9 +20,11 @@ import os
 import socket
 import ssl
 import sys
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import uvicorn
 
@@ -27,14 +35,18 @@ from inferd.config import Settings, TLSConfig
 from inferd.control.gateways import SETTINGS_VAR
 from inferd.jobs import Jobs
 from inferd.jobs.queue import queue_for
-from inferd.jobs.store import JobStore
 from inferd.observability import tracing
-from inferd.observability.inference_log import LogShipper
+from inferd.observability.log_rows import LogShipper
 from inferd.observability.logging import configure_logging
-from inferd.process import die_with_parent
-from inferd.registry import Registry
+from inferd.process import die_with_parent, freeze_heap
 from inferd.routing.cache import cache_for
 from inferd.routing.router import Router
+
+if TYPE_CHECKING:
+    from inferd.jobs.store import JobStore
+    from inferd.registry import Registry
+
+T = TypeVar("T")
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -82,6 +94,29 @@ async def build_gateway(settings: Settings, control: str | Path) -> Gateway:
     address = control if isinstance(control, Path) else _address(control)
     router.server.reconnect = isinstance(address, str) and transport.split(address)[0] == "tcp"
     await router.follow(address)
+    registry = on_first_use(lambda: _open_registry(settings))
+
+    def deployed(model: str, version: str) -> bool:  # called in a worker thread
+        return registry.deployments.runs(model, version)
+
+    router.deployed = deployed
+    # Rows go to the server even with the log off: /metrics counts requests from them.
+    cfg = settings.inference_log
+    inference_log = LogShipper(
+        router.server.send_log_rows, cfg.flush_interval_s, cfg.max_buffer_rows, cfg.enabled
+    )
+    inference_log.start()
+    cache = cache_for(settings) if settings.cache.enabled else None
+    limits = rate_limits_for(settings)  # one per process: HTTP and gRPC share the budgets
+    store = on_first_use(lambda: _job_store(registry))
+    jobs = Jobs(settings, store, queue_for(settings.resolved_queue_url))
+    app = create_app(settings, router, registry, inference_log, cache, limits, jobs)
+    return Gateway(app, router, registry, inference_log, cache, limits, jobs)
+
+
+def _open_registry(settings: Settings) -> Registry:
+    from inferd.registry import Registry
+
     registry = Registry(
         settings.resolved_database_url,
         settings.artifact_dir,
@@ -89,19 +124,42 @@ async def build_gateway(settings: Settings, control: str | Path) -> Gateway:
         artifact_store=settings.artifact_store,
     )
     registry.gpus_here = settings.replica_backend == "local"
-    # Rows go to the server even with the log off: /metrics counts requests from them.
-    cfg = settings.inference_log
-    inference_log = LogShipper(
-        router.server.send_log_rows, cfg.flush_interval_s, cfg.max_buffer_rows, cfg.enabled
-    )
-    inference_log.start()
-    cache = None
-    if settings.cache.enabled:
-        cache = cache_for(settings.cache.max_bytes, settings.redis_url)
-    limits = rate_limits_for(settings)  # one per process: HTTP and gRPC share the budgets
-    jobs = Jobs(settings, JobStore(registry.engine), queue_for(settings.resolved_queue_url))
-    app = create_app(settings, router, registry, inference_log, cache, limits, jobs)
-    return Gateway(app, router, registry, inference_log, cache, limits, jobs)
+    return registry
+
+
+def _job_store(registry: Registry) -> JobStore:
+    from inferd.jobs.store import JobStore
+
+    return JobStore(registry.engine)
+
+
+class _OnFirstUse:
+    """Stands for the object ``build`` returns, built when an attribute is first read
+    (once, under a lock: routes read it from worker threads too). ``close`` closes it
+    only if it was built."""
+
+    def __init__(self, build: Callable[[], Any]) -> None:
+        self._build = build
+        self._lock = threading.Lock()
+        self._target: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        target = self._target
+        if target is None:
+            with self._lock:
+                if self._target is None:
+                    self._target = self._build()
+                target = self._target
+        return getattr(target, name)
+
+    def close(self) -> None:
+        if self._target is not None:
+            self._target.close()
+
+
+def on_first_use(build: Callable[[], T]) -> T:
+    """What ``build`` returns, built on first use (see :class:`_OnFirstUse`)."""
+    return cast(T, _OnFirstUse(build))
 
 
 def _address(control: str) -> str | Path:
@@ -110,6 +168,7 @@ def _address(control: str) -> str | Path:
 
 async def run_gateway(settings: Settings, control: str | Path) -> None:
     gateway = await build_gateway(settings, control)
+    freeze_heap()
     config = uvicorn.Config(
         gateway.app,
         loop="none",

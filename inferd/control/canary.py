@@ -36,8 +36,6 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from inferd.observability.metrics import Sketch
 from inferd.registry.rollout import CanaryRollout
 from inferd.serving.client import ReplicaClient
@@ -197,6 +195,8 @@ def judge(canary: Figures, stable: Figures, rollout: CanaryRollout, final: bool)
 
 async def call_webhook(url: str, payload: dict[str, Any]) -> Verdict:
     """POST the window's figures; 2xx passes, anything else (or no answer) fails."""
+    import httpx  # here, not at the top: gateways import this module for its figures
+
     try:
         async with httpx.AsyncClient(timeout=WEBHOOK_TIMEOUT_S) as client:
             reply = await client.post(url, json=payload)

@@ -17,6 +17,9 @@ logger = logging.getLogger(__name__)
 SETTINGS_VAR = "INFERD_GATEWAY_SETTINGS"
 """A gateway process's settings (JSON) come in this variable, not on its command line:
 they may hold secrets (the cluster token), and the environment is its user's only."""
+_ONE_THREAD = {var: "1" for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+"""A gateway does no linear algebra: without these, NumPy starts a BLAS thread per core
+in each gateway process at import, to sit idle."""
 
 
 class GatewayPool:
@@ -39,7 +42,7 @@ class GatewayPool:
             "-m",
             "inferd.api.worker",
             self.control,
-            env={**os.environ, SETTINGS_VAR: self.settings.model_dump_json()},
+            env={**os.environ, **_ONE_THREAD, SETTINGS_VAR: self.settings.model_dump_json()},
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             start_new_session=True,  # stopped by the server, in order, not by Ctrl-C

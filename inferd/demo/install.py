@@ -1,12 +1,21 @@
-"""Build the demo models locally and register the ones the registry lacks."""
+"""Build the demo models locally and register the ones the registry lacks.
+
+``inferd serve --demo`` does it in a child process (``python -m inferd.demo.install``,
+:func:`install_demo_isolated`): training and checking them imports PyTorch, XGBoost,
+scikit-learn and transformers, ~600 MiB the server would otherwise keep for good.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import importlib.util
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from inferd.config import Settings
 from inferd.errors import ModelNotFound
 from inferd.registry import Registry
 from inferd.runtimes.base import Signature
@@ -153,3 +162,52 @@ def install_text_demo(
         )  # fmt: skip
         progress(f"registered {name}:{version} (transformers)")
     return [f"{n}:{v}" for n, v in (EMBEDDING_DEMO, CLASSIFIER_DEMO)]
+
+
+async def install_demo_isolated(settings: Settings, progress: Callable[[str], None]) -> None:
+    """:func:`install_demo` for the server's registry, in a child process: ``settings``
+    go on its stdin (they may hold secrets), its progress lines come back to
+    ``progress``; its errors are on stderr, and it failing stops the server."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "inferd.demo.install",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(settings.model_dump_json().encode())
+        await proc.stdin.drain()
+        proc.stdin.close()
+        async for line in proc.stdout:
+            progress(line.decode(errors="replace").rstrip("\n"))
+        code = await proc.wait()
+    finally:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+    if code != 0:
+        raise SystemExit(f"error: building the demo models failed (exit code {code})")
+
+
+def main() -> None:
+    from inferd.observability.logging import configure_logging
+    from inferd.process import die_with_parent
+
+    settings = Settings.model_validate_json(sys.stdin.buffer.read())
+    configure_logging(settings.log_level, settings.log_json, "server")
+    die_with_parent()
+    with Registry.from_settings(settings) as registry:
+        install_demo(
+            registry, settings.data_dir / "demo-src", _say, settings.demo_llm, settings.demo_text
+        )
+
+
+def _say(message: str) -> None:
+    print(message, flush=True)
+
+
+if __name__ == "__main__":
+    main()

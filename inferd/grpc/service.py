@@ -25,7 +25,7 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -39,11 +39,10 @@ from inferd.grpc.auth import allowed
 from inferd.grpc.limits import RateLimitInterceptor, grpc_client
 from inferd.grpc.tensors import decode_inputs, generation_body, parameters
 from inferd.observability import tracing
-from inferd.observability.inference_log import RowBuffer
+from inferd.observability.log_rows import RowBuffer
 from inferd.observability.logging import request_id_var
 from inferd.protocols import repository as repo
 from inferd.protocols import v2
-from inferd.registry import Registry
 from inferd.routing.cache import ResultCache
 from inferd.routing.context import RequestContext, new_request_id
 from inferd.routing.dataplane import DataPlane
@@ -51,6 +50,9 @@ from inferd.routing.generation import start_generation
 from inferd.routing.router import Router, Target
 from inferd.runtimes import GENERATIVE
 from inferd.runtimes.base import datatype_of
+
+if TYPE_CHECKING:
+    from inferd.registry import Registry
 
 logger = logging.getLogger(__name__)
 

@@ -12,16 +12,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
+import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inferd.config import Settings
 from inferd.errors import InferdError
+from inferd.jobs.chunk import Chunk, encode_chunk
 from inferd.jobs.queue import JobQueue
-from inferd.jobs.runner import Chunk, encode_chunk
-from inferd.jobs.store import JobStore, new_job_id
+
+if TYPE_CHECKING:  # the store brings SQLAlchemy: a gateway opens it on the first job
+    from inferd.jobs.store import JobStore
 
 logger = logging.getLogger(__name__)
+
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+def new_job_id(kind: str) -> str:
+    """Time-ordered (milliseconds, then 64 random bits): ``b-`` batch, ``r-`` request."""
+    return f"{'b' if kind == 'batch' else 'r'}-{int(time.time() * 1000):012x}{secrets.token_hex(8)}"
 
 
 class QueueUnavailable(InferdError):
@@ -139,4 +150,4 @@ def _iso(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()
 
 
-__all__ = ["Jobs", "QueueUnavailable", "describe", "human_duration"]
+__all__ = ["TERMINAL", "Jobs", "QueueUnavailable", "describe", "human_duration", "new_job_id"]

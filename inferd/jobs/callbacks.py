@@ -25,12 +25,14 @@ import random
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 import orjson
 
 from inferd.jobs.store import JobStore
+
+if TYPE_CHECKING:
+    import httpx
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +75,9 @@ class CallbackSender:
         self._tasks: set[asyncio.Task[None]] = set()
         self._sending: set[str] = set()
         """Jobs whose callback is being delivered (one delivery per job at a time)."""
-        self._client = httpx.AsyncClient(timeout=timeout_s, follow_redirects=False)
+        self._client: httpx.AsyncClient | None = None
+        """Made for the first callback (:meth:`_attempt`): a server that sends none never
+        imports httpx (~5 MiB)."""
 
     def send_soon(self, job_id: str) -> None:
         if job_id in self._sending:
@@ -117,6 +121,10 @@ class CallbackSender:
             delay = min(delay * 2, self.max_delay_s)
 
     async def _attempt(self, url: str, body: bytes) -> dict[str, Any]:
+        import httpx
+
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=self.timeout_s, follow_redirects=False)
         headers = {"content-type": "application/json", "user-agent": "inferd-callback"}
         if self.secret:
             now = int(time.time())
@@ -133,4 +141,5 @@ class CallbackSender:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self._client.aclose()
+        if self._client is not None:
+            await self._client.aclose()

@@ -22,16 +22,20 @@ import logging
 import random
 import ssl
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 import msgspec
 import orjson
 
 from inferd import nonfinite_json
+from inferd.jobs import TERMINAL
 from inferd.jobs.callbacks import CallbackSender
+from inferd.jobs.chunk import Chunk, decode_chunk
 from inferd.jobs.queue import Delivery, JobQueue
-from inferd.jobs.store import TERMINAL, JobStore, Result
+from inferd.jobs.store import JobStore, Result
+
+if TYPE_CHECKING:
+    import httpx
 
 logger = logging.getLogger(__name__)
 
@@ -44,23 +48,6 @@ DEADLINE_RETRIES = 8
 """A 504 (the request's deadline passed, e.g. while a job at the lowest priority waited
 behind online traffic) is tried again this many times, with backoff, before it stands
 as the items' result: a model too slow for the deadline must not loop for ever."""
-
-
-class Chunk(msgspec.Struct, array_like=True):
-    """One queue message: items ``start`` … ``start + len(items) - 1`` of a job, each
-    the raw JSON of one input (kept raw: a malformed one fails alone, at run time)."""
-
-    job_id: str
-    start: int
-    items: list[bytes]
-
-
-_encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(Chunk)
-
-
-def encode_chunk(chunk: Chunk) -> bytes:
-    return _encoder.encode(chunk)
 
 
 class JobRunner:
@@ -82,13 +69,12 @@ class JobRunner:
         self.lease_s = lease_s
         self.poll_s = poll_s
         self.callbacks = callbacks
-        self._client = httpx.AsyncClient(
-            base_url=gateway_url,
-            headers={"authorization": f"Bearer {token}"},
-            timeout=httpx.Timeout(None, connect=10),
-            limits=httpx.Limits(max_connections=concurrency + 2),
-            verify=verify,
-        )
+        self._gateway_url = gateway_url
+        self._token = token
+        self._verify = verify
+        self._client: httpx.AsyncClient | None = None
+        """Made for the first chunk (:meth:`_post`): a server that runs no job never
+        imports httpx (~5 MiB)."""
         self._running: dict[str, tuple[str, asyncio.Task[None]]] = {}
         """Message id -> (topic, its task)."""
         self._task: asyncio.Task[None] | None = None
@@ -128,7 +114,8 @@ class JobRunner:
             _, late = await asyncio.wait(tasks, timeout=STOP_TIMEOUT_S)
             if late:
                 logger.warning("job runner: %d task(s) did not stop in time", len(late))
-        await self._client.aclose()
+        if self._client is not None:
+            await self._client.aclose()
 
     async def _run(self) -> None:
         """Keep ``concurrency`` chunks in flight: take more as soon as one finishes; poll
@@ -205,7 +192,7 @@ class JobRunner:
 
     async def _one(self, topic: str, message: Delivery) -> None:
         try:
-            chunk = _decoder.decode(message.payload)
+            chunk = decode_chunk(message.payload)
             self._job_of[message.id] = chunk.job_id
             if message.deliveries > 1:
                 self.redelivered += 1
@@ -323,6 +310,16 @@ class JobRunner:
     ) -> tuple[int, bytes]:
         """POST until the answer is not a capacity refusal (backoff with jitter, honouring
         Retry-After); connection errors too (the gateway restarting)."""
+        import httpx
+
+        if self._client is None:
+            self._client = httpx.AsyncClient(
+                base_url=self._gateway_url,
+                headers={"authorization": f"Bearer {self._token}"},
+                timeout=httpx.Timeout(None, connect=10),
+                limits=httpx.Limits(max_connections=self.concurrency + 2),
+                verify=self._verify,
+            )
         delay, timeouts = 0.1, 0
         while True:
             try:

@@ -9,8 +9,6 @@ actually inserted, in the same transaction, and the job finishes exactly once: t
 
 from __future__ import annotations
 
-import secrets
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -18,14 +16,8 @@ from typing import Any
 
 from sqlalchemy import Engine, and_, delete, func, insert, select, update
 
+from inferd.jobs import TERMINAL
 from inferd.registry.tables import job_results, jobs
-
-TERMINAL = ("succeeded", "failed", "cancelled")
-
-
-def new_job_id(kind: str) -> str:
-    """Time-ordered (milliseconds, then 64 random bits): ``b-`` batch, ``r-`` request."""
-    return f"{'b' if kind == 'batch' else 'r'}-{int(time.time() * 1000):012x}{secrets.token_hex(8)}"
 
 
 @dataclass(frozen=True, slots=True)

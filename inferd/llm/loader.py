@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from inferd.config import LLMConfig
 from inferd.llm import native
 from inferd.llm.engine import EngineConfig, LLMEngine
 from inferd.llm.guides import GuideCompiler
 from inferd.llm.lora import LoRABank
 from inferd.llm.model import GPT2
 from inferd.llm.tokenizer import TextTokenizer
+from inferd.replica_config import LLMConfig
 
 if TYPE_CHECKING:
     from inferd.serving.spec import ReplicaSpec

@@ -29,7 +29,7 @@ from collections import defaultdict
 from collections.abc import Container, Iterable
 from typing import Any
 
-from inferd.observability.inference_log import LogRow
+from inferd.observability.log_rows import LogRow
 from inferd.serving.client import ReplicaClient
 
 REQUEST_BUCKETS_S = (

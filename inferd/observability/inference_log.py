@@ -1,11 +1,13 @@
 """The inference log: one row per inference request, written off the request path.
 
-Handlers ``record`` a :class:`LogRow` (appended to a deque: half a microsecond). A gateway
-process ships its rows to the server process every ``flush_interval_s``
-(:class:`LogShipper`); there a background thread inserts what accumulated in one
-transaction (:class:`InferenceLog`). The buffer is bounded: when the database falls behind, new rows
-are dropped and counted (``dropped``) rather than growing memory or slowing requests.
-User keys are stored as a hash (never the key itself), computed in that thread.
+Handlers ``record`` a :class:`~inferd.observability.log_rows.LogRow` (appended to a
+deque: half a microsecond). A gateway process ships its rows to the server process every
+``flush_interval_s`` (:class:`~inferd.observability.log_rows.LogShipper`); there a
+background thread inserts what accumulated in one transaction (:class:`InferenceLog`,
+this module: the server side, the only one that needs SQLAlchemy). The buffer is
+bounded: when the database falls behind, new rows are dropped and counted (``dropped``)
+rather than growing memory or slowing requests. User keys are stored as a hash (never
+the key itself), computed in that thread.
 
 Each row says which version answered (the experiment assignment of a traffic split,
 sticky per user), whether a fallback answered instead, the status code and latency.
@@ -17,53 +19,27 @@ drops those past ``retention_days``; on SQLite it deletes old rows in chunks.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import logging
 import os
 import threading
 import time
-from collections import Counter, deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import msgspec
 from sqlalchemy import Engine, delete, event, select, text
 
+from inferd.observability.log_rows import LogRow, RowBuffer
 from inferd.registry.engine import create_registry_engine
 from inferd.registry.tables import inference_logs
 
 logger = logging.getLogger(__name__)
 
 
-class LogRow(msgspec.Struct, array_like=True, frozen=True, kw_only=True, gc=False):
-    """One inference request as the log keeps it. Encoded as a msgpack array (gateways
-    ship rows to the server in :class:`~inferd.routing.table.LogRows`); its fields are the
-    ``inference_logs`` columns, in their order, except ``user``, stored as its hash."""
-
-    timestamp: float = msgspec.field(default_factory=time.time)
-    request_id: str
-    model_name: str
-    version: str | None
-    """The version that answered (``model:version`` when an overflow model did); None
-    when none did."""
-    api: str
-    """v1 | v2 | openai | grpc"""
-    status_code: int
-    latency_ms: float
-    user: str | None = None
-    fallback_from: str | None = None
-    cache_hit: bool | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    prediction: str | None = None
-
-
-CHUNK_ROWS = 2000
-"""Rows per INSERT statement: 13 parameters each, under SQLite's 32766 and
+CHUNK_ROWS = 1800
+"""Rows per INSERT statement: 18 parameters each, under SQLite's 32766 and
 PostgreSQL's 65535 parameters per statement."""
 _FIELDS = (*LogRow.__struct_fields__[:7], "user_hash", *LogRow.__struct_fields__[8:])
 """The ``inference_logs`` columns a row fills, in :class:`LogRow`'s order."""
@@ -73,88 +49,6 @@ def user_hash(user: str) -> str:
     """A user key as stored: 16 hex digits of its BLAKE2b hash (the same key always gives
     the same hash, so rows of one user group together without storing who it is)."""
     return hashlib.blake2b(user.encode(), digest_size=8).hexdigest()
-
-
-class RowBuffer:
-    """Rows recorded by request handlers, bounded: past ``max_buffer_rows`` new rows are
-    dropped and counted. ``record`` and ``drain`` are safe from different threads."""
-
-    keep_predictions = True
-    """Rows carry what single-row requests predicted (for feedback); off when the rows
-    only feed /metrics (the log itself is off)."""
-
-    def __init__(self, max_buffer_rows: int = 100_000) -> None:
-        self.max_buffer_rows = max_buffer_rows
-        self.dropped = 0
-        """Rows not kept: the buffer was full, or the database refused a batch."""
-        self._rows: deque[LogRow] = deque()
-
-    def record(self, row: LogRow) -> None:
-        if len(self._rows) >= self.max_buffer_rows:
-            self.dropped += 1
-            return
-        self._rows.append(row)
-
-    def extend(self, rows: list[LogRow]) -> None:
-        """Rows recorded elsewhere (a gateway's), as far as the buffer has room."""
-        room = max(0, self.max_buffer_rows - len(self._rows))
-        self._rows.extend(rows[:room])
-        self.dropped += max(0, len(rows) - room)
-
-    def drain(self) -> list[LogRow]:
-        pending = self._rows
-        return [pending.popleft() for _ in range(len(pending))]
-
-
-COUNTERS: Counter[str] = Counter()
-"""This gateway process's counters that have no log row (``rate_limited:requests``, ...),
-shipped as deltas with the rows for ``/metrics``."""
-
-
-class LogShipper(RowBuffer):
-    """A gateway's rows, sent to the server process about once a second over the
-    control socket (one msgpack frame, written from the event loop). Writing to the
-    database from a gateway's own thread cost it 14-19 % of its throughput: the driver's
-    Python work holds the GIL the event loop needs (bench/inference_log.py)."""
-
-    def __init__(
-        self,
-        send: Callable[[list[LogRow], dict[str, int]], bool],
-        flush_interval_s: float = 1.0,
-        max_buffer_rows: int = 100_000,
-        keep_predictions: bool = True,
-    ) -> None:
-        super().__init__(max_buffer_rows)
-        self.keep_predictions = keep_predictions
-        self._send = send
-        self.flush_interval_s = flush_interval_s
-        self._task: asyncio.Task[None] | None = None
-        self._dropped_shipped = 0
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.flush_interval_s)
-            self.ship()
-
-    def ship(self) -> int:
-        rows = self.drain()
-        counters = dict(COUNTERS)
-        COUNTERS.clear()
-        if self.dropped > self._dropped_shipped:
-            counters["log_dropped"] = self.dropped - self._dropped_shipped
-            self._dropped_shipped = self.dropped
-        if (rows or counters) and not self._send(rows, counters):
-            self.dropped += len(rows)  # the server is gone; this gateway stops too
-            return 0
-        return len(rows)
-
-    def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-        self.ship()
 
 
 class InferenceLog(RowBuffer):
@@ -228,7 +122,8 @@ class InferenceLog(RowBuffer):
                             r.status_code, r.latency_ms,
                             None if r.user is None else user_hash(r.user),
                             r.fallback_from, r.cache_hit, r.prompt_tokens,
-                            r.completion_tokens, r.prediction,
+                            r.completion_tokens, r.prediction, r.gateway_ms, r.cache_ms,
+                            r.queue_ms, r.batch_ms, r.compute_ms,
                         ))  # fmt: skip
                     sql = f"INSERT INTO inference_logs ({columns}) VALUES " + ", ".join(
                         [one] * len(chunk)

@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferd.observability.inference_log import LogRow
+from inferd.observability.log_rows import LogRow
 from inferd.observability.metrics import Histogram, Sketch
 
 LLM_SERIES = ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "kv_use", "running")

@@ -202,6 +202,17 @@ class Deployments:
             ).all()
             return [_deployment(row[0]) for row in rows]
 
+    def runs(self, model: str, version: str) -> bool:
+        """Whether ``model:version`` is deployed to run (deploying or active): its
+        replicas are, or are about to be, started."""
+        with Session(self._registry.engine) as session:
+            status = session.scalar(
+                select(Deployment.status).where(
+                    (Deployment.model_name == model) & (Deployment.version == version)
+                )
+            )
+        return status in (DeploymentStatus.DEPLOYING, DeploymentStatus.ACTIVE)
+
     def history(self, model: str, limit: int = 50) -> list[TrafficRecord]:
         """Traffic changes of ``model``, newest first."""
         with Session(self._registry.engine) as session:

@@ -7,12 +7,14 @@ from __future__ import annotations
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from alembic.config import Config
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import StaticPool
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -75,6 +77,9 @@ def _sqlite_on_begin(conn: Connection) -> None:
 
 
 def _alembic_config(connection: Connection) -> Config:
+    # Imported here: Alembic (~10 MiB) is for the process that migrates, not gateways.
+    from alembic.config import Config
+
     config = Config()
     # configparser interpolates "%": escape it in the path.
     config.set_main_option("script_location", str(MIGRATIONS_DIR).replace("%", "%%"))

@@ -6,12 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
-from inferd.registry.tables import Model, ModelVersion
 from inferd.runtimes.base import Signature
+
+if TYPE_CHECKING:  # the rows are read here, never built: no SQLAlchemy for the records
+    from inferd.registry.tables import Model, ModelVersion
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from alembic import command
 from sqlalchemy import Engine, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
@@ -34,15 +33,11 @@ from sqlalchemy.orm import Session, selectinload
 from inferd.config import Settings
 from inferd.errors import InvalidInput, ModelNotFound, VersionExists
 from inferd.registry import deployment_rows as rows_
+from inferd.registry import schema
 from inferd.registry.catalog import CatalogEdits, version_row
 from inferd.registry.checks import check_batching
 from inferd.registry.deployments import Deployments
-from inferd.registry.engine import (
-    PG_MIGRATE_LOCK,
-    WRITE,
-    _alembic_config,
-    create_registry_engine,
-)
+from inferd.registry.engine import WRITE, create_registry_engine
 from inferd.registry.keys import ApiKeys
 from inferd.registry.records import ModelRecord, VersionRecord
 from inferd.registry.records import model_record as _model_record
@@ -89,10 +84,11 @@ class Registry(CatalogEdits):
             self.migrate()
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> Registry:
+    def from_settings(cls, settings: Settings, migrate: bool = True) -> Registry:
         registry = cls(
             settings.resolved_database_url,
             settings.artifact_dir,
+            migrate=migrate,
             artifact_store=settings.artifact_store,
         )
         registry.gpus_here = settings.replica_backend == "local"
@@ -113,16 +109,9 @@ class Registry(CatalogEdits):
         return self._write_engine
 
     def migrate(self) -> None:
-        """Upgrade the schema to the newest migration; a no-op when already there.
-
-        The whole upgrade runs in one transaction that first takes the write lock
-        (SQLite) or an advisory lock per schema (PostgreSQL), so processes starting
-        together upgrade once and the others then find nothing to do.
-        """
-        with self._write_engine.begin() as conn:
-            if conn.dialect.name == "postgresql":
-                conn.execute(PG_MIGRATE_LOCK)
-            command.upgrade(_alembic_config(conn), "head")
+        """Upgrade the schema to the newest migration; a no-op when already there (see
+        :func:`inferd.registry.schema.upgrade`: concurrent processes upgrade once)."""
+        schema.upgrade(self.engine)
 
     # -- writes ---------------------------------------------------------------------
 

@@ -218,6 +218,11 @@ inference_logs = Table(
     Column("prompt_tokens", Integer(), nullable=True),
     Column("completion_tokens", Integer(), nullable=True),
     Column("prediction", String(256), nullable=True),
+    Column("gateway_ms", Float(), nullable=True),
+    Column("cache_ms", Float(), nullable=True),
+    Column("queue_ms", Float(), nullable=True),
+    Column("batch_ms", Float(), nullable=True),
+    Column("compute_ms", Float(), nullable=True),
 )
 """One row per inference request: who answered it (the version the traffic split chose:
 the experiment assignment), how it went, and how long it took."""

@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from inferd.observability.inference_log import LogRow
-from inferd.routing.dataplane import InferOutcome, prediction_of
+from inferd.observability.log_rows import LogRow
+from inferd.routing.dataplane import InferOutcome, Timing, prediction_of
 
 if TYPE_CHECKING:
     from inferd.api.auth import Principal
@@ -65,6 +65,7 @@ class RequestContext:
         outcome = self.outcome
         fallback_from = prediction = None
         cache_hit = self.cache_hit
+        timing = None if outcome is None else outcome.timing
         if outcome is not None:
             version = outcome.target.version
             if outcome.degraded_from is not None:  # the overflow model answered
@@ -72,6 +73,9 @@ class RequestContext:
             fallback_from, cache_hit = outcome.fallback_from, outcome.cache_hit
             prediction = prediction_of(outcome) if keep_prediction else None
         finished = last is not None and last.finished
+        spent: tuple[float | None, ...] = (None,) * 5
+        if timing is not None:
+            spent = _timings(timing, latency_ms, cache_hit is not None)
         return LogRow(
             request_id=self.request_id or "",
             model_name=model,
@@ -85,4 +89,22 @@ class RequestContext:
             prompt_tokens=last.prompt_tokens if finished and last else None,
             completion_tokens=last.completion_tokens if finished and last else None,
             prediction=prediction,
+            gateway_ms=spent[0],
+            cache_ms=spent[1],
+            queue_ms=spent[2],
+            batch_ms=spent[3],
+            compute_ms=spent[4],
         )
+
+
+def _timings(timing: Timing, latency_ms: float, cached: bool) -> tuple[float | None, ...]:
+    """A row's gateway, cache, queue, batch and compute times: the gateway's share is
+    what the others leave of the row's latency."""
+    replica = timing.replica_ms > 0
+    return (
+        round(max(0.0, latency_ms - timing.replica_ms - timing.cache_ms), 3),
+        round(timing.cache_ms, 3) if cached else None,
+        round(timing.queue_ms, 3) if replica else None,
+        round(timing.batch_ms, 3) if replica else None,
+        round(timing.compute_ms, 3) if replica else None,
+    )

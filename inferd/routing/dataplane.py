@@ -14,14 +14,42 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from inferd.errors import ModelError, ModelNotReady, Overloaded, RequestTimeout
-from inferd.observability.inference_log import COUNTERS
+from inferd.errors import ModelError, ModelNotFound, ModelNotReady, Overloaded, RequestTimeout
+from inferd.observability.log_rows import COUNTERS
 from inferd.routing.cache import ResultCache, cache_key, version_ttl
 from inferd.routing.router import COLD_START, Router, Shadow, Target
 from inferd.serving import protocol as p
 from inferd.serving.protocol import Columns, InferRequest
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """Where a predict spent its time, for ``Server-Timing`` and the inference log (ms)."""
+
+    cache_ms: float = 0.0
+    """Looking the answer up in the result cache (and storing it, after a miss)."""
+    replica_ms: float = 0.0
+    """The round trip to the replica that answered (0: the cache answered)."""
+    queue_ms: float = 0.0
+    """In the replica's queue, waiting for its batch to start."""
+    compute_ms: float = 0.0
+    """Its batch's compute."""
+    batch_rows: int = 0
+    """Rows in its batch."""
+
+    @property
+    def batch_ms(self) -> float:
+        """The rest of the round trip: the frames to and from the replica, assembling
+        and splitting the batch."""
+        return max(0.0, self.replica_ms - self.queue_ms - self.compute_ms)
+
+
+def _timing(answer: p.Answer, cache_ms: float = 0.0) -> Timing:
+    return Timing(
+        cache_ms, answer.replica_ms, answer.queue_ms, answer.compute_ms, answer.batch_rows
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +69,7 @@ class InferOutcome:
     cold_start_ms: float | None = None
     """How long the request waited for its version, scaled to zero, to start a replica
     and answer (None: it did not wait for one)."""
+    timing: Timing | None = None
 
 
 def prediction_of(outcome: InferOutcome) -> str | None:
@@ -103,6 +132,20 @@ class DataPlane:
         ``user`` when given)."""
         return self.router.target(model, version, user)
 
+    async def arriving(
+        self,
+        model: str,
+        version: str,
+        started: float,
+        timeout_s: float | None,
+        missing: ModelNotFound,
+    ) -> Target:
+        """After ``target`` found no pinned ``version``: wait for it when its deployment
+        was just written, within the request's deadline (:meth:`Router.arriving`); else
+        ``missing`` (404)."""
+        until = started + (timeout_s or self.request_timeout_s)
+        return await self.router.arriving(model, version, until, missing)
+
     def request(
         self,
         request_id: str = "",
@@ -133,27 +176,34 @@ class DataPlane:
                 f"the request's deadline ({request.timeout_s:g}s) passed before it ran"
             )
         tensors = {name: p.to_tensor(array) for name, array in inputs.items()}
-        key, ttl = None, 0.0
+        key, ttl, cache_ms = None, 0.0, 0.0
         if self.cache is not None:
             route = self.router.version_route(target.model, target.version)
             ttl = version_ttl(route, self.cache_ttl_s)
             if ttl > 0:
+                looked = time.perf_counter()
                 digest = "" if route is None else route.digest
                 key = cache_key(target.model, f"{target.version}\0{digest}", tensors)
                 cached = await self.cache.get(key)
+                now = time.perf_counter()
+                cache_ms = (now - looked) * 1000
                 if cached is not None:
-                    elapsed = (time.perf_counter() - request.started) * 1000
-                    return InferOutcome(target, cached, elapsed, cache_hit=True)
+                    elapsed = (now - request.started) * 1000
+                    timing = Timing(cache_ms)
+                    return InferOutcome(target, cached, elapsed, cache_hit=True, timing=timing)
         COLD_START.set(None)
         try:
-            outputs = await self.router.infer(target, tensors, rows, request)
+            answer = await self.router.infer(target, tensors, rows, request)
         except FALLBACK_ON as exc:
             if request.pinned:
                 raise
             return await self._fall_back(exc, target, tensors, rows, request)
+        outputs = answer.outputs
         cold = COLD_START.get()
         if key is not None and self.cache is not None:  # a copy: not a view of a batch
+            storing = time.perf_counter()
             await self.cache.put(key, {n: np.array(a) for n, a in outputs.items()}, ttl)
+            cache_ms += (time.perf_counter() - storing) * 1000
         if not request.pinned and (shadow := self.router.shadow_of(target.model)) is not None:
             self._mirror(shadow, target, tensors, rows, outputs, request)
         now = time.perf_counter()
@@ -164,6 +214,7 @@ class DataPlane:
             elapsed,
             cache_hit=False if key else None,
             cold_start_ms=None if cold is None else (now - cold) * 1000,
+            timing=_timing(answer, cache_ms),
         )
 
     async def _fall_back(
@@ -184,19 +235,24 @@ class DataPlane:
                 getattr(exc, "code", exc), fallback.version,
             )  # fmt: skip
             try:
-                outputs = await self.router.infer(fallback, tensors, rows, request)
+                answer = await self.router.infer(fallback, tensors, rows, request)
             except OVERFLOW_ON as again:
                 exc = again
             else:
                 elapsed = (time.perf_counter() - request.started) * 1000
-                return InferOutcome(fallback, outputs, elapsed, fallback_from=target.version)
+                return InferOutcome(
+                    fallback, answer.outputs, elapsed, fallback_from=target.version,
+                    timing=_timing(answer),
+                )  # fmt: skip
         overflow = self.router.overflow_for(target) if isinstance(exc, OVERFLOW_ON) else None
         if overflow is None or request.left_s() <= 0:
             raise exc
         self.overflowed += 1
-        outputs = await self.router.infer(overflow, tensors, rows, request)
+        answer = await self.router.infer(overflow, tensors, rows, request)
         elapsed = (time.perf_counter() - request.started) * 1000
-        return InferOutcome(overflow, outputs, elapsed, degraded_from=target.model)
+        return InferOutcome(
+            overflow, answer.outputs, elapsed, degraded_from=target.model, timing=_timing(answer)
+        )
 
     def _mirror(
         self,

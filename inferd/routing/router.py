@@ -29,13 +29,12 @@ from pathlib import Path
 from typing import TypeVar
 
 from inferd.errors import InferdError, ModelNotFound, ModelNotReady
-from inferd.observability.inference_log import COUNTERS
+from inferd.observability.log_rows import COUNTERS
 from inferd.routing.server_link import ServerLink
 from inferd.routing.table import ModelRoute, ReplicaRoute, RoutingTable, VersionRoute
 from inferd.runtimes.base import Signature
 from inferd.serving import protocol as p
 from inferd.serving.client import ReplicaClient, ReplicaGone
-from inferd.serving.protocol import Columns
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -139,6 +138,11 @@ class Router:
         """Models whose unpinned requests are split between versions."""
         self._shadows: dict[str, Shadow] = {}
         """Models with a shadow version that has ready replicas."""
+        self.deployed: Callable[[str, str], bool] | None = None
+        """Asks the registry whether a version is deployed (set by the gateway): a pinned
+        version the table does not list yet is waited for when it is (see
+        :meth:`arriving`)."""
+        self._not_deployed: dict[tuple[str, str], float] = {}
         self.received = asyncio.Event()
         self._applied = asyncio.Event()  # replaced after each table; set = "look again"
         self.server = ServerLink()
@@ -275,6 +279,41 @@ class Router:
             )
         return self._targets[(model, version)]
 
+    async def arriving(self, model: str, version: str, until: float, missing: Exception) -> Target:
+        """The target of a pinned ``version`` that the table does not list (``target``
+        raised ``missing``). A version whose deployment was just written (the registry
+        says it is deployed, the controller has not published it yet) is waited for, like
+        a replica that is starting: until a table lists it (then the request is held for
+        its replica as usual) or ``until`` (``time.perf_counter()``, within
+        ``hold_timeout_s``): 503 with Retry-After, never 404. Any other version:
+        ``missing`` (404) at once; "not deployed" answers are kept a second, so unknown
+        versions cost one registry read a second, not one per request."""
+        key = (model, version)
+        now = time.monotonic()
+        if self.deployed is None or self.hold_timeout_s <= 0:
+            raise missing
+        if self._not_deployed.get(key, 0.0) > now:
+            raise missing
+        if not await asyncio.to_thread(self.deployed, model, version):
+            if len(self._not_deployed) > 10_000:
+                self._not_deployed.clear()
+            self._not_deployed[key] = now + 1.0
+            raise missing
+        until = min(until, time.perf_counter() + self.hold_timeout_s)
+
+        def listed(table: RoutingTable) -> bool | None:
+            route = table.models.get(model)
+            return True if route is not None and version in route.versions else None
+
+        if await self.wait_for(listed, until - time.perf_counter()):
+            return self.target(model, version)
+        raise ModelNotReady(
+            f"version {version!r} of model {model!r} is deployed but not started yet",
+            retry_after_s=2,
+            model=model,
+            version=version,
+        )
+
     def _coming_version(self, route: ModelRoute) -> str | None:
         """With no version ready: the one a request should wait for (the largest share of
         the traffic, else any) when it has a replica coming or can start one; else None."""
@@ -401,7 +440,7 @@ class Router:
         request: p.InferRequest,
         reference: dict[str, p.Tensor] | None = None,
         tolerance: float = 0.0,
-    ) -> Columns:
+    ) -> p.Answer:
         """One predict on the least busy ready replica of ``target``; one whose
         connection drops is retried once on another (predict is idempotent), and with
         none ready the request is held while one is coming."""

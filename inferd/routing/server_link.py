@@ -14,7 +14,7 @@ from typing import Any
 
 from inferd import transport
 from inferd.errors import ModelNotReady
-from inferd.observability.inference_log import LogRow
+from inferd.observability.log_rows import LogRow
 from inferd.routing.table import (
     ConsoleAnswer,
     ConsoleQuery,

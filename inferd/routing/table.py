@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from inferd.observability.inference_log import LogRow
+from inferd.observability.log_rows import LogRow
 
 
 class ReplicaRoute(msgspec.Struct, frozen=True):
@@ -112,7 +112,7 @@ class Demand(msgspec.Struct, frozen=True, tag="demand"):
 
 
 class LogRows(msgspec.Struct, frozen=True, tag="log"):
-    """Gateway -> server: inference log rows (see :mod:`inferd.observability.inference_log`)
+    """Gateway -> server: inference log rows (see :mod:`inferd.observability.log_rows`)
     that the server process writes, so gateways never hold a database driver's GIL."""
 
     rows: list[LogRow]

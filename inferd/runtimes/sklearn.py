@@ -11,12 +11,15 @@ every classifier formats ``label`` the same way.
 
 from __future__ import annotations
 
+import importlib.abc
 import io
 import logging
 import pickletools
+import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -73,11 +76,41 @@ def classifier_outputs(probabilities: np.ndarray, values: np.ndarray) -> dict[st
     return {"label": values[probabilities.argmax(axis=1)], "probabilities": probabilities}
 
 
+def import_sklearn() -> None:
+    """Import scikit-learn without the pandas it would import with it.
+
+    ``sklearn.utils.fixes`` imports pandas at import time when it is installed, for one
+    helper; scikit-learn imports pandas itself wherever it uses it. pandas (with the
+    pyarrow it loads) costs a replica ~60 MiB it never uses on NumPy inputs. Only that
+    one import is refused, so a model whose pickle holds pandas objects, or another
+    thread, still imports pandas as usual. The finder that refuses it stays in
+    ``sys.meta_path``: taking it out while another thread walks the list could make
+    that thread skip a finder."""
+    if "sklearn" in sys.modules:
+        return
+    if not any(isinstance(f, _PandasNotForSklearnFixes) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PandasNotForSklearnFixes())
+    import sklearn.base  # noqa: F401
+
+
+class _PandasNotForSklearnFixes(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> None:
+        if fullname != "pandas":
+            return None
+        frame: FrameType | None = sys._getframe(1)
+        while frame is not None and frame.f_code.co_filename.startswith("<frozen"):
+            frame = frame.f_back  # importlib's own frames, up to the import statement
+        if frame is not None and frame.f_globals.get("__name__") == "sklearn.utils.fixes":
+            raise ModuleNotFoundError("pandas is not imported with scikit-learn", name=fullname)
+        return None
+
+
 class SklearnRuntime(Runtime):
     framework = "sklearn"
     file_suffixes = (".joblib", ".pkl")
 
     def load(self) -> None:
+        import_sklearn()
         import joblib
         from threadpoolctl import threadpool_limits
 

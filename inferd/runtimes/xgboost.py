@@ -20,6 +20,7 @@ from inferd.runtimes.base import Runtime, Signature, TensorSpec
 from inferd.runtimes.sklearn import (
     classifier_outputs,
     classifier_signature,
+    import_sklearn,
     label_values,
     pickled_module,
 )
@@ -48,6 +49,7 @@ class XGBoostRuntime(Runtime):
         return _is_xgboost_file(path)
 
     def load(self) -> None:
+        import_sklearn()  # xgboost imports it for its estimator wrappers
         import xgboost
 
         path = self.find_file()

@@ -1,11 +1,18 @@
 """Dynamic batching: many concurrent requests, few ``predict_batch`` calls.
 
 Callers ``await batcher.submit(inputs, rows)`` with one request's columnar inputs. A
-single loop takes queued requests until the batch holds ``max_batch_size`` rows or
-``max_wait_ms`` passed since its first request arrived, concatenates them, runs one
-``predict_batch`` in the executor thread (model code never runs on the event loop),
-and splits the outputs back by row ranges. While one batch computes, the next one
-fills, so under load batches grow on their own and the wait costs nothing.
+single loop takes queued requests into a batch of at most ``max_batch_size`` rows,
+concatenates them, runs one ``predict_batch`` in the executor thread (model code never
+runs on the event loop), and splits the outputs back by row ranges.
+
+When a batch goes (adaptive batching, the default): as soon as the replica is free. A
+request that finds the replica idle is computed at once, with whatever arrived in the
+same instant; while a batch computes, the next one fills, and it goes the moment the
+compute ends. So at low load nobody waits for companions that are not coming, and under
+load batches grow by themselves (to what arrives during one compute), which is the
+batch worth waiting for: a request waits only for the batch ahead of it. With
+``adaptive: false`` (window batching) every batch also waits until it holds
+``max_batch_size`` rows or ``max_wait_ms`` passed since its first request arrived.
 
 Rules: sizes count rows, not requests; a request larger than ``max_batch_size`` is
 queued as pieces of that size (its outputs joined in order); a request that waited past
@@ -50,10 +57,10 @@ from concurrent.futures import Executor
 import numpy as np
 
 from inferd.clock import SYSTEM, Clock
-from inferd.config import BatchingConfig
 from inferd.errors import InvalidInput, Overloaded
 from inferd.observability.metrics import Histogram, Sketch
 from inferd.priority import NAMED_PRIORITIES, named_levels
+from inferd.replica_config import BatchingConfig
 from inferd.serving.protocol import Columns
 from inferd.serving.request_queue import (
     BatchStats,
@@ -228,8 +235,11 @@ class DynamicBatcher:
         while not queue.levels:
             self._wakeup.clear()
             await self._wakeup.wait()
-        max_rows = self._config.max_batch_size
-        remaining = queue.oldest_arrival() + self._config.max_wait_ms / 1000
+        config = self._config
+        max_rows = config.max_batch_size
+        if config.adaptive:  # the replica is free: what is queued goes now
+            return queue.take(max_rows, self._clock.monotonic())
+        remaining = queue.oldest_arrival() + config.max_wait_ms / 1000
         remaining -= self._clock.monotonic()
         if queue.rows < max_rows and remaining > 0:
             # One timer per batch (not per wake-up) ends the wait.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -28,7 +29,6 @@ from inferd.errors import (
 from inferd.observability import tracing
 from inferd.serving import inprocess
 from inferd.serving import protocol as p
-from inferd.serving.protocol import Columns
 
 logger = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ class ReplicaClient:
         request: p.InferRequest,
         reference: dict[str, p.Tensor] | None = None,
         tolerance: float = 0.0,
-    ) -> Columns:
+    ) -> p.Answer:
         """One predict within what is left of the request's deadline; with ``reference``
         (a live answer) a shadow request, answered with no outputs (the replica compares
         and counts)."""
@@ -154,17 +154,22 @@ class ReplicaClient:
             return await self._traced_infer(tracing.tracer, message, timeout_s)
         return await self._send_infer(message, timeout_s)
 
-    async def _send_infer(self, message: p.Infer, timeout_s: float) -> Columns:
+    async def _send_infer(self, message: p.Infer, timeout_s: float) -> p.Answer:
         self.outstanding += 1
+        sent = time.perf_counter()
         try:
             reply = await self._call(message, timeout_s)
         finally:
             self.outstanding -= 1
         if isinstance(reply, p.InferResult):
-            return {name: p.from_tensor(t) for name, t in reply.outputs.items()}
+            return p.Answer(
+                {name: p.from_tensor(t) for name, t in reply.outputs.items()},
+                (time.perf_counter() - sent) * 1000, reply.queue_ms, reply.compute_ms,
+                reply.batch_rows,
+            )  # fmt: skip
         raise _as_error(reply)
 
-    async def _traced_infer(self, tracer: Any, message: p.Infer, timeout_s: float) -> Columns:
+    async def _traced_infer(self, tracer: Any, message: p.Infer, timeout_s: float) -> p.Answer:
         """:meth:`infer` inside a CLIENT span whose context travels in the frame."""
         from opentelemetry.trace import SpanKind
 

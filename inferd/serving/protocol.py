@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import struct
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -96,7 +97,25 @@ class InferResult(msgspec.Struct, tag="result", array_like=True):
     id: int
     outputs: dict[str, Tensor]
     queue_ms: float = 0.0
+    """How long the request waited in the replica's queue for its batch to start."""
     compute_ms: float = 0.0
+    """How long its batch computed."""
+    batch_rows: int = 0
+    """Rows in its batch (0: not known)."""
+
+
+@dataclass(slots=True)
+class Answer:
+    """A replica's answer to one predict as the gateway's client hands it up: the
+    outputs, and where the request spent its time there (for ``Server-Timing``)."""
+
+    outputs: Columns
+    replica_ms: float = 0.0
+    """The round trip from the gateway: queue, compute, and the transport and batching
+    around them."""
+    queue_ms: float = 0.0
+    compute_ms: float = 0.0
+    batch_rows: int = 0
 
 
 class Error(msgspec.Struct, tag="error", array_like=True):

@@ -26,7 +26,7 @@ import numpy as np
 
 from inferd.errors import InferdError, InvalidInput, ModelError, ModelNotReady
 from inferd.observability.metrics import REQUEST_BUCKETS_S, Histogram, Sketch
-from inferd.process import die_with_parent
+from inferd.process import die_with_parent, freeze_heap
 from inferd.runtimes import load_runtime
 from inferd.runtimes.base import Runtime, RuntimeConfig, Signature
 from inferd.serving.batcher import BatchTrace, Columns, DynamicBatcher
@@ -248,6 +248,8 @@ async def load_off_loop(core: Any, load: Callable[[], T], executor: Executor | N
 
 
 def mark_ready(core: Any) -> None:
+    if not core.spec.address.startswith("inproc:"):  # a process of its own
+        freeze_heap()  # the model's objects too: a full collection must not walk them
     core.state = "ready"
     spec = core.spec
     logger.info(

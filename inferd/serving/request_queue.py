@@ -12,9 +12,9 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from inferd.config import BatchingConfig
 from inferd.errors import Overloaded, RequestTimeout
 from inferd.priority import named_levels
+from inferd.replica_config import BatchingConfig
 from inferd.serving.protocol import Columns
 
 MAX_RETRY_AFTER_S = 60

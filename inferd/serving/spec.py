@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 from pydantic import BaseModel
 
-from inferd.config import BatchingConfig, LLMConfig
+from inferd.replica_config import BatchingConfig, LLMConfig
 
 
 class ReplicaSpec(msgspec.Struct, frozen=True, kw_only=True):

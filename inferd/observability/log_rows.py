@@ -1,0 +1,130 @@
+"""Inference-log rows as the gateway makes them: the row, the bounded buffer handlers
+record into, and the shipper that sends a gateway's rows (and its counters) to the server
+over the control socket.
+
+No SQLAlchemy here: a gateway never writes the database log itself (the server's
+writer, :mod:`inferd.observability.inference_log`, does), so its predict path does not
+import the database layer for its rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+
+import msgspec
+
+
+class LogRow(msgspec.Struct, array_like=True, frozen=True, kw_only=True, gc=False):
+    """One inference request as the log keeps it. Encoded as a msgpack array (gateways
+    ship rows to the server in :class:`~inferd.routing.table.LogRows`); its fields are the
+    ``inference_logs`` columns, in their order, except ``user``, stored as its hash."""
+
+    timestamp: float = msgspec.field(default_factory=time.time)
+    request_id: str
+    model_name: str
+    version: str | None
+    """The version that answered (``model:version`` when an overflow model did); None
+    when none did."""
+    api: str
+    """v1 | v2 | openai | grpc"""
+    status_code: int
+    latency_ms: float
+    user: str | None = None
+    fallback_from: str | None = None
+    cache_hit: bool | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    prediction: str | None = None
+    gateway_ms: float | None = None
+    """Where a predict spent its time (its ``Server-Timing``): in the gateway, the result
+    cache, the replica's queue, the frames and batching around the compute, the
+    compute. None: not a predict a replica or the cache answered."""
+    cache_ms: float | None = None
+    queue_ms: float | None = None
+    batch_ms: float | None = None
+    compute_ms: float | None = None
+
+
+class RowBuffer:
+    """Rows recorded by request handlers, bounded: past ``max_buffer_rows`` new rows are
+    dropped and counted. ``record`` and ``drain`` are safe from different threads."""
+
+    keep_predictions = True
+    """Rows carry what single-row requests predicted (for feedback); off when the rows
+    only feed /metrics (the log itself is off)."""
+
+    def __init__(self, max_buffer_rows: int = 100_000) -> None:
+        self.max_buffer_rows = max_buffer_rows
+        self.dropped = 0
+        """Rows not kept: the buffer was full, or the database refused a batch."""
+        self._rows: deque[LogRow] = deque()
+
+    def record(self, row: LogRow) -> None:
+        if len(self._rows) >= self.max_buffer_rows:
+            self.dropped += 1
+            return
+        self._rows.append(row)
+
+    def extend(self, rows: list[LogRow]) -> None:
+        """Rows recorded elsewhere (a gateway's), as far as the buffer has room."""
+        room = max(0, self.max_buffer_rows - len(self._rows))
+        self._rows.extend(rows[:room])
+        self.dropped += max(0, len(rows) - room)
+
+    def drain(self) -> list[LogRow]:
+        pending = self._rows
+        return [pending.popleft() for _ in range(len(pending))]
+
+
+COUNTERS: Counter[str] = Counter()
+"""This gateway process's counters that have no log row (``rate_limited:requests``, ...),
+shipped as deltas with the rows for ``/metrics``."""
+
+
+class LogShipper(RowBuffer):
+    """A gateway's rows, sent to the server process about once a second over the
+    control socket (one msgpack frame, written from the event loop). Writing to the
+    database from a gateway's own thread cost it 14-19 % of its throughput: the driver's
+    Python work holds the GIL the event loop needs (bench/inference_log.py)."""
+
+    def __init__(
+        self,
+        send: Callable[[list[LogRow], dict[str, int]], bool],
+        flush_interval_s: float = 1.0,
+        max_buffer_rows: int = 100_000,
+        keep_predictions: bool = True,
+    ) -> None:
+        super().__init__(max_buffer_rows)
+        self.keep_predictions = keep_predictions
+        self._send = send
+        self.flush_interval_s = flush_interval_s
+        self._task: asyncio.Task[None] | None = None
+        self._dropped_shipped = 0
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.flush_interval_s)
+            self.ship()
+
+    def ship(self) -> int:
+        rows = self.drain()
+        counters = dict(COUNTERS)
+        COUNTERS.clear()
+        if self.dropped > self._dropped_shipped:
+            counters["log_dropped"] = self.dropped - self._dropped_shipped
+            self._dropped_shipped = self.dropped
+        if (rows or counters) and not self._send(rows, counters):
+            self.dropped += len(rows)  # the server is gone; this gateway stops too
+            return 0
+        return len(rows)
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        self.ship()

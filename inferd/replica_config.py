@@ -1,0 +1,121 @@
+"""The settings groups a replica reads: dynamic batching and the generation engines.
+
+Part of :class:`inferd.config.Settings` (``batching``, ``llm``; also importable from
+:mod:`inferd.config`), kept in a module of their own so that a replica process, which
+receives them in its :class:`~inferd.serving.spec.ReplicaSpec`, imports pydantic's models
+without pydantic-settings and the server's other settings. :class:`Group` is the base of
+every settings group.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Group(BaseModel):
+    """A group of settings (``INFERD_<GROUP>__<KEY>``, ``group: {key: ...}`` in YAML)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class BatchingConfig(Group):
+    """Dynamic batching of one model version inside its replica."""
+
+    max_batch_size: int = Field(32, ge=1, le=65536)
+    """Most rows (not requests) in one predict_batch call."""
+    max_wait_ms: float = Field(5.0, ge=0, le=10_000)
+    """Longest a batch waits for more rows after its first arrived. With ``adaptive`` (the
+    default) a batch never waits on a free replica, so this bounds only the window
+    batching of ``adaptive: false``."""
+    adaptive: bool = True
+    """Adaptive batching: a free replica computes what is queued at once. A request that
+    finds its replica idle is not held for companions; under load, the next batch is what
+    gathered while the previous one computed (up to ``max_batch_size`` rows), so batches
+    grow with the load and a request waits only for the batch ahead of it. False: window
+    batching, every batch waits up to ``max_wait_ms`` for ``max_batch_size`` rows, idle or
+    not (bigger batches at low load, at the cost of that wait on every request)."""
+    max_queue_rows: int = Field(8192, ge=1)
+    """Rows queued in the replica beyond which new requests get 503 (Retry-After); a
+    request of a better level takes the place of queued ones of worse levels instead
+    (they get the 503: shed, newest first)."""
+    queue_timeout_ms: float | None = Field(None, gt=0)
+    """A cap on how long a request may wait in the replica's queue, below its deadline
+    (then 504 without running). None: the request's deadline is the only bound (its
+    ``X-Request-Timeout`` / ``timeout``, else ``request_timeout_s``)."""
+    priority_levels: int = Field(4, ge=1, le=100)
+    """Request priorities: 1 is served first, ``priority_levels`` last (strictly: a level
+    waits while a better one has requests). Requests name theirs with ``priority``: a
+    level number (the Open Inference Protocol's parameter) or a name: ``high`` is 1,
+    ``normal`` the default level, ``low`` the one after it, ``batch`` (batch jobs) the
+    last. By default: 1 high, 2 normal, 3 low, 4 batch."""
+    default_priority: int = Field(2, ge=1, le=100)
+    """The level of requests that name no priority (or 0)."""
+    low_queue_share: float = Field(0.5, gt=0, le=1)
+    """Load shedding: levels after the default one (``low``) are refused at once (503,
+    Retry-After) while the queue holds this share of ``max_queue_rows`` or more."""
+    batch_queue_share: float = Field(0.25, gt=0, le=1)
+    """The same for the last level (``batch``), when it comes after the default one."""
+    length_buckets: list[Annotated[int, Field(ge=1)]] = Field(
+        default_factory=lambda: [16, 32, 64, 128, 256, 512]
+    )
+    """Text models: upper bounds (tokens) of the length buckets. A batch holds requests of
+    one bucket (the oldest request's), so short texts are not padded to long ones; an
+    empty list batches texts of any length together."""
+
+    @model_validator(mode="after")
+    def _default_priority_is_a_level(self) -> BatchingConfig:
+        if self.default_priority > self.priority_levels:
+            raise ValueError(
+                f"default_priority {self.default_priority} is above priority_levels "
+                f"{self.priority_levels}"
+            )
+        return self
+
+
+class LLMConfig(Group):
+    """The generation engines: inferd's own (GPT-2 family) and vLLM (any decoder it
+    runs); the version's metadata ``engine`` picks one for a model."""
+
+    engine: str = Field("auto", pattern="^(auto|inferd|vllm)$")
+    """The engine of generative versions whose metadata does not name one. ``auto``:
+    inferd's own engine for the GPT-2 family, vLLM for other architectures."""
+    vllm_python: Path | None = None
+    """The Python interpreter of an environment with vLLM (``make vllm`` makes
+    ``.venv-vllm``): vLLM replicas run under it. None: this interpreter when it imports
+    vllm, else ``.venv-vllm/bin/python`` in the working folder when that exists."""
+    vllm_args: dict[str, Any] = Field(default_factory=dict)
+    """Extra vLLM engine arguments for every vLLM replica (e.g.
+    ``{"gpu_memory_utilization": 0.85}``); a version's metadata ``vllm_args`` adds to them."""
+
+    kv_cache_mb: int = Field(256, ge=1)
+    """Memory of each replica's paged KV cache."""
+    block_size: int = Field(16, ge=1, le=256)
+    """Tokens per KV-cache block."""
+    max_num_seqs: int = Field(128, ge=1)
+    """Sequences decoding together in one step. On a 2-core CPU, GPT-2 small's output
+    tokens/s was flat from 64 to 128 and fell at 256 (233, 237, 148 tok/s for 500
+    requests, measured with PyTorch attention, before the C decode kernel); a GPU wants more."""
+    max_batched_tokens: int = Field(512, ge=16)
+    """Tokens (prefill chunks + decodes) per step; bounds how long a step takes."""
+    max_waiting: int = Field(1024, ge=1)
+    """Requests queued in a replica beyond which new ones get 503."""
+    queue_timeout_s: float = Field(600.0, gt=0)
+    """How long a request may wait in a replica's queue for a free sequence slot before
+    it gets 503 (Retry-After). Waiting is not idleness: the gateway's
+    ``request_timeout_s`` counts only between tokens once a request runs."""
+    dtype: str = Field("float32", pattern="^(float32|bfloat16|float16)$")
+    """Weights and KV-cache dtype."""
+    max_adapters: int = Field(4, ge=0, le=64)
+    """LoRA adapter slots per replica."""
+    max_lora_rank: int = Field(16, ge=1, le=256)
+    """Largest LoRA rank a slot holds."""
+    max_prompt_tokens: int | None = Field(None, ge=1)
+    """Longer prompts are refused with 413 (None: up to the model's context)."""
+    max_tokens_limit: int = Field(4096, ge=1, le=65536)
+    """The largest ``max_tokens`` a request may ask for (422 beyond)."""
+    native: bool = True
+    """Paged decode attention through a small C kernel compiled on first use (where a C
+    compiler is found); false: PyTorch ops only."""

@@ -1,0 +1,167 @@
+"""Latency at low load, on the real server: a request that finds its replica idle is not
+held for companions (adaptive batching), every predict reply says where its time went
+(``Server-Timing``, and the same fields in the inference log), and a version that was
+just deployed is waited for, never answered 404."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import InferdServer, push_source, served
+
+MODEL = """
+import numpy as np
+
+
+class Double:
+    signature = {
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
+        "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1]}],
+    }
+
+    def predict(self, batch):
+        return {"y": (batch["x"] * 2).astype(np.float32)}
+"""
+SLOW_LOAD = MODEL.replace(
+    "class Double:",
+    "import time\n\n\nclass Double:\n    def __init__(self):\n        time.sleep(3)\n",
+)
+WAIT = {"max_wait_ms": 200}
+BODY = {"inputs": [{"x": 1.5}]}
+_NEW = itertools.count(100)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    data = tmp_path_factory.mktemp("latency")
+    push_source(data, "eager", MODEL, "--batching", '{"max_wait_ms": 200}', "--deploy")
+    window = '{"max_wait_ms": 200, "adaptive": false}'
+    push_source(data, "window", MODEL, "--batching", window, "--deploy")
+    push_source(data, "cached", MODEL, "--meta", "cache_ttl_s=60", "--deploy")
+    push_source(data, "rolling", MODEL, "--deploy")
+    push_source(data, "rolling", SLOW_LOAD, version="v2")  # registered, not deployed
+    return data
+
+
+@pytest.fixture(scope="module")
+def server(data: Path) -> Iterator[InferdServer]:
+    with served(data, env={"INFERD_CACHE__ENABLED": "true"}) as srv:
+        yield srv
+
+
+def _predict(client: httpx.Client, model: str, x: float | None = None) -> httpx.Response:
+    """A predict of one row; a new ``x`` each time unless given (the result cache is on)."""
+    body = {"inputs": [{"x": next(_NEW) if x is None else x}]}
+    reply = client.post(f"/api/v1/models/{model}/predict", json=body)
+    assert reply.status_code == 200, reply.text
+    return reply
+
+
+def _timing(header: str) -> dict[str, float]:
+    """``Server-Timing`` as {name: dur}."""
+    out = {}
+    for entry in header.split(","):
+        name, *fields = (f.strip() for f in entry.split(";"))
+        out[name] = next(float(f[4:]) for f in fields if f.startswith("dur="))
+    return out
+
+
+def test_an_idle_replica_answers_without_waiting_out_max_wait(server: InferdServer):
+    client = server.client
+    _predict(client, "eager")  # warm: connections made
+    eager = []
+    for _ in range(5):
+        started = time.perf_counter()
+        _predict(client, "eager")
+        eager.append(time.perf_counter() - started)
+        time.sleep(0.05)  # the replica is idle again
+    assert min(eager) < 0.1, eager  # max_wait_ms is 200: nobody waited it out
+    assert sorted(eager)[2] < 0.1, eager
+    started = time.perf_counter()
+    windowed = _predict(client, "window")  # the same model with window batching
+    assert time.perf_counter() - started >= 0.19
+    assert _timing(windowed.headers["server-timing"])["queue"] >= 190
+
+
+def test_server_timing_adds_up_to_latency_ms_on_v1_and_v2(server: InferdServer):
+    client = server.client
+    reply = _predict(client, "eager")
+    timing = _timing(reply.headers["server-timing"])
+    assert list(timing) == ["gateway", "cache", "queue", "batch", "compute", "total"]
+    assert "desc=miss" in reply.headers["server-timing"]  # the result cache is on here
+    assert timing["total"] == pytest.approx(reply.json()["latency_ms"], abs=0.01)
+    parts = sum(v for k, v in timing.items() if k != "total")
+    assert parts == pytest.approx(timing["total"], abs=0.01)
+    assert all(v >= 0 for v in timing.values()) and timing["compute"] > 0
+    assert 'desc="rows=1"' in reply.headers["server-timing"]  # its batch: this one row
+
+    v2 = client.post(
+        "/v2/models/eager/infer",
+        json={"inputs": [{"name": "x", "datatype": "FP32", "shape": [2], "data": [1, 2]}]},
+    )
+    assert v2.status_code == 200, v2.text
+    timing = _timing(v2.headers["server-timing"])
+    assert set(timing) == {"gateway", "cache", "queue", "batch", "compute", "total"}
+    parts = sum(v for k, v in timing.items() if k != "total")
+    assert parts == pytest.approx(timing["total"], abs=0.01)
+
+    first = _predict(client, "cached", 1.5)  # a miss, computed; then a hit, no replica
+    assert _timing(first.headers["server-timing"]).keys() >= {"cache", "queue", "compute"}
+    hit = None
+    for _ in range(20):  # the shared store is written a few ms after the reply
+        hit = _predict(client, "cached", 1.5)
+        if hit.headers["x-cache"] == "hit":
+            break
+    assert hit is not None and hit.headers["x-cache"] == "hit"
+    assert list(_timing(hit.headers["server-timing"])) == ["gateway", "cache", "total"]
+    assert "desc=hit" in hit.headers["server-timing"]
+
+
+def test_the_inference_log_keeps_the_same_timings(server: InferdServer):
+    reply = _predict(server.client, "eager")
+    rid = reply.json()["request_id"]
+    rows: list[dict] = []
+
+    def logged() -> bool:
+        rows[:] = server.client.get("/api/v1/logs", params={"request_id": rid}).json()["logs"]
+        return bool(rows)
+
+    server.wait_for(logged, timeout_s=20, what="the request's log row")
+    row = rows[0]
+    timing = _timing(reply.headers["server-timing"])
+    for name in ("queue", "batch", "compute"):
+        assert row[f"{name}_ms"] == pytest.approx(timing[name], abs=0.01)
+    assert row["cache_ms"] == pytest.approx(timing["cache"], abs=0.01)
+    total = sum(row[f"{name}_ms"] for name in ("gateway", "cache", "queue", "batch", "compute"))
+    assert total == pytest.approx(row["latency_ms"], abs=0.05)
+
+
+def test_a_version_just_deployed_is_waited_for_not_404(server: InferdServer):
+    client = server.client
+    missing = client.post(
+        "/api/v1/models/rolling/predict", json={**BODY, "params": {"version": "v9"}}
+    )
+    assert missing.status_code == 404 and "not deployed" in missing.json()["error"]["message"]
+    deployed = client.post(
+        "/api/v1/deployments",
+        json={"model_name": "rolling", "version": "v2", "traffic_percent": 0},
+    )
+    assert deployed.status_code == 201, deployed.text
+    started = time.perf_counter()
+    reply = client.post(
+        "/api/v1/models/rolling/predict", json={**BODY, "params": {"version": "v2"}}
+    )
+    waited = time.perf_counter() - started
+    assert reply.status_code == 200, reply.text  # held while its replica loaded (3 s)
+    assert reply.json()["version"] == "v2" and reply.json()["outputs"] == [{"y": 3.0}]
+    assert waited >= 1.0  # it did wait for the load, rather than answer at once
+    again = client.post(
+        "/api/v1/models/rolling/predict", json={**BODY, "params": {"version": "v9"}}
+    )
+    assert again.status_code == 404  # unknown versions still get their 404
