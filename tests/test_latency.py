@@ -46,6 +46,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     push_source(data, "cached", MODEL, "--meta", "cache_ttl_s=60", "--deploy")
     push_source(data, "rolling", MODEL, "--deploy")
     push_source(data, "rolling", SLOW_LOAD, version="v2")  # registered, not deployed
+    push_source(data, "rolling", SLOW_LOAD, version="v3")
     return data
 
 
@@ -165,3 +166,22 @@ def test_a_version_just_deployed_is_waited_for_not_404(server: InferdServer):
         "/api/v1/models/rolling/predict", json={**BODY, "params": {"version": "v9"}}
     )
     assert again.status_code == 404  # unknown versions still get their 404
+
+
+def test_over_grpc_too_a_version_just_deployed_is_waited_for(server: InferdServer):
+    import numpy as np
+    import tritonclient.grpc as triton
+
+    client = triton.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    x = triton.InferInput("x", [1], "FP32")
+    x.set_data_from_numpy(np.array([2.0], dtype=np.float32))
+    assert client.is_server_live()  # the channel is open: the call below goes at once
+    deployed = server.client.post(
+        "/api/v1/deployments",
+        json={"model_name": "rolling", "version": "v3", "traffic_percent": 0},
+    )
+    assert deployed.status_code == 201, deployed.text
+    result = client.infer("rolling", [x], model_version="v3")  # held while it loads
+    assert result.as_numpy("y").tolist() == [4.0]
+    assert result.get_response().model_version == "v3"
+    client.close()

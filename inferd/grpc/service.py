@@ -32,7 +32,7 @@ import grpc
 from inferd import __version__
 from inferd.api.limits import RateLimits, TokenBudget
 from inferd.config import Settings, TLSConfig
-from inferd.errors import InferdError, InvalidInput, ModelNotReady
+from inferd.errors import InferdError, InvalidInput, ModelNotFound, ModelNotReady
 from inferd.grpc import grpc_service_pb2 as pb
 from inferd.grpc import grpc_service_pb2_grpc as pb_grpc
 from inferd.grpc.auth import allowed
@@ -184,7 +184,16 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         request_id_var.set(rid)
         params = parameters(request.parameters)
         call.user = v2.user_of(params)
-        target = self.plane.target(request.model_name, request.model_version or None, call.user)
+        version = request.model_version or None
+        try:
+            target = self.plane.target(request.model_name, version, call.user)
+        except ModelNotFound as missing:
+            if version is None:
+                raise
+            timeout_s = v2.schedule_policy(params)[1] or deadline_s
+            target = await self.plane.arriving(
+                request.model_name, version, started, timeout_s, missing
+            )
         allowed(target.model)
         if target.framework in GENERATIVE:
             raise InvalidInput(

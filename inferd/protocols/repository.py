@@ -19,12 +19,16 @@ from __future__ import annotations
 import asyncio
 import functools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from inferd.config import Settings
 from inferd.errors import ModelError, RequestTimeout
-from inferd.registry import ModelRecord, Registry
+from inferd.registry import ModelRecord
 from inferd.routing.router import Router
 from inferd.routing.table import ModelRoute, RoutingTable
+
+if TYPE_CHECKING:
+    from inferd.registry import Registry
 
 READY, LOADING, UNLOADING, UNAVAILABLE = "READY", "LOADING", "UNLOADING", "UNAVAILABLE"
 UNLOADED_REASON = "unloaded"
