@@ -18,6 +18,8 @@ inferd's sklearn runtime serves it; every request is one row. Targets:
 - ``plain``: bench/plain_app.py, Starlette + orjson with the model called inline per
   request, 2 uvicorn worker processes (one SO_REUSEPORT socket each), the same JSON
   shape as inferd's ``/api/v1/models/{model}/predict``.
+- ``plain-uvicorn``: the same app as a new user starts it, ``uvicorn --workers 2`` (both
+  workers accept from one socket).
 - ``ray``: bench/ray_app.py under ``.venv-ray``: a local Ray cluster of ``os.cpu_count()``
   CPUs, Ray Serve's one HTTP proxy and ``--ray-replicas`` (2, as the plain app's workers)
   replicas of ``--ray-replica-cpus`` (1) CPU each, so the replicas claim the machine's
@@ -202,6 +204,17 @@ def plain_target(folder: Path) -> Target:
     return Target("plain", cmd, env, notes="Starlette + orjson, 2 uvicorn workers, inline")
 
 
+def plain_uvicorn_target(folder: Path) -> Target:
+    """The same app as a new user starts it: ``uvicorn --workers 2`` (one socket both
+    workers accept from)."""
+    target = plain_target(folder)
+    target.name = "plain-uvicorn"
+    target.command = [sys.executable, "-m", "uvicorn", "bench.plain_app:app", "--workers", "2",
+                  "--no-access-log", "--log-level", "warning", "--port", "{port}"]  # fmt: skip
+    target.notes = "the same app under `uvicorn --workers 2` (one shared socket)"
+    return target
+
+
 def wait_answering(proc: subprocess.Popen[bytes], url: str, body: str, timeout_s: float) -> None:
     """Until POST ``body`` to ``url`` answers 200; RuntimeError if the server exits first
     or ``timeout_s`` passes."""
@@ -334,6 +347,8 @@ def make_targets(
             targets.append(inferd_target(name, envs[name], work, folder, args, checkouts))
         elif name == "plain":
             targets.append(plain_target(folder))
+        elif name == "plain-uvicorn":
+            targets.append(plain_uvicorn_target(folder))
         elif name == "ray":
             ray = ray_target(folder, work, args)
             if isinstance(ray, str):
@@ -342,7 +357,10 @@ def make_targets(
             else:
                 targets.append(ray)
         else:
-            sys.exit(f"unknown target {name!r}: inferd, inferd-NAME, inferd@REF, plain or ray")
+            sys.exit(
+                f"unknown target {name!r}: inferd, inferd-NAME, inferd@REF, plain, "
+                "plain-uvicorn or ray"
+            )
     return targets
 
 

@@ -586,6 +586,48 @@ def test_a_deadline_that_passes_behind_a_busy_batch_fails_without_computing():
     assert seen == [1, 2] and stats.expired == 1
 
 
+def test_under_load_adaptive_batching_waits_for_fuller_batches():
+    seen: list[int] = []
+    clock = FakeClock()
+
+    def predict(inputs):  # a batch of one row takes 8 ms, a fuller one 1 ms (on the clock)
+        seen.append(len(inputs["x"]))
+        clock.t += 0.008 if len(inputs["x"]) <= 2 else 0.001
+        return {"y": inputs["x"].sum(axis=1)}
+
+    async def body(b):
+        await asyncio.wait_for(b.submit(rows(1), 1, 5.0), 5)  # idle: at once, 8 ms
+        assert b.load() < 0.5
+        futures = []
+        for _ in range(600):  # 10,000 requests/s: one by one they would need 80 s a second
+            futures.append(b.submit(rows(1), 1, 5.0))
+            clock.t += 0.0001
+        assert b.load() > 0.5
+        for _ in range(500):  # (the batches compute on the executor thread)
+            if len(seen) == 10 and b.idle() is False and not b.busy:
+                break
+            await asyncio.sleep(0.002)
+        await settle()
+        assert seen == [1, *[64] * 9]  # full batches go at once
+        assert not futures[-1].done()  # the last 24 rows wait for companions (20 ms)
+        await clock.advance(0.02)
+        await asyncio.wait_for(asyncio.gather(*futures), 5)
+
+    async def main():
+        executor = ThreadPoolExecutor(1, thread_name_prefix="predict")
+        config = BatchingConfig(max_batch_size=64, max_wait_ms=20)
+        batcher = DynamicBatcher(predict, config, executor, clock)
+        batcher.start()
+        try:
+            await body(batcher)
+        finally:
+            await batcher.stop()
+            executor.shutdown()
+
+    run(main())
+    assert seen == [1, *[64] * 9, 24]
+
+
 def test_a_batch_waits_max_wait_on_the_clock_then_goes():
     rec = Recorder()
 

@@ -5,14 +5,17 @@ single loop takes queued requests into a batch of at most ``max_batch_size`` row
 concatenates them, runs one ``predict_batch`` in the executor thread (model code never
 runs on the event loop), and splits the outputs back by row ranges.
 
-When a batch goes (adaptive batching, the default): as soon as the replica is free. A
-request that finds the replica idle is computed at once, with whatever arrived in the
-same instant; while a batch computes, the next one fills, and it goes the moment the
-compute ends. So at low load nobody waits for companions that are not coming, and under
-load batches grow by themselves (to what arrives during one compute), which is the
-batch worth waiting for: a request waits only for the batch ahead of it. With
-``adaptive: false`` (window batching) every batch also waits until it holds
-``max_batch_size`` rows or ``max_wait_ms`` passed since its first request arrived.
+When a batch goes (adaptive batching, the default): at low load, as soon as the
+replica is free. A request that finds the replica idle is computed at once, with
+whatever arrived in the same instant; while a batch computes, the next one fills, and it
+goes the moment the compute ends: nobody waits for companions that are not coming.
+Under load, batching pays: once computing the arriving requests one by one would keep
+the replica busy half its time or more (:meth:`DynamicBatcher.load`: the arrival rate
+over the last quarter second times what a batch of one or two rows takes), a queue
+forms, and a batch waits, as window batching does, until it holds ``max_batch_size``
+rows or ``max_wait_ms`` passed since its first request arrived: fewer, fuller batches,
+the compute they save going to the requests that wait anyway. With ``adaptive: false``
+(window batching) every batch waits that way, idle or not.
 
 Rules: sizes count rows, not requests; a request larger than ``max_batch_size`` is
 queued as pieces of that size (its outputs joined in order); a request that waited past
@@ -49,6 +52,7 @@ and runs them. Time comes from a :class:`~inferd.clock.Clock`, so tests move it 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -73,6 +77,13 @@ from inferd.serving.request_queue import (
 PredictFn = Callable[[Columns], Columns]
 
 BATCH_ROWS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+LOADED = 0.5
+"""Adaptive batching waits for fuller batches (as window batching does) once computing
+the arriving requests one by one would keep the replica busy this share of its time
+(:meth:`DynamicBatcher.load`): there a queue forms, and batches save compute that the
+requests wait for anyway; below it, nothing is gained by waiting."""
+RATE_TAU_S = 0.25
+"""The arrival rate's memory (seconds)."""
 
 
 class DynamicBatcher:
@@ -98,6 +109,10 @@ class DynamicBatcher:
         unlike queue time, it does not depend on how much traffic a version gets)."""
         self.busy = False
         self._flush_due = False
+        self._rate = 0.0
+        self._rate_at = clock.monotonic()
+        self._single_s = 0.0
+        """What a batch of one or two rows takes to compute (seconds, a moving average)."""
         named = named_levels(config)
         self._named = {code: named[name] for name, code in NAMED_PRIORITIES.items()}
 
@@ -124,6 +139,17 @@ class DynamicBatcher:
     def _flush(self) -> None:
         self._flush_due = True
         self._wakeup.set()
+
+    def load(self) -> float:
+        """The share of its time this replica would compute if every request went alone:
+        the arrival rate (requests/s, weighted over the last ``RATE_TAU_S``) times what
+        a batch of one or two rows takes."""
+        elapsed = self._clock.monotonic() - self._rate_at
+        return self._rate * math.exp(-elapsed / RATE_TAU_S) * self._single_s
+
+    def _arrived(self, now: float) -> None:
+        self._rate = self._rate * math.exp((self._rate_at - now) / RATE_TAU_S) + 1 / RATE_TAU_S
+        self._rate_at = now
 
     def idle(self) -> bool:
         return not self.queue.levels and not self.busy
@@ -166,6 +192,7 @@ class DynamicBatcher:
         future: asyncio.Future[Columns] = asyncio.get_running_loop().create_future()
         queue = queued.queue_of(level)
         now = self._clock.monotonic()
+        self._arrived(now)
         deadline = now + timeout_s
         if rows > config.max_batch_size:
             self._split(queue, inputs, rows, now, deadline, future, level, trace, lengths)
@@ -237,7 +264,7 @@ class DynamicBatcher:
             await self._wakeup.wait()
         config = self._config
         max_rows = config.max_batch_size
-        if config.adaptive:  # the replica is free: what is queued goes now
+        if config.adaptive and self.load() < LOADED:  # what is queued goes now
             return queue.take(max_rows, self._clock.monotonic())
         remaining = queue.oldest_arrival() + config.max_wait_ms / 1000
         remaining -= self._clock.monotonic()
@@ -260,6 +287,7 @@ class DynamicBatcher:
         rows = sum(p.rows for p in batch)
         started_ns = time.time_ns()
         started = time.perf_counter()
+        began = self._clock.monotonic()
         error: Exception | None = None
         try:
             outputs = await loop.run_in_executor(self._executor, self._predict, inputs)
@@ -267,6 +295,8 @@ class DynamicBatcher:
         except Exception as exc:
             error = exc
         elapsed = time.perf_counter() - started
+        if rows <= 2:
+            self._single_s += (self._clock.monotonic() - began - self._single_s) / 8
         self._account(batch, rows, started_ns, elapsed)
         if batch[0].length:
             self.stats.tokens += sum(p.tokens for p in batch)
