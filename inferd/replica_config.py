@@ -27,16 +27,15 @@ class BatchingConfig(Group):
     max_batch_size: int = Field(32, ge=1, le=65536)
     """Most rows (not requests) in one predict_batch call."""
     max_wait_ms: float = Field(5.0, ge=0, le=10_000)
-    """Longest a batch waits for more rows after its first arrived. With ``adaptive`` (the
-    default) a batch never waits on a free replica, so this bounds only the window
-    batching of ``adaptive: false``."""
+    """Longest a batch waits for more rows after its first arrived (when it waits at all:
+    see ``adaptive``)."""
     adaptive: bool = True
-    """Adaptive batching: a free replica computes what is queued at once. A request that
-    finds its replica idle is not held for companions; under load, the next batch is what
-    gathered while the previous one computed (up to ``max_batch_size`` rows), so batches
-    grow with the load and a request waits only for the batch ahead of it. False: window
-    batching, every batch waits up to ``max_wait_ms`` for ``max_batch_size`` rows, idle or
-    not (bigger batches at low load, at the cost of that wait on every request)."""
+    """Adaptive batching: at low load a free replica computes what is queued at once (a
+    request that finds its replica idle is not held for companions; while a batch
+    computes, the next one gathers). Once computing the arriving requests one by one
+    would keep the replica busy all its time, batches wait up to
+    ``max_wait_ms`` for ``max_batch_size`` rows: fewer, fuller batches where a queue
+    forms anyway. False: window batching, every batch waits that way, idle or not."""
     max_queue_rows: int = Field(8192, ge=1)
     """Rows queued in the replica beyond which new requests get 503 (Retry-After); a
     request of a better level takes the place of queued ones of worse levels instead

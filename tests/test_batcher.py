@@ -597,12 +597,12 @@ def test_under_load_adaptive_batching_waits_for_fuller_batches():
 
     async def body(b):
         await asyncio.wait_for(b.submit(rows(1), 1, 5.0), 5)  # idle: at once, 8 ms
-        assert b.load() < 0.5
+        assert b.load() < 1
         futures = []
         for _ in range(600):  # 10,000 requests/s: one by one they would need 80 s a second
             futures.append(b.submit(rows(1), 1, 5.0))
             clock.t += 0.0001
-        assert b.load() > 0.5
+        assert b.load() > 1
         for _ in range(500):  # (the batches compute on the executor thread)
             if len(seen) == 10 and b.idle() is False and not b.busy:
                 break

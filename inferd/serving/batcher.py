@@ -10,7 +10,7 @@ replica is free. A request that finds the replica idle is computed at once, with
 whatever arrived in the same instant; while a batch computes, the next one fills, and it
 goes the moment the compute ends: nobody waits for companions that are not coming.
 Under load, batching pays: once computing the arriving requests one by one would keep
-the replica busy half its time or more (:meth:`DynamicBatcher.load`: the arrival rate
+the replica busy all its time (:meth:`DynamicBatcher.load`: the arrival rate
 over the last quarter second times what a batch of one or two rows takes), a queue
 forms, and a batch waits, as window batching does, until it holds ``max_batch_size``
 rows or ``max_wait_ms`` passed since its first request arrived: fewer, fuller batches,
@@ -77,11 +77,12 @@ from inferd.serving.request_queue import (
 PredictFn = Callable[[Columns], Columns]
 
 BATCH_ROWS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
-LOADED = 0.5
+LOADED = 1.0
 """Adaptive batching waits for fuller batches (as window batching does) once computing
-the arriving requests one by one would keep the replica busy this share of its time
-(:meth:`DynamicBatcher.load`): there a queue forms, and batches save compute that the
-requests wait for anyway; below it, nothing is gained by waiting."""
+the arriving requests one by one would keep the replica busy this share of its time, all
+of it (:meth:`DynamicBatcher.load`): there a queue forms, and batches save compute that
+the requests wait for anyway; below it, nothing is gained by waiting. (At 0.5 a
+scikit-learn pipeline at 1,000 requests/s already waited, p50 3.9 ms instead of 1.4.)"""
 RATE_TAU_S = 0.25
 """The arrival rate's memory (seconds)."""
 
