@@ -112,8 +112,10 @@ class DynamicBatcher:
         self._flush_due = False
         self._rate = 0.0
         self._rate_at = clock.monotonic()
+        self._singles: deque[float] = deque(maxlen=15)
         self._single_s = 0.0
-        """What a batch of one or two rows takes to compute (seconds, a moving average)."""
+        """What a batch of one or two rows takes to compute (seconds, the median of the
+        last 15)."""
         named = named_levels(config)
         self._named = {code: named[name] for name, code in NAMED_PRIORITIES.items()}
 
@@ -296,8 +298,10 @@ class DynamicBatcher:
         except Exception as exc:
             error = exc
         elapsed = time.perf_counter() - started
-        if rows <= 2:
-            self._single_s += (self._clock.monotonic() - began - self._single_s) / 8
+        if rows <= 2:  # the median of the last ones: a compute the OS preempted is no guide
+            singles = self._singles
+            singles.append(self._clock.monotonic() - began)
+            self._single_s = sorted(singles)[len(singles) // 2]
         self._account(batch, rows, started_ns, elapsed)
         if batch[0].length:
             self.stats.tokens += sum(p.tokens for p in batch)
