@@ -117,14 +117,7 @@ async def build_gateway(settings: Settings, control: str | Path) -> Gateway:
 def _open_registry(settings: Settings) -> Registry:
     from inferd.registry import Registry
 
-    registry = Registry(
-        settings.resolved_database_url,
-        settings.artifact_dir,
-        migrate=False,
-        artifact_store=settings.artifact_store,
-    )
-    registry.gpus_here = settings.replica_backend == "local"
-    return registry
+    return Registry.from_settings(settings, migrate=False)
 
 
 def _job_store(registry: Registry) -> JobStore:

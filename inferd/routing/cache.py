@@ -156,16 +156,20 @@ def decode_columns(body: bytes) -> Columns:
 class LocalCache:
     """An LRU of answers in this process, bounded by the bytes of their arrays."""
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, clock: Clock = SYSTEM) -> None:
         self.max_bytes = max_bytes
+        self.clock = clock
         self.bytes = 0
         self.hits = 0
         self.misses = 0
         self._entries: OrderedDict[bytes, tuple[float, Columns, int]] = OrderedDict()
 
     async def get(self, key: bytes) -> Columns | None:
+        return self.lookup(key)
+
+    def lookup(self, key: bytes) -> Columns | None:
         entry = self._entries.get(key)
-        if entry is None or entry[0] < time.monotonic():
+        if entry is None or entry[0] < self.clock.monotonic():
             if entry is not None:
                 self._drop(key)
             self.misses += 1
@@ -176,11 +180,15 @@ class LocalCache:
 
     async def put(self, key: bytes, outputs: Columns, ttl_s: float) -> None:
         size = sum(a.nbytes for a in outputs.values()) + ENTRY_OVERHEAD
+        self.keep(key, outputs, self.clock.monotonic() + ttl_s, size)
+
+    def keep(self, key: bytes, outputs: Columns, expires: float, size: int) -> None:
+        """Keep ``outputs`` until ``expires`` (the clock's time), counting ``size``."""
         if size > self.max_bytes // 8:
             return  # one answer may not evict an eighth of the cache
         if key in self._entries:
             self._drop(key)
-        self._entries[key] = (time.monotonic() + ttl_s, outputs, size)
+        self._entries[key] = (expires, outputs, size)
         self.bytes += size
         while self.bytes > self.max_bytes:
             self._drop(next(iter(self._entries)))
@@ -298,11 +306,9 @@ class SQLiteCache:
         # Opening may wait for another process creating the file; requests never do.
         self._db = _connect(path, max_bytes, open_timeout_s)
         self._db.execute("PRAGMA busy_timeout = 0")
-        self._near: OrderedDict[bytes, tuple[float, Columns, int]] = OrderedDict()
-        """This process's most recent answers, decoded (expiry, columns, size): a hit
-        there is a dict lookup, not a read and a decode."""
-        self._near_bytes = 0
-        self._near_max = max_bytes // NEAR_SHARE
+        self._near = LocalCache(max_bytes // NEAR_SHARE, clock)
+        """This process's most recent answers, decoded: a hit there is a dict lookup,
+        not a read and a decode."""
         self._waiting: dict[bytes, Entry] = {}
         self._waiting_bytes = 0
         self._touched: dict[bytes, float] = {}
@@ -315,27 +321,12 @@ class SQLiteCache:
         self._in_thread: dict[bytes, Entry] = {}
         """What the writer thread is writing."""
 
-    def _keep_near(self, key: bytes, columns: Columns, expires: float, size: int) -> None:
-        """Keep an answer in this process's memory too, most recent first."""
-        if size > self._near_max // 8:
-            return
-        old = self._near.pop(key, None)
-        if old is not None:
-            self._near_bytes -= old[2]
-        self._near[key] = (expires, columns, size)
-        self._near_bytes += size
-        while self._near_bytes > self._near_max:
-            self._near_bytes -= self._near.popitem(last=False)[1][2]
-
     async def get(self, key: bytes) -> Columns | None:
-        now = self.clock.monotonic()
-        near = self._near.get(key)
+        near = self._near.lookup(key)
         if near is not None:
-            if near[0] >= now:
-                self._near.move_to_end(key)
-                self.hits += 1
-                return near[1]
-            self._near_bytes -= self._near.pop(key)[2]
+            self.hits += 1
+            return near
+        now = self.clock.monotonic()
         try:
             entry = self._waiting.get(key) or self._in_thread.get(key)
             if entry is not None:
@@ -359,7 +350,7 @@ class SQLiteCache:
         if now - used > TOUCH_AFTER_S:
             self._touched[key] = now
             self._write_soon(WRITE_PAGES_BYTES)
-        self._keep_near(key, columns, expires, len(value) + ENTRY_OVERHEAD)
+        self._near.keep(key, columns, expires, len(value) + ENTRY_OVERHEAD)
         self.hits += 1
         return columns
 
@@ -374,7 +365,7 @@ class SQLiteCache:
         expires = self.clock.monotonic() + ttl_s
         self._waiting[key] = (key, value, size, expires)
         self._waiting_bytes += size
-        self._keep_near(key, outputs, expires, size)
+        self._near.keep(key, outputs, expires, size)
         self._write_soon(size + WRITE_PAGES_BYTES)
 
     def _write_soon(self, size: int) -> None:
