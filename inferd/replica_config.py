@@ -90,7 +90,9 @@ class LLMConfig(Group):
     ``{"gpu_memory_utilization": 0.85}``); a version's metadata ``vllm_args`` adds to them."""
 
     kv_cache_mb: int = Field(256, ge=1)
-    """Memory of each replica's paged KV cache."""
+    """Memory of each replica's paged KV cache. On a GPU, when the version states its
+    ``gpu_memory_gb`` (the budget placement plans with), the cache takes what that
+    budget leaves after the weights and a workspace reserve instead."""
     block_size: int = Field(16, ge=1, le=256)
     """Tokens per KV-cache block."""
     max_num_seqs: int = Field(128, ge=1)
@@ -105,8 +107,18 @@ class LLMConfig(Group):
     """How long a request may wait in a replica's queue for a free sequence slot before
     it gets 503 (Retry-After). Waiting is not idleness: the gateway's
     ``request_timeout_s`` counts only between tokens once a request runs."""
-    dtype: str = Field("float32", pattern="^(float32|bfloat16|float16)$")
-    """Weights and KV-cache dtype."""
+    device: str = Field("auto", pattern="^(auto|cpu|cuda)$")
+    """Where inferd's own engine runs. ``auto``: on the GPU when the replica sees one
+    (a deployment with ``resources.gpu`` gives each replica its own), else on the CPU."""
+    dtype: str = Field("auto", pattern="^(auto|float32|bfloat16|float16)$")
+    """Weights and KV-cache dtype. ``auto``: float32 on a CPU, bfloat16 on a GPU."""
+    quantize: str = Field("none", pattern="^(none|fp8)$")
+    """``fp8``: the transformer blocks' weights in float8 (e4m3, one scale per output
+    channel; activations scaled per token), on GPUs with fp8 matrix units (compute
+    capability 8.9+: L4, H100, H200). Ignored, with a warning, elsewhere."""
+    cuda_graphs: bool = True
+    """On a GPU, replay decode steps from CUDA graphs (captured at start for batch
+    sizes up to ``max_num_seqs``); false: every step runs eagerly."""
     max_adapters: int = Field(4, ge=0, le=64)
     """LoRA adapter slots per replica."""
     max_lora_rank: int = Field(16, ge=1, le=256)

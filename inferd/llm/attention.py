@@ -13,6 +13,8 @@ Two paths, because the two shapes want different kernels on CPU:
   serves the whole batch. (At most four
   such groups, split by context length, so one long context does not make every
   sequence pad to it.)
+  On a GPU a Triton kernel (:mod:`inferd.llm.cuda`) reads the keys through the block
+  table instead, with no copy.
 * **Prefill chunks** (more than one new token): one SDPA call per sequence. A first chunk
   (no context) attends over its own fresh keys with ``is_causal``; a later chunk reads its
   context through the block table and uses an explicit mask, because ``is_causal`` aligns
@@ -25,6 +27,7 @@ accurate; the cache itself stays in the model dtype.
 
 from __future__ import annotations
 
+import functools
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -47,11 +50,13 @@ class DecodeGroup:
     blocks: torch.Tensor
     """Flattened ``[B * n_blocks]`` cache blocks (padding reads block 0)."""
     lens: torch.Tensor
-    """``[B]`` int64: each sequence's length, the new token included."""
+    """``[B]`` int64: each sequence's length, the new token included (on the CPU)."""
     max_len: int
     mask: torch.Tensor | None
     """Additive ``[B, 1, 1, n_blocks * block_size]`` mask of the positions past each
     sequence's length; None when every sequence fills its blocks exactly."""
+    device_lens: torch.Tensor | None = None
+    """``lens`` on the GPU, for the Triton kernel (None on a CPU)."""
 
 
 @dataclass
@@ -146,9 +151,11 @@ def _decode_group(
         if contiguous
         else torch.tensor(rows, dtype=torch.int64, device=device)
     )
+    cpu_lens = torch.tensor(lens, dtype=torch.int64)
     return DecodeGroup(
-        index, blocks.to(device), torch.tensor(lens, dtype=torch.int64), max(lens), mask
-    )
+        index, blocks.to(device), cpu_lens, max(lens), mask,
+        None if device.type == "cpu" else cpu_lens.to(device),
+    )  # fmt: skip
 
 
 def _prefill_chunk(
@@ -203,6 +210,16 @@ def _decode_attention(
     rows = group.rows
     qd = q[rows] if isinstance(rows, slice) else q.index_select(0, rows)
     batch, heads, dim = qd.shape
+    if group.device_lens is not None and _triton():
+        from inferd.llm import cuda
+
+        tables = group.blocks.view(batch, -1)
+        res = cuda.paged_decode(qd, kv_layer, tables, group.device_lens, block_size, scale)
+        if isinstance(rows, slice):
+            out[rows] = res
+        else:
+            out.index_copy_(0, rows, res)
+        return
     lib = native.kernel() if _native_fits(q, kv_layer, cd) else None
     if lib is not None:
         res = _native_decode(lib, qd, kv_layer, group, block_size, scale)
@@ -225,6 +242,13 @@ def _decode_attention(
         out[rows] = res
     else:
         out.index_copy_(0, rows, res.to(out.dtype))
+
+
+@functools.cache
+def _triton() -> bool:
+    from inferd.llm import cuda
+
+    return cuda.available()
 
 
 def _native_fits(q: torch.Tensor, kv_layer: torch.Tensor, cd: torch.dtype) -> bool:

@@ -115,10 +115,16 @@ class LLMEngine:
         shape = model.config
         self.max_positions = shape.n_positions
         self.vocab_size: int | None = getattr(shape, "vocab_size", None)
+        self.device = torch.device(getattr(model, "device", "cpu"))
+        # On a GPU one block more than the scheduler hands out: the padding rows of a
+        # CUDA-graph decode step write there (inferd.llm.cuda).
+        gpu = self.device.type != "cpu"
         self.cache = KVCache(
-            shape.n_layer, shape.n_head, shape.head_dim, config.num_blocks, config.block_size,
-            config.dtype,
+            shape.n_layer, shape.n_head, shape.head_dim, config.num_blocks + gpu,
+            config.block_size, config.dtype, self.device,
         )  # fmt: skip
+        self.graphs: Any = None
+        """:class:`inferd.llm.cuda.DecodeGraphs` once :meth:`capture_graphs` ran."""
         self.scheduler = Scheduler(
             SchedulerConfig(config.num_blocks, config.block_size, config.max_num_seqs,
                             config.max_batched_tokens, shape.n_positions, config.max_waiting),
@@ -234,6 +240,27 @@ class LLMEngine:
     def adapters(self) -> list[str]:
         return sorted(self._adapters)
 
+    def capture_graphs(self) -> int:
+        """On a GPU, capture the decode step in CUDA graphs for batches up to
+        ``max_num_seqs``; pure-decode steps replay them. Returns how many were captured."""
+        from inferd.llm.cuda import DecodeGraphs
+
+        decode = getattr(self.model, "decode", None)
+        if self.device.type != "cuda" or decode is None:
+            return 0
+        cfg = self.config
+        max_blocks = -(-self.max_positions // cfg.block_size)
+
+        def forward(*args: Any) -> torch.Tensor:
+            return decode(*args, cache=self.cache, lora=self.lora)
+
+        graphs = DecodeGraphs(
+            forward, self.cache, cfg.max_num_seqs, max_blocks, self.lora, cfg.num_blocks
+        )
+        graphs.capture()
+        self.graphs = graphs
+        return len(graphs.graphs)
+
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
@@ -288,7 +315,10 @@ class LLMEngine:
     def execute(self, scheduled: list[Scheduled]) -> dict[Sequence, tuple[int, float | None]]:
         inp, sampling = self._model_input(scheduled)
         with torch.inference_mode():
-            logits = self.model.forward(inp, self.cache, self.lora)
+            if self.graphs is not None and self.graphs.fits(inp):
+                logits = self.graphs.run(inp)
+            else:
+                logits = self.model.forward(inp, self.cache, self.lora)
             guided = [
                 (row, request.matcher)
                 for row, seq in enumerate(sampling)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from inferd.llm import native
+from inferd.llm import cuda, native
 from inferd.llm.engine import EngineConfig, LLMEngine
 from inferd.llm.guides import GuideCompiler
 from inferd.llm.lora import LoRABank
@@ -24,24 +24,48 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def build_engine(spec: ReplicaSpec) -> LLMEngine:
-    """The engine of a replica: its version folder, threads, ``llm`` settings and the
-    LoRA adapters that load with it."""
-    return engine_for(Path(spec.artifact_dir), spec.threads, spec.llm, spec.adapters)
+    """The engine of a replica: its version folder, threads, ``llm`` settings, the
+    LoRA adapters that load with it and, on a GPU, the memory budget placement planned
+    for it (the version's ``gpu_memory_gb``)."""
+    budget = spec.metadata.get("gpu_memory_gb")
+    budget_gb = float(budget) if isinstance(budget, int | float) and budget > 0 else None
+    return engine_for(Path(spec.artifact_dir), spec.threads, spec.llm, spec.adapters, budget_gb)
+
+
+def resolve_device(setting: str) -> torch.device:
+    """``llm.device``: ``auto`` is the first GPU this process sees, else the CPU."""
+    if setting == "cpu" or (setting == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError("llm.device is cuda but this replica sees no GPU")
+    return torch.device("cuda", 0)
 
 
 def engine_for(
-    folder: Path, threads: int, llm: LLMConfig, adapters: dict[str, str] | None = None
+    folder: Path,
+    threads: int,
+    llm: LLMConfig,
+    adapters: dict[str, str] | None = None,
+    gpu_budget_gb: float | None = None,
 ) -> LLMEngine:
     torch.set_num_threads(max(1, threads))
     native.enable(llm.native)
-    dtype = DTYPES[llm.dtype]
-    model = GPT2.load(folder, dtype=dtype)
+    device = resolve_device(llm.device)
+    gpu = device.type == "cuda"
+    dtype = DTYPES.get(llm.dtype) or (torch.bfloat16 if gpu else torch.float32)
+    model = GPT2.load(folder, dtype=dtype, device=device)
+    quantized = llm.quantize == "fp8" and model.quantize_fp8()
+    if llm.quantize == "fp8" and not quantized:
+        logger.warning("llm.quantize fp8 needs a GPU with fp8 units; weights stay %s", dtype)
     tokenizer = TextTokenizer.load(folder)
     cfg = model.config
     block_size = llm.block_size
     bytes_per_block = 2 * cfg.n_layer * cfg.n_head * cfg.head_dim * block_size * dtype.itemsize
     full_context = -(-cfg.n_positions // block_size)
-    num_blocks = max(llm.kv_cache_mb * 2**20 // bytes_per_block, full_context)
+    kv_bytes = llm.kv_cache_mb * 2**20
+    if gpu and gpu_budget_gb is not None:
+        kv_bytes = kv_budget(gpu_budget_gb, device, llm, cfg.vocab_size)
+    num_blocks = max(kv_bytes // bytes_per_block, full_context)
     config = EngineConfig(
         block_size=block_size,
         num_blocks=num_blocks,
@@ -52,17 +76,41 @@ def engine_for(
         queue_timeout_s=llm.queue_timeout_s,
         max_prompt_tokens=llm.max_prompt_tokens,
     )
-    lora = LoRABank(cfg, llm.max_adapters, llm.max_lora_rank, dtype=dtype)
+    lora = LoRABank(cfg, llm.max_adapters, llm.max_lora_rank, dtype=dtype, device=device)
     vocab = getattr(cfg, "vocab_size", None) or tokenizer.vocab_size
     guides = GuideCompiler(folder / "tokenizer.json", vocab, tokenizer.eos_token_id)
     engine = LLMEngine(model, tokenizer, config, lora, guides)
     for name, path in (adapters or {}).items():
         engine.load_adapter(name, folder / path)  # relative to the version folder
+    graphs = engine.capture_graphs() if gpu and llm.cuda_graphs and cuda.available() else 0
     logger.info(
-        "engine: %d KV blocks of %d tokens (%.0f MiB), dtype %s",
+        "engine on %s: %d KV blocks of %d tokens (%.0f MiB), dtype %s%s, %d decode graphs",
+        device,
         num_blocks,
         block_size,
         num_blocks * bytes_per_block / 2**20,
         dtype,
+        " (fp8 weights)" if quantized else "",
+        graphs,
     )
     return engine
+
+
+WORKSPACE_BYTES = 2**30
+"""On a GPU, kept out of a budget beside the weights and KV cache: the CUDA context,
+cuBLAS workspaces, the decode graphs and a step's activations."""
+
+
+def kv_budget(budget_gb: float, device: torch.device, llm: LLMConfig, vocab: int) -> int:
+    """KV-cache bytes that keep the replica inside ``budget_gb`` (GB, 1e9 bytes, as
+    ``gpu_memory_gb``): the budget less what the process holds now (weights) and a
+    workspace: a fixed reserve plus the float32 logits of the largest step."""
+    held = torch.cuda.memory_reserved(device)
+    logits = 3 * 4 * vocab * max(llm.max_num_seqs, llm.max_batched_tokens // 16)
+    left = int(budget_gb * 1e9) - held - WORKSPACE_BYTES - logits
+    if left < 64 * 2**20:
+        raise RuntimeError(
+            f"gpu_memory_gb {budget_gb:g} leaves no room for a KV cache beside "
+            f"{held / 1e9:.2f} GB of weights and {WORKSPACE_BYTES / 1e9:.1f} GB of workspace"
+        )
+    return left

@@ -127,7 +127,9 @@ class LoRABank:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
         targets: tuple[str, ...] = TARGETS,
+        dense: bool | None = None,
     ) -> None:
+        """``dense``: keep the layout of :class:`DenseLoRAStep` (None: on a GPU)."""
         self.max_adapters, self.max_rank, self.targets = max_adapters, max_rank, targets
         dims = {
             "attn.c_attn": (config.n_embd, 3 * config.n_embd),
@@ -140,6 +142,15 @@ class LoRABank:
         kw: dict[str, Any] = {"dtype": dtype, "device": device}
         self.a = {m: torch.zeros((*shape, max_rank, i), **kw) for m, (i, _) in self.dims.items()}
         self.b = {m: torch.zeros((*shape, o * max_rank), **kw) for m, (_, o) in self.dims.items()}
+        # On a GPU, B also in a dense layout, [layer, out, slot * max_rank + j]: a step
+        # applies every adapter of a batch with two matmuls per module (DenseLoRAStep).
+        self.dense = torch.device(device).type != "cpu" if dense is None else dense
+        self.b_dense = (
+            {m: torch.zeros((config.n_layer, o, max_adapters * max_rank), **kw)
+             for m, (_, o) in self.dims.items()}
+            if self.dense else {}
+        )  # fmt: skip
+        self.col_slots = torch.arange(max_adapters * max_rank, device=device) // max_rank
         # ranks[module][layer][slot]: 0 where that slot's adapter leaves the module alone.
         self.ranks = {m: [[0] * max_adapters for _ in range(config.n_layer)] for m in targets}
         self.names: list[str | None] = [None] * max_adapters
@@ -163,6 +174,9 @@ class LoRABank:
             self.a[module][layer, slot, :rank] = a
             self.b[module][layer, slot, : b.numel()] = b.reshape(-1)
             self.ranks[module][layer][slot] = rank
+            if self.dense:
+                r0 = slot * self.max_rank
+                self.b_dense[module][layer, :, r0 : r0 + rank] = b
         self.names[slot] = adapter.name
 
     def unload(self, slot: int) -> None:
@@ -171,6 +185,9 @@ class LoRABank:
         for module in self.dims:
             self.a[module][:, slot].zero_()
             self.b[module][:, slot].zero_()
+            if self.dense:
+                r0 = slot * self.max_rank
+                self.b_dense[module][:, :, r0 : r0 + self.max_rank].zero_()
             for layer_ranks in self.ranks[module]:
                 layer_ranks[slot] = 0
         self.names[slot] = None
@@ -179,7 +196,7 @@ class LoRABank:
         if not 0 <= slot < self.max_adapters:
             raise IndexError(f"adapter slot {slot} outside 0..{self.max_adapters - 1}")
 
-    def plan(self, inp: ModelInput) -> LoRAStep | None:
+    def plan(self, inp: ModelInput) -> LoRAStep | DenseLoRAStep | None:
         """Which tokens of ``inp`` use which slot; None when no sequence uses an adapter."""
         ranges: dict[int, list[tuple[int, int]]] = {}
         start = 0
@@ -196,6 +213,12 @@ class LoRABank:
         if not ranges:
             return None
         device = next(iter(self.a.values())).device
+        if self.dense:
+            per_token = [
+                slot for slot, new in zip(inp.adapter_slots, inp.new_lens, strict=True)
+                for _ in range(new)
+            ]  # fmt: skip
+            return self.rows_step(torch.tensor(per_token, dtype=torch.int64).to(device))
         groups: list[tuple[int, slice | torch.Tensor]] = []
         for slot, spans in ranges.items():
             if len(spans) == 1:
@@ -204,6 +227,32 @@ class LoRABank:
                 rows = torch.cat([torch.arange(a, b) for a, b in spans]).to(device)
                 groups.append((slot, rows))
         return LoRAStep(self, groups)
+
+    def rows_step(self, slots: torch.Tensor) -> DenseLoRAStep:
+        """The dense step for tokens with adapter ``slots`` (``[T]`` on the bank's device,
+        -1: none): fixed shapes, so a CUDA graph can hold it."""
+        return DenseLoRAStep(self, (self.col_slots[None, :] == slots[:, None]).to(self.dtype))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(iter(self.a.values())).dtype
+
+
+class DenseLoRAStep:
+    """Every adapter of a batch at once, on a GPU: ``y += ((x A^T) * mask) B^T`` with A
+    and B holding all slots side by side, the mask keeping each token's own slot's
+    columns. Two matmuls per module whatever the adapters' mix; the extra width
+    (``max_adapters * max_rank``) is small beside the base projection's."""
+
+    def __init__(self, bank: LoRABank, mask: torch.Tensor) -> None:
+        self.bank, self.mask = bank, mask
+
+    def add_(self, layer: int, module: str, x: torch.Tensor, y: torch.Tensor) -> None:
+        bank = self.bank
+        if module not in bank.dims:
+            return
+        a = bank.a[module][layer].view(-1, x.shape[-1])  # [slots * max_rank, in]
+        y += F.linear(F.linear(x, a) * self.mask, bank.b_dense[module][layer])
 
 
 @dataclass

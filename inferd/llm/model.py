@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, cast
@@ -27,7 +28,7 @@ from torch import nn
 
 from inferd.llm.attention import AttentionPlan, paged_attention
 from inferd.llm.batch import KVCache, ModelInput
-from inferd.llm.lora import LoRABank, LoRAStep
+from inferd.llm.lora import DenseLoRAStep, LoRABank, LoRAStep
 
 logger = logging.getLogger(__name__)
 
@@ -199,10 +200,47 @@ class GPT2(nn.Module):
         plan = AttentionPlan.build(inp, cache.block_size, device, self.dtype)
         step = lora.plan(inp) if lora is not None else None
         x = self.wte(inp.input_ids.to(device)) + self.wpe(inp.positions.to(device))
+
+        def attend(q: Tensor, k: Tensor, v: Tensor, kv: Tensor, scale: float) -> Tensor:
+            return paged_attention(q, k, v, kv, plan, scale)
+
         for i, block in enumerate(self.h):
-            x = self._block(i, cast(_Block, block), x, plan, cache.tensor[i], step)
+            x = self._block(i, cast(_Block, block), x, attend, cache.tensor[i], step)
         x = self.ln_f(x.index_select(0, inp.logits_indices.to(device)))
         return self._head(x).float()
+
+    @torch.inference_mode()
+    def decode(
+        self,
+        ids: Tensor,
+        positions: Tensor,
+        slots: Tensor,
+        tables: Tensor,
+        lens: Tensor,
+        lora_rows: Tensor | None,
+        *,
+        cache: KVCache,
+        lora: LoRABank | None = None,
+    ) -> Tensor:
+        """One decode token per sequence with fixed-shape inputs, on a GPU: what a CUDA
+        graph captures (:mod:`inferd.llm.cuda`). ``tables`` ``[B, max_blocks]`` and
+        ``lens`` ``[B]`` (the new token included) address each sequence's keys;
+        ``lora_rows`` ``[B]`` is each row's adapter slot (-1: none), None without LoRA.
+        Returns float32 logits ``[B, vocab]``."""
+        from inferd.llm import cuda
+
+        step = lora.rows_step(lora_rows) if lora is not None and lora_rows is not None else None
+        block_size = cache.block_size
+        x = self.wte(ids) + self.wpe(positions)
+
+        def attend(q: Tensor, k: Tensor, v: Tensor, kv: Tensor, scale: float) -> Tensor:
+            kv[0].index_copy_(0, slots, k)
+            kv[1].index_copy_(0, slots, v)
+            return cuda.paged_decode(q, kv, tables, lens, block_size, scale)
+
+        for i, block in enumerate(self.h):
+            x = self._block(i, cast(_Block, block), x, attend, cache.tensor[i], step)
+        return self._head(self.ln_f(x)).float()
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         if self._packed_head is not None:
@@ -244,24 +282,88 @@ class GPT2(nn.Module):
         self,
         i: int,
         block: _Block,
-        x: torch.Tensor,
-        plan: AttentionPlan,
-        kv_layer: torch.Tensor,
-        step: LoRAStep | None,
-    ) -> torch.Tensor:
+        x: Tensor,
+        attend: Attend,
+        kv_layer: Tensor,
+        step: LoRAStep | DenseLoRAStep | None,
+    ) -> Tensor:
         n_tok, heads, dim = x.shape[0], self.config.n_head, self.config.head_dim
         qkv = _project(block.attn.c_attn, block.ln_1(x), step, i, "attn.c_attn")
         q, k, v = qkv.view(n_tok, 3, heads, dim).unbind(1)
-        att = paged_attention(q, k, v, kv_layer, plan, self._scales[i])
-        x = x + _project(block.attn.c_proj, att.view(n_tok, -1), step, i, "attn.c_proj")
+        att = attend(q, k, v, kv_layer, self._scales[i])
+        x = x + _project(block.attn.c_proj, att.reshape(n_tok, -1), step, i, "attn.c_proj")
         hidden = self._act(_project(block.mlp.c_fc, block.ln_2(x), step, i, "mlp.c_fc"))
         return x + _project(block.mlp.c_proj, hidden, step, i, "mlp.c_proj")
 
+    def quantize_fp8(self) -> bool:
+        """Put the blocks' linear weights in float8 (e4m3) with one scale per output
+        channel; activations are scaled per token at each call (``torch._scaled_mm``).
+        Embeddings, layer norms and the LM head stay in the model dtype. Returns False
+        (weights unchanged) where the GPU or this PyTorch cannot, or the probe disagrees."""
+        if self.device.type != "cuda" or torch.cuda.get_device_capability(self.device) < (8, 9):
+            return False
+        linears = [m for block in self.h for m in block.modules() if isinstance(m, nn.Linear)]
+        if any(m.in_features % 16 or m.out_features % 16 for m in linears):
+            return False
+        try:
+            probe = _Fp8Linear.of(linears[0])
+            x = torch.randn(5, linears[0].in_features, device=self.device, dtype=self.dtype)
+            got, want = probe(x).float(), F.linear(x, linears[0].weight, linears[0].bias).float()
+        except (RuntimeError, AttributeError) as exc:
+            logger.warning("fp8 weights unavailable here (%s): keeping %s", exc, self.dtype)
+            return False
+        error = float((got - want).norm() / want.norm().clamp_min(1e-6))
+        if not error < 0.1:
+            logger.warning("fp8 probe off by %.3f relative: keeping %s", error, self.dtype)
+            return False
+        for block in self.h:
+            for parent in (block.attn, block.mlp):
+                for name in ("c_attn", "c_proj", "c_fc"):
+                    child = getattr(parent, name, None)
+                    if isinstance(child, nn.Linear):
+                        setattr(parent, name, _Fp8Linear.of(child))
+        torch.cuda.empty_cache()
+        return True
+
+
+Tensor = torch.Tensor
+Attend = Callable[[Tensor, Tensor, Tensor, Tensor, float], Tensor]
+"""``(q, k, v, kv_layer, scale) -> attention``: writes k/v to the layer's cache first."""
+FP8_MAX = 448.0
+
+
+class _Fp8Linear(nn.Module):
+    """``y = x W^T + b`` with W in float8 e4m3 (scale per output channel) and x
+    quantized per row on the fly; the result in x's dtype."""
+
+    def __init__(self, weight: Tensor, scale: Tensor, bias: Tensor | None) -> None:
+        super().__init__()
+        self.weight, self.scale, self.bias = weight, scale, bias
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+
+    @classmethod
+    def of(cls, linear: nn.Linear) -> _Fp8Linear:
+        w = linear.weight.float()
+        scale = (w.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp_min(1e-12)
+        weight = (w / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+        return cls(weight, scale.t().contiguous(), linear.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        xs = (rows.abs().amax(dim=1, keepdim=True).float() / FP8_MAX).clamp_min(1e-12)
+        xq = (rows / xs).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+        y = torch._scaled_mm(xq, self.weight.t(), scale_a=xs, scale_b=self.scale,
+                             out_dtype=x.dtype)  # fmt: skip
+        if self.bias is not None:
+            y += self.bias  # a separate add: not every build fuses a bias with row scales
+        return y.view(*x.shape[:-1], self.out_features)
+
 
 def _project(
-    linear: nn.Linear, x: torch.Tensor, step: LoRAStep | None, layer: int, module: str
-) -> torch.Tensor:
-    y = F.linear(x, linear.weight, linear.bias)
+    linear: nn.Module, x: Tensor, step: LoRAStep | DenseLoRAStep | None, layer: int, module: str
+) -> Tensor:
+    plain = isinstance(linear, nn.Linear)
+    y = F.linear(x, linear.weight, linear.bias) if plain else linear(x)  # type: ignore[arg-type]
     if step is not None:
         step.add_(layer, module, x, y)
     return y

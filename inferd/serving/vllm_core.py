@@ -55,7 +55,9 @@ def engine_args(spec: ReplicaSpec) -> dict[str, Any]:
         "model": spec.artifact_dir,
         "tokenizer": spec.artifact_dir,
         "served_model_name": spec.model,
-        "dtype": llm.dtype,  # float32, bfloat16, float16: vLLM's names too
+        # float32, bfloat16, float16: vLLM's names too; auto: float32 on a CPU (as
+        # inferd's engine), vLLM's own choice on a GPU
+        "dtype": "float32" if llm.dtype == "auto" and not spec.gpus else llm.dtype,
         "max_num_seqs": llm.max_num_seqs,
         "scheduling_policy": "priority",
         "enable_prefix_caching": True,
