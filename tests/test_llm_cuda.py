@@ -381,7 +381,7 @@ def test_500_streams_on_the_gpu_inside_the_budget(tmp_path: Path) -> None:
     folder = random_gpt2_small(tmp_path / "models")
     budget_gb = 6.0
     push_folder(tmp_path / "data", "gpt2", folder, gpu_memory_gb=budget_gb)
-    env = {"INFERD_LLM__MAX_NUM_SEQS": "256", "INFERD_LLM__MAX_BATCHED_TOKENS": "4096",
+    env = {"INFERD_LLM__MAX_NUM_SEQS": "512", "INFERD_LLM__MAX_BATCHED_TOKENS": "8192",
            "INFERD_LLM__MAX_WAITING": "2048"}  # fmt: skip
     with served(tmp_path / "data", env=env, ready_timeout_s=300) as server:
         reply = server.client.post(
@@ -409,3 +409,52 @@ def test_500_streams_on_the_gpu_inside_the_budget(tmp_path: Path) -> None:
         metrics = server.client.get("/metrics").text
         assert "inferd_gpu_memory_used_bytes" in metrics
         print(json.dumps({"replica_mib": [used[p] for p in pids], "budget_gb": budget_gb}))
+
+
+def test_batched_first_chunks_equal_per_sequence_prefill(
+    tiny: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GPU's batched first-chunk prefill (right-padded, one causal SDPA per group),
+    run here on the CPU: the logits and cache contents of the per-sequence path, for
+    prompts of different lengths beside a decode and a later chunk."""
+    from inferd.llm import attention
+
+    model = GPT2.load(tiny)
+    cfg = model.config
+    results = []
+    for batched in (False, True):
+        devices = {"cpu"} if batched else set()
+        monkeypatch.setattr(attention, "BATCHED_FIRST_CHUNKS", frozenset(devices))
+        cache = KVCache(cfg.n_layer, cfg.n_head, cfg.head_dim, 64, 4)
+        inp = _decode_input(model, cache, [9, 2, 2, 2, 30], [-1] * 5)
+        bs = cache.block_size
+        # rows 1..3 become first chunks of 5, 2 and 11 tokens; row 4 a later chunk of 3
+        lens = {1: 5, 2: 2, 3: 11}
+        ids, pos, slots, new_lens, ctx, tables = [], [], [], [], [], []
+        gen = torch.Generator().manual_seed(4)
+        for row in range(5):
+            table = inp.block_tables[row]
+            if row in lens:
+                n, c = lens[row], 0
+                table = table + [60 - row] * 4  # room for the longer prompts
+            elif row == 4:
+                n, c = 3, 27
+            else:
+                n, c = 1, 8
+            ids += torch.randint(0, cfg.vocab_size - 1, (n,), generator=gen).tolist()
+            pos += range(c, c + n)
+            slots += [table[p // bs] * bs + p % bs for p in range(c, c + n)]
+            new_lens.append(n)
+            ctx.append(c)
+            tables.append(table)
+        inp = ModelInput(
+            input_ids=torch.tensor(ids), positions=torch.tensor(pos),
+            slot_mapping=torch.tensor(slots), new_lens=new_lens, context_lens=ctx,
+            block_tables=tables, logits_indices=torch.cumsum(torch.tensor(new_lens), 0) - 1,
+            adapter_slots=[-1] * 5,
+        )  # fmt: skip
+        plan = attention.AttentionPlan.build(inp, bs, torch.device("cpu"), torch.float32)
+        assert len(plan.first_chunks) == (1 if batched else 0)
+        results.append((model.forward(inp, cache), cache.tensor.clone()))
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-5, atol=1e-5)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import functools
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -38,6 +38,10 @@ import torch.nn.functional as F
 from inferd.llm import native
 from inferd.llm.batch import ModelInput
 
+BATCHED_FIRST_CHUNKS = frozenset({"cuda"})
+"""Devices where first prefill chunks go through one padded SDPA call per group: on a
+GPU the per-sequence calls' launches were most of a 500-prompt prefill step; on a CPU
+the padding would cost real work (the per-sequence path stays there)."""
 Rows = slice | torch.Tensor
 """Which of the step's new tokens a path covers: a contiguous slice or an index tensor."""
 
@@ -60,6 +64,22 @@ class DecodeGroup:
 
 
 @dataclass
+class FirstChunks:
+    """First prefill chunks (no context) of several sequences, right-padded to the
+    longest into ``[B, T]``: with ``is_causal`` a real query never sees a padding key
+    (they all come after it), so one SDPA call serves them all."""
+
+    gather: torch.Tensor
+    """``[B * T]`` rows of the step's tokens to read (padding repeats a real row)."""
+    batch: int
+    length: int
+    valid: torch.Tensor
+    """Positions in the ``[B * T]`` result that are real tokens..."""
+    rows: torch.Tensor
+    """...and the step's rows they are written back to."""
+
+
+@dataclass
 class PrefillChunk:
     """One sequence with several new tokens."""
 
@@ -79,6 +99,8 @@ class AttentionPlan:
     block_size: int
     decodes: list[DecodeGroup]
     prefills: list[PrefillChunk]
+    first_chunks: list[FirstChunks] = field(default_factory=list)
+    """On a GPU: first prefill chunks batched (one SDPA call per group, not per sequence)."""
 
     @classmethod
     def build(
@@ -89,6 +111,8 @@ class AttentionPlan:
         compute = torch.float32 if half else dtype
         decode: list[tuple[int, int, list[int]]] = []
         prefills: list[PrefillChunk] = []
+        firsts: list[tuple[int, int, list[int]]] = []
+        gpu = device.type in BATCHED_FIRST_CHUNKS
         start = 0
         for i, (new, ctx, table) in enumerate(
             zip(inp.new_lens, inp.context_lens, inp.block_tables, strict=True)
@@ -97,13 +121,19 @@ class AttentionPlan:
                 raise ValueError(f"sequence {i}: block table too short for {ctx + new} tokens")
             if new == 1:
                 decode.append((start, ctx + 1, table))
+            elif new > 1 and ctx == 0 and gpu:
+                firsts.append((start, new, table))
             elif new > 1:
                 prefills.append(_prefill_chunk(start, new, ctx, table, block_size, device, compute))
             start += new
         decodes = [
             _decode_group(group, block_size, device, compute) for group in _by_length(decode)
         ]
-        return cls(inp.slot_mapping.to(device), compute, block_size, decodes, prefills)
+        if len(firsts) == 1:  # alone: no padding, no gather
+            prefills.append(_prefill_chunk(firsts[0][0], firsts[0][1], 0, [], 0, device, compute))
+            firsts = []
+        batched = [_first_chunks(group, device) for group in _by_length(firsts)]
+        return cls(inp.slot_mapping.to(device), compute, block_size, decodes, prefills, batched)
 
 
 def _by_length(
@@ -158,6 +188,22 @@ def _decode_group(
     )  # fmt: skip
 
 
+def _first_chunks(seqs: list[tuple[int, int, list[int]]], device: torch.device) -> FirstChunks:
+    longest = max(new for _, new, _ in seqs)
+    gather: list[int] = []
+    valid: list[int] = []
+    rows: list[int] = []
+    for b, (start, new, _) in enumerate(seqs):
+        gather += [*range(start, start + new), *[start] * (longest - new)]
+        valid += range(b * longest, b * longest + new)
+        rows += range(start, start + new)
+
+    def tensor(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64).to(device, non_blocking=True)
+
+    return FirstChunks(tensor(gather), len(seqs), longest, tensor(valid), tensor(rows))
+
+
 def _prefill_chunk(
     start: int,
     new: int,
@@ -195,6 +241,14 @@ def paged_attention(
         _decode_attention(q, kv_layer, group, out, plan.compute_dtype, plan.block_size, scale)
     for chunk in plan.prefills:
         out[chunk.rows] = _prefill_attention(q, k, v, kv_layer, chunk, plan.compute_dtype, scale)
+    for firsts in plan.first_chunks:
+        shape = (firsts.batch, firsts.length, *q.shape[1:])
+        qs, ks, vs = (
+            t.index_select(0, firsts.gather).view(shape).transpose(1, 2) for t in (q, k, v)
+        )
+        res = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale)
+        flat = res.transpose(1, 2).reshape(-1, *q.shape[1:])
+        out.index_copy_(0, firsts.rows, flat.index_select(0, firsts.valid))
     return out
 
 

@@ -174,17 +174,21 @@ class DecodeGraphs:
         with torch.cuda.stream(stream):
             for with_lora in variants:  # warm-up: Triton compiles, cuBLAS picks kernels
                 for bucket in self.buckets[-1:] + self.buckets[:1]:
-                    self._call(bucket, with_lora)
+                    vocab = self._call(bucket, with_lora).shape[-1]
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
+        # Every graph writes its logits into this one buffer: a graph's own output would
+        # stay allocated for the graph's life, and 36 graphs' outputs at 512 sequences
+        # were ~1 GB of GPT-2's 50257-wide float32 rows.
+        out = torch.empty((self.max_batch, vocab), dtype=torch.float32, device=self.ids.device)
         for with_lora in variants:
             for bucket in reversed(self.buckets):
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self.pool):
-                    logits = self._call(bucket, with_lora)
+                    out[:bucket].copy_(self._call(bucket, with_lora))
                 if self.pool is None:
                     self.pool = graph.pool()
-                self.graphs[bucket, with_lora] = (graph, logits)
+                self.graphs[bucket, with_lora] = (graph, out[:bucket])
         torch.cuda.synchronize()
         logger.info("captured %d decode graphs (batches %s)", len(self.graphs), self.buckets)
 
