@@ -453,6 +453,20 @@ def build_tiny_gpt2(folder: Path, seed: int = 0) -> Path:
     return folder
 
 
+def gpu_memory_by_pid() -> dict[int, int]:
+    """pid -> MiB of GPU memory, as the driver (``nvidia-smi``) sees it."""
+    out = subprocess.run(
+        ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    found = {}
+    for line in out.splitlines():
+        pid, _, mib = line.partition(",")
+        if pid.strip().isdigit():
+            found[int(pid)] = int(mib.strip() or 0)
+    return found
+
+
 def fake_gpus(folder: Path, *names: str, memory_mib: int = 81920) -> dict[str, str]:
     """An environment whose ``nvidia-smi`` reports ``names`` as GPUs 0, 1, ... of
     ``memory_mib`` each (what the local backend reads to place replicas; this machine

@@ -5,14 +5,13 @@ GPU's memory takes."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from inferd import devices
-from tests.conftest import InferdServer, push_source, served
+from tests.conftest import InferdServer, gpu_memory_by_pid, push_source, served
 
 pytestmark = [
     pytest.mark.gpu,
@@ -47,20 +46,6 @@ class Holder:
         )
         return {"seen": np.array([seen] * len(batch["x"]), dtype=object)}
 """
-
-
-def _compute_pids() -> dict[int, int]:
-    """pid -> MiB of GPU memory, as the driver sees it."""
-    out = subprocess.run(
-        ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    found = {}
-    for line in out.splitlines():
-        pid, _, mib = line.partition(",")
-        if pid.strip().isdigit():
-            found[int(pid)] = int(mib.strip() or 0)
-    return found
 
 
 def _deployment(server: InferdServer, model: str) -> dict[str, Any]:
@@ -103,7 +88,7 @@ def test_replicas_run_on_the_gpu_and_stop_at_its_memory(tmp_path: Path) -> None:
         assert visible == str(gpu.index) and count == "1" and float(doubled) == 3.0
         (version,) = _deployment(server, "holder")["versions"]
         pids = {r["pid"] for r in version["replicas"] if r["state"] == "ready"}
-        on_gpu = _compute_pids()
+        on_gpu = gpu_memory_by_pid()
         assert pids <= set(on_gpu), (pids, on_gpu)
         assert all(on_gpu[p] >= min(4.0, need_gb) * 1e3 * 0.9 for p in pids)
         if want:

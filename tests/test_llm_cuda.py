@@ -19,7 +19,6 @@ import importlib.util
 import json
 import os
 import random
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -327,19 +326,6 @@ def test_cuda_greedy_equals_hf_generate(
             assert same >= 3, (adapter, got, want)
 
 
-def _nvidia_smi_mib() -> dict[int, int]:
-    out = subprocess.run(
-        ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    found = {}
-    for line in out.splitlines():
-        pid, _, mib = line.partition(",")
-        if pid.strip().isdigit():
-            found[int(pid)] = int(mib.strip() or 0)
-    return found
-
-
 async def _streams(url: str, model: str, count: int, tokens: int) -> tuple[int, list[str]]:
     import httpx
 
@@ -376,7 +362,7 @@ async def _streams(url: str, model: str, count: int, tokens: int) -> tuple[int, 
 @pytest.mark.skipif(not CUDA, reason="needs an NVIDIA GPU (CUDA); this machine has none")
 def test_500_streams_on_the_gpu_inside_the_budget(tmp_path: Path) -> None:
     from inferd.demo.llm import random_gpt2_small
-    from tests.conftest import push_folder, served
+    from tests.conftest import gpu_memory_by_pid, push_folder, served
 
     folder = random_gpt2_small(tmp_path / "models")
     budget_gb = 6.0
@@ -402,7 +388,7 @@ def test_500_streams_on_the_gpu_inside_the_budget(tmp_path: Path) -> None:
         assert errors == [] and done == 500, errors[:5]
         (version,) = server.client.get("/api/v1/deployments/gpt2").json()["versions"]
         pids = {r["pid"] for r in version["replicas"] if r["state"] == "ready"}
-        used = _nvidia_smi_mib()
+        used = gpu_memory_by_pid()
         assert pids and pids <= set(used), (pids, used)
         for pid in pids:
             assert used[pid] * 2**20 <= budget_gb * 1e9, (used[pid], budget_gb)
