@@ -287,7 +287,7 @@ def serve_figures(folder: Path, work: Path) -> dict[str, Any]:
     port = free_port()
     env = {"INFERD_LOG_LEVEL": "WARNING", "INFERD_LLM__DTYPE": "bfloat16",
            "INFERD_LLM__MAX_NUM_SEQS": "512", "INFERD_LLM__MAX_BATCHED_TOKENS": "8192",
-           "INFERD_LLM__MAX_WAITING": "4096", "INFERD_GATEWAY_WORKERS": "2"}  # fmt: skip
+           "INFERD_LLM__MAX_WAITING": "4096"}  # fmt: skip
     cmd = [sys.executable, "-m", "inferd", "serve", "--port", str(port), "--grpc-port", "-1",
            "--data-dir", str(data)]  # fmt: skip
     proc = start(cmd, env, work / "serve.log")

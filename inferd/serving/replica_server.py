@@ -44,6 +44,8 @@ class ReplicaProtocol(asyncio.Protocol):
         self.pending: dict[int, asyncio.Future[Columns]] = {}
         self.generations: dict[int, str] = {}  # frame id -> engine request id
         self.spans: dict[int, tracing.GenerationSpan] = {}  # traced generations, by frame id
+        self._burst: list[bytes] | None = None
+        """Frames sent after the first one in this turn of the event loop (see _send)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -243,8 +245,25 @@ class ReplicaProtocol(asyncio.Protocol):
             self._send(p.Error(message.id, *error_status(exc)))
 
     def _send(self, message: p.Message) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(p.encode(message))
+        """The first frame of a turn of the event loop is written at once; the ones that
+        follow it in the same turn (a batch's results, one token for each of a step's
+        streams) go together in one write at the end of the turn: one system call for a
+        500-stream decode step instead of 500."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if self._burst is not None:
+            self._burst.append(p.encode(message))
+            return
+        transport.write(p.encode(message))
+        self._burst = []
+        asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        burst, self._burst = self._burst, None
+        transport = self.transport
+        if burst and transport is not None and not transport.is_closing():
+            transport.write(b"".join(burst))
 
 
 async def start_listening(
