@@ -205,14 +205,10 @@ class ReplicaClient:
         wait_s = idle_timeout_s if r.first_timeout_s is None else r.first_timeout_s
         try:
             while not finished:
-                if queue.empty():  # (a queued chunk needs no timer: most do not wait)
-                    try:
-                        async with asyncio.timeout(wait_s):
-                            item = await queue.get()
-                    except TimeoutError:
-                        raise RequestTimeout(f"no token from the model for {wait_s:.0f}s") from None
-                else:
-                    item = queue.get_nowait()
+                try:
+                    item = await asyncio.wait_for(queue.get(), wait_s)
+                except TimeoutError:
+                    raise RequestTimeout(f"no token from the model for {wait_s:.0f}s") from None
                 wait_s = idle_timeout_s
                 if isinstance(item, Exception):
                     raise item
