@@ -9,8 +9,8 @@ PORT ?= 8000
 run: install  ## venv + install + build the demo models + serve them on :8000
 	$(PY) -m inferd serve --demo --port $(PORT)
 
-test: install vllm services  ## the whole test suite (starts PostgreSQL if it is down)
-	$(PY) -m pytest -q
+test: install vllm services lint  ## lint, then the whole test suite (starts the services it needs)
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 install: $(VENV)/.installed
 
