@@ -313,11 +313,12 @@ def test_a_generation_version_scales_on_its_engines_waiting_requests(tmp_path: P
         body = {"prompt": "The server", "max_tokens": 100, "temperature": 0, "ignore_eos": True}
 
         async def burst() -> list[int]:
-            # all 24 at once: a thread pool's 8 at a time, spread out by a busy machine,
-            # could each find the one sequence slot free
+            # all at once: a thread pool's 8 at a time, spread out by a busy machine, could
+            # each find the one sequence slot free; and 64 of them, ~3 s of work for the
+            # tiny model (24 were ~1 s: two or three of the autoscaler's samples)
             async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
                 path = "/api/v1/models/tiny/generate"
-                replies = await asyncio.gather(*(client.post(path, json=body) for _ in range(24)))
+                replies = await asyncio.gather(*(client.post(path, json=body) for _ in range(64)))
             return [r.status_code for r in replies]
 
         def events() -> list[dict]:
@@ -327,7 +328,7 @@ def test_a_generation_version_scales_on_its_engines_waiting_requests(tmp_path: P
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             codes = pool.submit(asyncio.run, burst())
             server.wait_for(events, timeout_s=60, what="a decision on the waiting requests")
-            assert codes.result() == [200] * 24
+            assert codes.result() == [200] * 64
         event = events()[-1]
         assert event["figures"]["queued"] > 2 and "requests waiting, over 2" in event["detail"]
         if event["reason"] == "queue":  # a second replica started
