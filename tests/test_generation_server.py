@@ -297,7 +297,30 @@ def test_generations_are_in_the_inference_log(llm: InferdServer):
     assert openai["user_hash"] is not None
     bad = row(refused.json()["error"]["request_id"])
     assert bad is not None and bad["status_code"] == 422
-    assert row("gone-early")["status_code"] == 499
+    # A client that leaves mid-stream is logged 499. The tiny model can write its whole
+    # stream into the socket's buffers before the gateway sees the close (seen under
+    # parallel tests): that one is a complete 200, and the leaving is tried again.
+    for attempt in range(6):
+        rid = "gone-early" if attempt == 0 else f"gone-early-{attempt}"
+        if attempt:
+            with (
+                httpx.Client(base_url=llm.url, timeout=30) as c,
+                c.stream(
+                    "POST",
+                    "/api/v1/models/tiny/generate",
+                    json={**body, "max_tokens": 100, "stream": True},
+                    headers={"x-request-id": rid},
+                ) as r,
+            ):
+                next(r.iter_lines())
+            llm.wait_for(lambda rid=rid: row(rid), timeout_s=15, what=f"the row of {rid}")
+        gone = row(rid)
+        assert gone is not None
+        if gone["status_code"] == 499:
+            break
+        assert (gone["status_code"], gone["completion_tokens"]) == (200, 100), gone
+    else:
+        raise AssertionError("no early disconnect was logged 499 in 6 tries")
 
 
 def test_predict_on_a_generative_model_says_use_generate(llm: InferdServer):
