@@ -192,18 +192,25 @@ def test_grpc_stream_generation_matches_the_rest_api(llm: InferdServer):
     assert vllm_style[-1].get_response().parameters["completion_tokens"].int64_param == 5
 
 
-def test_client_disconnect_cancels_the_sequence(llm: InferdServer):
+def _leave_early(llm: InferdServer, body: dict, request_id: str | None = None) -> None:
+    """Stream a 100-token generation of ``body`` and hang up after its first events."""
+    headers = {"x-request-id": request_id} if request_id else {}
     with (
         httpx.Client(base_url=llm.url, timeout=30) as c,
         c.stream(
             "POST",
             "/api/v1/models/tiny/generate",
-            json={"prompt": PROMPT, "max_tokens": 100, "stream": True, "ignore_eos": True},
+            json={**body, "max_tokens": 100, "stream": True},
+            headers=headers,
         ) as r,
     ):
         for i, _ in enumerate(r.iter_lines()):
             if i >= 3:
                 break
+
+
+def test_client_disconnect_cancels_the_sequence(llm: InferdServer):
+    _leave_early(llm, {"prompt": PROMPT, "ignore_eos": True})
     deadline = time.monotonic() + 10
     while _running(llm) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -258,18 +265,7 @@ def test_generations_are_in_the_inference_log(llm: InferdServer):
     )
     refused = llm.client.post("/api/v1/models/tiny/generate", json={**body, "max_tokens": 0})
     assert (done.status_code, chat.status_code, refused.status_code) == (200, 200, 422)
-    with (
-        httpx.Client(base_url=llm.url, timeout=30) as c,
-        c.stream(
-            "POST",
-            "/api/v1/models/tiny/generate",
-            json={**body, "max_tokens": 100, "stream": True},
-            headers={"x-request-id": "gone-early"},
-        ) as r,
-    ):
-        for i, _ in enumerate(r.iter_lines()):
-            if i >= 3:
-                break
+    _leave_early(llm, body, "gone-early")
 
     def row(rid: str) -> dict | None:
         rows = llm.client.get("/api/v1/logs", params={"request_id": rid}).json()["logs"]
@@ -303,16 +299,7 @@ def test_generations_are_in_the_inference_log(llm: InferdServer):
     for attempt in range(6):
         rid = "gone-early" if attempt == 0 else f"gone-early-{attempt}"
         if attempt:
-            with (
-                httpx.Client(base_url=llm.url, timeout=30) as c,
-                c.stream(
-                    "POST",
-                    "/api/v1/models/tiny/generate",
-                    json={**body, "max_tokens": 100, "stream": True},
-                    headers={"x-request-id": rid},
-                ) as r,
-            ):
-                next(r.iter_lines())
+            _leave_early(llm, body, rid)
             llm.wait_for(lambda rid=rid: row(rid), timeout_s=15, what=f"the row of {rid}")
         gone = row(rid)
         assert gone is not None

@@ -115,17 +115,16 @@ def paged_decode(
     keys, vals = kv_layer[0], kv_layer[1]
     assert keys.stride(2) == 1 and q.stride(2) == 1 and out.stride(2) == 1
     chunk = max(CHUNK, block_size)
-    _kernel()[(batch, heads)](
+    kernel = _kernel()  # imports triton
+    import triton
+
+    kernel[(batch, heads)](
         q, keys, vals, out, tables, lens, scale,
         q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), tables.stride(0),
         out.stride(0), out.stride(1),
-        BLOCK=block_size, CHUNK=chunk, D=dim, DPAD=triton_next_power_of_2(dim),
+        BLOCK=block_size, CHUNK=chunk, D=dim, DPAD=triton.next_power_of_2(dim),
     )  # fmt: skip
     return out
-
-
-def triton_next_power_of_2(n: int) -> int:
-    return 1 << (n - 1).bit_length()
 
 
 class DecodeGraphs:

@@ -214,11 +214,10 @@ class LoRABank:
             return None
         device = next(iter(self.a.values())).device
         if self.dense:
-            per_token = [
-                slot for slot, new in zip(inp.adapter_slots, inp.new_lens, strict=True)
-                for _ in range(new)
-            ]  # fmt: skip
-            return self.rows_step(torch.tensor(per_token, dtype=torch.int64).to(device))
+            per_token = torch.tensor(inp.adapter_slots).repeat_interleave(
+                torch.tensor(inp.new_lens)
+            )
+            return self.rows_step(per_token.to(device))
         groups: list[tuple[int, slice | torch.Tensor]] = []
         for slot, spans in ranges.items():
             if len(spans) == 1:
