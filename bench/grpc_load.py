@@ -22,49 +22,15 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-_FRAME = struct.Struct(">BHBBI")  # 24-bit length as (high byte, low 16 bits), type, flags, id
-_DATA, _HEADERS, _RST_STREAM, _SETTINGS, _PING, _GOAWAY, _WINDOW_UPDATE = 0, 1, 3, 4, 6, 7, 8
-_END_STREAM, _ACK, _END_HEADERS = 0x1, 0x1, 0x4
-_INITIAL_WINDOW_SIZE = 0x4
-_WIDE = (1 << 31) - 1
+from inferd.grpc import frames as f
+
+_WIDE = f.MAX_WINDOW
 """Our receive windows: the largest HTTP/2 allows."""
 
 
-_MAX_FRAME = 16384
-
-
 def _head(size: int, kind: int, flags: int) -> bytes:
-    """A frame header's first 5 bytes (length, type, flags); the stream id follows."""
-    return _FRAME.pack(size >> 16, size & 0xFFFF, kind, flags, 0)[:5]
-
-
-def _frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
-    n = len(payload)
-    return _FRAME.pack(n >> 16, n & 0xFFFF, kind, flags, stream) + payload
-
-
-def _integer(value: int, prefix_bits: int, first: int) -> bytes:
-    """HPACK's integer with an N-bit prefix (RFC 7541, 5.1)."""
-    top = (1 << prefix_bits) - 1
-    if value < top:
-        return bytes([first | value])
-    out, value = [first | top], value - top
-    while value >= 128:
-        out.append(value % 128 + 128)
-        value //= 128
-    return bytes([*out, value])
-
-
-def _literal(name: int | str, value: str) -> bytes:
-    """A header 'literal without indexing' (name from the static table or literal), so
-    the block leaves the server's dynamic table alone and can be sent again as is."""
-    raw = value.encode()
-    if isinstance(name, int):
-        head = _integer(name, 4, 0x00)
-    else:
-        head = b"\x00" + _integer(len(name), 7, 0) + name.encode()
-    return head + _integer(len(raw), 7, 0) + raw
+    """A frame head's first 5 bytes (length, type, flags); the stream id follows."""
+    return f.head(size, kind, flags, 0)[:5]
 
 
 def header_block(authority: str, path: str) -> bytes:
@@ -72,10 +38,10 @@ def header_block(authority: str, path: str) -> bytes:
     http, 1 = :authority, 4 = :path, 31 = content-type)."""
     return (
         b"\x83\x86"
-        + _literal(1, authority)
-        + _literal(4, path)
-        + _literal(31, "application/grpc")
-        + _literal("te", "trailers")
+        + f.literal(1, authority)
+        + f.literal(4, path)
+        + f.literal(31, "application/grpc")
+        + f.literal("te", "trailers")
     )
 
 
@@ -91,11 +57,11 @@ class GrpcConnection(asyncio.Protocol):
         # Each frame's head without its stream id, then what follows that id: the
         # header block, then the message in DATA frames of at most the 16 KiB every
         # HTTP/2 peer takes, the last ending the stream.
-        self._parts = [(_head(len(block), _HEADERS, _END_HEADERS), block)]
-        for at in range(0, len(body), _MAX_FRAME):
-            chunk = body[at : at + _MAX_FRAME]
-            last = at + _MAX_FRAME >= len(body)
-            self._parts.append((_head(len(chunk), _DATA, _END_STREAM if last else 0), chunk))
+        self._parts = [(_head(len(block), f.HEADERS, f.END_HEADERS), block)]
+        for at in range(0, len(body), f.DEFAULT_MAX_FRAME):
+            chunk = body[at : at + f.DEFAULT_MAX_FRAME]
+            last = at + f.DEFAULT_MAX_FRAME >= len(body)
+            self._parts.append((_head(len(chunk), f.DATA, f.END_STREAM if last else 0), chunk))
         self.on_done = on_done
         self.transport: asyncio.Transport | None = None
         self._next_id = 1
@@ -108,11 +74,11 @@ class GrpcConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        settings = struct.pack(">HI", _INITIAL_WINDOW_SIZE, _WIDE)
+        settings = struct.pack(">HI", f.INITIAL_WINDOW_SIZE, _WIDE)
         transport.write(  # type: ignore[attr-defined]
-            _PREFACE
-            + _frame(_SETTINGS, 0, 0, settings)
-            + _frame(_WINDOW_UPDATE, 0, 0, struct.pack(">I", _WIDE - 65535))
+            f.PREFACE
+            + f.frame(f.SETTINGS, 0, 0, settings)
+            + f.frame(f.WINDOW_UPDATE, 0, 0, struct.pack(">I", _WIDE - 65535))
         )
 
     def call(self) -> None:
@@ -137,14 +103,14 @@ class GrpcConnection(asyncio.Protocol):
         buf += data
         pos, end = 0, len(buf)
         while end - pos >= 9:
-            high, low, kind, flags, stream = _FRAME.unpack_from(buf, pos)
+            high, low, kind, flags, stream = f.HEAD.unpack_from(buf, pos)
             size = (high << 16) | low
             if end - pos - 9 < size:
                 break
-            if kind == _DATA:
+            if kind == f.DATA:
                 self._on_data(stream, size)
-            elif kind == _HEADERS:
-                if flags & _END_STREAM:  # the trailers
+            elif kind == f.HEADERS:
+                if flags & f.END_STREAM:  # the trailers
                     self._finish(stream, ok=True)
             else:
                 self._on_control(kind, flags, stream, bytes(buf[pos + 9 : pos + 9 + size]))
@@ -154,20 +120,20 @@ class GrpcConnection(asyncio.Protocol):
     def _on_control(self, kind: int, flags: int, stream: int, payload: bytes) -> None:
         transport = self.transport
         assert transport is not None
-        if kind == _WINDOW_UPDATE and stream == 0:
+        if kind == f.WINDOW_UPDATE and stream == 0:
             self._send_window += int.from_bytes(payload, "big") & _WIDE
             self._flush()
-        elif kind == _SETTINGS and not flags & _ACK:
+        elif kind == f.SETTINGS and not flags & f.ACK:
             for i in range(0, len(payload) - 5, 6):
                 key, value = struct.unpack_from(">HI", payload, i)
-                if key == _INITIAL_WINDOW_SIZE:
+                if key == f.INITIAL_WINDOW_SIZE:
                     self._stream_window = value
-            transport.write(_frame(_SETTINGS, _ACK, 0, b""))
-        elif kind == _PING and not flags & _ACK:
-            transport.write(_frame(_PING, _ACK, 0, payload))
-        elif kind == _RST_STREAM:
+            transport.write(f.frame(f.SETTINGS, f.ACK, 0, b""))
+        elif kind == f.PING and not flags & f.ACK:
+            transport.write(f.frame(f.PING, f.ACK, 0, payload))
+        elif kind == f.RST_STREAM:
             self._finish(stream, ok=False)
-        elif kind == _GOAWAY:
+        elif kind == f.GOAWAY:
             transport.close()
 
     def _on_data(self, stream: int, size: int) -> None:
@@ -176,7 +142,7 @@ class GrpcConnection(asyncio.Protocol):
             call[1] = True
         self._received += size
         if self._received > _WIDE // 2:  # give the connection's window back
-            update = _frame(_WINDOW_UPDATE, 0, 0, struct.pack(">I", self._received))
+            update = f.frame(f.WINDOW_UPDATE, 0, 0, struct.pack(">I", self._received))
             self.transport.write(update)  # type: ignore[union-attr]
             self._received = 0
 

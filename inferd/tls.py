@@ -6,7 +6,7 @@ Not the cluster's mutual TLS between inferd's own processes (``cluster.tls_*``, 
 - The server process loads the files once at start (:func:`check`), before any gateway
   starts, so a missing or unreadable file is one line naming it, not a gateway that
   fails to start. Each gateway process then loads them itself: uvicorn for HTTP,
-  ``grpc.ssl_server_credentials`` for gRPC, on the port they share (SO_REUSEPORT).
+  :func:`server_context` for gRPC (ALPN ``h2``), on the port they share (SO_REUSEPORT).
 - The server calls its own gateways (the job runner): it trusts exactly the certificate
   they serve (:func:`own_gateways_client`), whatever names it holds, since it reaches
   them on loopback. With client certificates required (``tls.client_ca_file``) it
@@ -53,6 +53,20 @@ def check(config: TLSConfig) -> None:
                 f"error: tls.client_ca_file {config.client_ca_file} does not load as PEM "
                 f"CA certificates: {_why(exc)}"
             ) from None
+
+
+def server_context(config: TLSConfig, alpn: list[str] | None = None) -> ssl.SSLContext:
+    """A server's TLS context for ``settings.tls``: client certificates required when
+    ``client_ca_file`` is set; ``alpn``: the protocols offered (HTTP/2 is ``h2``)."""
+    assert config.cert_file is not None and config.key_file is not None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(config.cert_file, config.key_file)
+    if config.client_ca_file is not None:
+        context.load_verify_locations(cafile=config.client_ca_file)
+        context.verify_mode = ssl.CERT_REQUIRED
+    if alpn:
+        context.set_alpn_protocols(alpn)
+    return context
 
 
 def _why(exc: OSError) -> str:

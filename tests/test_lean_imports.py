@@ -46,11 +46,11 @@ def test_gateway_imports_no_framework() -> None:
     modules = set(imported("import inferd.api.worker, inferd.grpc.service"))
     assert not modules & set(FRAMEWORKS), sorted(modules & set(FRAMEWORKS))
     assert not modules & set(SERVER_ONLY), sorted(modules & set(SERVER_ONLY))
+    assert "grpc" not in modules  # gRPC is served by inferd.grpc.http2, not grpcio
+    assert not modules & set(DATABASE), sorted(modules & set(DATABASE))
 
 
 def test_a_gateway_opens_the_database_layer_on_first_use() -> None:
-    # inferd.grpc.service is left out until it imports RowBuffer from log_rows and
-    # Registry for type checking only (it still pulls SQLAlchemy at import).
     modules = set(
         imported(
             "from inferd.api.app import create_app\n"

@@ -174,7 +174,7 @@ Check = tuple[str, Bucket, str]
 
 
 class RateLimits:
-    """``rate_limits`` on one limiter: what the HTTP gate, the gRPC interceptor and
+    """``rate_limits`` on one limiter: what the HTTP gate, the gRPC calls (grpc/limits.py) and
     generation (:class:`TokenBudget`) call. One per gateway process, shared by HTTP and
     gRPC, so a client's budget is one whichever protocol it uses."""
 

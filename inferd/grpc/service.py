@@ -1,10 +1,10 @@
 """``inference.GRPCInferenceService``: the Open Inference Protocol over gRPC.
 
-Served by every gateway process (grpcio's asyncio server on ``grpc_port``, shared with
-SO_REUSEPORT like the HTTP port) on the same router and data plane as the REST APIs, so
-versions, batching and replicas behave the same whichever protocol a request used. The
-checks of inputs against the model's signature are the protocol's
-(:mod:`inferd.protocols.v2`, shared with REST); messages are decoded in
+Served by every gateway process (inferd's own HTTP/2 server, :mod:`inferd.grpc.http2`,
+on ``grpc_port``, shared with SO_REUSEPORT like the HTTP port) on the same router and
+data plane as the REST APIs, so versions, batching and replicas behave the same whichever
+protocol a request used. The checks of inputs against the model's signature are the
+protocol's (:mod:`inferd.protocols.v2`, shared with REST); messages are decoded in
 :mod:`inferd.grpc.tensors`.
 
 Tensors: inputs come either as ``raw_input_contents`` (one little-endian byte string per
@@ -12,6 +12,8 @@ input, read without copying) or as typed ``contents``; outputs always go back as
 ``raw_output_contents``, as Triton does. Errors map to gRPC status codes (bad input
 INVALID_ARGUMENT, unknown model NOT_FOUND, not ready or overloaded UNAVAILABLE, deadline
 DEADLINE_EXCEEDED, over a rate limit RESOURCE_EXHAUSTED: see :mod:`inferd.grpc.limits`).
+Each call is authenticated (:mod:`inferd.grpc.auth`), then counted against the rate limits,
+then handled, inside its trace span when tracing is on.
 ``ModelStreamInfer`` serves a stream of requests concurrently; a generative model answers
 a request with one response per chunk of text (``text_output``) and marks the last with
 the ``triton_final_response`` parameter, the way Triton's decoupled models do.
@@ -21,22 +23,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
-
-import grpc
 
 from inferd import __version__
 from inferd.api.limits import RateLimits, TokenBudget
-from inferd.config import Settings, TLSConfig
-from inferd.errors import InferdError, InvalidInput, ModelNotFound, ModelNotReady
+from inferd.config import Settings
+from inferd.errors import InferdError, InvalidInput, ModelNotFound, ModelNotReady, RateLimited
 from inferd.grpc import grpc_service_pb2 as pb
-from inferd.grpc import grpc_service_pb2_grpc as pb_grpc
-from inferd.grpc.auth import allowed
-from inferd.grpc.limits import RateLimitInterceptor, grpc_client
+from inferd.grpc import limits as grpc_limits
+from inferd.grpc.auth import PUBLIC, allowed, authenticate
+from inferd.grpc.http2 import Abort, Call, GrpcServer, Method, StatusCode
+from inferd.grpc.limits import grpc_client
 from inferd.grpc.tensors import decode_inputs, generation_body, parameters
 from inferd.observability import tracing
 from inferd.observability.log_rows import RowBuffer
@@ -52,44 +52,48 @@ from inferd.runtimes import GENERATIVE
 from inferd.runtimes.base import datatype_of
 
 if TYPE_CHECKING:
+    from inferd.api.auth import Authenticator
     from inferd.registry import Registry
 
 logger = logging.getLogger(__name__)
 
+SERVICE = "inference.GRPCInferenceService"
 _CODES = {
-    400: grpc.StatusCode.INVALID_ARGUMENT,
-    404: grpc.StatusCode.NOT_FOUND,
-    409: grpc.StatusCode.ALREADY_EXISTS,
-    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    422: grpc.StatusCode.INVALID_ARGUMENT,
-    401: grpc.StatusCode.UNAUTHENTICATED,
-    403: grpc.StatusCode.PERMISSION_DENIED,
-    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    503: grpc.StatusCode.UNAVAILABLE,
-    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+    400: StatusCode.INVALID_ARGUMENT,
+    404: StatusCode.NOT_FOUND,
+    409: StatusCode.ALREADY_EXISTS,
+    413: StatusCode.RESOURCE_EXHAUSTED,
+    422: StatusCode.INVALID_ARGUMENT,
+    401: StatusCode.UNAUTHENTICATED,
+    403: StatusCode.PERMISSION_DENIED,
+    429: StatusCode.RESOURCE_EXHAUSTED,
+    503: StatusCode.UNAVAILABLE,
+    504: StatusCode.DEADLINE_EXCEEDED,
 }
 
-Unary = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Any]]
+
+def status_code(exc: InferdError) -> StatusCode:
+    return _CODES.get(exc.status_code, StatusCode.INTERNAL)
 
 
-def status_code(exc: InferdError) -> grpc.StatusCode:
-    return _CODES.get(exc.status_code, grpc.StatusCode.INTERNAL)
+def abort(exc: InferdError) -> Abort:
+    """The gRPC ending of an inferd error (a rate limit's headers as trailers)."""
+    trailers = grpc_limits.metadata(exc.limit_headers) if isinstance(exc, RateLimited) else ()
+    return Abort(status_code(exc), exc.message, trailers)
 
 
-def _errors(handler: Unary) -> Unary:
-    """An :class:`InferdError` ends the call with its status code and message."""
-
-    @functools.wraps(handler)
-    async def wrapped(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            return await handler(self, request, context)
-        except InferdError as exc:
-            await context.abort(status_code(exc), exc.message)
-
-    return wrapped
+def methods() -> dict[str, Method]:
+    """The service's methods by path, from its descriptor: those InferenceService does not
+    have answer UNIMPLEMENTED, as the path of a method nobody serves does."""
+    service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    return {
+        f"/{SERVICE}/{m.name}": Method(m.name, getattr(pb, m.input_type.name), m.client_streaming)
+        for m in service.methods
+        if hasattr(InferenceService, m.name)
+    }
 
 
-class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+class InferenceService:
     def __init__(
         self,
         router: Router,
@@ -108,14 +112,13 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
 
     # -- health and metadata -----------------------------------------------------------
 
-    async def ServerLive(self, request: Any, context: Any) -> pb.ServerLiveResponse:
+    async def ServerLive(self, request: Any, call: Call) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)
 
-    async def ServerReady(self, request: Any, context: Any) -> pb.ServerReadyResponse:
+    async def ServerReady(self, request: Any, call: Call) -> pb.ServerReadyResponse:
         return pb.ServerReadyResponse(ready=v2.is_server_ready(self.router))
 
-    @_errors
-    async def ModelReady(self, request: Any, context: Any) -> pb.ModelReadyResponse:
+    async def ModelReady(self, request: Any, call: Call) -> pb.ModelReadyResponse:
         allowed(request.name)
         try:
             self.router.target(request.name, request.version or None)
@@ -123,13 +126,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=True)
 
-    async def ServerMetadata(self, request: Any, context: Any) -> pb.ServerMetadataResponse:
+    async def ServerMetadata(self, request: Any, call: Call) -> pb.ServerMetadataResponse:
         return pb.ServerMetadataResponse(
             name="inferd", version=__version__, extensions=v2.EXTENSIONS
         )
 
-    @_errors
-    async def ModelMetadata(self, request: Any, context: Any) -> pb.ModelMetadataResponse:
+    async def ModelMetadata(self, request: Any, call: Call) -> pb.ModelMetadataResponse:
         allowed(request.name)
         meta = v2.metadata_of(self.router, request.name, request.version or None)
         return pb.ModelMetadataResponse(
@@ -142,22 +144,21 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
 
     # -- inference ---------------------------------------------------------------------
 
-    @_errors
-    async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
-        deadline_s = context.time_remaining()  # the client's gRPC deadline, if it set one
-        call = RequestContext()
+    async def ModelInfer(self, request: Any, call: Call) -> pb.ModelInferResponse:
+        deadline_s = call.time_remaining()  # the client's gRPC deadline, if it set one
+        context = RequestContext()
         if self.inference_log is None:
-            return await self._infer(request, call, deadline_s)
+            return await self._infer(request, context, deadline_s)
         started = time.perf_counter()
         try:
-            response = await self._infer(request, call, deadline_s)
+            response = await self._infer(request, context, deadline_s)
         except InferdError as exc:
-            self._log(request, call, started, exc.status_code)
+            self._log(request, context, started, exc.status_code)
             raise
         except Exception:
-            self._log(request, call, started, 500)
+            self._log(request, context, started, 500)
             raise
-        self._log(request, call, started, 200)
+        self._log(request, context, started, 200)
         return response
 
     def _log(self, request: Any, call: RequestContext, started: float, status: int) -> None:
@@ -225,14 +226,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         return response
 
     async def ModelStreamInfer(
-        self, requests: AsyncIterator[Any], context: Any
+        self, requests: AsyncIterator[Any], call: Call
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Each request runs as its own task; responses go out as they are ready (match
         them by ``id``). A failed request answers ``error_message``; the stream goes on.
         Each request counts against the caller's rate limits as a unary call would."""
         out: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
         tasks: set[asyncio.Task[None]] = set()
-        who = grpc_client(context)
+        who = grpc_client(call)
 
         async def read() -> None:
             try:
@@ -316,8 +317,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
 
     # -- model repository ----------------------------------------------------------------
 
-    @_errors
-    async def RepositoryIndex(self, request: Any, context: Any) -> pb.RepositoryIndexResponse:
+    async def RepositoryIndex(self, request: Any, call: Call) -> pb.RepositoryIndexResponse:
         models = await repo.repository_index(self.registry, self.router, request.ready)
         return pb.RepositoryIndexResponse(
             models=[
@@ -328,21 +328,75 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             ]
         )
 
-    @_errors
-    async def RepositoryModelLoad(
-        self, request: Any, context: Any
-    ) -> pb.RepositoryModelLoadResponse:
+    async def RepositoryModelLoad(self, request: Any, call: Call) -> pb.RepositoryModelLoadResponse:
         if request.parameters:  # Triton's "config" / "file:" overrides: not for inferd
             raise InvalidInput(f"load parameters are not supported: {sorted(request.parameters)}")
         await repo.load_model(self.registry, self.router, self.settings, request.model_name)
         return pb.RepositoryModelLoadResponse()
 
-    @_errors
     async def RepositoryModelUnload(
-        self, request: Any, context: Any
+        self, request: Any, call: Call
     ) -> pb.RepositoryModelUnloadResponse:
         await repo.unload_model(self.registry, self.router, self.settings, request.model_name)
         return pb.RepositoryModelUnloadResponse()
+
+
+class GrpcCalls:
+    """Every call's way to its handler: trace span, authentication, rate limits, then
+    the :class:`InferenceService` method, an :class:`InferdError` ending the call with
+    its status."""
+
+    def __init__(
+        self,
+        service: InferenceService,
+        auth: Authenticator | None,
+        limits: RateLimits | None,
+        tracer: Any,
+    ) -> None:
+        self.auth = auth
+        self.limits = limits
+        self.tracer = tracer
+        self._handlers = {m.name: getattr(service, m.name) for m in methods().values()}
+
+    async def unary(self, call: Call, request: Any) -> Any:
+        if self.tracer is None:
+            return await self._unary(call, request)
+        from inferd.grpc.tracing import server_span
+
+        with server_span(self.tracer, call, SERVICE):
+            return await self._unary(call, request)
+
+    async def _unary(self, call: Call, request: Any) -> Any:
+        name = call.method.name
+        try:
+            if name not in PUBLIC:
+                if self.auth is not None:
+                    await authenticate(self.auth, call)
+                if self.limits is not None:
+                    await grpc_limits.take(self.limits, call, request)
+            return await self._handlers[name](request, call)
+        except InferdError as exc:
+            raise abort(exc) from None
+
+    async def stream(self, call: Call, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        if self.tracer is None:
+            async for response in self._stream(call, requests):
+                yield response
+            return
+        from inferd.grpc.tracing import server_span
+
+        with server_span(self.tracer, call, SERVICE):
+            async for response in self._stream(call, requests):
+                yield response
+
+    async def _stream(self, call: Call, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        try:
+            if self.auth is not None:
+                await authenticate(self.auth, call)
+        except InferdError as exc:
+            raise abort(exc) from None
+        async for response in self._handlers[call.method.name](requests, call):
+            yield response
 
 
 async def start_server(
@@ -352,50 +406,28 @@ async def start_server(
     inference_log: RowBuffer | None = None,
     cache: ResultCache | None = None,
     limits: RateLimits | None = None,
-) -> grpc.aio.Server:
+) -> GrpcServer:
     """Listen on ``settings.host:settings.grpc_port`` (port shared across gateway
     processes with SO_REUSEPORT). ``limits``: the gateway process's rate limits, the
     same object its HTTP app uses."""
-    interceptors: list[grpc.aio.ServerInterceptor] = []
-    if tracing.tracer is not None:  # first: its span covers auth and limits
-        from inferd.grpc.tracing import TracingInterceptor
+    from inferd.api.worker import bind_socket
 
-        interceptors.append(TracingInterceptor(tracing.tracer))
+    authenticator = None
     if settings.auth.enabled:
         from inferd.api.auth import Authenticator
-        from inferd.grpc.auth import AuthInterceptor
 
         authenticator = Authenticator(settings.auth, registry.keys)
-        interceptors.append(AuthInterceptor(authenticator, status_code))
-    if limits is not None and settings.rate_limits.limits_requests:  # inside auth's
-        interceptors.append(RateLimitInterceptor(limits))
-    server = grpc.aio.server(
-        interceptors=interceptors,
-        options=[
-            ("grpc.so_reuseport", 1),
-            ("grpc.max_receive_message_length", settings.max_body_bytes),
-            ("grpc.max_send_message_length", -1),
-        ],
-    )
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(
-        InferenceService(router, registry, settings, inference_log, cache, limits), server
-    )
-    host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    if settings.tls.cert_file is None:
-        server.add_insecure_port(f"{host}:{settings.grpc_port}")
-    else:
-        server.add_secure_port(f"{host}:{settings.grpc_port}", _credentials(settings.tls))
-    await server.start()
+    if limits is not None and not settings.rate_limits.limits_requests:
+        limits = None
+    service = InferenceService(router, registry, settings, inference_log, cache, limits)
+    calls = GrpcCalls(service, authenticator, limits, tracing.tracer)
+    server = GrpcServer(calls, methods(), settings.max_body_bytes)
+    sock = bind_socket(settings.host, settings.grpc_port)
+    sock.listen(4096)
+    context = None
+    if settings.tls.cert_file is not None:
+        from inferd.tls import server_context
+
+        context = server_context(settings.tls, alpn=["h2"])
+    await server.start(sock, context)
     return server
-
-
-def _credentials(tls: TLSConfig) -> grpc.ServerCredentials:
-    """``settings.tls`` as gRPC server credentials (client certificates required when
-    ``client_ca_file`` is set), loaded from the same files as the HTTP port's."""
-    assert tls.cert_file is not None and tls.key_file is not None
-    client_ca = tls.client_ca_file.read_bytes() if tls.client_ca_file is not None else None
-    return grpc.ssl_server_credentials(
-        [(tls.key_file.read_bytes(), tls.cert_file.read_bytes())],
-        root_certificates=client_ca,
-        require_client_auth=client_ca is not None,
-    )
