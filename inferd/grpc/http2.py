@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import enum
 import logging
 import socket
@@ -34,7 +35,7 @@ import struct
 import time
 import zlib
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote
@@ -747,6 +748,28 @@ def _first(entries: Any) -> Any:
     return entries[0] if entries else None
 
 
+def _parse(method: Method, message: bytes) -> Any:
+    try:
+        return method.request.FromString(message)
+    except DecodeError:
+        name = method.request.DESCRIPTOR.full_name
+        raise Abort(StatusCode.INVALID_ARGUMENT, f"the request does not parse as {name}") from None
+
+
+@contextlib.contextmanager
+def _ending(call: Call) -> Iterator[None]:
+    """A call's handler ending by an exception: the status it answers."""
+    try:
+        yield
+    except Abort as exc:
+        call.conn.end(call, exc)
+    except asyncio.CancelledError:
+        call.conn.end(call, Abort(StatusCode.CANCELLED, "the call was cancelled"))
+    except Exception:
+        logger.exception("gRPC call %s failed", call.method.name)
+        call.conn.end(call, Abort(StatusCode.INTERNAL, "internal error; see the server log"))
+
+
 def _unpad(payload: bytes) -> bytes:
     if not payload:
         raise _ConnectionError(f.PROTOCOL_ERROR, "padded frame without a pad length")
@@ -832,53 +855,26 @@ class GrpcServer:
         return _Head(method, path, deadline_s, encoding, tuple(metadata), error)
 
     async def run_unary(self, call: Call) -> None:
-        conn = call.conn
-        try:
-            try:
-                request = call.method.request.FromString(call.message)
-            except DecodeError:
-                name = call.method.request.DESCRIPTOR.full_name
-                raise Abort(StatusCode.INVALID_ARGUMENT, f"the request is not a {name}") from None
+        with _ending(call):
+            request = _parse(call.method, call.message)  # type: ignore[arg-type]
             response = await self.service.unary(call, request)
-        except Abort as exc:
-            conn.end(call, exc)
-        except asyncio.CancelledError:
-            conn.end(call, Abort(StatusCode.CANCELLED, "the call was cancelled"))
-        except Exception:
-            logger.exception("gRPC call %s failed", call.method.name)
-            conn.end(call, Abort(StatusCode.INTERNAL, "internal error; see the server log"))
-        else:
-            conn.respond(call, response.SerializeToString())
+            call.conn.respond(call, response.SerializeToString())
 
     async def run_stream(self, call: Call) -> None:
-        conn = call.conn
-        try:
-            responses = self.service.stream(call, self._requests(call))
-            async for response in responses:
+        with _ending(call):
+            async for response in self.service.stream(call, self._requests(call)):
                 await call.send(response)
                 if call.done:
                     break
-        except Abort as exc:
-            conn.end(call, exc)
-        except asyncio.CancelledError:
-            conn.end(call, Abort(StatusCode.CANCELLED, "the call was cancelled"))
-        except Exception:
-            logger.exception("gRPC stream %s failed", call.method.name)
-            conn.end(call, Abort(StatusCode.INTERNAL, "internal error; see the server log"))
-        else:
-            conn.end(call)
+            call.conn.end(call)
 
     async def _requests(self, call: Call) -> AsyncIterator[Any]:
         assert call.queue is not None
-        parse = call.method.request.FromString
         while (message := await call.queue.get()) is not None:
             try:
-                request = parse(message)
-            except DecodeError:
-                name = call.method.request.DESCRIPTOR.full_name
-                call.conn.end(
-                    call, Abort(StatusCode.INVALID_ARGUMENT, f"a request is not a {name}")
-                )
+                request = _parse(call.method, message)
+            except Abort as exc:
+                call.conn.end(call, exc)
                 return
             yield request
 
