@@ -160,12 +160,14 @@ def _address(control: str) -> str | Path:
 
 
 async def run_gateway(settings: Settings, control: str | Path) -> None:
+    from inferd.api.http_protocol import HttpProtocol
+
     gateway = await build_gateway(settings, control)
     freeze_heap()
     config = uvicorn.Config(
         gateway.app,
         loop="none",
-        http="httptools",
+        http=HttpProtocol,
         lifespan="off",
         access_log=False,
         log_config=None,

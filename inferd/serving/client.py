@@ -82,6 +82,7 @@ class ReplicaClient:
         self.address = address
         self.replica_id = replica_id or address
         self._transport: asyncio.Transport | None = None
+        self._writer: p.TurnWriter | None = None  # the frames of a turn in one write
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._streams: dict[int, asyncio.Queue[Any]] = {}
         self._ids = itertools.count(1)
@@ -93,6 +94,7 @@ class ReplicaClient:
         kind, _, where = self.address.partition(":")
         if kind == "inproc":
             self._transport = inprocess.connect(where, lambda: _ClientProtocol(self))
+            self._writer = p.TurnWriter(self._transport)
             self.closed = False
             return
         if kind == "unix":
@@ -101,11 +103,12 @@ class ReplicaClient:
             coro = transport_.connect(where, lambda: _ClientProtocol(self), timeout_s=timeout_s)
         transport, _ = await asyncio.wait_for(coro, timeout_s)
         self._transport = transport  # type: ignore[assignment]
+        self._writer = p.TurnWriter(transport)
         self.closed = False
 
     def _lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self._transport = None
+        self._transport = self._writer = None
         pending, self._pending = self._pending, {}
         for future in pending.values():
             if not future.done():
@@ -120,7 +123,7 @@ class ReplicaClient:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._pending[message.id] = future
-        transport.write(p.encode(message))
+        self._writer.write(p.encode(message))  # type: ignore[union-attr]
         timer = loop.call_later(timeout_s, _expire, future, timeout_s)
         try:
             return await future
@@ -128,8 +131,8 @@ class ReplicaClient:
             # Deadline passed or the caller went away (client disconnected): tell the
             # replica to drop the request instead of computing it for nobody.
             self._pending.pop(message.id, None)
-            if self._transport is not None:
-                self._transport.write(p.encode(p.Cancel(message.id)))
+            if self._writer is not None:
+                self._writer.write(p.encode(p.Cancel(message.id)))
             raise
         finally:
             timer.cancel()
@@ -200,7 +203,7 @@ class ReplicaClient:
         if tracing.tracer is not None and tracing.recording():
             span = tracing.client_span("inferd.replica generate", self.replica_id)
             message.trace = tracing.carrier(span)
-        transport.write(p.encode(message))
+        self._writer.write(p.encode(message))  # type: ignore[union-attr]
         idle_timeout_s = request.idle_timeout_s
         wait_s = idle_timeout_s if r.first_timeout_s is None else r.first_timeout_s
         try:
@@ -220,8 +223,8 @@ class ReplicaClient:
         finally:
             self.outstanding -= 1
             self._streams.pop(mid, None)
-            if not finished and self._transport is not None:
-                self._transport.write(p.encode(p.Cancel(mid)))
+            if not finished and self._writer is not None:
+                self._writer.write(p.encode(p.Cancel(mid)))
             if span is not None:
                 span.end()
 

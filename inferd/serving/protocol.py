@@ -16,6 +16,7 @@ dependency nor background I/O thread.
 
 from __future__ import annotations
 
+import asyncio
 import struct
 import time
 from dataclasses import dataclass
@@ -211,6 +212,33 @@ def encode(message: Message) -> bytes:
 
 def decode(body: bytes | memoryview) -> Message:
     return _decoder.decode(body)
+
+
+class TurnWriter:
+    """Frames to one transport: the first of a turn of the event loop is written at once,
+    the ones that follow it in the same turn go together in one write at the end of the
+    turn. One system call for what a turn produces (a batch's results; the requests of
+    the many connections a gateway read in one turn; one token for each of a decode
+    step's streams) instead of one each, and a lone frame is not delayed."""
+
+    __slots__ = ("_burst", "transport")
+
+    def __init__(self, transport: Any) -> None:
+        self.transport = transport
+        self._burst: list[bytes] | None = None
+
+    def write(self, frame: bytes) -> None:
+        if self._burst is not None:
+            self._burst.append(frame)
+            return
+        self.transport.write(frame)
+        self._burst = []
+        asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        burst, self._burst = self._burst, None
+        if burst and not self.transport.is_closing():
+            self.transport.write(b"".join(burst))
 
 
 class FrameBuffer:

@@ -44,11 +44,11 @@ class ReplicaProtocol(asyncio.Protocol):
         self.pending: dict[int, asyncio.Future[Columns]] = {}
         self.generations: dict[int, str] = {}  # frame id -> engine request id
         self.spans: dict[int, tracing.GenerationSpan] = {}  # traced generations, by frame id
-        self._burst: list[bytes] | None = None
-        """Frames sent after the first one in this turn of the event loop (see _send)."""
+        self.writer: p.TurnWriter | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.writer = p.TurnWriter(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         for future in self.pending.values():
@@ -60,7 +60,7 @@ class ReplicaProtocol(asyncio.Protocol):
         for span in self.spans.values():
             span.cancelled()
         self.spans.clear()
-        self.transport = None
+        self.transport = self.writer = None
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -245,25 +245,10 @@ class ReplicaProtocol(asyncio.Protocol):
             self._send(p.Error(message.id, *error_status(exc)))
 
     def _send(self, message: p.Message) -> None:
-        """The first frame of a turn of the event loop is written at once; the ones that
-        follow it in the same turn (a batch's results, one token for each of a step's
-        streams) go together in one write at the end of the turn: one system call for a
-        500-stream decode step instead of 500."""
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            return
-        if self._burst is not None:
-            self._burst.append(p.encode(message))
-            return
-        transport.write(p.encode(message))
-        self._burst = []
-        asyncio.get_running_loop().call_soon(self._flush)
-
-    def _flush(self) -> None:
-        burst, self._burst = self._burst, None
-        transport = self.transport
-        if burst and transport is not None and not transport.is_closing():
-            transport.write(b"".join(burst))
+        """Frames of one turn of the event loop go in one write (see p.TurnWriter)."""
+        writer = self.writer
+        if writer is not None and not writer.transport.is_closing():
+            writer.write(p.encode(message))
 
 
 async def start_listening(
