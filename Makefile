@@ -4,12 +4,12 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
 
-.PHONY: run test install vllm services lint bench-tabular bench-latency bench-ray clean
+.PHONY: run test install vllm services lint docs bench-tabular bench-latency bench-ray clean
 
 run: install  ## venv + install + build the demo models + serve them on :8000
 	$(PY) -m inferd serve --demo --port $(PORT)
 
-test: install vllm services lint  ## lint, then the whole test suite (starts the services it needs)
+test: install vllm services lint docs  ## lint and docs, then the whole test suite (starts the services it needs)
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
 install: $(VENV)/.installed
@@ -29,9 +29,13 @@ services:
 	bash scripts/ensure-services.sh
 
 lint: install
-	$(VENV)/bin/ruff check inferd tests bench
-	$(VENV)/bin/ruff format --check inferd tests bench
+	$(VENV)/bin/ruff check inferd tests bench scripts
+	$(VENV)/bin/ruff format --check inferd tests bench scripts
 	$(VENV)/bin/mypy inferd
+
+docs: install  ## the documentation site (docs/ -> site/), its generated references checked current
+	$(PY) scripts/gen_reference.py --check
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 bench-tabular: install
 	$(PY) bench/tabular.py

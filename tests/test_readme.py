@@ -1,29 +1,29 @@
-"""The README's curl examples run against a real demo server and answer as shown."""
+"""The curl examples of README's tour and of the errors reference page run against a
+real demo server and answer as shown."""
 
 from __future__ import annotations
 
 import json
 import re
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import InferdServer
+from tests.docs import DOCS, README
 
-README = Path(__file__).resolve().parent.parent / "README.md"
 pytestmark = pytest.mark.slow
 
 
-SECTIONS = {"## Calling it": 3, "## Errors, limits and defaults": None}
-"""The sections whose curl examples are run, and how many (None: all); the others
-change the server's state (repository unload, deployments, jobs) or need the LLM."""
+PAGES = {README: 3, DOCS / "reference" / "errors-and-limits.md": None}
+"""The pages whose curl examples are run, and how many (None: all); the others change
+the server's state (repository unload, deployments, jobs) or need the LLM."""
 
 
 def _examples() -> list[tuple[str, dict]]:
     found = []
-    for heading, count in SECTIONS.items():
-        section = README.read_text().split(heading, 1)[1].split("\n## ", 1)[0]
+    for page, count in PAGES.items():
+        section = page.read_text()
         blocks = re.findall(r"\$ (curl .*?)\n(\{.*?\})\n", section, flags=re.S)
         found += [(cmd.replace("\\\n", " "), json.loads(out)) for cmd, out in blocks[:count]]
     return found

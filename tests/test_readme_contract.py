@@ -1,6 +1,7 @@
-"""README's table of status codes, walked against a real server: every row has a way to
-provoke its condition here, and every cell that is not a dash is what that API answers.
-A row added to README without a provoker, or a provoker whose row is gone, fails."""
+"""The table of status codes (docs/reference/errors-and-limits.md), walked against a real
+server: every row has a way to provoke its condition here, and every cell that is not a
+dash is what that API answers. A row added to the page without a provoker, or a provoker
+whose row is gone, fails."""
 
 from __future__ import annotations
 
@@ -28,9 +29,10 @@ from tests.conftest import (
     push_folder,
     push_source,
 )
+from tests.docs import DOCS
 
 pytestmark = pytest.mark.slow
-README = Path(__file__).resolve().parent.parent / "README.md"
+PAGE = DOCS / "reference" / "errors-and-limits.md"
 MODELS = Path(__file__).parent / "models"
 FAMILIES = ("/api/v1", "V2 REST", "gRPC", "OpenAI")
 BOOM = (
@@ -52,9 +54,8 @@ class Row:
 
 
 def status_rows() -> list[Row]:
-    """The status table of README's "Errors, limits and defaults" section."""
-    text = README.read_text()
-    section = text[text.index("## Errors, limits and defaults") :]
+    """The status table of the "Errors, limits and defaults" page."""
+    section = PAGE.read_text()
     rows = []
     for line in section.splitlines():
         if not line.startswith("|"):
@@ -129,7 +130,7 @@ def completion(ctx: Context, key: str | None = "", **body: Any) -> int:
     return ctx.http("/v1/completions", key, json=body).status_code
 
 
-# -- one provoker per README row ------------------------------------------------------------
+# -- one provoker per row of the table ------------------------------------------------------------
 
 
 def not_json(ctx: Context) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""README states defaults in prose ("`request_timeout_s`, 30 s", "`jobs.max_items`
+"""README and the docs site state defaults in prose ("`request_timeout_s`, 30 s", "`jobs.max_items`
 (1,000,000)"): every such statement about a setting must be what the code does."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pydantic import BaseModel
 
 from inferd.config import Settings
 from inferd.registry.deployments import CANARY_DEFAULTS
+from tests import docs
 
-README = Path(__file__).resolve().parent.parent / "README.md"
 STATEMENT = re.compile(
     r"`(?P<name>(?:INFERD_)?[A-Za-z_][A-Za-z0-9_.]*)`"
     r"(?:\s*(?P<sep>\(|,|=|:|is|\|)?\s*(?:default(?::| is)?\s*)?)"
@@ -69,9 +69,9 @@ def in_field_units(path: str, number: float, unit: str | None) -> float:
     return seconds * 1000 if path.endswith("_ms") else seconds
 
 
-def statements() -> list[tuple[int, str, str, float, Any]]:
+def statements() -> list[tuple[str, str, str, float, Any]]:
     found = []
-    for lineno, line in enumerate(README.read_text().splitlines(), 1):
+    for page, lineno, line in _lines():
         for match in STATEMENT.finditer(line):
             resolved = resolve(match["name"])
             if resolved is None:
@@ -80,12 +80,20 @@ def statements() -> list[tuple[int, str, str, float, Any]]:
                 continue  # a table cell after the name is a default only in a settings table
             path, default = resolved
             if match["number"] == "none":
-                found.append((lineno, match.group(0), path, None, default))
+                found.append((f"{docs.name(page)}:{lineno}", match.group(0), path, None, default))
                 continue
             number = float(match["number"].replace(",", ""))
             stated = in_field_units(path, number, match["unit"])
-            found.append((lineno, match.group(0), path, stated, default))
+            found.append((f"{docs.name(page)}:{lineno}", match.group(0), path, stated, default))
     return found
+
+
+def _lines() -> list[tuple[Path, int, str]]:
+    return [
+        (page, lineno, line)
+        for page in docs.pages()
+        for lineno, line in enumerate(page.read_text().splitlines(), 1)
+    ]
 
 
 STATEMENTS = statements()
@@ -101,15 +109,15 @@ def test_readme_states_defaults():
 
 
 @pytest.mark.parametrize(
-    ("lineno", "text", "path", "stated", "default"),
+    ("where", "text", "path", "stated", "default"),
     STATEMENTS,
-    ids=[f"README:{s[0]}:{s[2]}" for s in STATEMENTS],
+    ids=[f"{s[0]}:{s[2]}" for s in STATEMENTS],
 )
-def test_readme_default_is_the_code_default(lineno, text, path, stated, default):
+def test_readme_default_is_the_code_default(where, text, path, stated, default):
     if stated is None:  # "none": the setting has no default value
-        assert default is None, f"README line {lineno} says {text!r}; {path} is {default!r}"
+        assert default is None, f"{where} says {text!r}; {path} is {default!r}"
         return
-    assert default is not None, f"README line {lineno} ({text!r}): {path} has no default"
+    assert default is not None, f"{where} ({text!r}): {path} has no default"
     assert float(default) == pytest.approx(stated), (
-        f"README line {lineno} says {text!r}; {path} defaults to {default!r}"
+        f"{where} says {text!r}; {path} defaults to {default!r}"
     )

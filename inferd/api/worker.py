@@ -190,8 +190,9 @@ async def run_gateway(settings: Settings, control: str | Path) -> None:
         from inferd.grpc.service import start_server
 
         g = gateway
+        plane = g.app.state.dataplane  # one per process, shared with the HTTP routes
         grpc_server = await start_server(
-            g.router, g.registry, settings, g.inference_log, g.cache, g.limits
+            g.router, g.registry, settings, plane, g.inference_log, g.limits
         )
     loop = asyncio.get_running_loop()
     loop.call_soon(_listening)

@@ -43,7 +43,6 @@ from inferd.observability.log_rows import RowBuffer
 from inferd.observability.logging import request_id_var
 from inferd.protocols import repository as repo
 from inferd.protocols import v2
-from inferd.routing.cache import ResultCache
 from inferd.routing.context import RequestContext, new_request_id
 from inferd.routing.dataplane import DataPlane
 from inferd.routing.generation import start_generation
@@ -99,14 +98,14 @@ class InferenceService:
         router: Router,
         registry: Registry,
         settings: Settings,
+        plane: DataPlane,
         inference_log: RowBuffer | None = None,
-        cache: ResultCache | None = None,
         limits: RateLimits | None = None,
     ) -> None:
         self.router = router
         self.registry = registry
         self.settings = settings
-        self.plane = DataPlane(router, settings.request_timeout_s, cache, settings.cache.ttl_s)
+        self.plane = plane  # the gateway process's, shared with its HTTP app
         self.inference_log = inference_log
         self.limits = limits
 
@@ -403,13 +402,13 @@ async def start_server(
     router: Router,
     registry: Registry,
     settings: Settings,
+    plane: DataPlane,
     inference_log: RowBuffer | None = None,
-    cache: ResultCache | None = None,
     limits: RateLimits | None = None,
 ) -> GrpcServer:
     """Listen on ``settings.host:settings.grpc_port`` (port shared across gateway
-    processes with SO_REUSEPORT). ``limits``: the gateway process's rate limits, the
-    same object its HTTP app uses."""
+    processes with SO_REUSEPORT). ``plane`` and ``limits``: the gateway process's data
+    plane (its result cache) and rate limits, the objects its HTTP app uses."""
     from inferd.api.worker import bind_socket
 
     authenticator = None
@@ -419,7 +418,7 @@ async def start_server(
         authenticator = Authenticator(settings.auth, registry.keys)
     if limits is not None and not settings.rate_limits.limits_requests:
         limits = None
-    service = InferenceService(router, registry, settings, inference_log, cache, limits)
+    service = InferenceService(router, registry, settings, plane, inference_log, limits)
     calls = GrpcCalls(service, authenticator, limits, tracing.tracer)
     server = GrpcServer(calls, methods(), settings.max_body_bytes)
     sock = bind_socket(settings.host, settings.grpc_port)
