@@ -89,7 +89,7 @@ RAY_PYTHON = ROOT / ".venv-ray" / "bin" / "python"
 KIND_NAMES = {
     "inferd": "server",
     "inferd.api.worker": "gateway",
-    "inferd.serving.replica": "replica",
+    "inferd.serving.replica_server": "replica",
     "bench/plain_app.py": "supervisor",
     "bench/plain_app.py (fork)": "uvicorn worker",
     "bench/ray_app.py": "driver",

@@ -115,8 +115,8 @@ def kind_of(pid: int, root: int) -> str:
     ]
     if "inferd.api.worker" in args:
         return "gateway"
-    if "inferd.serving.replica" in args:
-        spec = json.loads(args[args.index("inferd.serving.replica") + 1])
+    if "inferd.serving.replica_server" in args:
+        spec = json.loads(args[args.index("inferd.serving.replica_server") + 1])
         return f"replica {spec['model']}:{spec['version']}"
     return "other " + " ".join(args)[:80]
 

@@ -200,7 +200,7 @@ def test_a_replica_over_tcp_answers_only_the_clusters_clients(tmp_path: Path):
     )
     env = {**os.environ, "INFERD_CLUSTER__TOKEN": TOKEN.token.decode()}  # type: ignore[union-attr]
     replica = subprocess.Popen(
-        [sys.executable, "-m", "inferd.serving.replica", spec.to_json(), "5"],
+        [sys.executable, "-m", "inferd.serving.replica_server", spec.to_json(), "5"],
         cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from inferd.errors import (
-    InferdError,
     InvalidInput,
     ModelNotFound,
     ModelNotReady,
@@ -32,12 +31,10 @@ from inferd.llm.chat import ChatTemplate
 from inferd.llm.engine import EngineFull, LLMEngine, PromptOverLimit, PromptTooLong, TokenOutput
 from inferd.llm.metrics import GenerationMetrics
 from inferd.llm.sequence import SamplingParams
-from inferd.serving.replica import load_off_loop, mark_ready, rss_bytes
+from inferd.serving.core import Sink, TextCore, load_off_loop, mark_ready, rss_bytes
 from inferd.serving.spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)
-Sink = Callable[[TokenOutput | InferdError], None]
-"""Receives a request's token outputs, or the error that ended it before any token."""
 
 
 @dataclass
@@ -64,7 +61,7 @@ class _AdapterOp:
 
 
 def checked(
-    core: Any, prompt: str | list[int] | dict[str, Any], params: dict[str, Any]
+    core: TextCore, prompt: str | list[int] | dict[str, Any], params: dict[str, Any]
 ) -> tuple[str | list[int], SamplingParams]:
     """What both engines' cores do first with a generation: refuse it unless the replica
     serves, check its sampling fields, render a chat with the model's template."""

@@ -1,4 +1,5 @@
-"""The replica: one OS process serving one model version.
+"""The core of a replica serving a runtime (one OS process per model version; its
+entry point and socket server are :mod:`inferd.serving.replica_server`).
 
 Lifecycle: listen at once (state ``loading``, so the controller can watch), load the
 runtime and run one warm-up inference in the executor thread, then ``ready``. SIGTERM
@@ -14,22 +15,20 @@ import asyncio
 import functools
 import logging
 import math
-import os
-import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
 from inferd.errors import InferdError, InvalidInput, ModelError, ModelNotReady
 from inferd.observability.metrics import REQUEST_BUCKETS_S, Histogram, Sketch
-from inferd.process import die_with_parent, freeze_heap
 from inferd.runtimes import load_runtime
 from inferd.runtimes.base import Runtime, RuntimeConfig, Signature
 from inferd.serving.batcher import BatchTrace, Columns, DynamicBatcher
+from inferd.serving.core import load_off_loop, mark_ready, rss_bytes
 from inferd.serving.protocol import from_tensor
 from inferd.serving.spec import ReplicaSpec
 
@@ -225,43 +224,6 @@ def finite_outputs(predict: Callable[[Columns], Columns], inputs: Columns) -> Co
     return outputs
 
 
-def rss_bytes() -> int:
-    """Resident memory of this process, from /proc (0 where unavailable)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:
-        return 0
-
-
-T = TypeVar("T")
-
-
-async def load_off_loop(core: Any, load: Callable[[], T], executor: Executor | None = None) -> T:
-    """Run a core's load and warm-up in a thread; a failure marks the core failed."""
-    try:
-        return await asyncio.get_running_loop().run_in_executor(executor, load)
-    except Exception as exc:
-        core.state, core.message = "failed", f"{type(exc).__name__}: {exc}"
-        logger.exception("loading %s:%s failed", core.spec.model, core.spec.version)
-        raise
-
-
-def mark_ready(core: Any) -> None:
-    if not core.spec.address.startswith("inproc:"):  # a process of its own
-        freeze_heap()  # the model's objects too: a full collection must not walk them
-    core.state = "ready"
-    spec = core.spec
-    logger.info(
-        "replica %s ready: %s:%s (%s) in %.2fs",
-        spec.replica_id,
-        spec.model,
-        spec.version,
-        spec.framework,
-        time.monotonic() - core.started,
-    )
-
-
 def error_status(exc: BaseException) -> tuple[str, str, int, int]:
     """The fields of a protocol ``Error`` for ``exc``: code, message, status, retry-after."""
     if isinstance(exc, ModelNotReady):
@@ -269,50 +231,3 @@ def error_status(exc: BaseException) -> tuple[str, str, int, int]:
     if isinstance(exc, InferdError):
         return exc.code, exc.message, exc.status_code, 0
     return "model_error", f"{type(exc).__name__}: {exc}", 500, 0
-
-
-def main(argv: list[str] | None = None) -> None:
-    from inferd.observability import tracing
-    from inferd.observability.logging import configure_logging
-    from inferd.serving.replica_server import run_replica
-
-    args = sys.argv[1:] if argv is None else argv
-    spec = ReplicaSpec.from_json(args[0])
-    grace_s = float(args[1]) if len(args) > 1 else 30.0
-    if spec.address.startswith("tcp:"):  # reached from other hosts: the cluster's credentials
-        from inferd import transport
-
-        transport.use(transport.Credentials.from_env())
-    configure_logging(spec.log_level, spec.log_json, f"replica {spec.model}:{spec.version}")
-    die_with_parent()
-    tracing.configure(
-        "replica",
-        {
-            "inferd.model": spec.model,
-            "inferd.version": spec.version,
-            "inferd.replica": spec.replica_id,
-        },
-    )
-    code = 0
-    try:
-        try:
-            import uvloop
-        except ImportError:
-            asyncio.run(run_replica(spec, grace_s))
-        else:
-            uvloop.run(run_replica(spec, grace_s))
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        tracing.shutdown()
-    # The replica has drained and closed. What may still run is a load or a batch in a
-    # worker thread (a model stopped while it loads, a predict past the grace period):
-    # nothing can interrupt it, and an ordinary exit would join it first. Leave now.
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,4 +1,6 @@
-"""The replica's socket server: frames in, ReplicaCore calls, frames out.
+"""The replica process (``python -m inferd.serving.replica_server SPEC GRACE``, see
+:func:`main`) and its socket server: frames in, calls on its core
+(:class:`~inferd.serving.core.Core`), frames out.
 
 One asyncio Protocol per gateway connection. Infer requests do not get a task each:
 a done-callback on the batcher's future writes the reply, which keeps the per-request
@@ -13,6 +15,7 @@ import functools
 import logging
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,22 +24,23 @@ from typing import TYPE_CHECKING, Any
 from inferd import transport
 from inferd.observability import tracing
 from inferd.observability.logging import request_id_var
+from inferd.process import die_with_parent
 from inferd.serving import inprocess
 from inferd.serving import protocol as p
 from inferd.serving.batcher import BatchTrace
+from inferd.serving.core import Core
 from inferd.serving.protocol import Columns
 from inferd.serving.replica import ReplicaCore, error_status
 from inferd.serving.spec import ReplicaSpec
 
 if TYPE_CHECKING:
     from inferd.llm.engine import TokenOutput
-    from inferd.serving.generation import GenerationCore
 
 logger = logging.getLogger(__name__)
 
 
 class ReplicaProtocol(asyncio.Protocol):
-    def __init__(self, core: ReplicaCore | GenerationCore, on_drain: asyncio.Event) -> None:
+    def __init__(self, core: Core, on_drain: asyncio.Event) -> None:
         self.core = core
         self.on_drain = on_drain
         self.frames = p.FrameBuffer()
@@ -252,7 +256,7 @@ class ReplicaProtocol(asyncio.Protocol):
 
 
 async def start_listening(
-    core: ReplicaCore | GenerationCore, address: str, drain: asyncio.Event
+    core: Core, address: str, drain: asyncio.Event
 ) -> asyncio.Server | inprocess.Listener:
     loop = asyncio.get_running_loop()
     kind, _, where = address.partition(":")
@@ -265,7 +269,7 @@ async def start_listening(
     return await transport.listen(where, lambda: ReplicaProtocol(core, drain))
 
 
-def make_core(spec: ReplicaSpec) -> ReplicaCore | GenerationCore:
+def make_core(spec: ReplicaSpec) -> Core:
     from inferd.runtimes import GENERATIVE
 
     if spec.framework in GENERATIVE:
@@ -274,7 +278,7 @@ def make_core(spec: ReplicaSpec) -> ReplicaCore | GenerationCore:
         if engine_of(spec.framework, spec.metadata, spec.llm.engine) == "vllm":
             from inferd.serving.vllm_core import VLLMCore
 
-            return VLLMCore(spec)  # type: ignore[return-value]
+            return VLLMCore(spec)
         from inferd.llm.loader import build_engine
         from inferd.serving.generation import GenerationCore
 
@@ -291,7 +295,7 @@ async def serve(
     drain: asyncio.Event,
     grace_s: float,
     kill: asyncio.Event | None = None,
-    on_core: Callable[[ReplicaCore | GenerationCore], None] | None = None,
+    on_core: Callable[[Core], None] | None = None,
 ) -> int:
     """Serve ``spec`` on its address until ``drain`` is set, then finish what was
     accepted (at most ``grace_s``, cut short by ``kill``) and stop; the exit code (0, or
@@ -331,7 +335,7 @@ async def serve(
     return 0
 
 
-async def _fetch_then_load(core: Any, spec: ReplicaSpec) -> None:
+async def _fetch_then_load(core: Core, spec: ReplicaSpec) -> None:
     """Files kept in an object store come into the local cache first, checked against
     the registered digest; a failure fails the load with its reason."""
     if spec.artifact_uri.startswith("s3://"):
@@ -369,3 +373,49 @@ async def run_replica(spec: ReplicaSpec, grace_s: float) -> None:
     code = await serve(spec, drain, grace_s)
     if code:
         raise SystemExit(code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from inferd.observability import tracing
+    from inferd.observability.logging import configure_logging
+
+    args = sys.argv[1:] if argv is None else argv
+    spec = ReplicaSpec.from_json(args[0])
+    grace_s = float(args[1]) if len(args) > 1 else 30.0
+    if spec.address.startswith("tcp:"):  # reached from other hosts: the cluster's credentials
+        from inferd import transport
+
+        transport.use(transport.Credentials.from_env())
+    configure_logging(spec.log_level, spec.log_json, f"replica {spec.model}:{spec.version}")
+    die_with_parent()
+    tracing.configure(
+        "replica",
+        {
+            "inferd.model": spec.model,
+            "inferd.version": spec.version,
+            "inferd.replica": spec.replica_id,
+        },
+    )
+    code = 0
+    try:
+        try:
+            import uvloop
+        except ImportError:
+            asyncio.run(run_replica(spec, grace_s))
+        else:
+            uvloop.run(run_replica(spec, grace_s))
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        tracing.shutdown()
+    # The replica has drained and closed. What may still run is a load or a batch in a
+    # worker thread (a model stopped while it loads, a predict past the grace period):
+    # nothing can interrupt it, and an ordinary exit would join it first. Leave now.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -39,8 +39,8 @@ from inferd.llm.chat import ChatTemplate
 from inferd.llm.engine import TokenOutput
 from inferd.llm.metrics import GenerationMetrics
 from inferd.llm.sequence import SamplingParams
-from inferd.serving.generation import Sink, checked
-from inferd.serving.replica import load_off_loop, mark_ready, rss_bytes
+from inferd.serving.core import Sink, load_off_loop, mark_ready, rss_bytes
+from inferd.serving.generation import checked
 from inferd.serving.spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)

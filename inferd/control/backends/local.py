@@ -1,5 +1,5 @@
 """The ``local`` backend: each replica is a child process of the server,
-``python -m inferd.serving.replica SPEC GRACE``, listening on a Unix socket in the run
+``python -m inferd.serving.replica_server SPEC GRACE``, listening on a Unix socket in the run
 directory."""
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class LocalBackend:
         process = await asyncio.create_subprocess_exec(
             python,
             "-m",
-            "inferd.serving.replica",
+            "inferd.serving.replica_server",
             spec.to_json(),
             str(self.grace_s),
             env=env,
