@@ -43,6 +43,7 @@ from inferd.api import jobs as jobs_api
 from inferd.api.http import DisconnectWatch, context_of, json_response, request_id_of
 from inferd.api.jobs import AsyncGate
 from inferd.api.limits import RateLimitGate, RateLimits, rate_limits_for
+from inferd.api.state import GatewayState
 from inferd.api.status import StatusView
 from inferd.config import Settings
 from inferd.errors import InferdError, InvalidInput
@@ -74,16 +75,21 @@ def create_app(
         version=inferd.__version__,
         description="Model serving: predict, registry and health APIs.",
     )
-    app.state.settings = settings
-    app.state.router = router
-    app.state.registry = registry
-    app.state.dataplane = DataPlane(
-        router, settings.request_timeout_s, result_cache, settings.cache.ttl_s
+    # Shared with the gRPC service when given, so both protocols draw from one budget.
+    limits = rate_limits if rate_limits is not None else rate_limits_for(settings)
+    app.state.gateway = GatewayState(
+        settings=settings,
+        router=router,
+        registry=registry,
+        dataplane=DataPlane(router, settings.request_timeout_s, result_cache, settings.cache.ttl_s),
+        status=StatusView(router),
+        console_registry=console.RegistryCache(),
+        inference_log=inference_log,
+        jobs=jobs,
+        limits=limits,
     )
-    app.state.status = StatusView(router)
     app.include_router(health.router)
     app.include_router(console.router)
-    app.state.console_registry = console.RegistryCache()
     app.include_router(v1.router)
     app.include_router(generate.router)
     app.include_router(openai.router)
@@ -94,10 +100,8 @@ def create_app(
     app.include_router(registration.router)
     app.include_router(whoami.router)
     _install_error_handlers(app)
-    app.state.inference_log = inference_log
     app.include_router(logs.router)
     app.include_router(keys.router)
-    app.state.jobs = jobs
     app.include_router(jobs_api.router)
     fast = FastPath(
         app,
@@ -110,10 +114,8 @@ def create_app(
         inference_log,
     )
     app_: ASGIApp = AsyncGate(fast, app)  # async requests are queued, not run here
-    # Shared with the gRPC service when given, so both protocols draw from one budget.
-    app.state.limits = rate_limits if rate_limits is not None else rate_limits_for(settings)
-    if app.state.limits is not None and settings.rate_limits.limits_requests:
-        app_ = RateLimitGate(app_, app.state.limits, settings.auth.internal_token)
+    if limits is not None and settings.rate_limits.limits_requests:
+        app_ = RateLimitGate(app_, limits, settings.auth.internal_token)
     if settings.auth.enabled:  # outermost: limits count per authenticated client
         from inferd.api.auth import Authenticator, AuthGate
 

@@ -29,6 +29,7 @@ from starlette.responses import RedirectResponse, Response
 
 import inferd
 from inferd.api.http import context_of, json_response
+from inferd.api.state import gateway_of
 from inferd.console import SECURITY_HEADERS, assets
 from inferd.errors import InvalidInput, NotFound
 from inferd.registry import ModelRecord
@@ -53,7 +54,7 @@ async def root(request: Request) -> Response:
             "name": "inferd",
             "version": inferd.__version__,
             "console": "/ui/" if _console_on(request) else None,
-            "auth": bool(request.app.state.settings.auth.enabled),
+            "auth": bool(gateway_of(request).settings.auth.enabled),
             "api": "/api/v1/models",
             "openai": "/v1/models",
             "open_inference_protocol": "/v2",
@@ -65,7 +66,7 @@ async def root(request: Request) -> Response:
 
 
 def _console_on(request: Request) -> bool:
-    return bool(request.app.state.settings.console.enabled)
+    return bool(gateway_of(request).settings.console.enabled)
 
 
 @router.get("/ui", include_in_schema=False)
@@ -137,7 +138,7 @@ async def overview(
 ) -> Response:
     """Every model the caller may see, with what runs and its figures over the last
     ``window_s``; alerts firing or pending; the control plane's health."""
-    state = request.app.state
+    state = gateway_of(request)
     visible = visible_models(request)
     cache: RegistryCache = state.console_registry
     records, server = await asyncio.gather(
@@ -237,5 +238,7 @@ async def series(
         wanted = [m for m in wanted if m in visible]
     elif wanted is None and visible is not None:
         wanted = sorted(visible)
-    body = await request.app.state.router.server.console("series", wanted, since, _window(window_s))
+    body = await gateway_of(request).router.server.console(
+        "series", wanted, since, _window(window_s)
+    )
     return Response(body, media_type="application/json")

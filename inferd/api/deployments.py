@@ -25,6 +25,7 @@ from starlette.responses import Response
 
 from inferd.api import docs
 from inferd.api.http import json_response, read_json
+from inferd.api.state import gateway_of
 from inferd.control import canary
 from inferd.errors import BadRequest, InvalidInput
 from inferd.routing.router import Router
@@ -239,7 +240,7 @@ def _expected_revision(if_match: str | None, query: int | None) -> int | None:
 
 
 def _registry(request: Request) -> Registry:
-    return request.app.state.registry  # type: ignore[no-any-return]
+    return gateway_of(request).registry
 
 
 def _etag(revision: int) -> dict[str, str]:
@@ -300,7 +301,7 @@ async def list_deployments(request: Request) -> Response:
     """Every model: its mode, traffic split, and each version's state, replicas and live
     figures (``live``: requests, errors, error rate, p50/p99 since its replicas started)."""
     models = await asyncio.to_thread(read_all, _registry(request))
-    router = request.app.state.router
+    router = gateway_of(request).router
     views = [model_view(m, router.table.models.get(m.name)) for m in models]
     await asyncio.gather(*(_with_live_figures(router, v) for v in views))
     return json_response({"models": views})
@@ -310,7 +311,7 @@ async def list_deployments(request: Request) -> Response:
 async def get_deployments(model: str, request: Request) -> Response:
     """One model as in the list, with its latest traffic changes (``history``)."""
     found = await asyncio.to_thread(read_one, _registry(request), model)
-    router = request.app.state.router
+    router = gateway_of(request).router
     view = await _with_live_figures(router, model_view(found, router.table.models.get(model)))
     view["history"] = [h.to_dict() for h in found.history]
     view["scaling_events"] = found.scaling
@@ -321,7 +322,7 @@ async def get_deployments(model: str, request: Request) -> Response:
 async def deploy(request: Request, actor: Actor = None) -> Response:
     """Run a registered version with ``traffic_percent`` % of the model's traffic; the
     other deployed versions share the rest in proportion."""
-    body = await read_json(request, request.app.state.settings.max_body_bytes)
+    body = await read_json(request, gateway_of(request).settings.max_body_bytes)
     model, version, kwargs = _deploy_args(body)
     deployments = _registry(request).deployments
 
@@ -330,7 +331,7 @@ async def deploy(request: Request, actor: Actor = None) -> Response:
         return record, deployments.history(model, 1)[0]
 
     record, change = await asyncio.to_thread(run)
-    await request.app.state.router.server.request_reconcile(model)
+    await gateway_of(request).router.server.request_reconcile(model)
     return json_response(
         {"deployment": record.to_dict(), "traffic": change.split, "revision": change.revision},
         status_code=201,
@@ -350,7 +351,7 @@ async def set_traffic(
     revision: Annotated[int | None, Query(description="Same as If-Match.")] = None,
 ) -> Response:
     """Set the whole split (weights sum to 100; versions left out get 0)."""
-    split = await read_json(request, request.app.state.settings.max_body_bytes)
+    split = await read_json(request, gateway_of(request).settings.max_body_bytes)
     change = await asyncio.to_thread(
         _registry(request).deployments.set_traffic,
         model,
@@ -358,7 +359,7 @@ async def set_traffic(
         actor=actor or "api",
         revision=_expected_revision(if_match, revision),
     )
-    await request.app.state.router.server.request_reconcile(model)
+    await gateway_of(request).router.server.request_reconcile(model)
     return json_response(_change_view(model, change), headers=_etag(change.revision))
 
 
@@ -368,7 +369,7 @@ async def rollback(model: str, request: Request, actor: Actor = None) -> Respons
     change = await asyncio.to_thread(
         _registry(request).deployments.rollback, model, actor=actor or "api"
     )
-    await request.app.state.router.server.request_reconcile(model)
+    await gateway_of(request).router.server.request_reconcile(model)
     view = {**_change_view(model, change), "detail": change.detail}
     return json_response(view, headers=_etag(change.revision))
 
@@ -380,7 +381,7 @@ async def undeploy(model: str, version: str, request: Request, actor: Actor = No
     record = await asyncio.to_thread(
         _registry(request).deployments.undeploy, model, version, actor=actor or "api"
     )
-    await request.app.state.router.server.request_reconcile(model)
+    await gateway_of(request).router.server.request_reconcile(model)
     return json_response(
         {"model": model, "version": version, "status": record.status}, status_code=202
     )
@@ -391,7 +392,7 @@ async def scale(model: str, version: str, request: Request) -> Response:
     """Change a deployment's replica count, ``{"resources": {"replicas": 3}}``, or its
     autoscaling, ``{"autoscaling": {...}}`` (null: back to the fixed count). New replicas
     take traffic once ready; extra ones drain before they stop."""
-    body = await read_json(request, request.app.state.settings.max_body_bytes)
+    body = await read_json(request, gateway_of(request).settings.max_body_bytes)
     if not isinstance(body, dict) or not body or set(body) - {"resources", "autoscaling"}:
         raise InvalidInput(
             'body must be {"resources": {"replicas": <count>}} and/or {"autoscaling": {...}}'
@@ -407,6 +408,6 @@ async def scale(model: str, version: str, request: Request) -> Response:
         record = await asyncio.to_thread(
             deployments.set_autoscaling, model, version, body["autoscaling"]
         )
-    await request.app.state.router.server.request_reconcile(model)
+    await gateway_of(request).router.server.request_reconcile(model)
     assert record is not None
     return json_response({"deployment": record.to_dict()})

@@ -23,6 +23,7 @@ from starlette.responses import Response, StreamingResponse
 from inferd.api.auth import authorize_model
 from inferd.api.http import context_of, json_response, read_json, request_id_of
 from inferd.api.limits import budget_of
+from inferd.api.state import gateway_of
 from inferd.errors import BadRequest, InferdError, InvalidInput
 from inferd.observability.log_rows import RowBuffer
 from inferd.routing.context import RequestContext
@@ -48,7 +49,7 @@ async def start(
     """:func:`start_generation` for an HTTP request: its app's router and settings, and
     its request id (returned too)."""
     rid = request_id_of(request)
-    state = request.app.state
+    state = gateway_of(request)
     context = context_of(request.scope)
     budget = budget_of(request)
     if context.principal is not None:  # auth is on: may it use this model?
@@ -180,14 +181,14 @@ async def _generate(request: Request, model: str, body: Any) -> Response:
 @router.post("/models/{model}/generate")
 async def generate(model: str, request: Request) -> Response:
     """Generate text; ``"stream": true`` for Server-Sent Events token by token."""
-    body = await read_json(request, request.app.state.settings.max_body_bytes)
+    body = await read_json(request, gateway_of(request).settings.max_body_bytes)
     return await _generate(request, model, body)
 
 
 @router.post("/generate")
 async def generate_any(request: Request) -> Response:
     """Like ``/models/{model}/generate`` with ``"model"`` in the body."""
-    body = await read_json(request, request.app.state.settings.max_body_bytes)
+    body = await read_json(request, gateway_of(request).settings.max_body_bytes)
     model = body.get("model") if isinstance(body, dict) else None
     if not isinstance(model, str):
         raise InvalidInput("missing 'model': the name of the model to call")

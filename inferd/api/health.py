@@ -24,6 +24,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from inferd.api.http import json_response
+from inferd.api.state import gateway_of
 from inferd.observability.exposition import CONTENT_TYPE
 
 router = APIRouter(tags=["health"])
@@ -52,16 +53,16 @@ async def health(request: Request) -> Response:
 
 
 def _readiness(request: Request, spelled_out: bool, models: bool = True) -> Response:
-    table = request.app.state.router.table
-    not_ready = request.app.state.router.waiting_for() if models else []
+    table = gateway_of(request).router.table
+    not_ready = gateway_of(request).router.waiting_for() if models else []
     ready = table.generation > 0 and not not_ready
     body: dict[str, object] = {"status": "ready" if ready else "not_ready"}
     if spelled_out:
         body |= {"live": True, "ready": ready}
     body["models"] = {name: route.default_version for name, route in table.models.items()}
-    link = request.app.state.router.server
+    link = gateway_of(request).router.server
     silent = link.silent_for()
-    if link.reconnect and silent > request.app.state.settings.cluster.lost_control_after_s:
+    if link.reconnect and silent > gateway_of(request).settings.cluster.lost_control_after_s:
         # still ready: the data plane serves on without the control plane
         body["control"] = {
             "status": "unreachable",
@@ -78,7 +79,7 @@ def _readiness(request: Request, spelled_out: bool, models: bool = True) -> Resp
 
 @router.get("/health/ready/{model}")
 async def model_ready(model: str, request: Request) -> Response:
-    router = request.app.state.router
+    router = gateway_of(request).router
     route = router.model(model)  # 404 for an unknown model
     version = route.default_version
     if version is None:
@@ -95,5 +96,5 @@ async def model_ready(model: str, request: Request) -> Response:
 async def metrics(request: Request) -> Response:
     """Prometheus text format: every gateway process and replica (see
     :mod:`inferd.observability.exposition`); no credential needed, like the probes."""
-    text = await request.app.state.router.server.metrics()
+    text = await gateway_of(request).router.server.metrics()
     return Response(text, media_type=CONTENT_TYPE)

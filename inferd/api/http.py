@@ -14,6 +14,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from inferd import nonfinite_json
+from inferd.api.state import gateway_of
 from inferd.errors import BadRequest, InferdError, PayloadTooLarge
 from inferd.routing.context import RequestContext, new_request_id
 
@@ -96,7 +97,7 @@ def request_timeout(request: Request, from_body: float | None) -> float | None:
         timeout_s = float(match.group(1)) / (1000 if match.group(2) == "ms" else 1)
     if timeout_s is None:
         return None
-    return min(timeout_s, request.app.state.settings.max_request_timeout_s)
+    return min(timeout_s, gateway_of(request).settings.max_request_timeout_s)
 
 
 WATCH_AFTER_S = 0.05

@@ -34,6 +34,7 @@ from inferd.api.http import (
     read_body,
     request_id_of,
 )
+from inferd.api.state import gateway_of
 from inferd.errors import Conflict, InvalidInput, NotFound
 from inferd.jobs import TERMINAL, Jobs, describe
 from inferd.jobs.inputs import inline_items, read_items
@@ -44,7 +45,7 @@ router = APIRouter(prefix="/api/v1", tags=["jobs"])
 
 
 def _jobs(request: Request) -> Jobs:
-    jobs: Jobs | None = request.app.state.jobs
+    jobs: Jobs | None = gateway_of(request).jobs
     if jobs is None:
         raise NotFound("jobs are not enabled on this server")
     return jobs
@@ -86,7 +87,7 @@ def _callback(value: Any) -> str | None:
 async def submit_batch(request: Request) -> Response:
     """Queue a batch job over many inputs (inline, or a file: ``input_uri``)."""
     jobs = _jobs(request)
-    settings = request.app.state.settings
+    settings = gateway_of(request).settings
     body, non_finite = parse_tensor_json(await read_body(request, settings.jobs.max_body_bytes))
     if not isinstance(body, dict):
         raise InvalidInput("request body must be a JSON object")
@@ -95,7 +96,7 @@ async def submit_batch(request: Request) -> Response:
         raise InvalidInput("missing 'model': the name of the model to run")
     if version is not None and not isinstance(version, str):
         raise InvalidInput("'version' must be a string")
-    target, _ = request.app.state.router.resolve(model, version)  # 404 now, not a failed job
+    target, _ = gateway_of(request).router.resolve(model, version)  # 404 now, not a failed job
     authorize_model(request.scope, target.model)
     priority = _priority(body.get("priority"), "batch")
     callback_url = _callback(body.get("callback_url"))
@@ -113,7 +114,7 @@ async def submit_batch(request: Request) -> Response:
         items = await asyncio.to_thread(read_items, uri, settings.job_input_roots, limit, names)
         source = uri
     generative = target.framework in GENERATIVE
-    state = request.app.state
+    state = gateway_of(request)
     estimate = await estimate_job(
         state.router, state.dataplane, settings, target, items,
         await jobs.recent_rate(model), generative,
@@ -278,7 +279,7 @@ class AsyncGate:
 
 async def _submit_async(request: Request) -> Response:
     jobs = _jobs(request)
-    state = request.app.state
+    state = gateway_of(request)
     if request.headers.get("inference-header-content-length") is not None:
         raise InvalidInput("an asynchronous V2 request takes a JSON body, not the binary extension")
     raw = await read_body(request, state.settings.max_body_bytes)

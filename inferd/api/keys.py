@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from inferd.api.http import context_of, json_response, read_json
+from inferd.api.state import gateway_of
 from inferd.errors import BadRequest, InvalidInput
 from inferd.registry.api_key import SCOPES
 
@@ -31,8 +32,8 @@ async def create_key(request: Request) -> Response:
     if unknown:
         raise InvalidInput(f"unknown field(s) {unknown}; known: name, scopes, models")
     record, key = await asyncio.to_thread(
-        request.app.state.registry.keys.create,
-        body.get("name"),
+        gateway_of(request).registry.keys.create,
+        body.get("name", ""),  # checked by create: a missing name is refused as ""
         body.get("scopes", ["infer"]),
         body.get("models"),
         _actor(request),
@@ -43,12 +44,12 @@ async def create_key(request: Request) -> Response:
 @router.get("")
 async def list_keys(request: Request) -> Response:
     """Every key's record (never the key), revoked ones included."""
-    records = await asyncio.to_thread(request.app.state.registry.keys.list_all)
+    records = await asyncio.to_thread(gateway_of(request).registry.keys.list_all)
     return json_response({"keys": [r.to_dict() for r in records], "scopes": list(SCOPES)})
 
 
 @router.delete("/{key_id}")
 async def revoke_key(key_id: str, request: Request) -> Response:
     """Revoke a key: refused everywhere within ``auth.cache_s`` seconds."""
-    record = await asyncio.to_thread(request.app.state.registry.keys.revoke, key_id)
+    record = await asyncio.to_thread(gateway_of(request).registry.keys.revoke, key_id)
     return json_response(record.to_dict())

@@ -52,6 +52,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferd.api.auth import internal_caller
 from inferd.api.http import PUBLIC_PATHS, context_of, model_in_path, refuse
+from inferd.api.state import gateway_of
 from inferd.config import RateLimitConfig, Settings, TokenLimit
 from inferd.errors import RateLimited
 from inferd.observability.log_rows import COUNTERS
@@ -316,9 +317,9 @@ def http_client(scope: Scope) -> str:
 
 def budget_of(request: Request) -> TokenBudget | None:
     """The generation token budget of an HTTP request's client; None without one."""
-    limits: RateLimits | None = request.app.state.limits
+    limits: RateLimits | None = gateway_of(request).limits
     if limits is None or internal_caller(
-        request.scope, request.app.state.settings.auth.internal_token
+        request.scope, gateway_of(request).settings.auth.internal_token
     ):
         return None
     return limits.budget(http_client(request.scope))

@@ -17,6 +17,7 @@ from starlette.responses import Response
 
 from inferd.api.auth import authorize_model
 from inferd.api.http import context_of, json_response, read_json
+from inferd.api.state import gateway_of
 from inferd.errors import BadRequest, InvalidInput
 
 router = APIRouter(prefix="/api/v1", tags=["observability"])
@@ -49,13 +50,13 @@ async def logs(
 ) -> Response:
     """Inference log rows matching every filter given, newest first. Rows reach the
     database within ``inference_log.flush_interval_s`` (1 s by default)."""
-    if not request.app.state.settings.inference_log.enabled:
+    if not gateway_of(request).settings.inference_log.enabled:
         raise InvalidInput("the inference log is off (inference_log.enabled: false)")
     from inferd.observability import inference_log
 
     rows = await asyncio.to_thread(
         inference_log.query,
-        request.app.state.registry.engine,
+        gateway_of(request).registry.engine,
         model=model,
         version=version,
         status_code=status,
@@ -80,7 +81,7 @@ async def post_feedback(request: Request) -> Response:
     unknown = sorted(set(body) - {"request_id", "label", "value"})
     if unknown:
         raise InvalidInput(f"unknown field(s) {unknown}; send request_id and label or value")
-    state = request.app.state
+    state = gateway_of(request)
     if not state.settings.inference_log.enabled:
         raise InvalidInput("feedback needs the inference log (inference_log.enabled: false)")
     from inferd.observability import feedback

@@ -26,6 +26,7 @@ from inferd.api.auth import visible_models
 from inferd.api.generate import Chunks, cache_header, collect, start, usage
 from inferd.api.http import context_of, json_response, read_json
 from inferd.api.openai_schema import EMBEDDINGS, chat_messages, check_fields, check_known
+from inferd.api.state import gateway_of
 from inferd.api.v1 import embed_texts, embedding_reply
 from inferd.errors import BadRequest, InferdError, InvalidInput, ModelNotReady, PromptTooLong
 from inferd.runtimes import GENERATIVE
@@ -51,7 +52,7 @@ def openai_error(exc: InferdError) -> Response:
 async def models(request: Request) -> Response:
     """Generative and embedding models being served that the caller may use (an
     adapter with its base model), in OpenAI's list shape."""
-    table = request.app.state.router.table
+    table = gateway_of(request).router.table
     visible = visible_models(request.scope)
     data = []
     for name, route in table.models.items():
@@ -73,7 +74,7 @@ async def models(request: Request) -> Response:
 
 async def _body_and_model(request: Request) -> tuple[dict[str, Any], str]:
     """The JSON object of a request and the ``model`` it names."""
-    body = await read_json(request, request.app.state.settings.max_body_bytes)
+    body = await read_json(request, gateway_of(request).settings.max_body_bytes)
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     model = body.get("model")
@@ -263,14 +264,14 @@ async def chat_completions(request: Request) -> Response:
 
 async def _adapter_op(request: Request, load: bool) -> Response:
     """Send a load/unload to every replica of the base model's serving version."""
-    body = await read_json(request, request.app.state.settings.max_body_bytes)
+    body = await read_json(request, gateway_of(request).settings.max_body_bytes)
     name = body.get("lora_name") if isinstance(body, dict) else None
     if not isinstance(name, str) or not name or ":" in name:
         raise InvalidInput("'lora_name' must be a non-empty string without ':'")
     path = body.get("lora_path")
     if load and not isinstance(path, str):
         raise InvalidInput("'lora_path' must be the folder of a PEFT adapter")
-    router = request.app.state.router
+    router = gateway_of(request).router
     base = body.get("base_model") or _only_generative_model(router)
     target = router.target(base)
     clients = router.clients_of(target.model, target.version)

@@ -35,6 +35,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import FileResponse, Response
 
 from inferd.api.http import context_of, json_response, parse_json, read_json
+from inferd.api.state import gateway_of
 from inferd.errors import (
     BadRequest,
     InvalidInput,
@@ -61,7 +62,7 @@ _MODEL_FIELDS = frozenset({"name", "description", "owner", "framework", "tags"})
 
 
 def _registry(request: Request) -> Registry:
-    registry: Registry = request.app.state.registry
+    registry: Registry = gateway_of(request).registry
     return registry
 
 
@@ -75,7 +76,7 @@ def _actor(request: Request) -> str:
 async def create_model(request: Request) -> Response:
     """A model with no version yet: ``{"name", "framework", "description", "owner",
     "tags"}``. Its first version serves at once when it is pushed."""
-    body = _object(await read_json(request, request.app.state.settings.max_body_bytes))
+    body = _object(await read_json(request, gateway_of(request).settings.max_body_bytes))
     _only(body, _MODEL_FIELDS, "model")
     name = body.get("name")
     if not isinstance(name, str):
@@ -94,7 +95,7 @@ async def create_model(request: Request) -> Response:
 @router.patch("/{model}")
 async def update_model(model: str, request: Request) -> Response:
     """Change a model's description, owner, framework or tags (the fields given)."""
-    body = _object(await read_json(request, request.app.state.settings.max_body_bytes))
+    body = _object(await read_json(request, gateway_of(request).settings.max_body_bytes))
     _only(body, _MODEL_FIELDS - {"name"}, "model")
     record = await asyncio.to_thread(_registry(request).update_model, model, **body)
     return json_response(record.to_dict())
@@ -104,7 +105,7 @@ async def update_model(model: str, request: Request) -> Response:
 async def push_version(model: str, request: Request) -> Response:
     """Register a version from an upload (the body) or a ``source_uri`` (JSON body)."""
     check_name("model", model)
-    settings = request.app.state.settings
+    settings = gateway_of(request).settings
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type == "application/json":
         spec = _object(await read_json(request, settings.max_body_bytes))
@@ -164,7 +165,7 @@ async def push_version(model: str, request: Request) -> Response:
         )
     finally:
         await asyncio.to_thread(shutil.rmtree, scratch, True)
-    await request.app.state.router.server.request_reconcile(model)
+    await gateway_of(request).router.server.request_reconcile(model)
     found = await asyncio.to_thread(registry.get_model, model)
     others = [v.version for v in found.versions if v.version != version]
     deployments = await asyncio.to_thread(registry.deployments.list_all, model)
@@ -185,7 +186,7 @@ async def download_artifact(model: str, version: str, request: Request) -> Respo
 
     registry = _registry(request)
     record = await asyncio.to_thread(registry.get_version, model, version)
-    scratch = Path(request.app.state.settings.data_dir) / UPLOADS
+    scratch = Path(gateway_of(request).settings.data_dir) / UPLOADS
     scratch.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix="pull-", suffix=".tar.gz", dir=scratch)
     archive = Path(name)
@@ -214,7 +215,7 @@ async def download_artifact(model: str, version: str, request: Request) -> Respo
 async def delete_version(model: str, version: str, request: Request) -> Response:
     """Remove a version and its files (409 while it is deployed or serving)."""
     await asyncio.to_thread(_registry(request).delete_version, model, version)
-    await request.app.state.router.server.request_reconcile(model)
+    await gateway_of(request).router.server.request_reconcile(model)
     return json_response({"deleted": {"model": model, "version": version}})
 
 

@@ -22,6 +22,7 @@ from inferd.api.http import (
     request_id_of,
     request_timeout,
 )
+from inferd.api.state import gateway_of
 from inferd.errors import BadRequest, InvalidInput, ModelNotFound, PayloadTooLarge
 from inferd.observability.logging import request_id_var
 from inferd.priority import priority_code
@@ -33,7 +34,7 @@ router = APIRouter(prefix="/api/v1", tags=["inference"])
 
 
 def _plane(request: Request) -> DataPlane:
-    return request.app.state.dataplane  # type: ignore[no-any-return]
+    return gateway_of(request).dataplane
 
 
 def _params(body: dict[str, Any]) -> tuple[str | None, float | None, str | None, int]:
@@ -93,7 +94,7 @@ async def _run(
         if rows is None:
             raise InvalidInput("missing 'input'")
         rows = [rows]
-    limit = request.app.state.settings.max_rows_per_request
+    limit = gateway_of(request).settings.max_rows_per_request
     if isinstance(rows, list) and len(rows) > limit:
         raise PayloadTooLarge(f"{len(rows)} rows exceed the limit of {limit} per request")
     if check is not None:
@@ -120,7 +121,7 @@ def _answered_by(outcome: InferOutcome, model: str) -> dict[str, Any]:
 @router.post("/models/{model}/predict", openapi_extra=docs.PREDICT)
 async def predict(model: str, request: Request) -> Response:
     """Predict a batch of rows with a model (default version unless ``params.version``)."""
-    body = await read_json(request, request.app.state.settings.max_body_bytes, non_finite=True)
+    body = await read_json(request, gateway_of(request).settings.max_body_bytes, non_finite=True)
     if isinstance(body, dict) and "inputs" not in body:
         raise InvalidInput("missing 'inputs': a list of rows, e.g. [{\"features\": [...]}]")
     outcome, rid = await _run(request, model, body, "inputs")
@@ -149,7 +150,7 @@ def _model_of(request: Request, body: Any, what: str) -> str:
 @router.post("/predict", openapi_extra=docs.PREDICT_ONE)
 async def predict_one(request: Request) -> Response:
     """Predict one input: ``{"model", "input"}`` -> ``{"prediction", "confidence"}``."""
-    body = await read_json(request, request.app.state.settings.max_body_bytes, non_finite=True)
+    body = await read_json(request, gateway_of(request).settings.max_body_bytes, non_finite=True)
     model = _model_of(request, body, "model to call")
     outcome, rid = await _run(request, model, body, "input")
     row = columns_to_rows(outcome.outputs, outcome.target.signature)[0]
@@ -225,7 +226,7 @@ def embedding_reply(outcome: InferOutcome) -> tuple[np.ndarray, int, list[int]]:
 @router.post("/embed", openapi_extra=docs.EMBED)
 async def embed(request: Request) -> Response:
     """Embed texts: ``{"model", "inputs": [...]}`` -> ``{"embeddings", "dimensions"}``."""
-    body = await read_json(request, request.app.state.settings.max_body_bytes)
+    body = await read_json(request, gateway_of(request).settings.max_body_bytes)
     model = _model_of(request, body, "embedding model")
     inputs = body.get("inputs")
     if isinstance(inputs, str):
@@ -250,20 +251,20 @@ async def embed(request: Request) -> Response:
 @router.get("/models", tags=["registry"])
 async def list_models(request: Request) -> Response:
     """Registered models the caller may use, their versions and what is serving now."""
-    records = await asyncio.to_thread(request.app.state.registry.list_models)
-    status, visible = request.app.state.status, visible_models(request.scope)
+    records = await asyncio.to_thread(gateway_of(request).registry.list_models)
+    status, visible = gateway_of(request).status, visible_models(request.scope)
     return json_response({"models": [status.model_summary(r) for r in records if visible(r.name)]})
 
 
 @router.get("/models/{model}", tags=["registry"])
 async def get_model(model: str, request: Request) -> Response:
     """One model: each version with its signature, metadata, status and replicas."""
-    record = await asyncio.to_thread(request.app.state.registry.get_model, model)
-    return json_response(await request.app.state.status.model_detail(record))
+    record = await asyncio.to_thread(gateway_of(request).registry.get_model, model)
+    return json_response(await gateway_of(request).status.model_detail(record))
 
 
 @router.get("/models/{model}/versions/{version}", tags=["registry"])
 async def get_version(model: str, version: str, request: Request) -> Response:
     """One registered version with its signature, metadata, status and replicas."""
-    record = await asyncio.to_thread(request.app.state.registry.get_version, model, version)
-    return json_response(await request.app.state.status.version_detail(record))
+    record = await asyncio.to_thread(gateway_of(request).registry.get_version, model, version)
+    return json_response(await gateway_of(request).status.version_detail(record))

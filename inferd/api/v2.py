@@ -26,6 +26,7 @@ from inferd.api.http import (
     request_id_of,
     request_timeout,
 )
+from inferd.api.state import gateway_of
 from inferd.errors import BadRequest, InferdError, InvalidInput, ModelNotFound, ModelNotReady
 from inferd.observability.logging import request_id_var
 from inferd.protocols.v2 import (
@@ -69,7 +70,7 @@ async def server_live() -> Response:
 
 @router.get("/health/ready")
 async def server_ready(request: Request) -> Response:
-    ready = is_server_ready(request.app.state.router)
+    ready = is_server_ready(gateway_of(request).router)
     return json_response({"ready": ready}, status_code=200 if ready else 503)
 
 
@@ -77,13 +78,13 @@ async def server_ready(request: Request) -> Response:
 
 
 def _target(request: Request, model: str, version: str | None) -> Target:
-    return request.app.state.router.target(model, version)  # type: ignore[no-any-return]
+    return gateway_of(request).router.target(model, version)
 
 
 @router.get("/models/{model}")
 @router.get("/models/{model}/versions/{version}")
 async def model_metadata(request: Request, model: str, version: str | None = None) -> Response:
-    return json_response(metadata_of(request.app.state.router, model, version))
+    return json_response(metadata_of(gateway_of(request).router, model, version))
 
 
 @router.get("/models/{model}/ready")
@@ -105,11 +106,11 @@ async def infer(request: Request, model: str, version: str | None = None) -> Res
     started = time.perf_counter()
     rid = request_id_of(request)
     request_id_var.set(rid)
-    raw = await read_body(request, request.app.state.settings.max_body_bytes)
+    raw = await read_body(request, gateway_of(request).settings.max_body_bytes)
     body, binary = _split_body(raw, request.headers.get(HEADER_LENGTH))
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
-    plane: DataPlane = request.app.state.dataplane
+    plane: DataPlane = gateway_of(request).dataplane
     params = parameters_of(body)
     user = user_of(params) or request.headers.get("x-user-id")
     context = context_of(request.scope)

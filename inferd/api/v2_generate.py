@@ -32,6 +32,7 @@ from inferd.api.generate import (
     usage,
 )
 from inferd.api.http import json_response, read_json
+from inferd.api.state import gateway_of
 from inferd.errors import BadRequest, InferdError, InvalidInput
 from inferd.serving import protocol as p
 
@@ -64,7 +65,7 @@ async def _start(
 ) -> tuple[Chunks, str, dict[str, Any]]:
     """Parse the request and start generating: the chunks, the request id and the fields
     every reply carries."""
-    body = await read_json(request, request.app.state.settings.max_body_bytes)
+    body = await read_json(request, gateway_of(request).settings.max_body_bytes)
     options = generation_body(body)
     chunks, target, rid, _ = await start(request, model, options, version)
     head: dict[str, Any] = {"model_name": model, "model_version": target.version}

@@ -13,6 +13,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from inferd.api.http import json_response, parse_json, read_body
+from inferd.api.state import gateway_of
 from inferd.errors import BadRequest, InvalidInput
 from inferd.protocols.repository import load_model, repository_index, unload_model
 
@@ -21,7 +22,7 @@ router = APIRouter(prefix="/v2/repository", tags=["open inference protocol"])
 
 async def _body(request: Request) -> dict[str, Any]:
     """The request's JSON object; an empty body is an empty object (tritonclient sends one)."""
-    raw = await read_body(request, request.app.state.settings.max_body_bytes)
+    raw = await read_body(request, gateway_of(request).settings.max_body_bytes)
     if not raw.strip():
         return {}
     body = parse_json(raw)
@@ -43,7 +44,7 @@ async def index(request: Request) -> Response:
     ready = (await _body(request)).get("ready", False)
     if not isinstance(ready, bool):
         raise InvalidInput("'ready' must be a boolean")
-    state = request.app.state
+    state = gateway_of(request)
     entries = await repository_index(state.registry, state.router, ready)
     return json_response([asdict(e) for e in entries])
 
@@ -55,7 +56,7 @@ async def load(request: Request, model: str) -> Response:
     if params:
         # Triton's "config" and "file:" overrides: inferd serves registered versions only.
         raise InvalidInput(f"load parameters are not supported: {sorted(params)}")
-    state = request.app.state
+    state = gateway_of(request)
     await load_model(state.registry, state.router, state.settings, model)
     return json_response({})
 
@@ -67,6 +68,6 @@ async def unload(request: Request, model: str) -> Response:
     ``parameters.unload_dependents`` is accepted and has nothing to do: inferd has no
     ensembles, so no model depends on another."""
     _parameters(await _body(request))
-    state = request.app.state
+    state = gateway_of(request)
     await unload_model(state.registry, state.router, state.settings, model)
     return json_response({})

@@ -190,7 +190,7 @@ async def run_gateway(settings: Settings, control: str | Path) -> None:
         from inferd.grpc.service import start_server
 
         g = gateway
-        plane = g.app.state.dataplane  # one per process, shared with the HTTP routes
+        plane = g.app.state.gateway.dataplane  # one per process, shared with the HTTP routes
         grpc_server = await start_server(
             g.router, g.registry, settings, plane, g.inference_log, g.limits
         )
