@@ -146,7 +146,7 @@ async def _probe_predict(
 async def _probe_generation(
     router: Router, settings: Settings, target: Target, first: bytes, replicas: int, items: int
 ) -> tuple[float, str]:
-    from inferd.routing.generation import start_generation
+    from inferd.routing.generation import GenerationStart, start_generation
 
     body = orjson.loads(first)
     if not isinstance(body, dict):
@@ -155,9 +155,8 @@ async def _probe_generation(
     started = time.perf_counter()
 
     async def run() -> None:
-        chunks, _, _, _ = await start_generation(
-            router, settings, target.model, body, target.version, "estimate-probe"
-        )
+        start = GenerationStart(target.model, body, target.version, "estimate-probe")
+        chunks, _, _, _ = await start_generation(router, settings, start)
         async with contextlib.aclosing(chunks):
             async for _ in chunks:
                 pass

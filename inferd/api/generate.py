@@ -27,7 +27,7 @@ from inferd.api.state import gateway_of
 from inferd.errors import BadRequest, InferdError, InvalidInput
 from inferd.observability.log_rows import RowBuffer
 from inferd.routing.context import RequestContext
-from inferd.routing.generation import Chunks, start_generation
+from inferd.routing.generation import Chunks, GenerationStart, start_generation
 from inferd.routing.router import Target
 from inferd.serving import protocol as p
 
@@ -52,13 +52,16 @@ async def start(
     state = gateway_of(request)
     context = context_of(request.scope)
     budget = budget_of(request)
+    route = None
     if context.principal is not None:  # auth is on: may it use this model?
-        authorize_model(request.scope, state.router.resolve(name, version)[0].model)
+        route = state.router.resolve(name, version)
+        authorize_model(request.scope, route[0].model)
+    start = GenerationStart(name, body, version, rid, budget, chat, guide, route)
     log: RowBuffer | None = state.inference_log
     cache = state.dataplane.cache
     if log is None:
         chunks, target, started, hit = await start_generation(
-            state.router, state.settings, name, body, version, rid, budget, cache, chat, guide
+            state.router, state.settings, start, cache
         )
         context.cache_hit = hit
         return chunks, target, rid, started
@@ -69,7 +72,7 @@ async def start(
     began = time.perf_counter()
     try:
         chunks, target, started, hit = await start_generation(
-            state.router, state.settings, name, body, version, rid, budget, cache, chat, guide
+            state.router, state.settings, start, cache
         )
     except InferdError as exc:
         ms = (time.perf_counter() - began) * 1000

@@ -45,7 +45,7 @@ from inferd.protocols import repository as repo
 from inferd.protocols import v2
 from inferd.routing.context import RequestContext, new_request_id
 from inferd.routing.dataplane import DataPlane
-from inferd.routing.generation import start_generation
+from inferd.routing.generation import GenerationStart, start_generation
 from inferd.routing.router import Router, Target
 from inferd.runtimes import GENERATIVE
 from inferd.runtimes.base import datatype_of
@@ -287,10 +287,10 @@ class InferenceService:
         backend) -> a response per chunk of text, the last one final."""
         body = generation_body(request)
         rid = request.id or new_request_id()
+        start = GenerationStart(request.model_name, body, target.version, rid, budget)
         chunks, target, _, _ = await start_generation(
-            self.router, self.settings, request.model_name, body, target.version, rid, budget,
-            self.plane.cache,
-        )  # fmt: skip
+            self.router, self.settings, start, self.plane.cache
+        )
         stream = bool(body.get("stream", True))
         text: list[str] = []
         async with contextlib.aclosing(chunks):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncGenerator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from inferd.config import BatchingConfig, Settings
@@ -124,43 +125,51 @@ async def _first_then_rest(stream: Chunks) -> Chunks:
     return rest()
 
 
+@dataclass(frozen=True, slots=True)
+class GenerationStart:
+    """One generation to start, as a route read it from its request."""
+
+    name: str
+    """A model, an adapter, or ``base:adapter``."""
+    body: dict[str, Any]
+    """The request's ``prompt``, ``adapter`` and sampling fields."""
+    version: str | None = None
+    request_id: str = ""
+    budget: TokenBudget | None = None
+    """The client's token budget: the generation starts only if it is not in debt, and
+    its tokens are charged to it when the chunks end (a cached answer costs none)."""
+    chat: dict[str, Any] | None = None
+    """Checked ``messages`` and the ``tools`` to show, rendered by the replica with the
+    model's chat template in place of ``prompt``."""
+    guide: dict[str, Any] | None = None
+    """Constrains the output (see :mod:`inferd.api.structured`)."""
+    route: tuple[Target, str | None] | None = None
+    """``name`` already resolved to its target and adapter (by a route that checked the
+    caller may use the model): not resolved again."""
+
+
 async def start_generation(
-    router: Router,
-    settings: Settings,
-    name: str,
-    body: dict[str, Any],
-    version: str | None = None,
-    request_id: str = "",
-    budget: TokenBudget | None = None,
-    cache: ResultCache | None = None,
-    chat: dict[str, Any] | None = None,
-    guide: dict[str, Any] | None = None,
+    router: Router, settings: Settings, start: GenerationStart, cache: ResultCache | None = None
 ) -> tuple[Chunks, Target, float, bool | None]:
-    """Resolve ``name`` (a model, an adapter, or ``base:adapter``), check ``body`` (its
-    ``prompt``, ``adapter`` and sampling fields) and start streaming; returns the chunks,
+    """Resolve ``start.name``, check its body and start streaming; returns the chunks,
     the target, the ``time.perf_counter()`` start once the first chunk is there, and
-    whether the result ``cache`` answered (None: not cacheable, or no cache). With a
-    client's token ``budget``, the generation starts only if it is not in debt and its
-    tokens are charged to it when the chunks end (a cached answer costs none).
+    whether the result ``cache`` answered (None: not cacheable, or no cache).
 
     Raises :class:`InferdError`: ``ModelNotFound`` for an unknown name or version,
     ``InvalidInput`` for bad options or a model that does not generate text,
     ``RateLimited`` for a budget in debt, and whatever the replica answers before its
-    first token (overloaded, prompt too long, ...).
-
-    ``chat`` (checked ``messages`` and the ``tools`` to show) is rendered by the
-    replica with the model's chat template, in place of ``prompt``; ``guide`` constrains
-    the output (see :mod:`inferd.api.structured`)."""
+    first token (overloaded, prompt too long, ...)."""
+    body, request_id, budget = start.body, start.request_id, start.budget
     started = time.perf_counter()
     arrived_at = time.time()
     request_id_var.set(request_id)
-    target, adapter = router.resolve(name, version)
+    target, adapter = start.route or router.resolve(start.name, start.version)
     if target.framework not in GENERATIVE:
         raise InvalidInput(
             f"model {target.model!r} is a {target.framework} model and does not generate "
             "text; call predict (V2: infer) instead"
         )
-    request = _request(body, settings, adapter, request_id, arrived_at, chat, guide)
+    request = _request(body, settings, adapter, request_id, arrived_at, start.chat, start.guide)
     if budget is not None:
         await budget.admit(target.model)
     key, ttl = None, 0.0
