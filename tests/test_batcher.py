@@ -1,10 +1,18 @@
-"""Unit tests of the dynamic batcher: no sockets, no processes."""
+"""Unit tests of the dynamic batcher: no sockets, no processes, no real time.
+
+The time the batcher reads is a :class:`~tests.clocks.FakeClock` that a test moves by
+hand (windows, deadlines, the arrival rate). A test that needs a batch to be computing
+waits for the model to say so (:meth:`Model.computing`), and holds it there until it
+sets ``Model.release``: model code runs on the executor thread, so this is the one
+thing waited for across threads, on an Event, never on a sleep. Assertions are about
+what the batcher did: which rows went in which batch, in which order, which request
+failed with what, and its counters.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -16,36 +24,60 @@ from inferd.serving.batcher import NAMED_PRIORITIES, DynamicBatcher, named_level
 from tests.clocks import FakeClock, settle
 
 
-class Recorder:
-    """A predict function that records batch sizes and can be slowed or failed."""
+class Model:
+    """A predict function that records each batch (its rows' first column) and the
+    threads it runs on. ``held``: every batch waits until the test sets ``release``.
+    ``fail``: every batch fails; otherwise a batch with a negative value fails."""
 
-    def __init__(self, delay_s: float = 0.0, fail: bool = False) -> None:
-        self.batch_rows: list[int] = []
-        self.delay_s = delay_s
-        self.fail = fail
+    def __init__(self, *, held: bool = False, fail: bool = False) -> None:
+        self.batches: list[list[float]] = []
         self.threads: set[str] = set()
+        self.fail = fail
+        self.started = threading.Event()
+        """Set when the first batch begins (the batcher took it out of the queue)."""
+        self.release = threading.Event()
+        if not held:
+            self.release.set()
 
     def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         self.threads.add(threading.current_thread().name)
         x = inputs["x"]
-        self.batch_rows.append(len(x))
-        if self.delay_s:
-            time.sleep(self.delay_s)
+        self.batches.append(x[:, 0].tolist())
+        self.started.set()
+        self.release.wait(5)
         if self.fail:
             raise ValueError("model exploded")
+        if (x < 0).any():
+            raise ValueError("negative")
         return {"y": x.sum(axis=1)}
+
+    @property
+    def batch_rows(self) -> list[int]:
+        return [len(batch) for batch in self.batches]
+
+    @property
+    def values(self) -> list[float]:
+        """Every row computed, in the order computed."""
+        return [value for batch in self.batches for value in batch]
+
+    async def computing(self) -> None:
+        """Return once the first batch is computing (held, if ``held``)."""
+        assert await asyncio.to_thread(self.started.wait, 5), "no batch was computed"
 
 
 def run(coro):
-    return asyncio.run(coro)
+    """Run a test's body; a batcher that never answers fails it instead of hanging it
+    (on a clock nobody moves, a batch waiting for a window would wait forever)."""
+    return asyncio.run(asyncio.wait_for(coro, 10))
 
 
-async def _with_batcher(predict, config, body):
+async def _with_clock(predict, config, body, clock: FakeClock | None = None):
+    clock = clock or FakeClock()
     executor = ThreadPoolExecutor(1, thread_name_prefix="predict")
-    batcher = DynamicBatcher(predict, config, executor)
+    batcher = DynamicBatcher(predict, config, executor, clock)
     batcher.start()
     try:
-        return await body(batcher)
+        return await body(batcher, clock)
     finally:
         await batcher.stop()
         executor.shutdown()
@@ -56,208 +88,218 @@ def rows(n: int, value: float = 1.0) -> dict[str, np.ndarray]:
 
 
 def test_concurrent_requests_become_few_batches_and_results_split_correctly():
-    rec = Recorder(delay_s=0.01)
+    model = Model()
 
-    async def body(b):
+    async def body(b, clock):
         futures = [b.submit(rows(1, float(i)), 1, 5.0) for i in range(64)]
         return await asyncio.gather(*futures)
 
-    results = run(_with_batcher(rec, BatchingConfig(max_batch_size=16, max_wait_ms=20), body))
+    results = run(_with_clock(model, BatchingConfig(max_batch_size=16, max_wait_ms=20), body))
     assert [float(r["y"][0]) for r in results] == [3.0 * i for i in range(64)]
-    assert sum(rec.batch_rows) == 64
-    assert len(rec.batch_rows) <= 6  # 64 rows in batches of at most 16
-    assert max(rec.batch_rows) == 16
-    assert rec.threads == {"predict_0"}  # model code never on the event loop thread
+    assert model.batch_rows == [16, 16, 16, 16]  # 64 rows in batches of at most 16
+    assert model.values == list(range(64))  # in arrival order
+    assert model.threads == {"predict_0"}  # model code never on the event loop thread
 
 
 def test_max_batch_size_counts_rows_not_requests():
-    rec = Recorder()
+    model = Model()
 
-    async def body(b):
+    async def body(b, clock):
         futures = [b.submit(rows(10), 10, 5.0) for _ in range(4)]
         return await asyncio.gather(*futures)
 
-    results = run(_with_batcher(rec, BatchingConfig(max_batch_size=25, max_wait_ms=50), body))
+    results = run(_with_clock(model, BatchingConfig(max_batch_size=25, max_wait_ms=50), body))
     assert all(r["y"].shape == (10,) for r in results)
-    assert all(n <= 25 for n in rec.batch_rows)
-    assert rec.batch_rows[0] == 20
+    assert model.batch_rows == [20, 20]  # two requests of 10 rows: a third would be 30
 
 
 def test_request_larger_than_max_batch_is_computed_in_pieces_joined_in_order():
-    rec = Recorder()
+    model = Model()
 
-    async def body(b):
+    async def body(b, clock):
         x = {"x": np.arange(300, dtype=np.float32).reshape(100, 3)}
         return await b.submit(x, 100, 5.0)
 
-    result = run(_with_batcher(rec, BatchingConfig(max_batch_size=8, max_wait_ms=1), body))
+    result = run(_with_clock(model, BatchingConfig(max_batch_size=8, max_wait_ms=1), body))
     assert result["y"].tolist() == [float(3 * i + 3 * i + 1 + 3 * i + 2) for i in range(100)]
-    assert rec.batch_rows == [8] * 12 + [4]
+    assert model.batch_rows == [8] * 12 + [4]
 
 
 def test_a_better_priority_goes_between_the_pieces_of_a_large_request():
     """A big low-priority request (a batch job's) holds the model for one batch at most:
     a high-priority request arriving meanwhile is computed next, not after all of it."""
-    rec = Recorder(delay_s=0.02)
+    model = Model(held=True)
     order: list[str] = []
 
-    async def body(b):
+    async def body(b, clock):
         big = b.submit(rows(80), 80, 5.0, priority=NAMED_PRIORITIES["batch"])
         big.add_done_callback(lambda _: order.append("big"))
-        await asyncio.sleep(0.03)  # the first piece is computing
+        await model.computing()  # the first piece
         urgent = b.submit(rows(1, 2.0), 1, 5.0, priority=NAMED_PRIORITIES["high"])
         urgent.add_done_callback(lambda _: order.append("urgent"))
-        started = time.monotonic()
+        model.release.set()
         await urgent
-        waited = time.monotonic() - started
         await big
-        return waited
 
-    waited = run(_with_batcher(rec, BatchingConfig(max_batch_size=8, max_wait_ms=1), body))
+    run(_with_clock(model, BatchingConfig(max_batch_size=8, max_wait_ms=1), body))
     assert order == ["urgent", "big"]
-    assert waited < 0.1  # one piece (20 ms) in progress, then its own batch; not 10 pieces
+    # one piece in progress, then its own batch; not after the other 9 pieces
+    assert model.batches == [[1.0] * 8, [2.0]] + [[1.0] * 8] * 9
 
 
 def test_a_failing_piece_fails_the_request_and_drops_the_rest():
-    rec = Recorder(fail=True)
+    model = Model()
 
-    async def body(b):
-        with pytest.raises(ValueError, match="exploded"):
-            await b.submit(rows(40), 40, 5.0)
-        await asyncio.sleep(0.05)
+    async def body(b, clock):
+        with pytest.raises(ValueError, match="negative"):
+            await b.submit(rows(40, -1.0), 40, 5.0)
+        await b.submit(rows(1), 1, 5.0)  # queued behind the other pieces, computed after
         return b.queued_rows
 
-    assert run(_with_batcher(rec, BatchingConfig(max_batch_size=8, max_wait_ms=1), body)) == 0
-    assert len(rec.batch_rows) <= 2  # at most the next piece started; the rest never
+    assert run(_with_clock(model, BatchingConfig(max_batch_size=8, max_wait_ms=1), body)) == 0
+    # at most the next piece started (taken before the failure was known); the rest never
+    assert model.batch_rows in ([8, 1], [8, 8, 1])
 
 
 def test_a_bad_request_fails_alone_not_the_batch_it_was_in():
-    def predict(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        if (inputs["x"] < 0).any():
-            raise ValueError("negative")
-        return {"y": inputs["x"].sum(axis=1)}
+    model = Model()
 
-    async def body(b):
+    async def body(b, clock):
         futures = [b.submit(rows(1, v), 1, 5.0) for v in (1.0, -1.0, 2.0, 3.0)]
         return await asyncio.gather(*futures, return_exceptions=True), b.stats.batches
 
     (outcomes, batches) = run(
-        _with_batcher(predict, BatchingConfig(max_batch_size=8, max_wait_ms=20), body)
+        _with_clock(model, BatchingConfig(max_batch_size=8, max_wait_ms=20), body)
     )
     assert [float(o["y"][0]) if isinstance(o, dict) else str(o) for o in outcomes] == [
         3.0, "negative", 6.0, 9.0,
     ]  # fmt: skip
     assert batches == 5  # the failed batch of four, then each alone
+    assert model.batches == [[1.0, -1.0, 2.0, 3.0], [1.0], [-1.0], [2.0], [3.0]]
 
 
 def test_cancelling_a_large_request_drops_its_pieces():
-    rec = Recorder(delay_s=0.02)
+    model = Model(held=True)
 
-    async def body(b):
+    async def body(b, clock):
         big = b.submit(rows(80), 80, 5.0)
-        await asyncio.sleep(0.01)
+        await model.computing()  # its first piece
         big.cancel()
-        await asyncio.sleep(0.1)
+        await settle()
+        model.release.set()
+        await b.submit(rows(1, 2.0), 1, 5.0)  # queued behind the other pieces
         return b.idle()
 
-    assert run(_with_batcher(rec, BatchingConfig(max_batch_size=8, max_wait_ms=1), body))
-    assert len(rec.batch_rows) <= 2
+    assert run(_with_clock(model, BatchingConfig(max_batch_size=8, max_wait_ms=1), body))
+    assert model.batches == [[1.0] * 8, [2.0]]  # the piece in progress; the other 9 dropped
 
 
 def test_window_batching_holds_a_lone_request_at_most_max_wait():
-    rec = Recorder()
+    model = Model()
 
-    async def body(b):
-        started = time.monotonic()
-        await b.submit(rows(1), 1, 5.0)
-        return time.monotonic() - started
+    async def body(b, clock):
+        future = b.submit(rows(1), 1, 5.0)
+        await settle()
+        await clock.advance(0.029)
+        assert b.queued_rows == 1 and not future.done()  # held for the window
+        await clock.advance(0.001)  # the window ends: it goes, with no more time passing
+        await future
 
     config = BatchingConfig(max_batch_size=32, max_wait_ms=30, adaptive=False)
-    elapsed = run(_with_batcher(rec, config, body))
-    assert 0.025 <= elapsed < 0.5
+    run(_with_clock(model, config, body))
+    assert model.batch_rows == [1]
 
 
-def test_zero_wait_dispatches_immediately():
-    rec = Recorder()
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_zero_wait_dispatches_immediately(adaptive: bool):
+    model = Model()
 
-    async def body(b):
-        started = time.monotonic()
-        await b.submit(rows(1), 1, 5.0)
-        return time.monotonic() - started
+    async def body(b, clock):
+        future = b.submit(rows(1), 1, 5.0)
+        await settle()
+        assert b.queued_rows == 0  # taken at once: the clock has not moved
+        await future
+        return clock.t
 
-    elapsed = run(_with_batcher(rec, BatchingConfig(max_batch_size=32, max_wait_ms=0), body))
-    assert elapsed < 0.02
+    config = BatchingConfig(max_batch_size=32, max_wait_ms=0, adaptive=adaptive)
+    assert run(_with_clock(model, config, body)) == 0.0
+    assert model.batch_rows == [1]
 
 
 def test_failure_is_set_on_every_request_of_the_batch():
-    rec = Recorder(fail=True)
+    model = Model(fail=True)
 
-    async def body(b):
+    async def body(b, clock):
         futures = [b.submit(rows(1), 1, 5.0) for _ in range(5)]
         return await asyncio.gather(*futures, return_exceptions=True)
 
-    results = run(_with_batcher(rec, BatchingConfig(max_batch_size=8, max_wait_ms=20), body))
+    results = run(_with_clock(model, BatchingConfig(max_batch_size=8, max_wait_ms=20), body))
     assert len(results) == 5
-    assert all(isinstance(r, ValueError) for r in results)
+    assert all(isinstance(r, ValueError) and str(r) == "model exploded" for r in results)
+    assert model.batch_rows == [5, 1, 1, 1, 1, 1]  # the batch, then each alone
 
 
 def test_expired_request_is_dropped_before_compute():
-    rec = Recorder(delay_s=0.2)
+    model = Model(held=True)
 
-    async def body(b):
+    async def body(b, clock):
         slow = b.submit(rows(1), 1, 5.0)
-        await asyncio.sleep(0.01)  # the first batch is now computing
+        await model.computing()
         doomed = b.submit(rows(2), 2, 0.05)
+        await clock.advance(0.1)  # its deadline passes while the first batch computes
+        model.release.set()
         await slow
         with pytest.raises(RequestTimeout):
             await doomed
         return b.stats
 
-    stats = run(_with_batcher(rec, BatchingConfig(max_batch_size=8, max_wait_ms=0), body))
-    assert rec.batch_rows == [1]
+    stats = run(_with_clock(model, BatchingConfig(max_batch_size=8, max_wait_ms=0), body))
+    assert model.batch_rows == [1]
     assert stats.expired == 1
 
 
 def test_cancelled_request_is_not_computed():
-    rec = Recorder(delay_s=0.1)
+    model = Model(held=True)
 
-    async def body(b):
+    async def body(b, clock):
         first = b.submit(rows(1), 1, 5.0)
-        await asyncio.sleep(0.01)
-        cancelled = b.submit(rows(4), 4, 5.0)
+        await model.computing()
+        cancelled = b.submit(rows(4, 4.0), 4, 5.0)
         cancelled.cancel()
+        model.release.set()
         await first
-        await b.submit(rows(1), 1, 5.0)
+        await b.submit(rows(1, 2.0), 1, 5.0)
 
-    run(_with_batcher(rec, BatchingConfig(max_batch_size=8, max_wait_ms=0), body))
-    assert 4 not in rec.batch_rows and 5 not in rec.batch_rows
+    run(_with_clock(model, BatchingConfig(max_batch_size=8, max_wait_ms=0), body))
+    assert model.batches == [[1.0], [2.0]]  # never the cancelled rows
 
 
 def test_queue_bound_rejects_with_overloaded():
-    rec = Recorder(delay_s=0.05)
+    model = Model()
 
-    async def body(b):
+    async def body(b, clock):
         accepted = [b.submit(rows(4), 4, 5.0) for _ in range(2)]
         with pytest.raises(Overloaded) as info:
             b.submit(rows(4), 4, 5.0)
         await asyncio.gather(*accepted)
-        return info.value
+        return info.value, b.stats.rejected
 
-    err = run(
-        _with_batcher(rec, BatchingConfig(max_batch_size=4, max_wait_ms=0, max_queue_rows=8), body)
-    )
+    config = BatchingConfig(max_batch_size=4, max_wait_ms=0, max_queue_rows=8)
+    err, rejected = run(_with_clock(model, config, body))
     assert err.status_code == 503
     assert err.details["max_queue_rows"] == 8
+    assert rejected == 1
+    assert model.batch_rows == [4, 4]  # only the accepted requests
 
 
 def test_wrong_output_rows_fail_the_batch():
     def bad(inputs):
         return {"y": np.zeros(1)}
 
-    async def body(b):
+    async def body(b, clock):
         return await asyncio.gather(b.submit(rows(3), 3, 5.0), return_exceptions=True)
 
-    (result,) = run(_with_batcher(bad, BatchingConfig(max_wait_ms=0), body))
+    (result,) = run(_with_clock(bad, BatchingConfig(max_wait_ms=0), body))
     assert isinstance(result, ValueError)
     assert "expected 3 rows" in str(result)
 
@@ -265,31 +307,27 @@ def test_wrong_output_rows_fail_the_batch():
 def test_priority_levels_are_served_best_first_and_fifo_within_a_level():
     """While one batch computes, requests of levels 3, 2 (default) and 1 queue up; the
     next batches take level 1, then the default level, then level 3."""
-    seen: list[float] = []
+    model = Model(held=True)
 
-    def predict(inputs):
-        seen.extend(inputs["x"][:, 0].tolist())
-        time.sleep(0.05)
-        return {"y": inputs["x"].sum(axis=1)}
-
-    async def body(b):
+    async def body(b, clock):
         first = b.submit(rows(1, 0), 1, 5.0)
-        await asyncio.sleep(0.01)  # the first batch is computing now
+        await model.computing()
         order = [(3, 31), (0, 21), (1, 11), (3, 32), (2, 22), (1, 12)]
         futures = [b.submit(rows(1, value), 1, 5.0, priority) for priority, value in order]
+        model.release.set()
         await asyncio.gather(first, *futures)
 
-    run(_with_batcher(predict, BatchingConfig(max_batch_size=2, max_wait_ms=0), body))
-    assert seen == [0, 11, 12, 21, 22, 31, 32]
+    run(_with_clock(model, BatchingConfig(max_batch_size=2, max_wait_ms=0), body))
+    assert model.batches == [[0], [11, 12], [21, 22], [31, 32]]
 
 
 def test_priority_outside_the_levels_is_refused():
-    async def body(b):
+    async def body(b, clock):
         with pytest.raises(InvalidInput, match="priority 5 is not a level"):
             b.submit(rows(1), 1, 1.0, 5)
         return await b.submit(rows(1), 1, 1.0, 4)
 
-    out = run(_with_batcher(Recorder(), BatchingConfig(max_wait_ms=0), body))
+    out = run(_with_clock(Model(), BatchingConfig(max_wait_ms=0), body))
     assert out["y"].tolist() == [3.0]
 
 
@@ -302,26 +340,13 @@ def test_default_priority_must_be_a_level():
     )
 
 
-class Gate:
-    """A model whose first batch blocks until released, so a queue can be filled."""
-
-    def __init__(self) -> None:
-        self.release = threading.Event()
-        self.seen: list[float] = []
-
-    def __call__(self, inputs):
-        self.release.wait(5)
-        self.seen.extend(inputs["x"][:, 0].tolist())
-        return {"y": inputs["x"].sum(axis=1)}
-
-
 def test_low_priority_is_refused_past_its_share_of_the_queue():
-    gate = Gate()
+    model = Model(held=True)
     config = BatchingConfig(max_batch_size=1, max_wait_ms=0, max_queue_rows=8)
 
-    async def body(b):
+    async def body(b, clock):
         running = b.submit(rows(1, 0), 1, 5.0)
-        await asyncio.sleep(0.02)  # computing, blocked: the queue is empty
+        await model.computing()  # blocked: the queue is empty
         low = [b.submit(rows(1, 30 + i), 1, 5.0, NAMED_PRIORITIES["low"]) for i in range(4)]
         with pytest.raises(Overloaded, match="priority low is refused while 4 or more") as info:
             b.submit(rows(1, 39), 1, 5.0, NAMED_PRIORITIES["low"])
@@ -329,21 +354,21 @@ def test_low_priority_is_refused_past_its_share_of_the_queue():
         with pytest.raises(Overloaded, match="priority batch is refused while 2 or more"):
             b.submit(rows(1, 40), 1, 5.0, NAMED_PRIORITIES["batch"])
         normal = [b.submit(rows(1, 20 + i), 1, 5.0) for i in range(5)]  # the 5th sheds a low
-        gate.release.set()
+        model.release.set()
         return await asyncio.gather(running, *low, *normal, return_exceptions=True)
 
-    out = run(_with_batcher(gate, config, body))
+    out = run(_with_clock(model, config, body))
     assert [type(o).__name__ for o in out[1:5]] == ["dict"] * 3 + ["Overloaded"]
-    assert gate.seen == [0, 20, 21, 22, 23, 24, 30, 31, 32]
+    assert model.values == [0, 20, 21, 22, 23, 24, 30, 31, 32]
 
 
 def test_a_high_priority_request_takes_the_place_of_the_newest_worse_ones():
-    gate = Gate()
+    model = Model(held=True)
     config = BatchingConfig(max_batch_size=1, max_wait_ms=0, max_queue_rows=4, low_queue_share=1)
 
-    async def body(b):
+    async def body(b, clock):
         running = b.submit(rows(1, 0), 1, 5.0)
-        await asyncio.sleep(0.02)
+        await model.computing()
         normal = [b.submit(rows(1, 20 + i), 1, 5.0) for i in range(2)]
         low = [b.submit(rows(1, 30 + i), 1, 5.0, NAMED_PRIORITIES["low"]) for i in range(2)]
         high = [b.submit(rows(1, 10 + i), 1, 5.0, NAMED_PRIORITIES["high"]) for i in range(3)]
@@ -351,142 +376,119 @@ def test_a_high_priority_request_takes_the_place_of_the_newest_worse_ones():
         high.append(b.submit(rows(1, 13), 1, 5.0, NAMED_PRIORITIES["high"]))
         with pytest.raises(Overloaded, match="queue is full"):  # nothing worse is left
             b.submit(rows(1, 14), 1, 5.0, NAMED_PRIORITIES["high"])
-        gate.release.set()
+        model.release.set()
         return await asyncio.gather(running, *normal, *low, *high, return_exceptions=True)
 
-    out = run(_with_batcher(gate, config, body))
+    out = run(_with_clock(model, config, body))
     assert all(isinstance(o, Overloaded) for o in out[1:5])
     assert "higher-priority" in str(out[1])
-    assert gate.seen == [0, 10, 11, 12, 13]
+    assert model.values == [0, 10, 11, 12, 13]
 
 
 def test_shed_counts_are_kept_by_priority_name():
-    gate = Gate()
+    model = Model(held=True)
     config = BatchingConfig(max_batch_size=1, max_wait_ms=0, max_queue_rows=2)
 
-    async def body(b):
+    async def body(b, clock):
         running = b.submit(rows(1, 0), 1, 5.0)
-        await asyncio.sleep(0.02)
+        await model.computing()
         queued = [b.submit(rows(1, i), 1, 5.0, NAMED_PRIORITIES["low"]) for i in range(1)]
         for _ in range(2):
             with pytest.raises(Overloaded):
                 b.submit(rows(1, 9), 1, 5.0, NAMED_PRIORITIES["batch"])
         queued += [b.submit(rows(1, 5), 1, 5.0, 1) for _ in range(2)]  # sheds the low one
-        gate.release.set()
+        model.release.set()
         await asyncio.gather(running, *queued, return_exceptions=True)
         return b.shed_counts()
 
-    assert run(_with_batcher(gate, config, body)) == {"low": 1, "batch": 2}
+    assert run(_with_clock(model, config, body)) == {"low": 1, "batch": 2}
 
 
 def _texts(lengths: list[int]) -> dict[str, np.ndarray]:
     """A text-model request: one row per length, each row its length (as a runtime's
-    prepared ids would be)."""
+    prepared ids would be); :class:`Model` answers each row's length and records it."""
     return {"x": np.asarray([[n, 0, 0] for n in lengths], dtype=np.float32)}
-
-
-def _by_length(delay_s: float = 0.0, scale: int = 1):
-    """A predict function recording each batch's row lengths; it answers each row's
-    length times ``scale``."""
-    batches: list[list[int]] = []
-
-    def predict(inputs):
-        batches.append(inputs["x"][:, 0].astype(int).tolist())
-        time.sleep(delay_s)
-        return {"y": inputs["x"][:, 0] * scale}
-
-    return batches, predict
 
 
 def test_length_buckets_batch_similar_lengths_and_count_padding():
     """While one batch computes, short (5-token) and long (200-token) texts queue up
     interleaved; every later batch holds one bucket only, oldest request first, and
     the padding counted is what those batches pad."""
-    batches, predict = _by_length(0.03)
+    model = Model(held=True)
 
-    async def body(b):
+    async def body(b, clock):
         first = b.submit(_texts([7]), 1, 5.0, lengths=np.asarray([7]))
-        await asyncio.sleep(0.01)  # the first batch is computing now
+        await model.computing()
         lengths = [5, 200, 6, 180, 5, 210, 4, 190] * 4
         futures = [b.submit(_texts([n]), 1, 5.0, lengths=np.asarray([n])) for n in lengths]
+        model.release.set()
         results = await asyncio.gather(first, *futures)
         return b.stats, [int(r["y"][0]) for r in results[1:]], lengths
 
     stats, answered, lengths = run(
-        _with_batcher(predict, BatchingConfig(max_batch_size=64, max_wait_ms=0), body)
+        _with_clock(model, BatchingConfig(max_batch_size=64, max_wait_ms=0), body)
     )
     assert answered == lengths  # every request got its own row back
-    assert batches[0] == [7]
-    assert batches[1] == [5, 6, 5, 4] * 4  # the oldest (short) bucket, in arrival order
-    assert batches[2] == [200, 180, 210, 190] * 4
+    assert model.batches[0] == [7]
+    assert model.batches[1] == [5, 6, 5, 4] * 4  # the oldest (short) bucket, in arrival order
+    assert model.batches[2] == [200, 180, 210, 190] * 4
+    assert len(model.batches) == 3
     assert stats.tokens == 7 + sum(lengths)
     assert stats.padded_tokens == 7 + 16 * 6 + 16 * 210
     assert stats.as_dict()["padded_tokens"] == stats.padded_tokens
 
 
 def test_without_length_buckets_texts_of_any_length_share_a_batch():
-    batches, predict = _by_length(0.03)
+    model = Model(held=True)
 
-    async def body(b):
+    async def body(b, clock):
         first = b.submit(_texts([7]), 1, 5.0, lengths=np.asarray([7]))
-        await asyncio.sleep(0.01)
+        await model.computing()
         lengths = [5, 200, 6, 180]
-        await asyncio.gather(
-            first, *(b.submit(_texts([n]), 1, 5.0, lengths=np.asarray([n])) for n in lengths)
-        )
+        futures = [b.submit(_texts([n]), 1, 5.0, lengths=np.asarray([n])) for n in lengths]
+        model.release.set()
+        await asyncio.gather(first, *futures)
         return b.stats
 
     config = BatchingConfig(max_batch_size=64, max_wait_ms=0, length_buckets=[])
-    stats = run(_with_batcher(predict, config, body))
-    assert batches == [[7], [5, 200, 6, 180]]
+    stats = run(_with_clock(model, config, body))
+    assert model.batches == [[7], [5, 200, 6, 180]]
     assert stats.padded_tokens == 7 + 4 * 200  # the short texts padded to 200
 
 
 def test_a_long_request_is_split_into_pieces_of_similar_lengths_and_rejoined_in_order():
-    batches, predict = _by_length(scale=10)
-
+    model = Model()
     lengths = [50, 3, 40, 4, 60, 2, 30, 5]
 
-    async def body(b):
+    async def body(b, clock):
         return await b.submit(_texts(lengths), len(lengths), 5.0, lengths=np.asarray(lengths))
 
-    result = run(_with_batcher(predict, BatchingConfig(max_batch_size=4, max_wait_ms=0), body))
-    assert result["y"].astype(int).tolist() == [10 * n for n in lengths]
-    assert batches == [[2, 3, 4, 5], [30, 40, 50, 60]]
+    result = run(_with_clock(model, BatchingConfig(max_batch_size=4, max_wait_ms=0), body))
+    assert result["y"].astype(int).tolist() == lengths
+    assert model.batches == [[2, 3, 4, 5], [30, 40, 50, 60]]
 
 
 def test_the_oldest_request_is_never_passed_over_by_its_bucket_rule():
     """Long texts keep arriving; a lone short one still goes in the next batch."""
-    batches, predict = _by_length(0.02)
+    model = Model(held=True)
 
-    async def body(b):
+    async def body(b, clock):
         first = b.submit(_texts([100]), 1, 5.0, lengths=np.asarray([100]))
-        await asyncio.sleep(0.005)
+        await model.computing()
         short = b.submit(_texts([3]), 1, 5.0, lengths=np.asarray([3]))
         longs = [b.submit(_texts([100]), 1, 5.0, lengths=np.asarray([100])) for _ in range(8)]
+        model.release.set()
         await asyncio.gather(first, short, *longs)
 
-    run(_with_batcher(predict, BatchingConfig(max_batch_size=64, max_wait_ms=0), body))
-    assert batches == [[100], [3], [100] * 8]
+    run(_with_clock(model, BatchingConfig(max_batch_size=64, max_wait_ms=0), body))
+    assert model.batches == [[100], [3], [100] * 8]
 
 
-# -- on a clock the test moves ------------------------------------------------------------
-
-
-async def _with_clock(predict, config, body):
-    clock = FakeClock()
-    executor = ThreadPoolExecutor(1, thread_name_prefix="predict")
-    batcher = DynamicBatcher(predict, config, executor, clock)
-    batcher.start()
-    try:
-        return await body(batcher, clock)
-    finally:
-        await batcher.stop()
-        executor.shutdown()
+# -- when a batch goes: adaptive and window batching --------------------------------------
 
 
 def test_an_idle_replica_computes_a_request_at_once_whatever_max_wait():
-    rec = Recorder()
+    model = Model()
 
     async def body(b, clock):
         first = b.submit(rows(1), 1, 5.0)
@@ -494,96 +496,72 @@ def test_an_idle_replica_computes_a_request_at_once_whatever_max_wait():
         second = b.submit(rows(2), 2, 5.0)
         await asyncio.wait_for(second, 5)
 
-    run(_with_clock(rec, BatchingConfig(max_batch_size=32, max_wait_ms=10_000), body))
-    assert rec.batch_rows == [1, 2]
+    run(_with_clock(model, BatchingConfig(max_batch_size=32, max_wait_ms=10_000), body))
+    assert model.batch_rows == [1, 2]
 
 
 def test_requests_arriving_in_one_instant_share_the_idle_replicas_batch():
-    rec = Recorder()
+    model = Model()
 
     async def body(b, clock):
         futures = [b.submit(rows(1), 1, 5.0) for _ in range(5)]  # one socket read's frames
         await asyncio.wait_for(asyncio.gather(*futures), 5)
 
-    run(_with_clock(rec, BatchingConfig(max_batch_size=32, max_wait_ms=10_000), body))
-    assert rec.batch_rows == [5]
+    run(_with_clock(model, BatchingConfig(max_batch_size=32, max_wait_ms=10_000), body))
+    assert model.batch_rows == [5]
 
 
 def test_a_busy_replica_gathers_the_next_batch_while_it_computes():
-    release = threading.Event()
-    seen: list[int] = []
-
-    def predict(inputs):
-        seen.append(len(inputs["x"]))
-        if len(seen) == 1:
-            release.wait(5)  # the first batch computes until the test lets it go
-        return {"y": inputs["x"].sum(axis=1)}
+    model = Model(held=True)  # the first batch computes until the test lets it go
 
     async def body(b, clock):
         first = b.submit(rows(1), 1, 5.0)
-        await settle()
-        while not b.busy:
-            await asyncio.sleep(0.001)
+        await model.computing()
         later = [b.submit(rows(2), 2, 5.0) for _ in range(3)]  # arrive during the compute
         await settle()
-        assert seen == [1]  # they wait for the batch ahead of them, not for a window
-        release.set()
+        assert b.queued_rows == 6  # they wait for the batch ahead of them, not for a window
+        assert model.batch_rows == [1]
+        model.release.set()
         await asyncio.wait_for(asyncio.gather(first, *later), 5)
 
-    run(_with_clock(predict, BatchingConfig(max_batch_size=32, max_wait_ms=10_000), body))
-    assert seen == [1, 6]  # one batch of what gathered; the clock never moved
+    run(_with_clock(model, BatchingConfig(max_batch_size=32, max_wait_ms=10_000), body))
+    assert model.batch_rows == [1, 6]  # one batch of what gathered; the clock never moved
 
 
 def test_a_busy_replicas_next_batch_is_bounded_by_max_batch_size_and_priority():
-    release = threading.Event()
-    seen: list[list[float]] = []
-
-    def predict(inputs):
-        seen.append(inputs["x"][:, 0].tolist())
-        if len(seen) == 1:
-            release.wait(5)
-        return {"y": inputs["x"].sum(axis=1)}
+    model = Model(held=True)
 
     async def body(b, clock):
         first = b.submit(rows(1, 0), 1, 5.0)
-        while not b.busy:
-            await asyncio.sleep(0.001)
+        await model.computing()
         low = [b.submit(rows(1, 3), 1, 5.0, priority=3) for _ in range(2)]
         normal = [b.submit(rows(1, 2), 1, 5.0) for _ in range(2)]
         high = b.submit(rows(1, 1), 1, 5.0, priority=1)
         await settle()
-        release.set()
+        model.release.set()
         await asyncio.wait_for(asyncio.gather(first, *low, *normal, high), 5)
 
-    run(_with_clock(predict, BatchingConfig(max_batch_size=3, max_wait_ms=10_000), body))
-    assert seen == [[0.0], [1.0, 2.0, 2.0], [3.0, 3.0]]
+    run(_with_clock(model, BatchingConfig(max_batch_size=3, max_wait_ms=10_000), body))
+    assert model.batches == [[0.0], [1.0, 2.0, 2.0], [3.0, 3.0]]
 
 
 def test_a_deadline_that_passes_behind_a_busy_batch_fails_without_computing():
-    release = threading.Event()
-    seen: list[int] = []
-
-    def predict(inputs):
-        seen.append(len(inputs["x"]))
-        if len(seen) == 1:
-            release.wait(5)
-        return {"y": inputs["x"].sum(axis=1)}
+    model = Model(held=True)
 
     async def body(b, clock):
         first = b.submit(rows(1), 1, 5.0)
-        while not b.busy:
-            await asyncio.sleep(0.001)
+        await model.computing()
         doomed = b.submit(rows(1), 1, 0.05)
         kept = b.submit(rows(2), 2, 5.0)
         await clock.advance(0.1)  # its deadline passes while the first batch computes
-        release.set()
+        model.release.set()
         with pytest.raises(RequestTimeout):
             await asyncio.wait_for(doomed, 5)
         await asyncio.wait_for(asyncio.gather(first, kept), 5)
         return b.stats
 
-    stats = run(_with_clock(predict, BatchingConfig(max_batch_size=8), body))
-    assert seen == [1, 2] and stats.expired == 1
+    stats = run(_with_clock(model, BatchingConfig(max_batch_size=8), body))
+    assert model.batch_rows == [1, 2] and stats.expired == 1
 
 
 def test_under_load_adaptive_batching_waits_for_fuller_batches():
@@ -595,7 +573,7 @@ def test_under_load_adaptive_batching_waits_for_fuller_batches():
         clock.t += 0.008 if len(inputs["x"]) <= 2 else 0.001
         return {"y": inputs["x"].sum(axis=1)}
 
-    async def body(b):
+    async def body(b, clock):
         await asyncio.wait_for(b.submit(rows(1), 1, 5.0), 5)  # idle: at once, 8 ms
         assert b.load() < 1
         futures = []
@@ -603,62 +581,49 @@ def test_under_load_adaptive_batching_waits_for_fuller_batches():
             futures.append(b.submit(rows(1), 1, 5.0))
             clock.t += 0.0001
         assert b.load() > 1
-        for _ in range(500):  # (the batches compute on the executor thread)
-            if len(seen) == 10 and b.idle() is False and not b.busy:
-                break
-            await asyncio.sleep(0.002)
+        # full batches go at once: 9 of 64 rows, with no time passing but their compute
+        await asyncio.wait_for(asyncio.gather(*futures[: 9 * 64]), 5)
         await settle()
-        assert seen == [1, *[64] * 9]  # full batches go at once
-        assert not futures[-1].done()  # the last 24 rows wait for companions (20 ms)
-        await clock.advance(0.02)
+        assert seen == [1, *[64] * 9]
+        assert b.queued_rows == 24 and not futures[-1].done()  # they wait for companions
+        await clock.advance(0.02)  # until max_wait_ms passed since the first of them came
         await asyncio.wait_for(asyncio.gather(*futures), 5)
 
-    async def main():
-        executor = ThreadPoolExecutor(1, thread_name_prefix="predict")
-        config = BatchingConfig(max_batch_size=64, max_wait_ms=20)
-        batcher = DynamicBatcher(predict, config, executor, clock)
-        batcher.start()
-        try:
-            await body(batcher)
-        finally:
-            await batcher.stop()
-            executor.shutdown()
-
-    run(main())
+    run(_with_clock(predict, BatchingConfig(max_batch_size=64, max_wait_ms=20), body, clock))
     assert seen == [1, *[64] * 9, 24]
 
 
 def test_a_batch_waits_max_wait_on_the_clock_then_goes():
-    rec = Recorder()
+    model = Model()
 
     async def body(b, clock):
         first = b.submit(rows(1), 1, 5.0)
         await settle()
         await clock.advance(0.029)
-        assert rec.batch_rows == [] and not first.done()  # the window is still open
+        assert b.queued_rows == 1 and not first.done()  # the window is still open
         second = b.submit(rows(2), 2, 5.0)  # joins the open batch
         await clock.advance(0.001)
         await asyncio.wait_for(asyncio.gather(first, second), 5)
 
-    run(_with_clock(rec, BatchingConfig(max_batch_size=32, max_wait_ms=30, adaptive=False), body))
-    assert rec.batch_rows == [3]
+    config = BatchingConfig(max_batch_size=32, max_wait_ms=30, adaptive=False)
+    run(_with_clock(model, config, body))
+    assert model.batch_rows == [3]
 
 
 def test_a_full_batch_does_not_wait_for_the_clock():
-    rec = Recorder()
+    model = Model()
 
     async def body(b, clock):
         futures = [b.submit(rows(2), 2, 5.0) for _ in range(4)]  # 8 rows: full
         await asyncio.wait_for(asyncio.gather(*futures), 5)  # no advance needed
 
-    run(
-        _with_clock(rec, BatchingConfig(max_batch_size=8, max_wait_ms=10_000, adaptive=False), body)
-    )
-    assert rec.batch_rows == [8]
+    config = BatchingConfig(max_batch_size=8, max_wait_ms=10_000, adaptive=False)
+    run(_with_clock(model, config, body))
+    assert model.batch_rows == [8]
 
 
 def test_a_deadline_that_passes_in_the_window_fails_without_computing():
-    rec = Recorder()
+    model = Model()
 
     async def body(b, clock):
         doomed = b.submit(rows(1), 1, 0.05)
@@ -671,5 +636,5 @@ def test_a_deadline_that_passes_in_the_window_fails_without_computing():
         return b.stats
 
     config = BatchingConfig(max_batch_size=8, max_wait_ms=100, adaptive=False)
-    stats = run(_with_clock(rec, config, body))
-    assert rec.batch_rows == [1] and stats.expired == 1
+    stats = run(_with_clock(model, config, body))
+    assert model.batch_rows == [1] and stats.expired == 1
