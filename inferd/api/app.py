@@ -69,7 +69,10 @@ def create_app(
     result_cache: ResultCache | None = None,
     rate_limits: RateLimits | None = None,
     jobs: Jobs | None = None,
+    dataplane: DataPlane | None = None,
 ) -> ASGIApp:
+    """The gateway's ASGI app. ``dataplane``: the process's, when its gRPC service shares
+    it (else one is made here, over ``result_cache``)."""
     app = FastAPI(
         title="inferd",
         version=inferd.__version__,
@@ -81,7 +84,8 @@ def create_app(
         settings=settings,
         router=router,
         registry=registry,
-        dataplane=DataPlane(router, settings.request_timeout_s, result_cache, settings.cache.ttl_s),
+        dataplane=dataplane
+        or DataPlane(router, settings.request_timeout_s, result_cache, settings.cache.ttl_s),
         status=StatusView(router),
         console_registry=console.RegistryCache(),
         inference_log=inference_log,

@@ -40,6 +40,7 @@ from inferd.observability.log_rows import LogShipper
 from inferd.observability.logging import configure_logging
 from inferd.process import die_with_parent, freeze_heap
 from inferd.routing.cache import cache_for
+from inferd.routing.dataplane import DataPlane
 from inferd.routing.router import Router
 
 if TYPE_CHECKING:
@@ -72,6 +73,7 @@ class Gateway:
     cache: Any
     limits: Any
     jobs: Jobs
+    plane: DataPlane
 
     async def close(self) -> None:
         self.router.close()
@@ -110,8 +112,10 @@ async def build_gateway(settings: Settings, control: str | Path) -> Gateway:
     limits = rate_limits_for(settings)  # one per process: HTTP and gRPC share the budgets
     store = on_first_use(lambda: _job_store(registry))
     jobs = Jobs(settings, store, queue_for(settings.resolved_queue_url))
-    app = create_app(settings, router, registry, inference_log, cache, limits, jobs)
-    return Gateway(app, router, registry, inference_log, cache, limits, jobs)
+    # One data plane per process, for its HTTP routes and its gRPC service alike.
+    plane = DataPlane(router, settings.request_timeout_s, cache, settings.cache.ttl_s)
+    app = create_app(settings, router, registry, inference_log, cache, limits, jobs, plane)
+    return Gateway(app, router, registry, inference_log, cache, limits, jobs, plane)
 
 
 def _open_registry(settings: Settings) -> Registry:
@@ -190,9 +194,8 @@ async def run_gateway(settings: Settings, control: str | Path) -> None:
         from inferd.grpc.service import start_server
 
         g = gateway
-        plane = g.app.state.gateway.dataplane  # one per process, shared with the HTTP routes
         grpc_server = await start_server(
-            g.router, g.registry, settings, plane, g.inference_log, g.limits
+            g.router, g.registry, settings, g.plane, g.inference_log, g.limits
         )
     loop = asyncio.get_running_loop()
     loop.call_soon(_listening)
