@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -145,6 +145,34 @@ class InferdServer:
                 return
             time.sleep(0.1)
         raise AssertionError(f"timed out waiting for {what}:\n{self.log()[-5000:]}")
+
+    def wait_all_gateways(
+        self,
+        check: Callable[[httpx.Client], object],
+        timeout_s: float = 60,
+        what: str = "condition",
+        in_a_row: int = 8,
+    ) -> None:
+        """Until ``check(client)`` holds ``in_a_row`` times in a row, each request of
+        ``client`` on a new connection (no keep-alive). As in :meth:`wait_ready`: each
+        gateway process answers from its own routing table and the kernel spreads new
+        connections over them, so with 2 processes the chance that 8 in a row all
+        missed a lagging one is 1 in 256."""
+        deadline = time.monotonic() + timeout_s
+        seen = 0
+        limits = httpx.Limits(max_keepalive_connections=0)
+        with httpx.Client(
+            base_url=self.url, timeout=10, verify=self.verify, limits=limits
+        ) as fresh:
+            while seen < in_a_row:
+                if time.monotonic() > deadline:
+                    raise AssertionError(
+                        f"timed out waiting for {what} on every gateway process "
+                        f"({seen} in a row):\n{self.log()[-5000:]}"
+                    )
+                seen = seen + 1 if check(fresh) else 0
+                if not seen:
+                    time.sleep(0.05)
 
     def wait_job(self, job_id: str, timeout_s: float = 60) -> dict:
         """A batch job's status document once it ended (succeeded, failed, cancelled)."""

@@ -219,7 +219,13 @@ def test_the_refusal_matrix(keys_and_server):
         _call(server, "POST", "/api/v1/keys", keys["infer"], json={"name": "x"}).status_code == 403
     )
     assert _call(server, "DELETE", f"/api/v1/keys/{new_id}", keys["admin"]).status_code == 200
-    time.sleep(1.0)
+    # Refused once the cached record (kept cache_s, 0.5 s here) is read again: within
+    # 1 s, the time this checked after when it slept instead.
+    server.wait_for(
+        lambda: _call(server, "POST", predict, new_key, json=BODY).status_code == 401,
+        timeout_s=1.0,
+        what="the revocation felt",
+    )
     gone = _call(server, "POST", predict, new_key, json=BODY)
     assert gone.status_code == 401 and "revoked" in gone.text
     assert _call(server, "DELETE", "/api/v1/keys/000000000000", keys["admin"]).status_code == 404

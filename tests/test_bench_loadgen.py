@@ -11,9 +11,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.conftest import ROOT, InferdServer, free_port
+from tests.roles import wait
 
 TRIVIAL = Path(__file__).parent / "servers" / "trivial.py"
 
@@ -156,8 +158,14 @@ def test_sweep_prints_one_row_per_level_and_plots(trivial: str, tmp_path: Path):
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def _seen(trivial: str, path: str) -> int:
+    """Requests the trivial server got on ``/<path>...`` so far."""
+    return int(httpx.get(f"{trivial}/seen").json().get(path, 0))
+
+
 def test_ctrl_c_prints_what_was_collected(trivial: str, tmp_path: Path):
     out = tmp_path / "partial.json"
+    before = _seen(trivial, "ok")
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -181,7 +189,13 @@ def test_ctrl_c_prints_what_was_collected(trivial: str, tmp_path: Path):
         text=True,
         cwd=ROOT,
     )
-    time.sleep(2.5)
+    # Interrupted while it runs: once the server got 20 of its requests. With 4 in
+    # flight at most, some have been answered (and its SIGINT handler is in place).
+    wait(
+        lambda: proc.poll() is not None or _seen(trivial, "ok") >= before + 20,
+        "bench's first requests",
+    )
+    assert proc.poll() is None, proc.communicate()
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 0, stderr

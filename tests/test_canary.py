@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from inferd.registry import Registry
@@ -102,9 +103,35 @@ def _stable(registry: Registry, model: str) -> None:
     )
 
 
-def _deployment(server: InferdServer, model: str, version: str) -> dict[str, Any]:
-    view = server.client.get(f"/api/v1/deployments/{model}").json()
+def _deployment(
+    server: InferdServer, model: str, version: str, client: httpx.Client | None = None
+) -> dict[str, Any]:
+    """``model:version`` as ``GET /api/v1/deployments/{model}`` shows it (its live fields
+    from the routing table of the gateway process that answers ``client``)."""
+    view = (client or server.client).get(f"/api/v1/deployments/{model}").json()
     return next(v for v in view["versions"] if v["version"] == version)
+
+
+def _wait_shadow_ready(server: InferdServer, model: str, version: str) -> None:
+    """Until every gateway process's routing table has a ready replica of the shadow
+    ``model:version`` (from then on each one mirrors to it)."""
+    server.wait_all_gateways(
+        lambda client: bool(_deployment(server, model, version, client)["replicas_ready"]),
+        timeout_s=60,
+        what=f"the shadow {model}:{version} ready",
+    )
+
+
+def _in_flight(server: InferdServer, model: str, version: str) -> float | None:
+    """Requests in ``model:version``'s replicas, queued or computing, as ``/metrics``
+    has them (it asks the replicas when it is scraped); None when none reported."""
+    labels = (f'model="{model}"', f'version="{version}"')
+    found = [
+        float(line.split()[-1])
+        for line in server.client.get("/metrics").text.splitlines()
+        if line.startswith("inferd_inflight_requests{") and all(x in line for x in labels)
+    ]
+    return sum(found) if found else None
 
 
 def _rollout_state(server: InferdServer, model: str, version: str) -> str:
@@ -209,7 +236,14 @@ def test_a_canary_20_percent_slower_is_rolled_back_before_full_rollout(server, r
             actor="test",
         )
         state = _wait_rollout(server, "slowdown", "slower", {"promoted", "rolled_back"})
-        time.sleep(1)
+        # The load goes on past the rollback: base answers 50 more of its requests (about
+        # a second of it: one replica, 20 ms a request).
+        after = load.versions["base"]
+        server.wait_for(
+            lambda: load.versions["base"] >= after + 50,
+            timeout_s=30,
+            what="base to answer the load after the rollback",
+        )
     assert state == "rolled_back"
     assert load.failures == [], load.failures[:5]
     deployment = _deployment(server, "slowdown", "slower")
@@ -280,12 +314,7 @@ def test_shadow_traffic_is_compared_with_live_answers_and_never_slows_them(serve
     deployments = registry.deployments
     deployments.deploy("mirrored", "base", traffic_pct=100, actor="test")
     deployments.deploy("mirrored", "same", strategy="shadow", traffic_pct=100, actor="test")
-    server.wait_for(
-        lambda: bool(_deployment(server, "mirrored", "same")["replicas_ready"]),
-        timeout_s=60,
-        what="the shadow ready",
-    )
-    time.sleep(1)  # both gateways have the table
+    _wait_shadow_ready(server, "mirrored", "same")
     for _ in range(60):
         reply = server.client.post("/api/v1/models/mirrored/predict", json=BODY)
         assert reply.status_code == 200 and reply.json()["version"] == "base"
@@ -311,12 +340,7 @@ def test_shadow_traffic_is_compared_with_live_answers_and_never_slows_them(serve
     # none agree, and the live answers stay as fast as without it.
     deployments.undeploy("mirrored", "same", actor="test")
     deployments.deploy("mirrored", "differs", strategy="shadow", traffic_pct=50, actor="test")
-    server.wait_for(
-        lambda: bool(_deployment(server, "mirrored", "differs")["replicas_ready"]),
-        timeout_s=60,
-        what="the second shadow ready",
-    )
-    time.sleep(1)
+    _wait_shadow_ready(server, "mirrored", "differs")
     latencies = []
     for _ in range(80):
         started = time.perf_counter()
@@ -324,8 +348,12 @@ def test_shadow_traffic_is_compared_with_live_answers_and_never_slows_them(serve
         latencies.append(time.perf_counter() - started)
         assert reply.status_code == 200 and reply.json()["version"] == "base"
     assert statistics.median(latencies) < 0.1  # the shadow's 200 ms is not in them
-    server.wait_for(lambda: shadow_figures("differs", 20), timeout_s=60, what="comparisons")
-    time.sleep(0.5)
+    # Every mirrored request answered and compared: none left in the shadow's replica.
+    server.wait_for(
+        lambda: shadow_figures("differs", 20) and _in_flight(server, "mirrored", "differs") == 0,
+        timeout_s=60,
+        what="comparisons",
+    )
     figures = shadow_figures("differs", 20)
     assert figures is not None and figures["agreed"] == 0 and figures["agreement"] == 0.0
     assert 20 <= figures["compared"] <= 60  # about half of 80

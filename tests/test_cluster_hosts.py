@@ -69,11 +69,20 @@ def _hosts_answering(url: str, n: int = 64) -> set[str]:
     return {r.json()["prediction"] for r in replies}
 
 
+def _answered(url: str) -> int:
+    """Requests the replicas of ``where`` answered since they started (their live
+    figures, which the gateway asks them for)."""
+    shown = httpx.get(f"{url}/api/v1/deployments/where", timeout=5).json()
+    return sum((v["live"] or {}).get("requests", 0) for v in shown["versions"])
+
+
 class Load:
     """``inferd bench --rate`` from host A for ``seconds``; its report when done."""
 
     def __init__(self, url: str, out: Path, rate: int, seconds: int) -> None:
+        self.url = url
         self.out = out
+        self.answered = _answered(url)
         self.process = subprocess.Popen(
             [
                 sys.executable, "-m", "inferd", "bench", url, "--target", "predict",
@@ -83,6 +92,11 @@ class Load:
             ],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
+
+    def under_way(self, *roles: Role, requests: int = 20) -> None:
+        """Until the replicas have answered ``requests`` of its requests, half a second
+        of it at 40 a second (bench takes a second or two to start)."""
+        wait(lambda: _answered(self.url) >= self.answered + requests, "the load under way", *roles)
 
     def report(self) -> dict:
         _, err = self.process.communicate(timeout=120)
@@ -136,7 +150,7 @@ def test_replicas_on_other_hosts_join_share_traffic_and_leave_without_failed_req
 
             # every inferd process on B killed under load
             load = Load(url, tmp_path / "kill.json", rate=40, seconds=8)
-            time.sleep(2.5)
+            load.under_way(*roles)
             killed = time.monotonic()
             b.kill_all()
             gone_after_kill = _until_gone(url, "b", killed, bound_s=5)
@@ -149,7 +163,7 @@ def test_replicas_on_other_hosts_join_share_traffic_and_leave_without_failed_req
 
             # B's link cut under load, then restored
             load = Load(url, tmp_path / "cut.json", rate=40, seconds=12)
-            time.sleep(2.5)
+            load.under_way(*roles)
             cut = time.monotonic()
             b.cut()
             gone_after_cut = _until_gone(url, "b", cut, bound_s=5)

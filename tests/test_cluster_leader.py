@@ -67,7 +67,7 @@ def test_the_follower_takes_over_when_the_leader_dies_and_nothing_fails(
         assert "deploying" not in follower.log()  # a follower reconciles nothing
 
         load = Load(url, tmp_path / "failover.json", rate=40, seconds=10)
-        time.sleep(2.5)
+        load.under_way(*roles)
         killed = time.monotonic()
         leader.process.send_signal(signal.SIGKILL)
         wait(lambda: "leads now" in follower.log(), "the takeover", follower, timeout_s=15)

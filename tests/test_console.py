@@ -330,12 +330,24 @@ def test_jobs_page_shows_progress_and_cancels(page, server: InferdServer) -> Non
     assert all("index" in json.loads(line) for line in lines)
 
 
+def _logged(server: InferdServer, model: str) -> int:
+    """Rows of ``model`` in the inference log (``GET /api/v1/logs``)."""
+    reply = server.client.get("/api/v1/logs", params={"model": model, "limit": 1000})
+    return len(reply.json()["logs"])
+
+
 def test_logs_page_filters_and_draws_a_histogram(page, server: InferdServer) -> None:
+    before = _logged(server, "iris")
     for _ in range(5):
         server.client.post(
             "/api/v1/models/iris/predict", json={"inputs": [{"features": [1, 2, 3, 4]}]}
         )
-    time.sleep(1.5)  # rows reach the database within the flush interval
+    # The gateways write their rows within a flush interval: until the log has them.
+    server.wait_for(
+        lambda: _logged(server, "iris") >= before + 5,
+        timeout_s=15,
+        what="the 5 rows in the inference log",
+    )
     _open(page, server, "#/logs?model=iris", ".hist")
     rows = int(page.get_attribute(".hist", "data-rows"))
     assert rows >= 5

@@ -41,6 +41,12 @@ def _replica(server: InferdServer) -> dict:
     return replica
 
 
+def _answered(server: InferdServer) -> int:
+    """Requests calc's replicas answered since they started (their live figures)."""
+    view = server.client.get("/api/v1/deployments/calc").json()
+    return sum((v["live"] or {}).get("requests", 0) for v in view["versions"])
+
+
 def _metric(server: InferdServer, name: str) -> float:
     text = server.client.get("/metrics").text
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
@@ -66,8 +72,13 @@ def test_kill_9_of_the_only_replica_under_load_fails_no_request(tmp_path: Path):
         server.wait_ready()
         before = _replica(server)
         out = tmp_path / "bench.json"
+        answered = _answered(server)
         load = _bench(server, out, rate=50, duration="8s")
-        time.sleep(2.5)
+        # Under load: once the replica has answered half a second of it (bench takes a
+        # second or two to start).
+        server.wait_for(
+            lambda: _answered(server) >= answered + 25, timeout_s=60, what="the load under way"
+        )
         os.kill(before["pid"], signal.SIGKILL)
         _, err = load.communicate(timeout=60)
         assert load.returncode == 0, err

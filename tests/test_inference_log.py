@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 from sqlalchemy import text
@@ -184,12 +185,12 @@ def test_each_request_is_logged_with_the_version_its_user_was_assigned(server, d
     with Registry(f"sqlite:///{data / 'inferd.db'}", data / "artifacts", migrate=False) as reg:
         reg.deployments.deploy("ab", "a", traffic_pct=100, actor="test")
         reg.deployments.deploy("ab", "b", traffic_pct=50, actor="test")
-    server.wait_for(
-        lambda: {v["version"] for v in _ready_versions(server, "ab")} == {"a", "b"},
+    # Both ready in every gateway process's table: whichever one a request reaches splits.
+    server.wait_all_gateways(
+        lambda client: {v["version"] for v in _ready_versions(client, "ab")} == {"a", "b"},
         timeout_s=60,
         what="a and b ready",
     )
-    time.sleep(1)  # both gateways have the split
     users = [f"user-{i}" for i in range(40)]
     answered: dict[str, set[str]] = defaultdict(set)
     for i in range(120):
@@ -228,12 +229,11 @@ def test_fallbacks_errors_and_grpc_are_logged(server, data):
     with Registry(f"sqlite:///{data / 'inferd.db'}", data / "artifacts", migrate=False) as reg:
         reg.deployments.deploy("fb", "good", traffic_pct=100, actor="test")
         reg.deployments.deploy("fb", "bad", traffic_pct=40, actor="test")
-    server.wait_for(
-        lambda: {v["version"] for v in _ready_versions(server, "fb")} == {"good", "bad"},
+    server.wait_all_gateways(
+        lambda client: {v["version"] for v in _ready_versions(client, "fb")} == {"good", "bad"},
         timeout_s=60,
         what="good and bad ready",
     )
-    time.sleep(1)
     for _ in range(30):
         reply = server.client.post("/api/v1/models/fb/predict", json=BODY)
         assert reply.status_code == 200 and reply.json()["version"] == "good"
@@ -270,8 +270,10 @@ def test_fallbacks_errors_and_grpc_are_logged(server, data):
     assert server.client.get("/api/v1/logs", params={"limit": 5000}).status_code == 422
 
 
-def _ready_versions(server: InferdServer, model: str) -> list[dict[str, Any]]:
-    view = server.client.get(f"/api/v1/deployments/{model}").json()
+def _ready_versions(client: httpx.Client, model: str) -> list[dict[str, Any]]:
+    """The versions of ``model`` with a ready replica in the routing table of the
+    gateway process that answers ``client``."""
+    view = client.get(f"/api/v1/deployments/{model}").json()
     return [v for v in view["versions"] if v.get("replicas_ready")]
 
 

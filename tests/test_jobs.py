@@ -70,6 +70,20 @@ def wait_job(server: InferdServer, job_id: str, timeout_s: float = 60) -> dict[s
     return server.wait_job(job_id, timeout_s)
 
 
+def _queued_chunks(server: InferdServer, topic: str) -> float | None:
+    """Chunks of ``topic`` on the job queue not acknowledged yet (``/metrics``)."""
+    sample = f'inferd_job_queue_messages{{topic="{topic}"}} '
+    for line in server.client.get("/metrics").text.splitlines():
+        if line.startswith(sample):
+            return float(line.split()[-1])
+    return None
+
+
+def _callback(server: InferdServer, job_id: str) -> dict[str, Any]:
+    """The job's callback delivery: its state and attempts."""
+    return dict(server.client.get(f"/api/v1/batch/{job_id}").json()["callback"])
+
+
 def results(server: InferdServer, job_id: str) -> list[dict[str, Any]]:
     reply = server.client.get(f"/api/v1/batch/{job_id}/results")
     assert reply.status_code == 200
@@ -188,8 +202,14 @@ def test_cancel_stops_a_job(server: InferdServer):
         time.sleep(0.05)
     cancelled = server.client.delete(f"/api/v1/batch/{job['batch_id']}")
     assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
-    time.sleep(1.5)  # chunks in flight finish; no new one starts
+    # The chunks in flight stop and the others are dropped: each one is acknowledged,
+    # none is left on the queue (earlier tests' jobs all ended).
+    server.wait_for(
+        lambda: _queued_chunks(server, "batch") == 0, timeout_s=30, what="an empty batch queue"
+    )
     settled = len(results(server, job["batch_id"]))
+    # Nothing to wait for: this checks that nothing more happens. No result may land
+    # for 1 s, longer than a chunk of this model takes (13 batches of 30 ms).
     time.sleep(1.0)
     assert len(results(server, job["batch_id"])) == settled < n
     assert server.client.get(f"/api/v1/batch/{job['batch_id']}").json()["status"] == "cancelled"
@@ -348,6 +368,14 @@ def test_a_cancelled_job_calls_back_too(server: InferdServer):
         assert (summary["batch_id"], summary["status"]) == (job["batch_id"], "cancelled")
         assert summary["error"] == "cancelled by the client"
         assert verify(SECRET, headers[TIMESTAMP_HEADER], body, headers[SIGNATURE_HEADER])
+        server.wait_for(
+            lambda: _callback(server, job["batch_id"])["state"] == "delivered",
+            timeout_s=10,
+            what="the delivery recorded",
+        )
+        # Nothing to wait for: this checks that nothing more happens. The server looks
+        # for undelivered callbacks of ended jobs every 2 s (not a setting): 2.5 s lets
+        # one more of those passes go by, and it must not send this one again.
         time.sleep(2.5)
         assert len(receiver.calls) == 1  # delivered once
     finally:

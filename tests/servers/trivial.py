@@ -2,7 +2,8 @@
 
 Paths: ``/ok`` (200 JSON), ``/status/503``, ``/slow/<ms>``, ``/sse/<n>/<gap_ms>`` (n token
 events, chunked, then [DONE]), ``/sse-bad`` (an unterminated event), ``/close`` (hangs up
-without answering), ``/flaky`` (every third request 500).
+without answering), ``/flaky`` (every third request 500), ``/seen`` (how many requests
+each first path segment got so far, as JSON).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import sys
 
 COUNT = {"flaky": 0}
+SEEN: dict[str, int] = {}
 
 
 def _response(status: int, body: bytes) -> bytes:
@@ -36,7 +38,9 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
                 if line.startswith(b"content-length:"):
                     length = int(line.split(b":")[1])
             body = await reader.readexactly(length)
-            if not await route(path, writer, body):
+            if path == "/seen":
+                writer.write(_response(200, json.dumps(SEEN).encode()))
+            elif not await route(path, writer, body):
                 return
             await writer.drain()
     except (asyncio.IncompleteReadError, ConnectionError):
@@ -63,6 +67,7 @@ SSE_HEAD = (
 async def route(path: str, writer: asyncio.StreamWriter, body: bytes = b"{}") -> bool:
     parts = path.strip("/").split("/")
     request = json.loads(body or b"{}")
+    SEEN[parts[0]] = SEEN.get(parts[0], 0) + 1
     if path in ("/v1/completions", "/v1/chat/completions"):
         writer.write(SSE_HEAD + _openai_stream("chat" in path, request.get("max_tokens", 4)))
     elif path.startswith("/api/v1/models/") and path.endswith("/generate"):
