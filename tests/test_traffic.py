@@ -109,16 +109,12 @@ def _version(client: httpx.Client, user: str | None = None) -> str:
 
 
 def _ready(server: InferdServer, *versions: str) -> None:
-    def all_ready() -> bool:
-        detail = server.client.get("/api/v1/models/fast").json()
-        states = {v["version"]: v for v in detail["versions"]}
-        return all(
-            any(r["state"] == "ready" for r in states.get(v, {}).get("replicas", []))
-            for v in versions
-        )
+    """Until every gateway process's table has a ready replica of each of ``versions``."""
 
-    server.wait_for(all_ready, timeout_s=60, what=f"versions {versions} ready")
-    time.sleep(0.5)  # both gateway processes have the table
+    def all_ready(client: httpx.Client) -> bool:
+        return all(_ready_count(server, v, client=client) > 0 for v in versions)
+
+    server.wait_all_gateways(all_ready, timeout_s=60, what=f"versions {versions} ready")
 
 
 def test_split_proportions_and_stickiness_on_the_server(server, registry):
@@ -189,7 +185,7 @@ class Load:
 def test_zero_failed_requests_through_switch_rollback_scale_down_and_removal(server, registry):
     deployments = registry.deployments
     with Load(server.url) as load:
-        time.sleep(1)
+        _under_way(server, load)
         # Switch: v1 takes all traffic once its replicas are ready, not before.
         deployments.deploy("fast", "v1", traffic_pct=100, replicas=2, actor="test")
         server.wait_for(lambda: load.versions["v1"] > 50, timeout_s=60, what="v1 serving")
@@ -216,7 +212,7 @@ def test_zero_failed_requests_through_switch_rollback_scale_down_and_removal(ser
         deployments.set_traffic("fast", {"v3": 100}, actor="test")
         deployments.undeploy("fast", "v2", actor="test")
         _wait_deployed(server, registry, "fast", {"v3"})
-        time.sleep(1)
+        _under_way(server, load)  # and on, after the removals
     assert load.failures == [], load.failures[:5]
     assert sum(load.versions.values()) > 300
     # What v3's replica measured: the steady load, and one request the model refused.
@@ -238,7 +234,7 @@ def test_blue_green_switches_at_once_when_all_replicas_are_ready_then_removes_th
     deployments = registry.deployments
     assert {d.version for d in deployments.list_all("fast")} == {"v3"}  # after the test above
     with Load(server.url) as load:
-        time.sleep(0.5)
+        _under_way(server, load)
         record = deployments.deploy(
             "fast",
             "v1",
@@ -275,6 +271,8 @@ def test_failures_of_a_split_version_fall_back_to_the_serving_one(server, regist
         return server.client.post("/api/v1/models/shaky/predict", json=body)
 
     server.wait_for(lambda: _ready_count(server, "v2", "shaky") == 1, timeout_s=60, what="v2")
+    # Kept: what must reach both gateways is the split with its fallback rule, and no
+    # reply shows it until a request fails over (seen missing while v2 was ready).
     time.sleep(1)
     replies = [shaky() for _ in range(60)]
     assert all(r.status_code == 200 for r in replies), [r.text for r in replies][:3]
@@ -288,6 +286,8 @@ def test_failures_of_a_split_version_fall_back_to_the_serving_one(server, regist
     _wait_deployed(server, registry, "shaky", {"v1"})
     deployments.deploy("shaky", "v2", traffic_pct=50, fallback=False, actor="test")
     server.wait_for(lambda: _ready_count(server, "v2", "shaky") == 1, timeout_s=60, what="v2")
+    # Kept: what must reach both gateways is the split with its fallback rule, and no
+    # reply shows it until a request fails over (seen missing while v2 was ready).
     time.sleep(1)
     codes = Counter(shaky().status_code for _ in range(60))
     assert codes[500] > 10 and codes[200] > 10, codes
@@ -302,14 +302,28 @@ def _wait_deployed(server: InferdServer, registry: Registry, model: str, version
     )
 
 
-def _replicas(server: InferdServer, version: str, model: str = "fast") -> list[dict]:
-    detail = server.client.get(f"/api/v1/models/{model}").json()
+def _under_way(server: InferdServer, load: Load, requests: int = 50) -> None:
+    """Until the load has had ``requests`` more answers (or failures)."""
+    done = sum(load.versions.values()) + len(load.failures)
+    server.wait_for(
+        lambda: sum(load.versions.values()) + len(load.failures) >= done + requests,
+        timeout_s=30,
+        what=f"{requests} more requests of the load",
+    )
+
+
+def _replicas(
+    server: InferdServer, version: str, model: str = "fast", client: httpx.Client | None = None
+) -> list[dict]:
+    detail = (client or server.client).get(f"/api/v1/models/{model}").json()
     found = next((v for v in detail["versions"] if v["version"] == version), None)
     return found["replicas"] if found else []
 
 
-def _ready_count(server: InferdServer, version: str, model: str = "fast") -> int:
-    return sum(r["state"] == "ready" for r in _replicas(server, version, model))
+def _ready_count(
+    server: InferdServer, version: str, model: str = "fast", client: httpx.Client | None = None
+) -> int:
+    return sum(r["state"] == "ready" for r in _replicas(server, version, model, client))
 
 
 def _running(server: InferdServer, version: str) -> int:
