@@ -320,6 +320,31 @@ def test_a_token_budget_in_debt_refuses_generations_on_every_api(llm_data: Path)
 
 
 @pytest.mark.slow
+def test_a_grpc_stream_spends_the_token_budget_with_no_request_limit(llm_data: Path):
+    # Only a token limit: no call takes a request from a budget, but a generation over
+    # gRPC is charged and refused like any other.
+    server = InferdServer(llm_data, workers=1, env=TOKENS)
+    try:
+        server.wait_ready()
+        request = pb.ModelInferRequest(model_name="tiny", id="g")
+        text = request.inputs.add(name="text_input", datatype="BYTES", shape=[1])
+        text.contents.bytes_contents.append(PROMPT.encode())
+        request.parameters["max_tokens"].int64_param = 40
+        request.parameters["ignore_eos"].bool_param = True
+        with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            answers = list(stub.ModelStreamInfer(iter([request])))
+            assert answers[-1].error_message == "", answers[-1].error_message
+            final = answers[-1].infer_response.parameters
+            assert final["completion_tokens"].int64_param == 40  # 40 of 30: in debt now
+            (refused,) = stub.ModelStreamInfer(iter([request]))
+        assert "token limit exceeded" in refused.error_message
+        assert _generate(server.client).status_code == 429  # the same budget as HTTP
+    finally:
+        assert server.stop() == 0, server.log()[-3000:]
+
+
+@pytest.mark.slow
 @pytest.mark.redis
 def test_two_gateway_processes_share_one_token_budget_in_redis(llm_data: Path, redis_url: str):
     import redis

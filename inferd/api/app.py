@@ -78,14 +78,16 @@ def create_app(
         version=inferd.__version__,
         description="Model serving: predict, registry and health APIs.",
     )
+    if dataplane is None:
+        ttl_s = settings.cache.ttl_s
+        dataplane = DataPlane(router, settings.request_timeout_s, result_cache, ttl_s)
     # Shared with the gRPC service when given, so both protocols draw from one budget.
     limits = rate_limits if rate_limits is not None else rate_limits_for(settings)
     app.state.gateway = GatewayState(
         settings=settings,
         router=router,
         registry=registry,
-        dataplane=dataplane
-        or DataPlane(router, settings.request_timeout_s, result_cache, settings.cache.ttl_s),
+        dataplane=dataplane,
         status=StatusView(router),
         console_registry=console.RegistryCache(),
         inference_log=inference_log,

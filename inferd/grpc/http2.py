@@ -117,7 +117,6 @@ class _Head:
     """What a request's header block says, kept per block."""
 
     method: Method | None
-    path: str
     deadline_s: float | None
     encoding: str
     metadata: tuple[tuple[str, str], ...]
@@ -238,7 +237,6 @@ class Connection(asyncio.Protocol):
         self.blocked: dict[int, Call] = {}
         self.paused = False
         self.closing = False
-        self.idle: asyncio.Future[None] | None = None
 
     # -- asyncio.Protocol ----------------------------------------------------------------
 
@@ -261,8 +259,6 @@ class Connection(asyncio.Protocol):
             self._drop(call)
         self.paused = False
         self._wake_writers()
-        if self.idle is not None and not self.idle.done():
-            self.idle.set_result(None)
 
     def pause_writing(self) -> None:
         self.paused = True
@@ -359,7 +355,7 @@ class Connection(asyncio.Protocol):
             return
         call = Call(self, stream, head, self.peer_window)
         self.calls[stream] = call
-        if head.method is not None and head.method.streaming:
+        if call.method.streaming:
             call.queue = asyncio.Queue()
             self._start(call, self.server.run_stream(call))
         if flags & f.END_STREAM:
@@ -811,10 +807,9 @@ class GrpcServer:
             f.MAX_HEADER_LIST_SIZE: _MAX_HEADER_LIST,
         }) + f.window_update(0, _CONNECTION_WINDOW - f.DEFAULT_WINDOW)  # fmt: skip
         self.content_type = f.literal(f.CONTENT_TYPE, "application/grpc")
-        headers = (
+        self._headers = (
             f.STATUS_200 + self.content_type + f.literal("grpc-accept-encoding", ACCEPT_ENCODING)
         )
-        self._headers = headers
         self._ok = f.literal("grpc-status", "0")
 
     def response_headers(self, stream: int) -> bytes:
@@ -852,7 +847,7 @@ class GrpcServer:
             error = (415, StatusCode.UNKNOWN, f"content-type {content_type!r} is not gRPC's")
         elif method is None:
             error = (200, StatusCode.UNIMPLEMENTED, f"Method not found: {path}")
-        return _Head(method, path, deadline_s, encoding, tuple(metadata), error)
+        return _Head(method, deadline_s, encoding, tuple(metadata), error)
 
     async def run_unary(self, call: Call) -> None:
         with _ending(call):

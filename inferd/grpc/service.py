@@ -348,14 +348,16 @@ class GrpcCalls:
     def __init__(
         self,
         service: InferenceService,
+        table: dict[str, Method],
         auth: Authenticator | None,
         limits: RateLimits | None,
         tracer: Any,
     ) -> None:
         self.auth = auth
         self.limits = limits
+        """Taken from by every call but the public ones (None: no request limit)."""
         self.tracer = tracer
-        self._handlers = {m.name: getattr(service, m.name) for m in methods().values()}
+        self._handlers = {m.name: getattr(service, m.name) for m in table.values()}
 
     async def unary(self, call: Call, request: Any) -> Any:
         if self.tracer is None:
@@ -416,11 +418,13 @@ async def start_server(
         from inferd.api.auth import Authenticator
 
         authenticator = Authenticator(settings.auth, registry.keys)
-    if limits is not None and not settings.rate_limits.limits_requests:
-        limits = None
+    # The service keeps the limits for its streams' requests and token budgets; each call
+    # takes a request from them only when a request limit is set.
     service = InferenceService(router, registry, settings, plane, inference_log, limits)
-    calls = GrpcCalls(service, authenticator, limits, tracing.tracer)
-    server = GrpcServer(calls, methods(), settings.max_body_bytes)
+    per_call = limits if settings.rate_limits.limits_requests else None
+    table = methods()
+    calls = GrpcCalls(service, table, authenticator, per_call, tracing.tracer)
+    server = GrpcServer(calls, table, settings.max_body_bytes)
     sock = bind_socket(settings.host, settings.grpc_port)
     sock.listen(4096)
     context = None
