@@ -247,6 +247,44 @@ def test_a_new_version_serves_once_ready_and_the_old_one_drains(world: World) ->
     run(scenario)
 
 
+def _ready_without_serving(table: RoutingTable, model: str) -> bool:
+    route = table.models.get(model)
+    return (
+        route is not None
+        and route.default_version is None
+        and any(r.state == "ready" for v in route.versions.values() for r in v.replicas)
+    )
+
+
+def test_a_replica_ready_and_the_serving_version_it_makes_come_in_one_table(
+    world: World,
+) -> None:
+    """A table listing the first ready replica with no serving version yet would wake
+    the unpinned requests held for it, and fail them (no version ready, none coming):
+    the two arrive together, for a first version and for a deployment's."""
+
+    async def scenario() -> None:
+        world.backend.ready_at_once = False
+        world.push("m", "v1")
+        await world.reconcile()
+        (v1,) = world.backend.running("v1")
+        v1.make_ready()
+        await settle()
+        assert world.serving("m") == "v1"
+        world.push("d", "v1")
+        world.registry.deployments.deploy("d", "v1", traffic_pct=100, actor="test")
+        await world.reconcile()
+        (d1,) = world.backend.running("v1")[1:]
+        d1.make_ready()
+        await settle()
+        assert world.serving("d") == "v1"
+        assert not [t.generation for t in world.tables if _ready_without_serving(t, "m")]
+        assert not [t.generation for t in world.tables if _ready_without_serving(t, "d")]
+        await world.controller.stop()
+
+    run(scenario)
+
+
 def test_a_crashed_replica_restarts_with_doubling_backoff(world: World) -> None:
     async def scenario() -> None:
         world.push("m", "v1")

@@ -1,7 +1,7 @@
 """Latency at low load, on the real server: a request that finds its replica idle is not
 held for companions (adaptive batching), every predict reply says where its time went
 (``Server-Timing``, and the same fields in the inference log), and a version that was
-just deployed is waited for, never answered 404."""
+just deployed, or a model just registered, is waited for, never answered 404."""
 
 from __future__ import annotations
 
@@ -185,3 +185,24 @@ def test_over_grpc_too_a_version_just_deployed_is_waited_for(server: InferdServe
     assert result.as_numpy("y").tolist() == [4.0]
     assert result.get_response().model_version == "v3"
     client.close()
+
+
+def test_a_model_just_registered_is_waited_for_not_404(server: InferdServer):
+    """The registry knows it before the controller's next pass publishes it (and before
+    each gateway process hears of it; passes are 2 s apart here): an unpinned request is
+    held until it is listed and its first replica is ready, on our API and on V2; a
+    name the registry does not know is still 404 at once."""
+    client = server.client
+    unknown = client.post("/api/v1/models/nowhere/predict", json=BODY)
+    assert unknown.status_code == 404 and "not found" in unknown.json()["error"]["message"]
+    push_source(server.data_dir, "fresh", MODEL)
+    reply = client.post("/api/v1/models/fresh/predict", json=BODY)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["version"] == "v1" and reply.json()["outputs"] == [{"y": 3.0}]
+    push_source(server.data_dir, "fresh-v2", MODEL)
+    v2 = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [2.0]}]}
+    reply = client.post("/v2/models/fresh-v2/infer", json=v2)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["outputs"][0]["data"] == [4.0]
+    again = client.post("/api/v1/models/nowhere/predict", json=BODY)
+    assert again.status_code == 404

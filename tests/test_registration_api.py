@@ -108,7 +108,9 @@ def test_upload_then_deploy_at_10_percent(server: InferdServer):
     assert body["serving"] is True and body["version"]["framework"] == "python"
     assert body["version"]["signature"]["inputs"][0]["name"] == "x"
     _ready(server, "calc", "v1")
-    assert predict(c, "calc", 2.0).json()["outputs"][0]["y"] == 4.0
+    got = predict(c, "calc", 2.0)
+    assert got.status_code == 200, got.text
+    assert got.json()["outputs"][0]["y"] == 4.0
 
     # a second version (a zip this time) is registered, not deployed
     second = upload(c, "calc", zipped(model_files("x * 3")), "application/zip", version="v2")

@@ -54,7 +54,8 @@ async def start(
     budget = budget_of(request)
     route = None
     if context.principal is not None:  # auth is on: may it use this model?
-        route = state.router.resolve(name, version)
+        until = time.perf_counter() + state.settings.request_timeout_s
+        route = await state.router.resolve_arriving(name, version, until)
         authorize_model(request.scope, route[0].model)
     start = GenerationStart(name, body, version, rid, budget, chat, guide, route)
     log: RowBuffer | None = state.inference_log

@@ -85,8 +85,6 @@ async def _run(
     try:
         target = plane.target(model, version, user)
     except ModelNotFound as missing:
-        if version is None:
-            raise
         target = await plane.arriving(model, version, started, timeout_s, missing)
     authorize_model(request.scope, target.model)  # a model named in the body
     rows = body.get(rows_key)

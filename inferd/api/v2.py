@@ -118,8 +118,6 @@ async def infer(request: Request, model: str, version: str | None = None) -> Res
     try:
         target = plane.target(model, version, user)
     except ModelNotFound as missing:
-        if version is None:
-            raise
         waited = request_timeout(request, schedule_policy(params)[1])
         target = await plane.arriving(model, version, started, waited, missing)
     columns, rows = decode_inputs(

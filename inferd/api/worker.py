@@ -33,6 +33,7 @@ from inferd.api.app import create_app
 from inferd.api.limits import rate_limits_for
 from inferd.config import Settings, TLSConfig
 from inferd.control.gateways import SETTINGS_VAR
+from inferd.errors import ModelNotFound
 from inferd.jobs import Jobs
 from inferd.jobs.queue import queue_for
 from inferd.observability import tracing
@@ -98,8 +99,14 @@ async def build_gateway(settings: Settings, control: str | Path) -> Gateway:
     await router.follow(address)
     registry = on_first_use(lambda: _open_registry(settings))
 
-    def deployed(model: str, version: str) -> bool:  # called in a worker thread
-        return registry.deployments.runs(model, version)
+    def deployed(model: str, version: str | None) -> bool:  # called in a worker thread
+        if version is not None:
+            return registry.deployments.runs(model, version)
+        try:
+            registry.latest_version(model)  # registered: the next table lists it
+        except ModelNotFound:
+            return False
+        return True
 
     router.deployed = deployed
     # Rows go to the server even with the log off: /metrics counts requests from them.

@@ -448,18 +448,23 @@ class Controller:
         self._spawn(self._record_scaling(model, version, decision))
 
     def _on_replica_change(self, replica: Supervisor | ReportedReplica) -> None:
-        self.publish()
+        """One table for the change and what it decides: a replica ready and the version
+        it makes the serving one arrive together (a table listing a ready replica with
+        no serving version would fail the unpinned requests held for it)."""
         if replica.state is ReplicaState.READY:
             self.scaling.ready(replica.spec.model, replica.spec.version, self.clock.monotonic())
-            self._switch_when_ready(self.models[replica.spec.model])
+            if self._switch_when_ready(self.models[replica.spec.model]):
+                return
+        self.publish()
 
     # -- which version serves -------------------------------------------------------------
 
-    def _pick_serving(self, model: ModelState) -> None:
+    def _pick_serving(self, model: ModelState) -> bool:
         """Deployments: the serving version is the ready one with the largest share (the
         older on a tie: the established one is the stable one, and what failed requests
         fall back to), never a canary in progress while another version is ready; a
-        version at 0 % still serves while nothing else is ready."""
+        version at 0 % still serves while nothing else is ready. True: it changed (and
+        a table was published)."""
         ready = [
             v
             for v, s in model.versions.items()
@@ -471,21 +476,23 @@ class Controller:
             key=lambda v: (v not in model.canaries, model.traffic[v], order.index(v)),
             default=None,
         )
-        if best != model.serving:
-            logger.info("%s now serves version %s by default", model.name, best)
-            model.serving = best
-            self.publish()
+        if best == model.serving:
+            return False
+        logger.info("%s now serves version %s by default", model.name, best)
+        model.serving = best
+        self.publish()
+        return True
 
-    def _switch_when_ready(self, model: ModelState) -> None:
-        """Send traffic to the newest version once all its replicas are ready."""
+    def _switch_when_ready(self, model: ModelState) -> bool:
+        """Send traffic to the newest version once all its replicas are ready. True: the
+        serving version changed (and a table was published)."""
         if not model.loaded or not model.versions:
-            return
+            return False
         if model.traffic:
-            self._pick_serving(model)
-            return
+            return self._pick_serving(model)
         newest = max(model.versions.values(), key=lambda v: v.record.created_at)
         if newest.retiring or model.serving == newest.record.version or not newest.all_ready():
-            return
+            return False
         model.serving = newest.record.version
         logger.info("%s now serves version %s", model.name, model.serving)
         self.publish()
@@ -494,6 +501,7 @@ class Controller:
         for version, vset in list(model.versions.items()):
             if version != model.serving and not vset.retiring:
                 self._retire_soon(model, version)
+        return True
 
     # -- retiring -------------------------------------------------------------------------
 

@@ -188,8 +188,6 @@ class InferenceService:
         try:
             target = self.plane.target(request.model_name, version, call.user)
         except ModelNotFound as missing:
-            if version is None:
-                raise
             timeout_s = v2.schedule_policy(params)[1] or deadline_s
             target = await self.plane.arriving(
                 request.model_name, version, started, timeout_s, missing

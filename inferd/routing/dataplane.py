@@ -135,14 +135,14 @@ class DataPlane:
     async def arriving(
         self,
         model: str,
-        version: str,
+        version: str | None,
         started: float,
         timeout_s: float | None,
         missing: ModelNotFound,
     ) -> Target:
-        """After ``target`` found no pinned ``version``: wait for it when its deployment
-        was just written, within the request's deadline (:meth:`Router.arriving`); else
-        ``missing`` (404)."""
+        """After ``target`` found no ``model`` or no pinned ``version``: wait for it when
+        it was just registered or deployed, within the request's deadline
+        (:meth:`Router.arriving`); else ``missing`` (404)."""
         until = started + (timeout_s or self.request_timeout_s)
         return await self.router.arriving(model, version, until, missing)
 

@@ -163,7 +163,9 @@ async def start_generation(
     started = time.perf_counter()
     arrived_at = time.time()
     request_id_var.set(request_id)
-    target, adapter = start.route or router.resolve(start.name, start.version)
+    target, adapter = start.route or await router.resolve_arriving(
+        start.name, start.version, started + settings.request_timeout_s
+    )
     if target.framework not in GENERATIVE:
         raise InvalidInput(
             f"model {target.model!r} is a {target.framework} model and does not generate "

@@ -138,11 +138,11 @@ class Router:
         """Models whose unpinned requests are split between versions."""
         self._shadows: dict[str, Shadow] = {}
         """Models with a shadow version that has ready replicas."""
-        self.deployed: Callable[[str, str], bool] | None = None
-        """Asks the registry whether a version is deployed (set by the gateway): a pinned
-        version the table does not list yet is waited for when it is (see
-        :meth:`arriving`)."""
-        self._not_deployed: dict[tuple[str, str], float] = {}
+        self.deployed: Callable[[str, str | None], bool] | None = None
+        """Asks the registry whether a version is deployed, or (version None) whether a
+        model is registered (set by the gateway): what the table does not list yet is
+        waited for when it is (see :meth:`arriving`)."""
+        self._not_deployed: dict[tuple[str, str | None], float] = {}
         self.received = asyncio.Event()
         self._applied = asyncio.Event()  # replaced after each table; set = "look again"
         self.server = ServerLink()
@@ -279,22 +279,31 @@ class Router:
             )
         return self._targets[(model, version)]
 
-    async def arriving(self, model: str, version: str, until: float, missing: Exception) -> Target:
-        """The target of a pinned ``version`` that the table does not list (``target``
-        raised ``missing``). A version whose deployment was just written (the registry
-        says it is deployed, the controller has not published it yet) is waited for, like
-        a replica that is starting: until a table lists it (then the request is held for
-        its replica as usual) or ``until`` (``time.perf_counter()``, within
-        ``hold_timeout_s``): 503 with Retry-After, never 404. Any other version:
-        ``missing`` (404) at once; "not deployed" answers are kept a second, so unknown
-        versions cost one registry read a second, not one per request."""
+    async def arriving(
+        self, model: str, version: str | None, until: float, missing: Exception
+    ) -> Target:
+        """The target of a request for what the table does not list (``target`` raised
+        ``missing``): a pinned ``version`` whose deployment was just written, or (no
+        version) a model just registered — the registry knows it, the controller has not
+        published it yet, and another gateway process may already have said it serves.
+        It is waited for, like a replica that is starting: until a table lists it (then
+        the request is held for its replica as usual) or ``until``
+        (``time.perf_counter()``, within ``hold_timeout_s``): 503 with Retry-After,
+        never 404. Anything else: ``missing`` (404) at once; "not there" answers are kept
+        a second, so unknown names cost one registry read a second, not one per
+        request."""
         key = (model, version)
         now = time.monotonic()
         if self.deployed is None or self.hold_timeout_s <= 0:
             raise missing
         if self._not_deployed.get(key, 0.0) > now:
             raise missing
-        if not await asyncio.to_thread(self.deployed, model, version):
+        try:
+            known = await asyncio.to_thread(self.deployed, model, version)
+        except Exception:  # the registry unreachable: answer as before it was asked
+            logger.warning("cannot ask the registry about %s:%s", model, version, exc_info=True)
+            known = False
+        if not known:
             if len(self._not_deployed) > 10_000:
                 self._not_deployed.clear()
             self._not_deployed[key] = now + 1.0
@@ -303,10 +312,16 @@ class Router:
 
         def listed(table: RoutingTable) -> bool | None:
             route = table.models.get(model)
-            return True if route is not None and version in route.versions else None
+            if route is None or (version is not None and version not in route.versions):
+                return None
+            return True
 
         if await self.wait_for(listed, until - time.perf_counter()):
             return self.target(model, version)
+        if version is None:
+            raise ModelNotReady(
+                f"model {model!r} is registered but not started yet", retry_after_s=2, model=model
+            )
         raise ModelNotReady(
             f"version {version!r} of model {model!r} is deployed but not started yet",
             retry_after_s=2,
@@ -427,6 +442,18 @@ class Router:
             if serving is not None and name in serving.adapters:
                 return self.target(model.name, version), name
         raise ModelNotFound(f"model {name!r} not found", model=name)
+
+    async def resolve_arriving(
+        self, name: str, version: str | None, until: float
+    ) -> tuple[Target, str | None]:
+        """:meth:`resolve`, waiting (until ``until``, ``time.perf_counter()``) for a
+        model or version the table does not list yet but the registry does
+        (:meth:`arriving`)."""
+        try:
+            return self.resolve(name, version)
+        except ModelNotFound as missing:
+            await self.arriving(name, version, until, missing)
+        return self.resolve(name, version)
 
     def version_route(self, model: str, version: str) -> VersionRoute | None:
         route = self.table.models.get(model)
