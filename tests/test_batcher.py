@@ -20,7 +20,13 @@ import pytest
 
 from inferd.config import BatchingConfig
 from inferd.errors import InvalidInput, Overloaded, RequestTimeout
-from inferd.serving.batcher import NAMED_PRIORITIES, DynamicBatcher, named_levels
+from inferd.serving.batcher import (
+    INLINE_SLOW,
+    INLINE_WINDOW,
+    NAMED_PRIORITIES,
+    DynamicBatcher,
+    named_levels,
+)
 from tests.clocks import FakeClock, settle
 
 
@@ -638,3 +644,105 @@ def test_a_deadline_that_passes_in_the_window_fails_without_computing():
     config = BatchingConfig(max_batch_size=8, max_wait_ms=100, adaptive=False)
     stats = run(_with_clock(model, config, body))
     assert model.batch_rows == [1] and stats.expired == 1
+
+
+# -- where a batch computes: the executor thread, or the event loop for light models ------
+
+
+class Placed(Model):
+    """Records the thread of each batch, in order; ``seconds``: each compute takes that
+    long (the model's own work, not a wait of the test); ``bound``: it fails off the
+    thread it was loaded on (the executor's), as a model holding a thread-bound handle
+    would."""
+
+    def __init__(self, seconds: float = 0.0, bound: bool = False) -> None:
+        super().__init__()
+        self.where: list[str] = []
+        self.seconds = seconds
+        self.bound = bound
+
+    def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        name = threading.current_thread().name
+        self.where.append(name)
+        if self.bound and not name.startswith("predict"):
+            raise RuntimeError("this handle belongs to another thread")
+        if self.seconds:
+            threading.Event().wait(self.seconds)
+        return super().__call__(inputs)
+
+
+async def _one_at_a_time(b: DynamicBatcher, n: int, first: int = 0) -> list[float]:
+    """``n`` requests of one row, each sent once the one before was answered (one batch
+    each); their answers."""
+    answers = []
+    for i in range(first, first + n):
+        out = await asyncio.wait_for(b.submit(rows(1, float(i)), 1, 5.0), 5)
+        answers.append(float(out["y"][0]))
+    return answers
+
+
+def test_a_light_model_computes_on_the_event_loop_once_a_window_of_batches_was_light():
+    model = Placed()
+
+    async def body(b, clock):
+        answers = await _one_at_a_time(b, INLINE_WINDOW + 6)
+        return answers, threading.current_thread().name, b.inline
+
+    answers, loop_thread, inline = run(_with_clock(model, BatchingConfig(), body))
+    assert answers == [3.0 * i for i in range(INLINE_WINDOW + 6)]
+    assert set(model.where[:INLINE_WINDOW]) == {"predict_0"}  # measured on the thread first
+    assert set(model.where[INLINE_WINDOW:]) == {loop_thread} and inline
+
+
+def test_a_model_slower_than_inline_max_stays_on_its_thread():
+    model = Placed(seconds=0.003)
+
+    async def body(b, clock):
+        await _one_at_a_time(b, INLINE_WINDOW + 4)
+        return b.inline
+
+    inline = run(_with_clock(model, BatchingConfig(inline_max_ms=1), body))
+    assert set(model.where) == {"predict_0"} and not inline
+
+
+def test_slow_batches_past_the_tolerated_few_send_the_next_ones_back_to_the_thread():
+    model = Placed()
+
+    async def body(b, clock):
+        await _one_at_a_time(b, INLINE_WINDOW)
+        assert b.inline
+        model.seconds = 0.003  # the model became slow (bigger inputs, a busier host)
+        await _one_at_a_time(b, INLINE_SLOW + 3, first=INLINE_WINDOW)
+        return threading.current_thread().name
+
+    loop_thread = run(_with_clock(model, BatchingConfig(inline_max_ms=1), body))
+    slow = model.where[INLINE_WINDOW:]
+    # The tolerated few and the one past them ran inline; then the thread again.
+    assert slow[: INLINE_SLOW + 1] == [loop_thread] * (INLINE_SLOW + 1)
+    assert slow[INLINE_SLOW + 1 :] == ["predict_0"] * 2
+
+
+def test_a_model_bound_to_its_thread_is_answered_and_stays_there():
+    model = Placed(bound=True)
+
+    async def body(b, clock):
+        answers = await _one_at_a_time(b, INLINE_WINDOW + 5)
+        return answers, b.inline
+
+    answers, inline = run(_with_clock(model, BatchingConfig(), body))
+    assert answers == [3.0 * i for i in range(INLINE_WINDOW + 5)]  # nothing failed
+    tried = model.where[INLINE_WINDOW]
+    assert not tried.startswith("predict")  # one inline try, which failed...
+    assert model.where[INLINE_WINDOW + 1 :] == ["predict_0"] * 5  # ...then only the thread
+    assert not inline
+
+
+def test_inline_max_zero_keeps_every_batch_on_the_thread():
+    model = Placed()
+
+    async def body(b, clock):
+        await _one_at_a_time(b, INLINE_WINDOW + 4)
+        return b.inline
+
+    inline = run(_with_clock(model, BatchingConfig(inline_max_ms=0), body))
+    assert set(model.where) == {"predict_0"} and not inline

@@ -2,8 +2,13 @@
 
 Callers ``await batcher.submit(inputs, rows)`` with one request's columnar inputs. A
 single loop takes queued requests into a batch of at most ``max_batch_size`` rows,
-concatenates them, runs one ``predict_batch`` in the executor thread (model code never
-runs on the event loop), and splits the outputs back by row ranges.
+concatenates them, runs one ``predict_batch``, and splits the outputs back by row
+ranges. The batch computes in the executor thread, except for light models: while the
+last ``INLINE_WINDOW`` batches took at most ``inline_max_ms`` (all but ``INLINE_SLOW``
+of them), it computes on the event loop itself, which saves the two thread hand-offs
+(and the GIL changing hands) of every batch; slower batches send the next ones back to
+the thread. A model bound to the thread it was loaded on (its inline call fails where
+the thread's succeeds) stays there.
 
 When a batch goes (adaptive batching, the default): at low load, as soon as the
 replica is free. A request that finds the replica idle is computed at once, with
@@ -52,6 +57,7 @@ and runs them. Time comes from a :class:`~inferd.clock.Clock`, so tests move it 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections import deque
@@ -75,6 +81,7 @@ from inferd.serving.request_queue import (
 )
 
 PredictFn = Callable[[Columns], Columns]
+logger = logging.getLogger(__name__)
 
 BATCH_ROWS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 LOADED = 1.0
@@ -85,6 +92,14 @@ the requests wait for anyway; below it, nothing is gained by waiting. (At 0.5 a
 scikit-learn pipeline at 1,000 requests/s already waited, p50 3.9 ms instead of 1.4.)"""
 RATE_TAU_S = 0.25
 """The arrival rate's memory (seconds)."""
+INLINE_WINDOW = 64
+"""Batches computed inline while, of the last this many, at most ``INLINE_SLOW`` took
+longer than ``inline_max_ms`` (with the XGBoost demo model at 64 rows per request,
+inline batches served 1.6x the requests of threaded ones: ``bench/v2_protocols.py``)."""
+INLINE_SLOW = 3
+"""Slow batches tolerated in the window: on a busy machine the OS preempts a light
+compute now and then (wall time), which says nothing of the model; a model that waits
+on I/O or computes for long is slow every time."""
 
 
 class DynamicBatcher:
@@ -118,6 +133,10 @@ class DynamicBatcher:
         last 15)."""
         named = named_levels(config)
         self._named = {code: named[name] for name, code in NAMED_PRIORITIES.items()}
+        self._inline_max_s = config.inline_max_ms / 1000
+        self._slow: deque[bool] = deque(maxlen=INLINE_WINDOW)
+        """Whether each of the last batches took longer than ``inline_max_ms``."""
+        self._slow_count = 0
 
     @property
     def queued_rows(self) -> int:
@@ -293,11 +312,15 @@ class DynamicBatcher:
         began = self._clock.monotonic()
         error: Exception | None = None
         try:
-            outputs = await loop.run_in_executor(self._executor, self._predict, inputs)
+            if self.inline:
+                outputs = await self._predict_inline(loop, inputs)
+            else:
+                outputs = await loop.run_in_executor(self._executor, self._predict, inputs)
             _check_rows(outputs, rows)
         except Exception as exc:
             error = exc
         elapsed = time.perf_counter() - started
+        self._timed(elapsed)
         if rows <= 2:  # the median of the last ones: a compute the OS preempted is no guide
             singles = self._singles
             singles.append(self._clock.monotonic() - began)
@@ -321,6 +344,36 @@ class DynamicBatcher:
             if not p.future.done():
                 p.future.set_result({n: a[start:end] for n, a in outputs.items()})
             start = end
+
+    @property
+    def inline(self) -> bool:
+        """The next batch computes on the event loop: the last ``INLINE_WINDOW`` took
+        ``inline_max_ms`` at most, all but ``INLINE_SLOW``."""
+        return self._slow_count <= INLINE_SLOW and len(self._slow) == INLINE_WINDOW
+
+    def _timed(self, elapsed: float) -> None:
+        if self._inline_max_s <= 0:
+            return
+        slow = self._slow
+        if len(slow) == INLINE_WINDOW and slow[0]:
+            self._slow_count -= 1
+        over = elapsed > self._inline_max_s
+        slow.append(over)
+        self._slow_count += over
+
+    async def _predict_inline(self, loop: asyncio.AbstractEventLoop, inputs: Columns) -> Columns:
+        """``predict_batch`` on the event loop; where it fails, again on the thread: a
+        failure there too is the batch's own, a success means the model only works on
+        the thread it was loaded on, and it stays there."""
+        try:
+            return self._predict(inputs)
+        except Exception:
+            outputs = await loop.run_in_executor(self._executor, self._predict, inputs)
+        logger.warning("this model fails outside its compute thread: batches stay there")
+        self._inline_max_s = 0.0
+        self._slow.clear()
+        self._slow_count = 0
+        return outputs
 
     async def _one_by_one(self, loop: asyncio.AbstractEventLoop, batch: list[Pending]) -> None:
         """After a batch failed: each of its requests alone, so each gets its own answer
