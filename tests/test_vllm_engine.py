@@ -10,6 +10,8 @@ against their schemas.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -317,3 +319,15 @@ def test_an_engine_that_is_not_installed_is_refused_at_push(tmp_path: Path, monk
     monkeypatch.delenv("INFERD_LLM__VLLM_PYTHON")
     with pytest.raises(ValueError, match="runs the GPT-2 family only"):
         push_folder(tmp_path / "data", "mistral", folder, "v1", engine="inferd")
+
+
+def test_the_vllm_environment_is_found_from_any_directory(tmp_path: Path):
+    """``inferd serve`` started elsewhere than the checkout finds ``make vllm``'s
+    environment (it was looked up in the working directory only)."""
+    probe = "from inferd.llm.engines import vllm_python; print(vllm_python())"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    found = done.stdout.strip()
+    assert found != "None" and Path(found).samefile(str(vllm_python())), found

@@ -11,7 +11,10 @@ vLLM is not a dependency of inferd's core install: it pins its own torch, transf
 and web stack. It lives in its own environment (``make vllm`` builds ``.venv-vllm``
 with inferd installed in it too), and the local backend starts vLLM replicas with that
 environment's interpreter (``llm.vllm_python``). Where vLLM is importable by the server's
-own interpreter (``pip install inferd[vllm]`` on a GPU machine), that one is used.
+own interpreter (``pip install inferd[vllm]`` on a GPU machine), that one is used. Else
+``.venv-vllm`` is looked for beside the working directory, the checkout inferd is
+installed from and the environment running it, so ``inferd serve`` finds it from any
+directory; the error names every place it looked.
 """
 
 from __future__ import annotations
@@ -60,16 +63,32 @@ def vllm_python(configured: Path | None = None) -> str | None:
         return str(configured) if _has_vllm(str(configured)) else None
     if importlib.util.find_spec("vllm") is not None:
         return sys.executable
-    local = LOCAL_VENV.absolute()  # not resolve(): the venv's python is a symlink
-    if local.is_file() and _has_vllm(str(local)):
-        return str(local)
+    for local in local_venvs():
+        if local.is_file() and _has_vllm(str(local)):
+            return str(local)
     return None
+
+
+def local_venvs() -> list[Path]:
+    """Where ``make vllm``'s environment may be, in order: beside the working directory,
+    in the checkout this inferd is installed from (an editable install: ``make run``'s),
+    beside the environment running it. Not resolved: a venv's python is a symlink."""
+    roots = (Path.cwd(), Path(__file__).resolve().parents[2], Path(sys.prefix).absolute().parent)
+    found: list[Path] = []
+    for root in roots:
+        if (path := root / LOCAL_VENV) not in found:
+            found.append(path)
+    return found
 
 
 def require_vllm(configured: Path | None = None) -> str:
     python = vllm_python(configured)
     if python is None:
-        where = f" at {configured}" if configured is not None else ""
+        if configured is not None:
+            where = f" at {configured}"
+        else:
+            places = ", ".join(str(p) for p in local_venvs())
+            where = f" (looked in {sys.executable} and at {places})"
         raise EngineUnavailable(f"engine vllm is not installed{where}: {INSTALL_HINT}")
     return python
 
