@@ -5,10 +5,13 @@ windows without waiting."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Protocol
+
+logger = logging.getLogger(__name__)
 
 
 class Cancellable(Protocol):
@@ -46,3 +49,16 @@ class Clock:
 
 
 SYSTEM = Clock()
+
+
+async def every(
+    clock: Clock, interval_s: float, run: Callable[[], Awaitable[None]], what: str
+) -> None:
+    """Run ``run`` every ``interval_s`` (the first after one interval) until cancelled; a
+    run that fails is logged and the next one goes ahead (the controller's passes)."""
+    while True:
+        await clock.sleep(interval_s)
+        try:
+            await run()
+        except Exception:
+            logger.exception("%s failed; again in %.1fs", what, interval_s)

@@ -3,8 +3,10 @@ the test moves: no processes, no sockets, no waiting.
 
 The backend here is a second implementation of :mod:`inferd.control.backends`'s
 interface, written without touching the controller: that is the check that a backend
-whose replicas live elsewhere is a new module, not a controller change. The registry
-is the real one, on a SQLite file.
+whose replicas live elsewhere is a new module, not a controller change. A fourth
+orchestrator (:mod:`inferd.control.orchestrators`), keeping its replicas as objects in
+memory, is the same check one level up: a new kind of replica host is an entry in
+``ORCHESTRATORS``. The registry is the real one, on a SQLite file.
 """
 
 from __future__ import annotations
@@ -18,12 +20,16 @@ from typing import Any
 import pytest
 
 from inferd.config import Settings
-from inferd.control.backends import ReplicaHandle
+from inferd.control.backends import ReplicaBackend, ReplicaHandle
 from inferd.control.canary import ReplicaSample
 from inferd.control.controller import RETIRE_DELAY_S, Controller
+from inferd.control.orchestrators import ORCHESTRATORS, Context, Orchestrator
+from inferd.control.replica import Replica, ReplicaState, route_of
+from inferd.control.specs import replica_spec
+from inferd.control.state import VersionSet
 from inferd.observability.metrics import Sketch
 from inferd.registry import Registry
-from inferd.routing.table import RoutingTable
+from inferd.routing.table import ReplicaRoute, RoutingTable
 from inferd.runtimes.base import Signature, TensorSpec
 from inferd.serving.spec import ReplicaSpec
 from tests.clocks import FakeClock, settle
@@ -113,7 +119,9 @@ async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
 
 
 class World:
-    def __init__(self, tmp_path: Path, ready_at_once: bool = True) -> None:
+    def __init__(
+        self, tmp_path: Path, ready_at_once: bool = True, replica_backend: str = "local"
+    ) -> None:
         self.registry = Registry(f"sqlite:///{tmp_path / 'registry.db'}", tmp_path / "artifacts")
         self.source = tmp_path / "model.py"
         self.source.write_text("class M:\n    pass\n")
@@ -123,6 +131,8 @@ class World:
         settings = Settings(
             data_dir=tmp_path, load_timeout_s=10, restart_backoff_max_s=4, replicas=1
         )
+        # A kind the tests register: the settings' own check knows the shipped ones only.
+        settings.replica_backend = replica_backend
         self.controller = Controller(
             settings,
             self.registry,
@@ -461,3 +471,165 @@ def test_a_canary_moves_on_when_as_good_and_back_when_worse(world: World) -> Non
         await world.controller.stop()
 
     run(scenario)
+
+
+class MemoryReplica:
+    """A replica that is an object: ready when the test says, gone once stopped."""
+
+    pid = 0
+    incarnation = 0
+    placement = "memory"
+
+    def __init__(self, spec: ReplicaSpec, on_change: Callable[[Replica], None]) -> None:
+        self.spec = spec
+        self.on_change = on_change
+        self.state = ReplicaState.LOADING
+        self.message = ""
+        self.restarts = 0
+        self.ever_ready = False
+        self.stopping = False
+
+    @property
+    def id(self) -> str:
+        return self.spec.replica_id
+
+    @property
+    def address(self) -> str:
+        return f"memory:{self.id}"
+
+    @property
+    def ready(self) -> bool:
+        return self.state is ReplicaState.READY and not self.stopping
+
+    def route(self) -> ReplicaRoute:
+        return route_of(self)
+
+    def make_ready(self) -> None:
+        self.state, self.ever_ready = ReplicaState.READY, True
+        self.on_change(self)
+
+    async def stop(self) -> None:
+        self.stopping, self.state = True, ReplicaState.STOPPED
+        self.on_change(self)
+
+
+class MemoryOrchestrator:
+    """A fourth orchestrator, written against :class:`Orchestrator` alone."""
+
+    machine_bound = False
+
+    def __init__(self, settings: Settings, context: Context) -> None:
+        self.settings = settings
+        self.context = context
+        self.ids = itertools.count(1)
+        self.replicas: list[MemoryReplica] = []
+        self.retired: list[tuple[str, str]] = []
+        self.closed = False
+
+    async def start(self) -> None:
+        pass
+
+    def scale(self, vset: VersionSet, *, shrink: bool = True) -> None:
+        live = [r for r in vset.live() if isinstance(r, MemoryReplica)]
+        for _ in range(vset.desired - len(live)):
+            rid = f"{vset.record.model_name}-{vset.record.version}-{next(self.ids)}"
+            replica = MemoryReplica(
+                replica_spec(self.settings, vset, rid, None), self.context.on_change
+            )
+            self.replicas.append(replica)
+            vset.replicas.append(replica)
+        for replica in live[vset.desired :] if shrink else []:
+            self.context.spawn(self._drop(vset, replica))
+
+    async def _drop(self, vset: VersionSet, replica: MemoryReplica) -> None:
+        await replica.stop()
+        vset.replicas.remove(replica)
+        self.context.publish()
+
+    def running(self, model: str, version: str) -> int:
+        return 0
+
+    def gpus(self, vset: VersionSet) -> None:
+        return None
+
+    def gpu_room(self, vset: VersionSet) -> None:
+        return None
+
+    def sync(self) -> None:
+        pass
+
+    def keep_only(self, running: set[tuple[str, str]]) -> None:
+        pass
+
+    def retire(self, model: str, version: str) -> None:
+        self.retired.append((model, version))
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def test_a_fourth_orchestrator_runs_versions_through_the_factory_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Registered under a new name, an orchestrator the controller has never heard of
+    deploys, serves, scales and retires a version."""
+    made: list[MemoryOrchestrator] = []
+
+    def make(
+        settings: Settings, run_dir: Path, context: Context, backend: ReplicaBackend | None
+    ) -> Orchestrator:
+        made.append(MemoryOrchestrator(settings, context))
+        return made[-1]
+
+    monkeypatch.setitem(ORCHESTRATORS, "memory", make)
+    world = World(tmp_path, replica_backend="memory")
+
+    def ids(version: str) -> list[str]:
+        return [r.id for r in world.tables[-1].models["m"].versions[version].replicas]
+
+    async def scenario() -> None:
+        (memory,) = made
+        world.push("m", "v1")
+        world.registry.deployments.deploy("m", "v1", replicas=2, actor="test")
+        await world.controller.start()
+        await settle()
+        assert ids("v1") == ["m-v1-1", "m-v1-2"] and world.states("m", "v1") == ["loading"] * 2
+        assert world.serving("m") is None and world.backend.started == []
+        memory.replicas[0].make_ready()
+        await settle()
+        # the ready replica and the serving version it makes, in one table
+        assert world.serving("m") == "v1" and world.states("m", "v1") == ["ready", "loading"]
+        assert world.tables[-1].models["m"].versions["v1"].replicas[0].placement == "memory"
+        assert not [t.generation for t in world.tables if _ready_without_serving(t, "m")]
+
+        world.registry.deployments.scale("m", "v1", 3)
+        await world.reconcile()
+        assert ids("v1") == ["m-v1-1", "m-v1-2", "m-v1-3"]
+        world.registry.deployments.scale("m", "v1", 1)
+        await world.reconcile()
+        assert ids("v1") == ["m-v1-1"] and world.states("m", "v1") == ["ready"]
+
+        world.push("m", "v2")
+        world.registry.deployments.deploy("m", "v2", actor="test")  # 100 %: v1 at 0
+        await world.reconcile()
+        memory.replicas[-1].make_ready()
+        await settle()
+        assert world.serving("m") == "v2"
+        world.registry.deployments.undeploy("m", "v1", actor="test")
+        await world.reconcile()
+        await world.clock.advance(RETIRE_DELAY_S)
+        await until(lambda: world.split("m") == {"v2": 100})
+        assert memory.retired == [("m", "v1")] and "v1" not in world.tables[-1].models["m"].versions
+        assert all(r.state is ReplicaState.STOPPED for r in memory.replicas[:3])
+        await world.controller.stop()
+        assert memory.closed
+
+    try:
+        run(scenario)
+    finally:
+        world.registry.close()
+
+
+def test_an_unknown_replica_backend_names_the_known_ones(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"'nomad'; available: kubernetes, local$"):
+        World(tmp_path, replica_backend="nomad")

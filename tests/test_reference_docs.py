@@ -121,9 +121,9 @@ def test_every_error_class_is_listed_with_its_status_and_code() -> None:
 def rendered_metrics() -> dict[str, tuple[str, set[str] | None]]:
     """Family -> (type, label names of its samples; None: no sample) of an exposition the
     real writers render from a little of everything, with the control plane's labels."""
+    from inferd.control.replica import ReplicaState
     from inferd.control.scaling import ColdStarts
     from inferd.control.state import reachable
-    from inferd.control.supervisor import ReplicaState
     from inferd.observability import exposition as x
     from inferd.observability.log_rows import LogRow
     from inferd.observability.metrics import Histogram

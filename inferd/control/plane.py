@@ -91,7 +91,7 @@ class ControlPlane:
         self.publisher.on_metrics = self.render_metrics
         self.publisher.on_console = self.console.answer
         self.publisher.on_demand = self.controller.demand
-        self.publisher.on_join = self.controller.join
+        self.publisher.on_join = self.controller.joins.join
         if self.settings.inference_log.enabled:
             cfg = self.settings.inference_log
             engine = log_engine(self.settings.resolved_database_url)

@@ -1,12 +1,12 @@
 """Replica pods, as the Kubernetes backend reports them.
 
 A pod is started, restarted, moved and stopped by Kubernetes, never by the controller:
-the controller only holds what the API last said of it (:class:`PodReplica`, the parts
-of :class:`~inferd.control.supervisor.Supervisor` that routing, status, scaling and
-draining use) in its version's set, so gateways route to the pods whose readiness probe
-passes, and stop the moment Kubernetes starts deleting one (its replica drains on
-SIGTERM). Its container's restarts are the replica's crash count (canary analysis reads
-it); a crash loop or an image that cannot be pulled shows as ``failed`` with the reason.
+the controller only holds what the API last said of it (:class:`PodReplica`, a
+:class:`~inferd.control.replica.Replica` that :mod:`inferd.control.orchestrators.kubernetes`
+puts in its version's set), so gateways route to the pods whose readiness probe passes,
+and stop the moment Kubernetes starts deleting one (its replica drains on SIGTERM). Its
+container's restarts are the replica's crash count (canary analysis reads it); a crash
+loop or an image that cannot be pulled shows as ``failed`` with the reason.
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from collections.abc import Callable
 import msgspec
 
 from inferd.control.backends.kubernetes import PodSeen
-from inferd.control.joined import ReportedReplica
-from inferd.control.supervisor import ReplicaState
+from inferd.control.replica import ReplicaState, ReportedReplica
 from inferd.serving.spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)

@@ -4,17 +4,26 @@ mirror it, or must not be the serving one. The strategies' settings and progress
 in the registry (:mod:`inferd.registry.rollout`); these objects only read them.
 
 A new strategy is a subclass here and an entry in :data:`POLICIES`; the controller
-does not change.
+does not change. The steps they ask for run in the background (:class:`Steps`), each at
+most once at a time: a canary's window outlasts many passes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import enum
+import logging
+from collections.abc import Callable, Coroutine
 from datetime import datetime
+from typing import Any
 
-from inferd.control.state import VersionSet
+from inferd.control.analyst import CanaryAnalyst
+from inferd.control.state import ModelState, VersionSet
 from inferd.registry.deployments import DeploymentRecord
 from inferd.registry.rollout import DeploymentStatus, Strategy
+from inferd.registry.rollout_progress import RolloutProgress
+
+logger = logging.getLogger(__name__)
 
 
 class Step(enum.StrEnum):
@@ -98,6 +107,77 @@ def policy(row: DeploymentRecord) -> RolloutPolicy:
     return POLICIES[row.strategy]
 
 
+def route(model: ModelState, rows: list[DeploymentRecord]) -> None:
+    """The model's traffic split, mirrors and canaries in progress, as its deployments'
+    policies say (``rows`` empty: a model in automatic mode, or unloaded, has none)."""
+    active = [r for r in rows if not r.status.gone]
+    model.traffic = {r.version: r.traffic_pct for r in active if policy(r).takes_traffic}
+    model.mirrors = {r.version: m for r in active if (m := policy(r).mirror(r)) is not None}
+    model.canaries = {r.version for r in active if policy(r).holds_back(r)}
+
+
 def _after_keep(since: str, keep_s: float, now: datetime) -> Step | None:
     kept = (now - datetime.fromisoformat(since)).total_seconds()
     return Step.FINISH if kept >= keep_s else None
+
+
+async def run_step(
+    rollouts: RolloutProgress,
+    analyst: CanaryAnalyst,
+    model: ModelState,
+    row: DeploymentRecord,
+    step: Step,
+) -> bool:
+    """Run a rollout step; whether it changed the registry (then a new pass is due)."""
+    if step is Step.SWITCH:
+        change = await asyncio.to_thread(rollouts.switch_blue_green, model.name, row.version)
+        if change is not None:
+            logger.info(
+                "%s: all replicas of %s ready; switched all traffic to it", model.name, row.version
+            )
+        return change is not None
+    if step is Step.FINISH:
+        removed = await asyncio.to_thread(rollouts.finish_rollout, model.name, row.version)
+        if removed:
+            logger.info("%s: keep window over; removing %s", model.name, ", ".join(removed))
+        return True
+    assert row.canary is not None
+    return await analyst.analyse(model, row.version, row.canary)
+
+
+class Steps:
+    """The rollout steps running now, for the controller."""
+
+    def __init__(
+        self,
+        rollouts: RolloutProgress,
+        analyst: CanaryAnalyst,
+        spawn: Callable[[Coroutine[Any, Any, None]], None],
+        reconcile_soon: Callable[[], None],
+    ) -> None:
+        self.rollouts = rollouts
+        self.analyst = analyst
+        self.spawn = spawn
+        self.reconcile_soon = reconcile_soon
+        self._running: set[tuple[str, str, Step]] = set()
+        """(model, version, step) running now: each runs once at a time."""
+
+    def once(self, model: ModelState, row: DeploymentRecord, step: Step) -> None:
+        """Run ``step`` in the background unless the same one is still running; a step
+        that changed the registry asks for a new pass."""
+        key = (model.name, row.version, step)
+        if key in self._running:
+            return
+        self._running.add(key)
+        self.spawn(self._run(key, model, row, step))
+
+    async def _run(
+        self, key: tuple[str, str, Step], model: ModelState, row: DeploymentRecord, step: Step
+    ) -> None:
+        try:
+            if await run_step(self.rollouts, self.analyst, model, row, step):
+                self.reconcile_soon()
+        except Exception:
+            logger.exception("%s of %s:%s failed; the next pass retries", step, *key[:2])
+        finally:
+            self._running.discard(key)

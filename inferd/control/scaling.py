@@ -24,9 +24,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from inferd.clock import Clock
 from inferd.control.autoscaler import Decision, Signals
-from inferd.control.state import VersionSet
-from inferd.control.supervisor import ReplicaState
+from inferd.control.replica import ReplicaState
+from inferd.control.state import ModelState, VersionSet
 from inferd.observability.metrics import Sketch
 from inferd.serving.client import ReplicaClient
 
@@ -241,11 +242,31 @@ class Scaling:
         events_before = len(scaler.events)
         decision = scaler.observe(signals(before, current, now, len(ready)), room, limit)
         if len(scaler.events) > events_before and decision is None:  # a capacity refusal
-            await self._keep(key, scaler.events[-1])
+            await self.keep(key, scaler.events[-1])
         if decision is not None:
             vset.desired = decision.desired
-            await self._keep(key, decision)
+            await self.keep(key, decision)
         return decision
+
+    async def look_at_all(
+        self,
+        models: dict[str, ModelState],
+        clock: Clock,
+        gpu_room: Callable[[VersionSet], tuple[int, str] | None],
+        apply: Callable[[VersionSet], Awaitable[None]],
+    ) -> bool:
+        """One pass: look at every autoscaled version of a loaded model and ``apply`` each
+        decision at once (before the next version is looked at); whether any was taken."""
+        self.machine_look()
+        changed = False
+        for model in list(models.values()):
+            for vset in list(model.versions.values()):
+                if vset.autoscaler is None or vset.retiring or not model.loaded:
+                    continue
+                if await self.look_at(vset, clock.monotonic(), gpu_room(vset)) is not None:
+                    await apply(vset)
+                    changed = True
+        return changed
 
     def machine_look(self) -> None:
         """Once per pass: the machine's idle share of its cores since the last pass."""
@@ -302,7 +323,7 @@ class Scaling:
             key = (vset.record.model_name, vset.record.version)
             vset.desired = decision.desired
             self._cold[key] = now
-            await self._keep(key, decision)
+            await self.keep(key, decision)
         return decision
 
     def ready(self, model: str, version: str, now: float) -> float | None:
@@ -318,7 +339,9 @@ class Scaling:
     def forget(self, model: str, version: str) -> None:
         self._looks.pop((model, version), None)
 
-    async def _keep(self, key: tuple[str, str], decision: Decision) -> None:
+    async def keep(self, key: tuple[str, str], decision: Decision) -> None:
+        """Count a decision for ``/metrics``, log and record it (also the ``capacity``
+        events an orchestrator decides: no GPU has room for another replica)."""
         model, version = key
         self.decisions[(model, version, decision.reason)] += 1
         logger.info(

@@ -1,23 +1,29 @@
-"""What the controller holds between passes: per model, the versions that run and the
-supervisors of their replicas."""
+"""What the controller holds between passes: per model, the versions that run and their
+replicas (whoever runs them, :class:`~inferd.control.replica.Replica`), and how a pass
+brings a deployed version's set up to date (:func:`deployed`) and finds the deployment
+statuses to write (:func:`status_changes`)."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from inferd.control.autoscaler import Autoscaler
-from inferd.control.joined import JoinedReplica, ReportedReplica
-from inferd.control.supervisor import ReplicaState, Supervisor
+from inferd.control.replica import Replica, ReplicaState
 from inferd.registry import VersionRecord
+from inferd.registry.deployments import DeploymentRecord
 from inferd.registry.rollout import DeploymentStatus
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
 class VersionSet:
     record: VersionRecord
     desired: int
-    replicas: list[Supervisor | ReportedReplica] = field(default_factory=list)
+    replicas: list[Replica] = field(default_factory=list)
     retiring: bool = False
     """Its replicas are being stopped; the set goes away once they are."""
     batching: dict[str, Any] | None = None
@@ -30,7 +36,8 @@ class VersionSet:
     gpu_type: str | None = None
     """The deployment's ``resources.gpu``: its replicas see only GPUs of that type."""
     gpus: list[int] | None = None
-    """The devices of ``gpu_type`` (None: no GPU asked for), each replica on one of them
+    """The devices of ``gpu_type`` on this machine (None: no GPU asked for, or the
+    orchestrator's scheduler places replicas on GPU nodes), each replica on one of them
     (:mod:`inferd.control.gpu_place`); replicas on others are replaced once new ones are
     ready."""
     gpu_short: str | None = None
@@ -42,17 +49,9 @@ class VersionSet:
     def name(self) -> str:
         return f"{self.record.model_name}:{self.record.version}"
 
-    def live(self) -> list[Supervisor | ReportedReplica]:
+    def live(self) -> list[Replica]:
         """Its replicas that are not being stopped."""
         return [r for r in self.replicas if not r.stopping]
-
-    def own(self, live: bool = False) -> list[Supervisor]:
-        """The replicas this controller started (``live``: not being stopped)."""
-        return [r for r in self.replicas if isinstance(r, Supervisor) and not (live and r.stopping)]
-
-    def joined(self) -> list[JoinedReplica]:
-        """The replicas that joined from other hosts."""
-        return [r for r in self.replicas if isinstance(r, JoinedReplica)]
 
     def ready_count(self) -> int:
         return sum(r.state is ReplicaState.READY for r in self.replicas)
@@ -91,7 +90,24 @@ class ModelState:
     canaries: set[str] = field(default_factory=set)
     """Canaries in progress: never the serving version while another one is ready."""
 
-    def ready_replicas(self, versions: list[str]) -> list[Supervisor | ReportedReplica]:
+    def best_deployed(self) -> str | None:
+        """Deployments: the version that should serve by default, the ready one with the
+        largest share (the older on a tie: the established one is the stable one, and
+        what failed requests fall back to), never a canary in progress while another
+        version is ready; a version at 0 % still serves while nothing else is ready."""
+        ready = [
+            v
+            for v, s in self.versions.items()
+            if not s.retiring and s.ready_count() > 0 and (v in self.traffic)
+        ]
+        order = list(self.traffic)  # newest first: the older version wins a tie
+        return max(
+            ready,
+            key=lambda v: (v not in self.canaries, self.traffic[v], order.index(v)),
+            default=None,
+        )
+
+    def ready_replicas(self, versions: list[str]) -> list[Replica]:
         """The serving replicas of ``versions``."""
         return [
             r
@@ -112,3 +128,56 @@ def reachable(models: dict[str, ModelState]) -> list[tuple[dict[str, str], str]]
         for replica in vset.replicas
         if replica.state in (ReplicaState.READY, ReplicaState.DRAINING) and replica.address
     ]
+
+
+def deployed(
+    model: ModelState,
+    row: DeploymentRecord,
+    record: VersionRecord,
+    default_replicas: int,
+    now: float,
+    running: int,
+    gpus: Callable[[VersionSet], list[int] | None],
+) -> VersionSet:
+    """The running set of a deployed version, created or brought up to date; an
+    autoscaled one runs what its autoscaler wants (starting from the fixed count, or
+    from the ``running`` replicas the orchestrator already has when a controller takes
+    over). ``gpus``: the devices a deployment's ``resources.gpu`` gives its replicas
+    (the orchestrator's :meth:`~inferd.control.orchestrators.Orchestrator.gpus`)."""
+    desired = row.replicas or int((record.batching or {}).get("replicas") or default_replicas)
+    vset = model.versions.get(row.version)
+    if vset is None:
+        vset = VersionSet(record, desired, batching=row.batching, status=row.status)
+        model.versions[row.version] = vset
+        logger.info("deploying %s with %d replica(s)", vset.name, desired)
+    if row.autoscaling is None:
+        vset.autoscaler = None
+    elif vset.autoscaler is None:
+        # A controller taking over an autoscaled version goes on from what runs.
+        vset.autoscaler = Autoscaler(row.autoscaling, len(vset.live()) or running or desired, now)
+    else:
+        vset.autoscaler.retune(row.autoscaling)
+    if vset.autoscaler is not None:
+        desired = vset.autoscaler.desired
+    vset.desired, vset.fallback = desired, row.fallback
+    vset.status = row.status  # what the registry says now: status_changes compares
+    if row.gpu_type != vset.gpu_type:
+        vset.gpu_type = row.gpu_type
+        vset.gpus = gpus(vset) if row.gpu_type is not None else None
+    return vset
+
+
+def status_changes(models: dict[str, ModelState]) -> list[tuple[str, str, DeploymentStatus]]:
+    """The deployed versions whose state differs from what their deployment row says
+    (read this pass; now recorded as written)."""
+    changes = []
+    for model in models.values():
+        if not model.traffic:
+            continue
+        for version, vset in model.versions.items():
+            state = vset.state()
+            deployed = version in model.traffic or version in model.mirrors
+            if deployed and not vset.retiring and state != vset.status:
+                vset.status = state
+                changes.append((model.name, version, state))
+    return changes

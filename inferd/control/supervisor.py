@@ -15,64 +15,18 @@ replica the moment it is seen gone.
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 from collections.abc import Callable
-from typing import Protocol
 
 from inferd.clock import SYSTEM, Clock
 from inferd.control.backends import ReplicaBackend, ReplicaHandle
+from inferd.control.replica import ReplicaState, route_of
 from inferd.routing.table import ReplicaRoute
 from inferd.serving.spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)
 
 FIRST_BACKOFF_S = 0.5
-
-
-class ReplicaState(enum.StrEnum):
-    STARTING = "starting"
-    LOADING = "loading"
-    READY = "ready"
-    FAILED = "failed"
-    DRAINING = "draining"
-    STOPPED = "stopped"
-
-
-class Routed(Protocol):
-    """What a routing table says of a replica (a supervised one, or one that joined)."""
-
-    state: ReplicaState
-    restarts: int
-    message: str
-    ever_ready: bool
-    spec: ReplicaSpec
-
-    @property
-    def id(self) -> str: ...
-
-    @property
-    def address(self) -> str: ...
-
-    @property
-    def pid(self) -> int: ...
-
-    @property
-    def placement(self) -> str: ...
-
-
-def route_of(replica: Routed) -> ReplicaRoute:
-    return ReplicaRoute(
-        replica.id,
-        replica.address,
-        replica.state.value,
-        replica.pid,
-        replica.restarts,
-        replica.message,
-        replica.ever_ready,
-        replica.spec.gpus,
-        replica.placement,
-    )
 
 
 class Supervisor:

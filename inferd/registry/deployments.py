@@ -202,6 +202,13 @@ class Deployments:
             ).all()
             return [_deployment(row[0]) for row in rows]
 
+    def by_model(self) -> dict[str, list[DeploymentRecord]]:
+        """Every deployment, by model (newest version first): what a reconcile pass runs."""
+        found: dict[str, list[DeploymentRecord]] = {}
+        for row in self.list_all():
+            found.setdefault(row.model_name, []).append(row)
+        return found
+
     def runs(self, model: str, version: str) -> bool:
         """Whether ``model:version`` is deployed to run (deploying or active): its
         replicas are, or are about to be, started."""

@@ -1,12 +1,14 @@
 """Replica backends: where replicas run.
 
-The controller decides *what* runs (a :class:`~inferd.serving.spec.ReplicaSpec` per
-replica); a backend decides *where* and *how*: it starts a replica from its spec, tells
-when it is ready to serve (or why it is not), when it is gone and why, and stops it
-(draining it first, or at once). The controller and the supervisor
-(:mod:`inferd.control.supervisor`) see only these two interfaces; a backend whose
-replicas live elsewhere (processes on other hosts that dial in over TCP, Kubernetes
-Deployments) is a new module here and a line in :func:`create`, nothing more.
+The process orchestrator (:mod:`inferd.control.orchestrators.processes`) decides *what*
+runs (a :class:`~inferd.serving.spec.ReplicaSpec` per replica); a backend decides
+*where* and *how*: it starts a replica from its spec, tells when it is ready to serve
+(or why it is not), when it is gone and why, and stops it (draining it first, or at
+once). The orchestrator and the supervisor (:mod:`inferd.control.supervisor`) see only
+these two interfaces; a backend whose processes a supervisor can keep alive elsewhere
+is a new module here and a line in :func:`create`, nothing more. Where something else
+keeps replicas alive (Kubernetes), per-replica supervision does not fit: that is an
+orchestrator of its own (:mod:`inferd.control.orchestrators`).
 
 The contract a backend keeps:
 

@@ -1,8 +1,9 @@
 """The Kubernetes replica backend: a Deployment of replica pods per running version.
 
 Kubernetes schedules, restarts and networks the replicas; inferd does none of it. The
-controller says, per running version, which spec its replicas serve and how many there
-are (:meth:`KubernetesBackend.want`); this backend keeps one Deployment per version to
+controller's orchestrator (:mod:`inferd.control.orchestrators.kubernetes`) says, per
+running version, which spec its replicas serve and how many there are
+(:meth:`KubernetesBackend.want`); this backend keeps one Deployment per version to
 that (server-side apply of the whole object when the spec changes, the ``scale``
 subresource when only the count does), deletes the Deployments of versions that stop
 running, and reports every replica pod it sees (:class:`PodSeen`, from one watch on the
