@@ -30,7 +30,7 @@ def llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferdServer]:
         assert server.stop() == 0, server.log()[-3000:]
 
 
-def hf_greedy(folder: Path, prompt: str, max_new_tokens: int) -> str:
+def hf_greedy(folder: Path, prompt: str, max_new_tokens: int, **options) -> str:
     import torch
     from tokenizers import Tokenizer
     from transformers import GPT2LMHeadModel
@@ -44,6 +44,7 @@ def hf_greedy(folder: Path, prompt: str, max_new_tokens: int) -> str:
         do_sample=False,
         attention_mask=torch.ones_like(ids),
         pad_token_id=model.config.eos_token_id,
+        **options,
     )
     return tok.decode(out[0, ids.shape[1] :].tolist(), skip_special_tokens=True)
 
@@ -67,6 +68,36 @@ def test_greedy_generation_matches_hugging_face(llm: InferdServer):
     assert body["text"] == expected
     assert body["usage"]["completion_tokens"] <= 20 and body["usage"]["prompt_tokens"] > 0
     assert body["finish_reason"] in ("length", "stop")
+
+
+def test_vllm_sampling_extensions_are_taken_and_match_hugging_face(llm: InferdServer):
+    """What vLLM's clients send (its benchmark client: ``repetition_penalty: 1.0`` with
+    every request) is the same request as without it; a real penalty gives Hugging
+    Face's output with the same penalty; vLLM-only fields at their defaults pass."""
+    folder = llm.data_dir / "src" / "tiny"
+    base = {"model": "tiny", "prompt": PROMPT, "max_tokens": 16, "temperature": 0}
+    plain = llm.client.post("/v1/completions", json=base)
+    assert plain.status_code == 200, plain.text
+    vllm_defaults = {
+        "repetition_penalty": 1.0, "min_p": 0.0, "min_tokens": 0, "top_k": -1,
+        "skip_special_tokens": True, "include_stop_str_in_output": False,
+        "use_beam_search": False, "length_penalty": 1.0, "add_special_tokens": True,
+        "spaces_between_special_tokens": True, "stop_token_ids": [], "logprobs": None,
+    }  # fmt: skip
+    same = llm.client.post("/v1/completions", json={**base, **vllm_defaults})
+    assert same.status_code == 200, same.text
+    assert same.json()["choices"][0]["text"] == plain.json()["choices"][0]["text"]
+    penalized = llm.client.post("/v1/completions", json={**base, "repetition_penalty": 1.5})
+    assert penalized.status_code == 200, penalized.text
+    expected = hf_greedy(folder, PROMPT, 16, repetition_penalty=1.5)
+    assert penalized.json()["choices"][0]["text"] == expected
+    assert expected != plain.json()["choices"][0]["text"]
+    refused = llm.client.post(
+        "/v1/chat/completions",
+        json={"model": "tiny", "messages": [USER], "spaces_between_special_tokens": False},
+    )
+    assert refused.status_code == 400, refused.text
+    assert "spaces_between_special_tokens" in refused.json()["error"]["message"]
 
 
 def test_sse_stream_framing(llm: InferdServer):
@@ -570,7 +601,13 @@ CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "
         ({"messages": [USER], "functions": [{"name": "f"}]}, "functions", "use 'tools'"),
         ({"messages": [USER], "n": 2}, "n", "one choice per request"),
         ({"messages": [USER], "logit_bias": {"5": 10}}, "logit_bias", "not supported"),
-        ({"messages": [USER], "presence_penalty": 0.5}, "presence_penalty", "not supported"),
+        ({"messages": [USER], "presence_penalty": 3}, "presence_penalty", "from -2 to 2"),
+        ({"messages": [USER], "use_beam_search": True}, "use_beam_search", "not supported"),
+        ({"messages": [USER], "length_penalty": 2}, "length_penalty", "not supported"),
+        ({"messages": [USER], "add_special_tokens": True}, "add_special_tokens",
+         "not supported"),
+        ({"messages": [USER], "repetition_penalty": 0}, "repetition_penalty", "(0, 10]"),
+        ({"messages": [USER], "min_tokens": 5, "max_tokens": 2}, "min_tokens", "above"),
         ({"messages": [USER], "top_logprobs": 3}, "top_logprobs", "not supported"),
         ({"messages": [USER], "max_tokens": 3, "max_completion_tokens": 4}, "max_tokens",
          "not both"),

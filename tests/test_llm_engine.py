@@ -27,8 +27,10 @@ class CharTokenizer:
     def encode(self, text: str) -> list[int]:
         return [ord(c) % VOCAB for c in text]
 
-    def decode(self, ids: list[int]) -> str:
-        return "".join(chr(i) for i in ids if i != EOS)
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(
+            "<eos>" if i == EOS else chr(i) for i in ids if i != EOS or not skip_special_tokens
+        )
 
 
 class Shape:
@@ -304,3 +306,108 @@ def test_the_autoscalers_figures_occupancy_waiting_and_ttft():
     roomy.add_request("one", [1], greedy(5))
     run_all(roomy)
     assert roomy.stats()["busy_s"] < roomy.metrics.step_s.sum / 10
+
+
+# -- vLLM's sampling extensions and OpenAI's penalties ------------------------------------
+
+
+def text(outs: list) -> str:
+    return "".join(o.text for o in outs)
+
+
+def random_row(token: int) -> torch.Tensor:
+    """What ``PlusOneModel(random_logits=True)`` answers after ``token``."""
+    return torch.randn(VOCAB, generator=torch.Generator().manual_seed(token))
+
+
+def test_min_tokens_holds_eos_and_stop_tokens_back_until_reached():
+    eng = engine()
+    eng.add_request("plain", [VOCAB - 2], greedy(10))
+    eng.add_request("min", [VOCAB - 2], greedy(10, min_tokens=4))
+    eng.add_request("ids", [VOCAB - 2], greedy(10, min_tokens=4, stop_token_ids=(3,)))
+    outputs = run_all(eng)
+    assert tokens(outputs["plain"]) == [VOCAB - 1, EOS]
+    # EOS masked for 3 more tokens: the next best (all tied) is token 1, then +1 each.
+    assert tokens(outputs["min"]) == [VOCAB - 1, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert outputs["min"][-1].finish_reason == "length"
+    # Stop token 3, the model's choice after 2, is masked while fewer than 4 were made
+    # (the first best left is 1 again); once 4 were, it ends the generation.
+    assert tokens(outputs["ids"]) == [VOCAB - 1, 1, 2, 1, 2, 3]
+    assert outputs["ids"][-1].finish_reason == "stop"
+
+
+def test_stop_token_ids_end_the_text_without_or_with_their_text():
+    eng = engine()
+    eng.add_request("out", "a", greedy(20, stop_token_ids=(ord("d"),)))
+    eng.add_request(
+        "in", "a", greedy(20, stop_token_ids=(ord("d"),), include_stop_str_in_output=True)
+    )
+    eng.add_request("str", "a", greedy(20, stop=("ef",), include_stop_str_in_output=True))
+    outputs = run_all(eng)
+    assert text(outputs["out"]) == "bc" and outputs["out"][-1].finish_reason == "stop"
+    assert tokens(outputs["out"]) == [ord("b"), ord("c"), ord("d")]
+    assert text(outputs["in"]) == "bcd"
+    assert text(outputs["str"]) == "bcdef" and outputs["str"][-1].finish_reason == "stop"
+
+
+def test_special_tokens_give_text_only_when_not_skipped():
+    eng = engine()
+    eng.add_request("skip", [VOCAB - 3], greedy(4, ignore_eos=True))
+    eng.add_request("keep", [VOCAB - 3], greedy(4, ignore_eos=True, skip_special_tokens=False))
+    outputs = run_all(eng)
+    assert text(outputs["skip"]) == chr(VOCAB - 2) + chr(VOCAB - 1) + chr(1)
+    assert text(outputs["keep"]) == chr(VOCAB - 2) + chr(VOCAB - 1) + "<eos>" + chr(1)
+
+
+def test_repetition_penalty_follows_its_definition_and_one_is_off():
+    prompt = [7, 8, 9]
+
+    def run(**kw) -> list[int]:
+        eng = engine(model=PlusOneModel(random_logits=True))
+        eng.add_request("r", prompt, greedy(12, ignore_eos=True, **kw))
+        return tokens(run_all(eng)["r"])
+
+    plain, neutral, penalized = run(), run(repetition_penalty=1.0), run(repetition_penalty=3.0)
+    assert neutral == plain and penalized != plain
+    assert len(set(penalized)) > len(set(plain))  # fewer repeats: what it is for
+    # Each step: the previous token's row, seen tokens' positive logits / 3, negative * 3.
+    seen = list(prompt)
+    for token in penalized:
+        row = random_row(seen[-1])
+        ids = torch.tensor(sorted(set(seen)))
+        row[ids] = torch.where(row[ids] > 0, row[ids] / 3.0, row[ids] * 3.0)
+        assert token == int(row.argmax())
+        seen.append(token)
+
+
+def test_presence_and_frequency_penalties_count_the_output_only():
+    prompt = [7, 8, 9]
+    eng = engine(model=PlusOneModel(random_logits=True))
+    params = greedy(12, ignore_eos=True, presence_penalty=0.5, frequency_penalty=0.7)
+    eng.add_request("p", prompt, params)
+    out = tokens(run_all(eng)["p"])
+    previous, made = prompt[-1], []
+    for token in out:
+        row = random_row(previous)
+        for t in set(made):
+            row[t] -= 0.5 + 0.7 * made.count(t)
+        assert token == int(row.argmax())
+        made.append(token)
+        previous = token
+
+
+def test_min_p_one_keeps_only_the_likeliest_token():
+    def run(**kw) -> list[int]:
+        eng = engine(model=PlusOneModel(random_logits=True))
+        eng.add_request("m", [7], SamplingParams(max_tokens=10, ignore_eos=True, **kw))
+        return tokens(run_all(eng)["m"])
+
+    best = run(temperature=0)
+    assert run(temperature=1.0, seed=3, min_p=1.0) == best
+    assert run(temperature=1.5, seed=3) != best  # without it, the draw wanders
+
+
+def test_extension_values_out_of_range_are_refused():
+    for bad in ({"repetition_penalty": 0}, {"min_p": 1.5}, {"min_tokens": 9}):
+        with pytest.raises(ValueError):
+            SamplingParams(max_tokens=8, **bad)

@@ -10,6 +10,8 @@ against their schemas.
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,7 +22,7 @@ import httpx
 import pytest
 
 from inferd.llm.engines import vllm_python
-from tests.conftest import InferdServer, push_folder
+from tests.conftest import InferdServer, build_tiny_gpt2, push_folder
 from tests.test_generation_server import make_adapter
 
 pytestmark = [
@@ -65,6 +67,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferdServer]:
         folder = random_decoder(data / "src", family, vocab=1024)
         # llama with LoRA slots: adapters load into it at run time
         push_folder(data, family, folder, "v1", **({"lora": True} if family == "llama" else {}))
+    # inferd's own engine beside vLLM's, for vLLM's own benchmark client
+    push_folder(data, "tiny", build_tiny_gpt2(data / "src" / "tiny"), "v1")
     server = InferdServer(data, workers=2, env={"INFERD_LLM__MAX_NUM_SEQS": "16"})
     try:
         server.wait_ready(timeout_s=300)
@@ -331,3 +335,26 @@ def test_the_vllm_environment_is_found_from_any_directory(tmp_path: Path):
     assert done.returncode == 0, done.stderr
     found = done.stdout.strip()
     assert found != "None" and Path(found).samefile(str(vllm_python())), found
+
+
+@pytest.mark.parametrize("model", ["llama", "tiny"])
+def test_vllms_own_benchmark_client_runs_unchanged(served: InferdServer, model: str):
+    """``vllm bench serve`` (it sends vLLM's sampling extensions, ``repetition_penalty``
+    among them, with every request) against inferd, on vLLM's engine (llama) and on
+    inferd's own (tiny): every request succeeds."""
+    folder = served.data_dir / "src" / model
+    vllm = Path(str(vllm_python())).parent / "vllm"
+    done = subprocess.run(
+        [str(vllm), "bench", "serve", "--backend", "openai", "--base-url", served.url,
+         "--endpoint", "/v1/completions", "--model", model, "--tokenizer", str(folder),
+         "--dataset-name", "random", "--random-input-len", "16", "--random-output-len", "8",
+         "--num-prompts", "12", "--max-concurrency", "4", "--ignore-eos"],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu"},
+    )  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    succeeded = re.search(r"Successful requests:\s+(\d+)", out)
+    assert succeeded and int(succeeded.group(1)) == 12, out[-3000:]
+    failed = re.search(r"Failed requests:\s+(\d+)", out)
+    assert failed is None or int(failed.group(1)) == 0, out[-3000:]

@@ -4,13 +4,19 @@ what inferd's models can do with it.
 Checked before anything runs, each refusal a 400 in OpenAI's error shape naming the
 ``param`` (``messages.[2].content``, as OpenAI writes it):
 
-- fields: OpenAI's own request fields, plus inferd's extensions (``top_k``,
-  ``ignore_eos``, ``priority``, ``adapter``, as vLLM takes them through the client's
-  ``extra_body``); any other is "Unrecognized request argument supplied". Fields of the
-  reference that would change the answer in ways the engine cannot honour
-  (``logit_bias``, penalties, ``top_logprobs``, ``n`` > 1, audio, the deprecated
-  ``functions``) are refused by name instead of ignored. ``tools``, ``tool_choice`` and
-  ``response_format`` are :mod:`inferd.api.structured`'s.
+- fields: OpenAI's own request fields, plus vLLM's extensions as its OpenAI server
+  takes them (through the client's ``extra_body``), so vLLM's clients work unchanged:
+  the sampling ones both engines honour (``top_k``, ``min_p``, ``repetition_penalty``,
+  ``min_tokens``, ``stop_token_ids``, ``ignore_eos``, ``include_stop_str_in_output``,
+  ``skip_special_tokens``, ...; :func:`inferd.routing.generation.sampling_params`), and
+  the others at their neutral value (``use_beam_search: false``, ``length_penalty:
+  1``, ``add_generation_prompt: true``, ...: :data:`NEUTRAL`); plus inferd's
+  ``priority`` and ``adapter``. Any other field is "Unrecognized request argument
+  supplied". Fields that would change the answer in ways the engines cannot honour
+  (``logit_bias``, ``top_logprobs``, ``n`` > 1, audio, the deprecated ``functions``,
+  a non-neutral value of a :data:`NEUTRAL` field) are refused by name instead of
+  ignored. ``tools``, ``tool_choice`` and ``response_format`` are
+  :mod:`inferd.api.structured`'s.
 - chat messages: roles ``system``, ``developer``, ``user``, ``assistant``, ``tool``;
   each role's fields and nothing else; ``content`` a string or a list of content parts
   of the kinds the role takes (text everywhere, refusal for the assistant; image, audio
@@ -39,8 +45,46 @@ _CHAT = _SHARED | {
     "safety_identifier",
 }  # fmt: skip
 _COMPLETIONS = _SHARED | {"prompt", "suffix", "echo", "best_of"}
-EXTENSIONS = frozenset({"top_k", "ignore_eos", "priority", "adapter"})
-"""inferd's own sampling fields (sent with the client's ``extra_body``)."""
+EXTENSIONS = frozenset(
+    {
+        "top_k", "ignore_eos", "priority", "adapter", "min_p", "repetition_penalty",
+        "min_tokens", "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens",
+        "spaces_between_special_tokens", "request_id", "cache_salt", "guided_decoding_backend",
+    }
+)  # fmt: skip
+"""Sampling fields (vLLM's names) the engines honour, sent with the client's
+``extra_body``; ``request_id`` names the request in inferd's log like ``X-Request-ID``
+does not (it is only accepted); ``cache_salt`` and ``guided_decoding_backend`` change
+nothing here (no KV cache is shared between requests' prefixes; one guide backend)."""
+NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "use_beam_search": (False,),
+    "length_penalty": (1, 1.0),
+    "truncate_prompt_tokens": (None,),
+    "prompt_logprobs": (None, 0),
+    "allowed_token_ids": (None,),
+    "bad_words": (None, []),
+    "add_generation_prompt": (True,),
+    "continue_final_message": (False,),
+    "documents": (None,),
+    "chat_template": (None,),
+    "chat_template_kwargs": (None, {}),
+    "mm_processor_kwargs": (None, {}),
+    "guided_json": (None,),
+    "guided_regex": (None,),
+    "guided_choice": (None,),
+    "guided_grammar": (None,),
+    "guided_whitespace_pattern": (None,),
+    "structural_tag": (None,),
+    "structured_outputs": (None,),
+    "logits_processors": (None,),
+    "return_tokens_as_token_ids": (None, False),
+    "return_token_ids": (None, False),
+    "kv_transfer_params": (None,),
+    "vllm_xargs": (None,),
+}
+"""vLLM's other extension fields: accepted at these (their defaults) and refused by
+name at any other value (``response_format`` and ``tools`` give structured outputs);
+``add_special_tokens`` too, at its default (false for chat, true for completions)."""
 
 _ROLE_FIELDS = {
     "system": {"role", "content", "name"},
@@ -81,13 +125,17 @@ def check_known(body: dict[str, Any], known: frozenset[str]) -> None:
 
 def check_fields(body: dict[str, Any], chat: bool) -> None:
     """Unknown fields, and known ones the engine cannot honour, refused by name."""
-    check_known(body, (_CHAT if chat else _COMPLETIONS) | EXTENSIONS)
+    neutral = {**NEUTRAL, "add_special_tokens": (not chat,)}  # vLLM's default per route
+    if chat:
+        neutral["echo"] = (False,)  # completions have OpenAI's own (refused below when set)
+    check_known(body, (_CHAT if chat else _COMPLETIONS) | EXTENSIONS | frozenset(neutral))
+    for name, values in neutral.items():
+        if name in body and not any(_same(body[name], v) for v in values):
+            raise _bad(f"'{name}' is not supported by inferd's engines: {_why(name)}", name)
     unsupported = {
         "functions": bool(body.get("functions")),
         "function_call": body.get("function_call") not in (None, "none", "auto"),
         "logit_bias": bool(body.get("logit_bias")),
-        "presence_penalty": body.get("presence_penalty") not in (None, 0, 0.0),
-        "frequency_penalty": body.get("frequency_penalty") not in (None, 0, 0.0),
         "top_logprobs": body.get("top_logprobs") not in (None, 0),
         "audio": body.get("audio") is not None,
         "modalities": body.get("modalities") not in (None, ["text"]),
@@ -104,6 +152,11 @@ def check_fields(body: dict[str, Any], chat: bool) -> None:
     both = chat and "max_completion_tokens" in body and "max_tokens" in body
     if both and body["max_tokens"] != body["max_completion_tokens"]:
         raise _bad("give max_tokens or max_completion_tokens, not both", "max_tokens")
+
+
+def _same(value: Any, neutral: Any) -> bool:
+    """Equal, and a boolean only to a boolean (``1`` is not ``true``)."""
+    return value == neutral and isinstance(value, bool) == isinstance(neutral, bool)
 
 
 def _why(name: str) -> str:

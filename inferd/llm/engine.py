@@ -184,8 +184,8 @@ class LLMEngine:
         now = time.monotonic()
         self.requests[request_id] = _Request(
             seq,
-            Detokenizer(self.tokenizer, ids),
-            StopChecker(params.stop),
+            Detokenizer(self.tokenizer, ids, params.skip_special_tokens),
+            StopChecker(params.stop, params.include_stop_str_in_output),
             now if arrived is None else min(arrived, now),
             matcher=matcher,
         )
@@ -326,7 +326,7 @@ class LLMEngine:
             ]
             if guided and self.guides is not None:
                 self.guides.mask(logits, [r for r, _ in guided], [m for _, m in guided])
-        tokens, logprobs = sample(logits, sampling)
+        tokens, logprobs = sample(logits, sampling, self.tokenizer.eos_token_id)
         return {seq: (t, lp) for seq, t, lp in zip(sampling, tokens, logprobs, strict=True)}
 
     def _advance_guides(self, sampled: dict[Sequence, tuple[int, float | None]]) -> None:
@@ -375,7 +375,13 @@ class LLMEngine:
         request = self.requests[seq.request_id]
         if logprob is not None:
             seq.logprobs.append(logprob)
-        text = "" if token == self.tokenizer.eos_token_id else request.detok.add(token)
+        params = seq.params
+        ended = token in params.stop_token_ids or (
+            token == self.tokenizer.eos_token_id and not params.ignore_eos
+        )
+        # The token that ended it is not part of the text (as vLLM) unless asked for.
+        keep = not ended or params.include_stop_str_in_output
+        text = request.detok.add(token) if keep else ""
         if seq.finished:
             text += request.detok.flush()
         text, stopped = request.stops.feed(text, final=seq.finished)

@@ -137,9 +137,10 @@ class Scheduler:
                 self.finish(seq, reason)
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
-        if token == self.eos_token_id and not seq.params.ignore_eos:
+        params = seq.params
+        if (token == self.eos_token_id and not params.ignore_eos) or token in params.stop_token_ids:
             return "stop"
-        if len(seq.output_ids) >= seq.params.max_tokens:
+        if len(seq.output_ids) >= params.max_tokens:
             return "length"
         if len(seq) >= self.config.max_model_len:
             return "length"

@@ -1,4 +1,5 @@
-"""Stop strings: end a generation at the first stop string, never streaming any of it.
+"""Stop strings: end a generation at the first stop string, never streaming any of it
+(unless the request asks for it: ``include_stop_str_in_output``).
 
 Text that could be the beginning of a stop string is held back until the next delta
 shows whether it is one; the stop string itself and what follows are never emitted.
@@ -8,8 +9,11 @@ from __future__ import annotations
 
 
 class StopChecker:
-    def __init__(self, stops: tuple[str, ...] | list[str]) -> None:
+    def __init__(self, stops: tuple[str, ...] | list[str], include: bool = False) -> None:
+        """``include``: the stop string that ends the text is part of it (what follows
+        is not)."""
         self.stops = tuple(s for s in stops if s)
+        self.include = include
         self._pending = ""
 
     def feed(self, delta: str, final: bool = False) -> tuple[str, bool]:
@@ -17,10 +21,11 @@ class StopChecker:
         if not self.stops:
             return delta, False
         text = self._pending + delta
-        hits = [i for i in (text.find(s) for s in self.stops) if i >= 0]
+        hits = [(i, i + len(s)) for s in self.stops if (i := text.find(s)) >= 0]
         if hits:
             self._pending = ""
-            return text[: min(hits)], True
+            start, end = min(hits)
+            return text[: end if self.include else start], True
         hold = 0 if final else self._held_back(text)
         self._pending = text[len(text) - hold :] if hold else ""
         return text[: len(text) - hold], False

@@ -35,8 +35,8 @@ class TextTokenizer:
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False).ids)
 
-    def decode(self, ids: list[int]) -> str:
-        return str(self._tok.decode(ids, skip_special_tokens=True))
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return str(self._tok.decode(ids, skip_special_tokens=skip_special_tokens))
 
     @property
     def vocab_size(self) -> int:
@@ -46,8 +46,11 @@ class TextTokenizer:
 class Detokenizer:
     """Turns a growing list of token ids into text deltas, one call per new token."""
 
-    def __init__(self, tokenizer: TextTokenizer, prompt_ids: list[int]) -> None:
+    def __init__(
+        self, tokenizer: TextTokenizer, prompt_ids: list[int], skip_special_tokens: bool = True
+    ) -> None:
         self._tok = tokenizer
+        self._skip = skip_special_tokens
         self._ids: list[int] = []
         self._prefix = 0  # tokens before this are already in `text`
         self._context = prompt_ids[-4:]  # a little left context decodes spacing right
@@ -56,8 +59,8 @@ class Detokenizer:
     def add(self, token_id: int) -> str:
         self._ids.append(token_id)
         window = self._context + self._ids[self._prefix :]
-        before = self._tok.decode(self._context)
-        decoded = self._tok.decode(window)
+        before = self._tok.decode(self._context, self._skip)
+        decoded = self._tok.decode(window, self._skip)
         if decoded.endswith("\ufffd"):
             return ""  # in the middle of a multi-byte character: wait for more
         delta = decoded[len(before) :]
@@ -71,7 +74,8 @@ class Detokenizer:
         if self._prefix == len(self._ids):
             return ""
         window = self._context + self._ids[self._prefix :]
-        delta = self._tok.decode(window)[len(self._tok.decode(self._context)) :]
+        decode = self._tok.decode
+        delta = decode(window, self._skip)[len(decode(self._context, self._skip)) :]
         self._prefix = len(self._ids)
         self.text += delta
         return delta

@@ -50,24 +50,24 @@ def sampling_params(body: dict[str, Any], default_max_tokens: int = 16) -> dict[
         or isinstance(max_tokens, bool)
         or not 1 <= max_tokens <= 65536
     ):
-        raise InvalidInput("'max_tokens' must be an integer from 1 to 65536")
+        raise InvalidInput("'max_tokens' must be an integer from 1 to 65536", param="max_tokens")
     params: dict[str, Any] = {"max_tokens": max_tokens}
     checks = {
         "temperature": (lambda v: 0 <= v <= 2, "a number from 0 to 2"),
         "top_p": (lambda v: 0 < v <= 1, "a number in (0, 1]"),
-        "top_k": (lambda v: v >= 0 and float(v).is_integer(), "an integer >= 0"),
+        "top_k": (lambda v: v >= -1 and float(v).is_integer(), "an integer >= 0 (-1: off)"),
     }
     for name, (ok, what) in checks.items():
         value = body.get(name)
         if value is None:
             continue
         if not isinstance(value, int | float) or isinstance(value, bool) or not ok(value):
-            raise InvalidInput(f"{name!r} must be {what}")
-        params[name] = int(value) if name == "top_k" else float(value)
+            raise InvalidInput(f"{name!r} must be {what}", param=name)
+        params[name] = max(int(value), 0) if name == "top_k" else float(value)  # vLLM's -1
     seed = body.get("seed")
     if seed is not None:
         if not isinstance(seed, int) or isinstance(seed, bool):
-            raise InvalidInput("'seed' must be an integer")
+            raise InvalidInput("'seed' must be an integer", param="seed")
         params["seed"] = seed
     params["stop"] = _stops(body.get("stop"))
     if body.get("ignore_eos") is True:
@@ -81,6 +81,74 @@ def sampling_params(body: dict[str, Any], default_max_tokens: int = 16) -> dict[
         if level not in GENERATION_LEVELS.values():
             raise InvalidInput(f"'priority' must be a level from 1 to 4, not {priority!r}")
         params["priority"] = level
+    params.update(_extensions(body, max_tokens))
+    return params
+
+
+PENALTIES = {
+    "repetition_penalty": (1.0, lambda v: 0 < v <= 10, "a number in (0, 10]"),
+    "presence_penalty": (0.0, lambda v: -2 <= v <= 2, "a number from -2 to 2"),
+    "frequency_penalty": (0.0, lambda v: -2 <= v <= 2, "a number from -2 to 2"),
+    "min_p": (0.0, lambda v: 0 <= v <= 1, "a number from 0 to 1"),
+}
+"""Number fields (OpenAI's penalties, vLLM's extensions): neutral value, check, wording."""
+FLAGS = {
+    "include_stop_str_in_output": False,
+    "skip_special_tokens": True,
+    "spaces_between_special_tokens": True,
+}
+"""vLLM's boolean extensions and their neutral values."""
+
+
+def _extensions(body: dict[str, Any], max_tokens: int) -> dict[str, Any]:
+    """Penalties and vLLM's sampling extensions, checked; only those away from their
+    neutral value (a request that sends the defaults, as vLLM's benchmark client does,
+    is the same request as one that does not)."""
+    params: dict[str, Any] = {}
+    for name, (neutral, ok, what) in PENALTIES.items():
+        value = body.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, int | float) or isinstance(value, bool) or not ok(value):
+            raise InvalidInput(f"{name!r} must be {what}", param=name)
+        if value != neutral:
+            params[name] = float(value)
+    for name, neutral in FLAGS.items():
+        value = body.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, bool):
+            raise InvalidInput(f"{name!r} must be true or false", param=name)
+        if value != neutral:
+            params[name] = value
+    return params | _token_fields(body, max_tokens)
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _token_fields(body: dict[str, Any], max_tokens: int) -> dict[str, Any]:
+    """``min_tokens`` and ``stop_token_ids``, checked, when not neutral."""
+    params: dict[str, Any] = {}
+    min_tokens = body.get("min_tokens")
+    if min_tokens is not None:
+        if not _is_count(min_tokens):
+            raise InvalidInput("'min_tokens' must be an integer >= 0", param="min_tokens")
+        if min_tokens > max_tokens:
+            raise InvalidInput(
+                f"'min_tokens' {min_tokens} is above 'max_tokens' {max_tokens}", param="min_tokens"
+            )
+        if min_tokens:
+            params["min_tokens"] = min_tokens
+    ids = body.get("stop_token_ids")
+    if ids is not None:
+        if not isinstance(ids, list) or not all(map(_is_count, ids)) or len(ids) > 64:
+            raise InvalidInput(
+                "'stop_token_ids' must be a list of at most 64 token ids", param="stop_token_ids"
+            )
+        if ids:
+            params["stop_token_ids"] = list(ids)
     return params
 
 

@@ -120,6 +120,11 @@ class GenerationCore:
     ) -> Future[None]:
         """Queue a generation; the future resolves once the engine accepted it."""
         prompt, sampling = checked(self, prompt, params)
+        if not sampling.spaces_between_special_tokens:
+            raise InvalidInput(
+                "'spaces_between_special_tokens' false is not supported by inferd's engine "
+                "(the GPT-2 family's one special token ends the text): drop it"
+            )
         accepted: Future[None] = Future()
         self._sinks[request_id] = sink
         self._commands.put(_Add(request_id, prompt, sampling, adapter, sink, accepted, arrived))
