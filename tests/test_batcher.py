@@ -21,6 +21,7 @@ import pytest
 from inferd.config import BatchingConfig
 from inferd.errors import InvalidInput, Overloaded, RequestTimeout
 from inferd.serving.batcher import (
+    INLINE_REQUESTS,
     INLINE_SLOW,
     INLINE_WINDOW,
     NAMED_PRIORITIES,
@@ -692,6 +693,23 @@ def test_a_light_model_computes_on_the_event_loop_once_a_window_of_batches_was_l
     assert answers == [3.0 * i for i in range(INLINE_WINDOW + 6)]
     assert set(model.where[:INLINE_WINDOW]) == {"predict_0"}  # measured on the thread first
     assert set(model.where[INLINE_WINDOW:]) == {loop_thread} and inline
+
+
+def test_a_batch_of_many_requests_computes_on_the_thread_even_for_a_light_model():
+    """Many one-row requests per batch: the loop reads the next ones while the thread
+    computes (inline compute would serialise that); a batch of a few goes inline."""
+    model = Placed()
+
+    async def body(b, clock):
+        await _one_at_a_time(b, INLINE_WINDOW)
+        many = [b.submit(rows(1), 1, 5.0) for _ in range(INLINE_REQUESTS + 1)]  # one instant
+        await asyncio.wait_for(asyncio.gather(*many), 5)
+        await _one_at_a_time(b, 1)
+        return threading.current_thread().name
+
+    loop_thread = run(_with_clock(model, BatchingConfig(), body))
+    assert model.batch_rows[INLINE_WINDOW:] == [INLINE_REQUESTS + 1, 1]
+    assert model.where[INLINE_WINDOW:] == ["predict_0", loop_thread]
 
 
 def test_a_model_slower_than_inline_max_stays_on_its_thread():

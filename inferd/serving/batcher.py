@@ -5,10 +5,10 @@ single loop takes queued requests into a batch of at most ``max_batch_size`` row
 concatenates them, runs one ``predict_batch``, and splits the outputs back by row
 ranges. The batch computes in the executor thread, except for light models: while the
 last ``INLINE_WINDOW`` batches took at most ``inline_max_ms`` (all but ``INLINE_SLOW``
-of them), it computes on the event loop itself, which saves the two thread hand-offs
-(and the GIL changing hands) of every batch; slower batches send the next ones back to
-the thread. A model bound to the thread it was loaded on (its inline call fails where
-the thread's succeeds) stays there.
+of them), a batch of at most ``INLINE_REQUESTS`` requests computes on the event loop
+itself, which saves the two thread hand-offs (and the GIL changing hands) of every
+batch; slower batches send the next ones back to the thread. A model bound to the
+thread it was loaded on (its inline call fails where the thread's succeeds) stays there.
 
 When a batch goes (adaptive batching, the default): at low load, as soon as the
 replica is free. A request that finds the replica idle is computed at once, with
@@ -96,6 +96,13 @@ INLINE_WINDOW = 64
 """Batches computed inline while, of the last this many, at most ``INLINE_SLOW`` took
 longer than ``inline_max_ms`` (with the XGBoost demo model at 64 rows per request,
 inline batches served 1.6x the requests of threaded ones: ``bench/v2_protocols.py``)."""
+INLINE_REQUESTS = 4
+"""Inline only for batches of at most this many requests (or pieces of one). While a
+batch computes on the thread the loop reads the next requests' frames; under load with
+one-row requests that is ~a batch's worth of requests, work that overlaps the compute
+and that inline compute would serialise (XGBoost, one row per request, 64 connections:
+0.96x the requests of threaded batches); a batch of a few big requests leaves the loop
+little to overlap, and there the hand-offs are what costs."""
 INLINE_SLOW = 3
 """Slow batches tolerated in the window: on a busy machine the OS preempts a light
 compute now and then (wall time), which says nothing of the model; a model that waits
@@ -312,7 +319,7 @@ class DynamicBatcher:
         began = self._clock.monotonic()
         error: Exception | None = None
         try:
-            if self.inline:
+            if len(batch) <= INLINE_REQUESTS and self.inline:
                 outputs = await self._predict_inline(loop, inputs)
             else:
                 outputs = await loop.run_in_executor(self._executor, self._predict, inputs)
