@@ -37,11 +37,12 @@ class BatchingConfig(Group):
     ``max_wait_ms`` for ``max_batch_size`` rows: fewer, fuller batches where a queue
     forms anyway. False: window batching, every batch waits that way, idle or not."""
     inline_max_ms: float = Field(2.0, ge=0, le=1000)
-    """A batch computes on the replica's event loop instead of its compute thread while
-    the last 64 batches took at most this long (all but 3: the OS preempts a compute now
-    and then): a light model (a tree ensemble, a linear pipeline) then saves the two
-    thread hand-offs of every batch, which cost more than its compute under load.
-    Slower batches send the next ones back to the thread; 0: always the thread."""
+    """A batch of at most 4 requests computes on the replica's event loop instead of its
+    compute thread while the last 64 batches took at most this long (all but 3: the OS
+    preempts a compute now and then): a light model (a tree ensemble, a linear pipeline)
+    then saves the two thread hand-offs of every batch, which cost more than its compute
+    under load. Slower batches send the next ones back to the thread; 0: always the
+    thread."""
     max_queue_rows: int = Field(8192, ge=1)
     """Rows queued in the replica beyond which new requests get 503 (Retry-After); a
     request of a better level takes the place of queued ones of worse levels instead
