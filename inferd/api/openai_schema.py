@@ -53,9 +53,9 @@ EXTENSIONS = frozenset(
     }
 )  # fmt: skip
 """Sampling fields (vLLM's names) the engines honour, sent with the client's
-``extra_body``; ``request_id`` names the request in inferd's log like ``X-Request-ID``
-does not (it is only accepted); ``cache_salt`` and ``guided_decoding_backend`` change
-nothing here (no KV cache is shared between requests' prefixes; one guide backend)."""
+``extra_body``; ``request_id``, ``cache_salt`` and ``guided_decoding_backend`` are
+accepted and change nothing here (inferd's request id is ``X-Request-ID``; no KV cache
+is shared between requests' prefixes; there is one guide backend)."""
 NEUTRAL: dict[str, tuple[Any, ...]] = {
     "use_beam_search": (False,),
     "length_penalty": (1, 1.0),
@@ -83,8 +83,17 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "vllm_xargs": (None,),
 }
 """vLLM's other extension fields: accepted at these (their defaults) and refused by
-name at any other value (``response_format`` and ``tools`` give structured outputs);
-``add_special_tokens`` too, at its default (false for chat, true for completions)."""
+name at any other value (``response_format`` and ``tools`` give structured outputs)."""
+_NEUTRAL_FOR = {
+    True: {**NEUTRAL, "add_special_tokens": (False,), "echo": (False,)},
+    False: {**NEUTRAL, "add_special_tokens": (True,)},
+}
+"""Per route (chat or not): ``add_special_tokens`` at vLLM's default for it; chat's
+``echo`` too (completions have OpenAI's own ``echo``, refused when set)."""
+_KNOWN = {
+    chat: (_CHAT if chat else _COMPLETIONS) | EXTENSIONS | frozenset(_NEUTRAL_FOR[chat])
+    for chat in (True, False)
+}
 
 _ROLE_FIELDS = {
     "system": {"role", "content", "name"},
@@ -125,12 +134,11 @@ def check_known(body: dict[str, Any], known: frozenset[str]) -> None:
 
 def check_fields(body: dict[str, Any], chat: bool) -> None:
     """Unknown fields, and known ones the engine cannot honour, refused by name."""
-    neutral = {**NEUTRAL, "add_special_tokens": (not chat,)}  # vLLM's default per route
-    if chat:
-        neutral["echo"] = (False,)  # completions have OpenAI's own (refused below when set)
-    check_known(body, (_CHAT if chat else _COMPLETIONS) | EXTENSIONS | frozenset(neutral))
-    for name, values in neutral.items():
-        if name in body and not any(_same(body[name], v) for v in values):
+    check_known(body, _KNOWN[chat])
+    neutral = _NEUTRAL_FOR[chat]
+    for name, value in body.items():
+        values = neutral.get(name)
+        if values is not None and not any(_same(value, v) for v in values):
             raise _bad(f"'{name}' is not supported by inferd's engines: {_why(name)}", name)
     unsupported = {
         "functions": bool(body.get("functions")),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -52,18 +52,15 @@ def sampling_params(body: dict[str, Any], default_max_tokens: int = 16) -> dict[
     ):
         raise InvalidInput("'max_tokens' must be an integer from 1 to 65536", param="max_tokens")
     params: dict[str, Any] = {"max_tokens": max_tokens}
-    checks = {
-        "temperature": (lambda v: 0 <= v <= 2, "a number from 0 to 2"),
-        "top_p": (lambda v: 0 < v <= 1, "a number in (0, 1]"),
-        "top_k": (lambda v: v >= -1 and float(v).is_integer(), "an integer >= 0 (-1: off)"),
-    }
-    for name, (ok, what) in checks.items():
+    for name, (ok, what, neutral) in NUMBERS.items():
         value = body.get(name)
         if value is None:
             continue
         if not isinstance(value, int | float) or isinstance(value, bool) or not ok(value):
             raise InvalidInput(f"{name!r} must be {what}", param=name)
-        params[name] = max(int(value), 0) if name == "top_k" else float(value)  # vLLM's -1
+        value = max(int(value), 0) if name == "top_k" else float(value)  # top_k -1: vLLM's off
+        if value != neutral:
+            params[name] = value
     seed = body.get("seed")
     if seed is not None:
         if not isinstance(seed, int) or isinstance(seed, bool):
@@ -81,17 +78,23 @@ def sampling_params(body: dict[str, Any], default_max_tokens: int = 16) -> dict[
         if level not in GENERATION_LEVELS.values():
             raise InvalidInput(f"'priority' must be a level from 1 to 4, not {priority!r}")
         params["priority"] = level
-    params.update(_extensions(body, max_tokens))
+    params.update(_flags(body))
+    params.update(_token_fields(body, max_tokens))
     return params
 
 
-PENALTIES = {
-    "repetition_penalty": (1.0, lambda v: 0 < v <= 10, "a number in (0, 10]"),
-    "presence_penalty": (0.0, lambda v: -2 <= v <= 2, "a number from -2 to 2"),
-    "frequency_penalty": (0.0, lambda v: -2 <= v <= 2, "a number from -2 to 2"),
-    "min_p": (0.0, lambda v: 0 <= v <= 1, "a number from 0 to 1"),
+NUMBERS: dict[str, tuple[Callable[[float], bool], str, float | None]] = {
+    "temperature": (lambda v: 0 <= v <= 2, "a number from 0 to 2", None),
+    "top_p": (lambda v: 0 < v <= 1, "a number in (0, 1]", None),
+    "top_k": (lambda v: v >= -1 and float(v).is_integer(), "an integer >= 0 (-1: off)", 0),
+    "repetition_penalty": (lambda v: 0 < v <= 10, "a number in (0, 10]", 1.0),
+    "presence_penalty": (lambda v: -2 <= v <= 2, "a number from -2 to 2", 0.0),
+    "frequency_penalty": (lambda v: -2 <= v <= 2, "a number from -2 to 2", 0.0),
+    "min_p": (lambda v: 0 <= v <= 1, "a number from 0 to 1", 0.0),
 }
-"""Number fields (OpenAI's penalties, vLLM's extensions): neutral value, check, wording."""
+"""Number fields: the check, its wording, and the neutral value, left out of the
+parameters (a request that sends vLLM's defaults, as its benchmark client does, is the
+same request as one that does not; None: kept whenever given)."""
 FLAGS = {
     "include_stop_str_in_output": False,
     "skip_special_tokens": True,
@@ -100,19 +103,9 @@ FLAGS = {
 """vLLM's boolean extensions and their neutral values."""
 
 
-def _extensions(body: dict[str, Any], max_tokens: int) -> dict[str, Any]:
-    """Penalties and vLLM's sampling extensions, checked; only those away from their
-    neutral value (a request that sends the defaults, as vLLM's benchmark client does,
-    is the same request as one that does not)."""
+def _flags(body: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's boolean extensions, checked, when not neutral."""
     params: dict[str, Any] = {}
-    for name, (neutral, ok, what) in PENALTIES.items():
-        value = body.get(name)
-        if value is None:
-            continue
-        if not isinstance(value, int | float) or isinstance(value, bool) or not ok(value):
-            raise InvalidInput(f"{name!r} must be {what}", param=name)
-        if value != neutral:
-            params[name] = float(value)
     for name, neutral in FLAGS.items():
         value = body.get(name)
         if value is None:
@@ -121,7 +114,7 @@ def _extensions(body: dict[str, Any], max_tokens: int) -> dict[str, Any]:
             raise InvalidInput(f"{name!r} must be true or false", param=name)
         if value != neutral:
             params[name] = value
-    return params | _token_fields(body, max_tokens)
+    return params
 
 
 def _is_count(value: Any) -> bool:

@@ -95,14 +95,15 @@ RATE_TAU_S = 0.25
 INLINE_WINDOW = 64
 """Batches computed inline while, of the last this many, at most ``INLINE_SLOW`` took
 longer than ``inline_max_ms`` (with the XGBoost demo model at 64 rows per request,
-inline batches served 1.6x the requests of threaded ones: ``bench/v2_protocols.py``)."""
+inline batches served 1.6-1.9x the requests of threaded ones, side by side)."""
 INLINE_REQUESTS = 4
 """Inline only for batches of at most this many requests (or pieces of one). While a
 batch computes on the thread the loop reads the next requests' frames; under load with
 one-row requests that is ~a batch's worth of requests, work that overlaps the compute
 and that inline compute would serialise (XGBoost, one row per request, 64 connections:
-0.96x the requests of threaded batches); a batch of a few big requests leaves the loop
-little to overlap, and there the hand-offs are what costs."""
+``bench/tabular.py --compare`` fell from 1.00x to 0.96x with every light batch inline);
+a batch of a few big requests leaves the loop little to overlap, and there the
+hand-offs are what costs."""
 INLINE_SLOW = 3
 """Slow batches tolerated in the window: on a busy machine the OS preempts a light
 compute now and then (wall time), which says nothing of the model; a model that waits
@@ -143,7 +144,6 @@ class DynamicBatcher:
         self._inline_max_s = config.inline_max_ms / 1000
         self._slow: deque[bool] = deque(maxlen=INLINE_WINDOW)
         """Whether each of the last batches took longer than ``inline_max_ms``."""
-        self._slow_count = 0
 
     @property
     def queued_rows(self) -> int:
@@ -356,17 +356,11 @@ class DynamicBatcher:
     def inline(self) -> bool:
         """The next batch computes on the event loop: the last ``INLINE_WINDOW`` took
         ``inline_max_ms`` at most, all but ``INLINE_SLOW``."""
-        return self._slow_count <= INLINE_SLOW and len(self._slow) == INLINE_WINDOW
+        return len(self._slow) == INLINE_WINDOW and sum(self._slow) <= INLINE_SLOW
 
     def _timed(self, elapsed: float) -> None:
-        if self._inline_max_s <= 0:
-            return
-        slow = self._slow
-        if len(slow) == INLINE_WINDOW and slow[0]:
-            self._slow_count -= 1
-        over = elapsed > self._inline_max_s
-        slow.append(over)
-        self._slow_count += over
+        if self._inline_max_s > 0:
+            self._slow.append(elapsed > self._inline_max_s)
 
     async def _predict_inline(self, loop: asyncio.AbstractEventLoop, inputs: Columns) -> Columns:
         """``predict_batch`` on the event loop; where it fails, again on the thread: a
@@ -379,7 +373,6 @@ class DynamicBatcher:
         logger.warning("this model fails outside its compute thread: batches stay there")
         self._inline_max_s = 0.0
         self._slow.clear()
-        self._slow_count = 0
         return outputs
 
     async def _one_by_one(self, loop: asyncio.AbstractEventLoop, batch: list[Pending]) -> None:
