@@ -650,6 +650,11 @@ def test_a_deadline_that_passes_in_the_window_fails_without_computing():
 # -- where a batch computes: the executor thread, or the event loop for light models ------
 
 
+LIGHT = BatchingConfig(inline_max_ms=10)
+"""A limit far above these models' compute (microseconds): the OS preempting a batch
+(wall time) must not look like a slow model in these tests."""
+
+
 class Placed(Model):
     """Records the thread of each batch, in order; ``seconds``: each compute takes that
     long (the model's own work, not a wait of the test); ``bound``: it fails off the
@@ -689,7 +694,7 @@ def test_a_light_model_computes_on_the_event_loop_once_a_window_of_batches_was_l
         answers = await _one_at_a_time(b, INLINE_WINDOW + 6)
         return answers, threading.current_thread().name, b.inline
 
-    answers, loop_thread, inline = run(_with_clock(model, BatchingConfig(), body))
+    answers, loop_thread, inline = run(_with_clock(model, LIGHT, body))
     assert answers == [3.0 * i for i in range(INLINE_WINDOW + 6)]
     assert set(model.where[:INLINE_WINDOW]) == {"predict_0"}  # measured on the thread first
     assert set(model.where[INLINE_WINDOW:]) == {loop_thread} and inline
@@ -707,7 +712,7 @@ def test_a_batch_of_many_requests_computes_on_the_thread_even_for_a_light_model(
         await _one_at_a_time(b, 1)
         return threading.current_thread().name
 
-    loop_thread = run(_with_clock(model, BatchingConfig(), body))
+    loop_thread = run(_with_clock(model, LIGHT, body))
     assert model.batch_rows[INLINE_WINDOW:] == [INLINE_REQUESTS + 1, 1]
     assert model.where[INLINE_WINDOW:] == ["predict_0", loop_thread]
 
@@ -729,15 +734,18 @@ def test_slow_batches_past_the_tolerated_few_send_the_next_ones_back_to_the_thre
     async def body(b, clock):
         await _one_at_a_time(b, INLINE_WINDOW)
         assert b.inline
-        model.seconds = 0.003  # the model became slow (bigger inputs, a busier host)
+        model.seconds = 0.008  # the model became slow (bigger inputs, a busier host)
         await _one_at_a_time(b, INLINE_SLOW + 3, first=INLINE_WINDOW)
         return threading.current_thread().name
 
-    loop_thread = run(_with_clock(model, BatchingConfig(inline_max_ms=1), body))
+    loop_thread = run(_with_clock(model, BatchingConfig(inline_max_ms=5), body))
     slow = model.where[INLINE_WINDOW:]
-    # The tolerated few and the one past them ran inline; then the thread again.
-    assert slow[: INLINE_SLOW + 1] == [loop_thread] * (INLINE_SLOW + 1)
-    assert slow[INLINE_SLOW + 1 :] == ["predict_0"] * 2
+    # The first slow one ran inline, and at most the tolerated few and the one past them
+    # (fewer when the OS preempted a light batch of the window past the limit: wall
+    # time); then the thread, for good.
+    inline = slow.count(loop_thread)
+    assert 1 <= inline <= INLINE_SLOW + 1, slow
+    assert slow == [loop_thread] * inline + ["predict_0"] * (len(slow) - inline), slow
 
 
 def test_a_model_bound_to_its_thread_is_answered_and_stays_there():
@@ -747,7 +755,7 @@ def test_a_model_bound_to_its_thread_is_answered_and_stays_there():
         answers = await _one_at_a_time(b, INLINE_WINDOW + 5)
         return answers, b.inline
 
-    answers, inline = run(_with_clock(model, BatchingConfig(), body))
+    answers, inline = run(_with_clock(model, LIGHT, body))
     assert answers == [3.0 * i for i in range(INLINE_WINDOW + 5)]  # nothing failed
     tried = model.where[INLINE_WINDOW]
     assert not tried.startswith("predict")  # one inline try, which failed...
