@@ -24,8 +24,10 @@ Writes DIR/gpu_llm.json and prints a table.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -53,6 +55,8 @@ SHAPES = {
 }
 PROMPT, NEW, REQUESTS = 128, 128, int(os.environ.get("BENCH_REQUESTS", "500"))
 DEVICE = os.environ.get("BENCH_DEVICE", "cuda")
+RATE_S = int(os.environ.get("BENCH_RATE_S", "15"))
+"""Seconds of the 20 requests/s open loop through ``inferd serve`` (0: none)."""
 """``cpu``: a dry run of the script's code paths on a machine without a GPU."""
 
 
@@ -271,7 +275,9 @@ def perplexity(folder: Path) -> dict[str, float]:
     return out
 
 
-def serve_figures(folder: Path, work: Path) -> dict[str, Any]:
+def serve_figures(
+    folder: Path, work: Path, out: Path, profile: bool = False, extra: dict[str, str] | None = None
+) -> dict[str, Any]:
     from servers import free_port, start, stop, wait_ready
 
     from inferd.registry import Registry
@@ -287,10 +293,12 @@ def serve_figures(folder: Path, work: Path) -> dict[str, Any]:
     port = free_port()
     env = {"INFERD_LOG_LEVEL": "WARNING", "INFERD_LLM__DTYPE": "bfloat16",
            "INFERD_LLM__MAX_NUM_SEQS": "512", "INFERD_LLM__MAX_BATCHED_TOKENS": "8192",
-           "INFERD_LLM__MAX_WAITING": "4096"}  # fmt: skip
+           "INFERD_LLM__MAX_WAITING": "4096",
+           "LLM_STEP_TRACE": str(work / "engine-trace.jsonl"), **(extra or {})}  # fmt: skip
     cmd = [sys.executable, "-m", "inferd", "serve", "--port", str(port), "--grpc-port", "-1",
            "--data-dir", str(data)]  # fmt: skip
-    proc = start(cmd, env, work / "serve.log")
+    checkout = Path(env.pop("CHECKOUT", ROOT))  # another checkout's inferd: an A/B
+    proc = start(cmd, env, work / "serve.log", cwd=checkout)
     url = f"http://127.0.0.1:{port}"
     result: dict[str, Any] = {}
     try:
@@ -299,7 +307,7 @@ def serve_figures(folder: Path, work: Path) -> dict[str, Any]:
 
         deployment: dict[str, Any] = {"model_name": "gpt2", "version": "v1"}
         if DEVICE == "cuda":
-            deployment["resources"] = {"gpu": "any"}
+            deployment["resources"] = {"gpu": "any", "replicas": 1}
         reply = httpx.post(f"{url}/api/v1/deployments", json=deployment, timeout=60)
         reply.raise_for_status()
         deadline = time.monotonic() + 300
@@ -316,12 +324,22 @@ def serve_figures(folder: Path, work: Path) -> dict[str, Any]:
         path = "/api/v1/models/gpt2/generate"
         n = str(REQUESTS)
         bench(url, path, payloads, "-c", n, "-n", n)  # warm-up: graphs, allocator
+        before = generation_histograms(httpx.get(f"{url}/metrics").text)
         result["closed_500"] = bench(url, path, payloads, "-c", n, "-n", n)
-        result["rate_20"] = bench(url, path, payloads, "--rate", "20", "-d", "15s")
+        after = generation_histograms(httpx.get(f"{url}/metrics").text)
+        result["closed_500_replica"] = {k: after[k] - before.get(k, 0) for k in after}
+        if RATE_S > 0:
+            result["rate_20"] = bench(url, path, payloads, "--rate", "20", "-d", f"{RATE_S}s")
+        if profile:  # where the server's processes spend a 500-stream round
+            spy = out / f"{work.name}.pyspy"
+            result["closed_500_profiled"] = profiled(proc.pid, spy, lambda: bench(
+                url, path, payloads, "-c", n, "-n", n))  # fmt: skip
         pids = [r["pid"] for v in httpx.get(f"{url}/api/v1/deployments/gpt2").json()["versions"]
                 for r in v["replicas"]]  # fmt: skip
         query = ["--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
-        smi = subprocess.run(["nvidia-smi", *query], capture_output=True, text=True, check=False)
+        smi = subprocess.run(
+            [shutil.which("nvidia-smi") or "true", *query], capture_output=True, text=True
+        )
         result["nvidia_smi"] = smi.stdout.strip()
         used = dict(line.split(", ") for line in smi.stdout.strip().splitlines() if ", " in line)
         result["replica_mib"] = [int(used.get(str(pid), 0)) for pid in pids]
@@ -331,7 +349,44 @@ def serve_figures(folder: Path, work: Path) -> dict[str, Any]:
         result["metrics_gpu"] = [line for line in metrics.splitlines() if "gpu" in line][:12]
     finally:
         stop(proc)
+        trace = work / "engine-trace.jsonl"
+        if trace.exists():
+            shutil.copy(trace, out / f"engine-trace-{work.name}.jsonl")
     return result
+
+
+def generation_histograms(metrics: str) -> dict[str, float]:
+    """The replica's TTFT and queue-time buckets (cumulative counts by bound) from
+    ``/metrics``: a round's are the difference of two reads."""
+    out = {}
+    for line in metrics.splitlines():
+        for name in ("inferd_time_to_first_token_seconds_bucket",
+                     "inferd_generation_queue_seconds_bucket"):  # fmt: skip
+            if line.startswith(name):
+                bound = line.split('le="', 1)[1].split('"', 1)[0]
+                out[f"{name.split('_seconds')[0][7:]} le {bound}"] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def profiled(pid: int, out: Path, run: Any, seconds: int = 6) -> Any:
+    """``run()`` while py-spy samples the server and its children (gateways, replica)
+    for its first ``seconds`` into ``out`` (collapsed stacks per thread, idle included)."""
+    spy = shutil.which("py-spy")
+    if spy is None:
+        return run()
+    cmd = [spy, "record", "--pid", str(pid), "--subprocesses", "--threads", "--idle",
+           "--rate", "250", "--format", "raw", "--output", str(out), "--nonblocking",
+           "--duration", str(seconds)]  # fmt: skip
+    sampler = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(0.5)
+    try:
+        return run()
+    finally:
+        try:
+            _, err = sampler.communicate(timeout=seconds + 30)
+            print("py-spy:", err.decode()[-300:], flush=True)
+        except subprocess.TimeoutExpired:
+            sampler.kill()
 
 
 def bench(url: str, path: str, payloads: Path, *args: str) -> dict[str, Any]:
@@ -348,6 +403,12 @@ def bench(url: str, path: str, payloads: Path, *args: str) -> dict[str, Any]:
     return {k: v for k, v in level.items() if k in keep}
 
 
+def parse_variant(text: str) -> tuple[str, dict[str, str]]:
+    """``NAME:KEY=VAL,KEY=VAL`` -> (``_NAME``, its environment)."""
+    name, _, pairs = text.partition(":")
+    return f"_{name}", dict(pair.split("=", 1) for pair in pairs.split(",") if pair)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
@@ -355,6 +416,11 @@ def main() -> None:
     parser.add_argument("--serve", nargs="*", default=["small"])
     parser.add_argument("--demo", type=Path, default=None)
     parser.add_argument("--work", type=Path, default=None)
+    parser.add_argument("--profile", action="store_true",
+                        help="a third 500-stream round under py-spy (OUT/*.pyspy)")  # fmt: skip
+    parser.add_argument("--serve-variant", action="append", default=[],
+                        help="NAME:KEY=VAL,...: serve again with these settings "
+                             "(CHECKOUT=DIR: that checkout's inferd)")  # fmt: skip
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="inferd-gpu-bench-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -383,13 +449,18 @@ def main() -> None:
         print("perplexity", results["perplexity_demo"], flush=True)
         save()
 
+    variants = [("", {}), *map(parse_variant, args.serve_variant)]
+
     def serve() -> None:
-        for shape in args.serve:
+        for (name, extra), shape in itertools.product(variants, args.serve):
+            key = f"serve_{shape}{name}"
             try:
-                results[f"serve_{shape}"] = serve_figures(folders[shape], work / f"serve-{shape}")
+                results[key] = serve_figures(
+                    folders[shape], work / key, args.out, args.profile and not name, extra
+                )
             except Exception as exc:
-                results[f"serve_{shape}"] = repr(exc)
-            print("serve", shape, json.dumps(results[f"serve_{shape}"]), flush=True)
+                results[key] = repr(exc)
+            print("serve", key, json.dumps(results[key]), flush=True)
             save()
 
     if not args.shapes:

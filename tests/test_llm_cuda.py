@@ -179,6 +179,57 @@ def test_auto_on_a_cpu_is_float32_and_fp8_is_refused_with_a_warning(
     assert "fp8 needs a GPU" in caplog.text
 
 
+def _staggered(engine: LLMEngine, prompts: list[list[int]], n: int) -> list[list[int]]:
+    """Greedy tokens of ``prompts`` arriving one per step: after the first, every step
+    decodes the earlier ones while it prefills the newest (the steps a burst makes)."""
+    out: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
+    params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
+    pending = list(enumerate(prompts))
+    while pending or engine.has_work():
+        if pending:
+            i, prompt = pending.pop(0)
+            engine.add_request(f"r{i}", prompt, params)
+        for item in engine.step():
+            if item.token_id is not None:
+                out[item.request_id].append(item.token_id)
+    return list(out.values())
+
+
+class _EagerGraphs:
+    """Stands in for :class:`inferd.llm.cuda.DecodeGraphs` on a CPU (CUDA graphs need a
+    GPU): takes the same pure-decode steps and computes them with the eager pass, so
+    the engine's split of a mixed step (decodes from "the graph", chunks eagerly) is
+    checked here; on a GPU the real graphs are (``test_cuda_mixed_steps_...``)."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self.runs: list[int] = []
+
+    def fits(self, inp: ModelInput) -> bool:
+        n = len(inp.new_lens)
+        return inp.logits_indices.numel() == n and all(k == 1 for k in inp.new_lens)
+
+    def run(self, inp: ModelInput) -> torch.Tensor:
+        self.runs.append(len(inp.new_lens))
+        engine = self.engine
+        return engine.model.forward(inp, engine.cache, engine.lora)  # type: ignore[no-any-return]
+
+
+def test_a_mixed_step_runs_its_decodes_apart_and_gives_the_same_tokens(tiny: Path) -> None:
+    """With graphs, a step of decodes and prefill chunks runs its decodes in a graph and
+    its chunks eagerly; the tokens are those of one eager pass over the whole step."""
+    settings = LLMConfig(max_num_seqs=8, kv_cache_mb=16, max_batched_tokens=64)
+    rng = random.Random(11)
+    prompts = [[rng.randrange(250) for _ in range(n)] for n in (5, 30, 12, 70, 3, 21)]
+    want = _staggered(engine_for(tiny, 1, settings), prompts, 12)
+    engine = engine_for(tiny, 1, settings)
+    stand_in = _EagerGraphs(engine)
+    engine.graphs = stand_in
+    got = _staggered(engine, prompts, 12)
+    assert got == want
+    assert len(stand_in.runs) > 12 and max(stand_in.runs) >= 5  # decodes and split steps
+
+
 # -- Triton's interpreter on the CPU --------------------------------------------------
 
 
@@ -324,6 +375,22 @@ def test_cuda_greedy_equals_hf_generate(
         else:  # bf16 roundings differ between kernels: a near-tie may flip late
             same = sum(g[:8] == w[:8] for g, w in zip(got, want, strict=True))
             assert same >= 3, (adapter, got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs an NVIDIA GPU (CUDA); this machine has none")
+def test_cuda_mixed_steps_with_graphs_equal_eager_steps(tiny: Path) -> None:
+    """Prompts arriving while others decode: with graphs, those steps run their decodes
+    from a graph and their chunks eagerly; float32 tokens equal all-eager steps'."""
+    settings = dict(device="cuda", dtype="float32", max_num_seqs=16, kv_cache_mb=16,
+                    max_batched_tokens=64)  # fmt: skip
+    rng = random.Random(12)
+    prompts = [[rng.randrange(250) for _ in range(n)] for n in (5, 30, 12, 70, 3, 21, 9, 44)]
+    eager = engine_for(tiny, 1, LLMConfig(**settings, cuda_graphs=False))
+    want = _staggered(eager, prompts, 16)
+    graphs = engine_for(tiny, 1, LLMConfig(**settings, cuda_graphs=True))
+    assert graphs.graphs is not None
+    assert _staggered(graphs, prompts, 16) == want
 
 
 async def _streams(url: str, model: str, count: int, tokens: int) -> tuple[int, list[str]]:

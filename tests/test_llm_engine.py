@@ -130,6 +130,31 @@ def test_mixed_lengths_chunked_prefill_and_late_joiners():
     assert any(1 in c.new_lens and max(c.new_lens) > 1 for c in model.calls)
 
 
+def test_whole_prompts_cut_only_the_first_admission_of_a_step():
+    """On a GPU (``whole_prompts``) a waiting prompt that would be cut at the end of a
+    step's budget waits for the next step, where it goes first; the first admission of
+    a step is still cut, so a prompt longer than the budget moves on."""
+    from inferd.llm.scheduler import Scheduler, SchedulerConfig
+    from inferd.llm.sequence import Sequence
+
+    sched = Scheduler(SchedulerConfig(num_blocks=64, block_size=4, max_batched_tokens=10,
+                                      whole_prompts=True))  # fmt: skip
+    seqs = [Sequence(name, list(range(1, n + 1)), greedy(9)) for name, n in
+            (("a", 4), ("b", 4), ("c", 4), ("long", 25))]  # fmt: skip
+    for seq in seqs:
+        sched.add(seq)
+
+    def step() -> list[tuple[str, int]]:
+        scheduled = sched.schedule()
+        sched.update(scheduled, {s.seq: 7 for s in scheduled if s.samples})
+        return [(s.seq.request_id, s.num_tokens) for s in scheduled]
+
+    assert step() == [("a", 4), ("b", 4)]  # "c" would be cut to 2: it waits
+    assert step() == [("a", 1), ("b", 1), ("c", 4)]  # "long" would be cut to 4: it waits
+    assert step() == [("a", 1), ("b", 1), ("c", 1), ("long", 7)]  # first admission: cut
+    assert step() == [("a", 1), ("b", 1), ("c", 1), ("long", 7)]  # its next chunk
+
+
 def test_preemption_under_a_tiny_block_budget_keeps_outputs_correct():
     eng = engine(num_blocks=8, block_size=2, max_batched_tokens=16)
     for i in range(4):

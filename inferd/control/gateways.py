@@ -4,6 +4,7 @@ the controller) or ``inferd gateway`` (following a controller on another host)."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -53,15 +54,13 @@ class GatewayPool:
         except TimeoutError:
             line = b""
         except asyncio.CancelledError:  # told to stop while it starts
-            process.kill()
-            await process.wait()
+            await _end(process)
             raise
         if line.strip() != b"LISTENING":
-            process.kill()
-            await process.wait()
+            code = await _end(process)
             raise RuntimeError(
                 f"gateway process failed to start on {self.settings.host}:{self.settings.port}"
-                " (is the port in use? see the log above)"
+                f" (exit code {code}; is the port in use? see the log above)"
             )
         return process
 
@@ -95,3 +94,11 @@ class GatewayPool:
             except TimeoutError:
                 process.kill()
                 await process.wait()
+
+
+async def _end(process: asyncio.subprocess.Process) -> int | None:
+    """Kill a gateway process that did not start (one that died already is only
+    reaped: killing it raises ProcessLookupError); its exit code."""
+    with contextlib.suppress(ProcessLookupError):
+        process.kill()
+    return await process.wait()

@@ -125,9 +125,12 @@ class LLMEngine:
         )  # fmt: skip
         self.graphs: Any = None
         """:class:`inferd.llm.cuda.DecodeGraphs` once :meth:`capture_graphs` ran."""
+        self.last_step: tuple[int, int, bool] = (0, 0, False)
+        """The last step's sequences, tokens, and whether a CUDA graph ran it."""
         self.scheduler = Scheduler(
             SchedulerConfig(config.num_blocks, config.block_size, config.max_num_seqs,
-                            config.max_batched_tokens, shape.n_positions, config.max_waiting),
+                            config.max_batched_tokens, shape.n_positions, config.max_waiting,
+                            whole_prompts=gpu),
             eos_token_id=tokenizer.eos_token_id,
         )  # fmt: skip
         self.requests: dict[str, _Request] = {}
@@ -313,12 +316,8 @@ class LLMEngine:
         return out
 
     def execute(self, scheduled: list[Scheduled]) -> dict[Sequence, tuple[int, float | None]]:
-        inp, sampling = self._model_input(scheduled)
         with torch.inference_mode():
-            if self.graphs is not None and self.graphs.fits(inp):
-                logits = self.graphs.run(inp)
-            else:
-                logits = self.model.forward(inp, self.cache, self.lora)
+            logits, sampling = self._forward(scheduled)
             guided = [
                 (row, request.matcher)
                 for row, seq in enumerate(sampling)
@@ -328,6 +327,42 @@ class LLMEngine:
                 self.guides.mask(logits, [r for r, _ in guided], [m for _, m in guided])
         tokens, logprobs = sample(logits, sampling, self.tokenizer.eos_token_id)
         return {seq: (t, lp) for seq, t, lp in zip(sampling, tokens, logprobs, strict=True)}
+
+    def _forward(self, scheduled: list[Scheduled]) -> tuple[torch.Tensor, list[Sequence]]:
+        """Logits of the step's sampled rows and their sequences, in the same order."""
+        tokens = sum(item.num_tokens for item in scheduled)
+        split = self._split_forward(scheduled) if self.graphs is not None else None
+        if split is not None:
+            self.last_step = (len(scheduled), tokens, True)
+            return split
+        inp, sampling = self._model_input(scheduled)
+        graph = self.graphs is not None and self.graphs.fits(inp)
+        logits = self.graphs.run(inp) if graph else self.model.forward(inp, self.cache, self.lora)
+        self.last_step = (len(scheduled), tokens, graph)
+        return logits, sampling
+
+    def _split_forward(
+        self, scheduled: list[Scheduled]
+    ) -> tuple[torch.Tensor, list[Sequence]] | None:
+        """A step of decodes and prefill chunks in two passes: the decodes from a CUDA
+        graph, the chunks eagerly (None: not such a step, or no graph holds its decodes).
+        In one eager pass, such steps took 54-103 ms while a burst of 500 prompts was
+        prefilled, against 10 ms for a pure decode step from a graph and 13 ms for a
+        step of prefill chunks alone (H200, GPT-2 small, 8,192 tokens a step)."""
+        assert self.graphs is not None
+        decodes = [item for item in scheduled if item.num_tokens == 1 and item.samples]
+        if not decodes or len(decodes) == len(scheduled):
+            return None
+        inp, sampling = self._model_input(decodes)
+        if not self.graphs.fits(inp):
+            return None
+        # The graph's logits live in a buffer its next replay overwrites; the
+        # concatenation copies them before that.
+        decoded = self.graphs.run(inp)
+        chunks = [item for item in scheduled if not (item.num_tokens == 1 and item.samples)]
+        rest, rest_sampling = self._model_input(chunks)
+        logits = self.model.forward(rest, self.cache, self.lora)
+        return torch.cat([decoded, logits]), sampling + rest_sampling
 
     def _advance_guides(self, sampled: dict[Sequence, tuple[int, float | None]]) -> None:
         """Each guided sequence's matcher takes its token; one whose output is complete

@@ -6,7 +6,8 @@ Policy, in order, within a token budget per step (``max_batched_tokens``):
    everyone else's decoding for more than one step.
 2. Then waiting sequences are admitted, best priority first (``params.priority``, 1 is
    high), oldest first within one, while budget, a running slot (``max_num_seqs``) and
-   blocks for their first chunk are available.
+   blocks for their first chunk are available (with ``whole_prompts``, only the step's
+   first admission may be cut to the budget; a later one that does not fit waits).
 When a running sequence needs a block and none is free, the youngest running sequence
 of the worst priority is preempted: its blocks are freed and it goes back to the front
 of its priority in the queue, to be recomputed later (prompt and the tokens it already
@@ -31,6 +32,11 @@ class SchedulerConfig:
     max_batched_tokens: int = 512
     max_model_len: int = 1024
     max_waiting: int = 1024
+    whole_prompts: bool = False
+    """Admit a waiting sequence only whole when it is not the step's first admission
+    (the first may be cut, so every step moves the queue on): on a GPU, where first
+    chunks are batched and a later chunk runs alone with a mask, a prompt cut at the
+    end of a step's budget cost a per-sequence pass in every layer of the next step."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,11 +89,15 @@ class Scheduler:
             out.append(Scheduled(seq, n))
             budget -= n
             i += 1
+        first = True
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             n = min(seq.remaining, budget)
+            if n < seq.remaining and not first and self.config.whole_prompts:
+                break  # it goes first in the next step
             if not self._reserve(seq, seq.num_computed + n):
                 break
+            first = False
             self.waiting.popleft()
             seq.status = Status.RUNNING
             self.running.append(seq)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import queue
 import threading
 import time
@@ -74,6 +75,35 @@ def checked(
     if isinstance(prompt, dict):
         return core.chat.render(prompt["messages"], prompt.get("tools")), sampling
     return prompt, sampling
+
+
+class StepTrace:
+    """Each engine step's timing as JSON lines, for diagnosis: ``LLM_STEP_TRACE=FILE``
+    (off by default; written every 64 steps). A line: when its commands were taken and
+    the step began and ended (``time.perf_counter()``), the sequences and tokens it
+    scheduled, whether a CUDA graph ran it, the outputs it made, the requests it holds
+    and those waiting after it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.lines: list[str] = []
+
+    @classmethod
+    def from_env(cls) -> StepTrace | None:
+        path = os.environ.get("LLM_STEP_TRACE")
+        return cls(Path(path)) if path else None
+
+    def step(self, engine: LLMEngine, began: float, stepped: float, outputs: int) -> None:
+        seqs, tokens, graph = engine.last_step
+        self.lines.append(
+            f'{{"t0":{began:.6f},"t1":{stepped:.6f},"t2":{time.perf_counter():.6f},'
+            f'"seqs":{seqs},"tokens":{tokens},"graph":{int(graph)},"out":{outputs},'
+            f'"requests":{len(engine.requests)},"waiting":{len(engine.scheduler.waiting)}}}\n'
+        )
+        if len(self.lines) >= 64:
+            with self.path.open("a") as f:
+                f.writelines(self.lines)
+            self.lines.clear()
 
 
 class GenerationCore:
@@ -159,14 +189,17 @@ class GenerationCore:
     def _run(self) -> None:
         engine = self.engine
         assert engine is not None and self._loop is not None
+        trace = StepTrace.from_env()
         while not self._stopping:
             self._apply(self._commands.get())  # idle: sleep until a command comes
             while engine.has_work() and not self._stopping:
+                began = time.perf_counter()
                 while True:
                     try:
                         self._apply(self._commands.get_nowait())
                     except queue.Empty:
                         break
+                stepped = time.perf_counter()
                 try:
                     outputs = engine.step()
                 except Exception:
@@ -174,6 +207,8 @@ class GenerationCore:
                     outputs = self._fail_all(engine)
                 if outputs:
                     self._loop.call_soon_threadsafe(self._deliver, outputs)
+                if trace is not None:
+                    trace.step(engine, began, stepped, len(outputs))
 
     def _apply(self, cmd: Any) -> None:
         if isinstance(cmd, _Add):
