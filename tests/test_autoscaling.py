@@ -169,6 +169,14 @@ def test_an_idle_version_scales_to_zero_and_a_held_request_starts_it_again(tmp_p
         # a deadline shorter than a start: 503 with Retry-After, not a hang
         hurried = predict(**{"x-request-timeout": "50ms"})
         assert hurried.status_code == 503 and hurried.headers["retry-after"], hurried.text
+
+        def reasons() -> list[str]:
+            return [e["reason"] for e in reversed(_deployment(server)["scaling_events"])]
+
+        # the start it asked for is recorded before "back at zero" means anything (read
+        # at once, the table could still show zero and the next request take that start)
+        server.wait_for(lambda: reasons()[:2] == ["idle", "demand"], timeout_s=30,
+                        what="the held request's start")  # fmt: skip
         server.wait_for(at_zero, timeout_s=30, what="back at zero")
         started = time.monotonic()
         cold = predict()
@@ -179,8 +187,8 @@ def test_an_idle_version_scales_to_zero_and_a_held_request_starts_it_again(tmp_p
         warm = predict()
         assert warm.status_code == 200 and "x-inferd-cold-start-ms" not in warm.headers
 
-        reasons = [e["reason"] for e in reversed(_deployment(server)["scaling_events"])]
-        assert reasons[:3] == ["idle", "demand", "idle"] and reasons[3] == "demand", reasons
+        seen = reasons()
+        assert seen[:3] == ["idle", "demand", "idle"] and seen[3] == "demand", seen
         metrics = server.client.get("/metrics").text
         assert 'inferd_cold_start_seconds_count{model="calc",version="v1"} 2' in metrics
     finally:
