@@ -270,10 +270,7 @@ def test_failures_of_a_split_version_fall_back_to_the_serving_one(server, regist
         body = {**BODY, "params": {"version": pin}} if pin else BODY
         return server.client.post("/api/v1/models/shaky/predict", json=body)
 
-    server.wait_for(lambda: _ready_count(server, "v2", "shaky") == 1, timeout_s=60, what="v2")
-    # Kept: what must reach both gateways is the split with its fallback rule, and no
-    # reply shows it until a request fails over (seen missing while v2 was ready).
-    time.sleep(1)
+    _split_everywhere(server, "shaky", {"v1": 50, "v2": 50}, serving="v1")
     replies = [shaky() for _ in range(60)]
     assert all(r.status_code == 200 for r in replies), [r.text for r in replies][:3]
     assert {r.json()["version"] for r in replies} == {"v1"}
@@ -285,12 +282,27 @@ def test_failures_of_a_split_version_fall_back_to_the_serving_one(server, regist
     deployments.undeploy("shaky", "v2", actor="test")
     _wait_deployed(server, registry, "shaky", {"v1"})
     deployments.deploy("shaky", "v2", traffic_pct=50, fallback=False, actor="test")
-    server.wait_for(lambda: _ready_count(server, "v2", "shaky") == 1, timeout_s=60, what="v2")
-    # Kept: what must reach both gateways is the split with its fallback rule, and no
-    # reply shows it until a request fails over (seen missing while v2 was ready).
-    time.sleep(1)
+    _split_everywhere(server, "shaky", {"v1": 50, "v2": 50}, serving="v1")
     codes = Counter(shaky().status_code for _ in range(60))
     assert codes[500] > 10 and codes[200] > 10, codes
+
+
+def _split_everywhere(
+    server: InferdServer, model: str, split: dict[str, int], serving: str
+) -> None:
+    """Until every gateway process's table has ``model`` split as ``split`` with
+    ``serving`` as its serving version and a ready replica of each version in it. A
+    gateway whose table lagged still served the newest version (automatic mode) at
+    100 %, so a failure there had no other version to fall back to."""
+
+    def applied(client: httpx.Client) -> bool:
+        overview = client.get("/api/v1/console/overview").json()
+        entry = next(m for m in overview["models"] if m["name"] == model)
+        ready = {v["version"] for v in entry["versions"] if v["replicas"].get("ready")}
+        same_split = entry["traffic"] == split
+        return entry["serving_version"] == serving and same_split and ready >= set(split)
+
+    server.wait_all_gateways(applied, timeout_s=60, what=f"{model} split as {split}")
 
 
 def _wait_deployed(server: InferdServer, registry: Registry, model: str, versions: set) -> None:
