@@ -14,7 +14,7 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -41,7 +41,7 @@ from inferd.api import (
 )
 from inferd.api import jobs as jobs_api
 from inferd.api.http import DisconnectWatch, context_of, json_response, request_id_of
-from inferd.api.jobs import AsyncGate
+from inferd.api.jobs import AsyncGate, wants_async
 from inferd.api.limits import RateLimitGate, RateLimits, rate_limits_for
 from inferd.api.state import GatewayState
 from inferd.api.status import StatusView
@@ -83,7 +83,7 @@ def create_app(
         dataplane = DataPlane(router, settings.request_timeout_s, result_cache, ttl_s)
     # Shared with the gRPC service when given, so both protocols draw from one budget.
     limits = rate_limits if rate_limits is not None else rate_limits_for(settings)
-    app.state.gateway = GatewayState(
+    app.inferd_gateway = app.state.gateway = GatewayState(  # type: ignore[attr-defined]
         settings=settings,
         router=router,
         registry=registry,
@@ -152,35 +152,89 @@ class FastPath:
         ]
         self._log = inference_log
 
+    def hot_route(self, scope: Scope) -> HotRoute | None:
+        """The hot route an HTTP request's method and path name, if any."""
+        for method, pattern, handler, api, route in self._routes:
+            if scope["method"] == method and (match := pattern.match(scope["path"])):
+                return handler, api, route, match.groupdict()
+        return None
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            for method, pattern, handler, api, route in self._routes:
-                if scope["method"] == method and (match := pattern.match(scope["path"])):
-                    started = time.perf_counter()
-                    scope["app"] = self.app
-                    context_of(scope).route = route
-                    request = Request(scope, receive)
-                    params = match.groupdict()
-                    watch = DisconnectWatch(scope, receive)
-                    try:
-                        response = await handler(request=request, **params)
-                    except asyncio.CancelledError:
-                        if not watch.absorb():
-                            raise
-                        response = _GONE  # the client went away: nothing to send
-                    except Exception as exc:
-                        response = error_response(request, exc)
-                    finally:
-                        watch.stop()
-                    if response is not _GONE:
-                        await response(scope, receive, send)
-                    if self._log is not None:
-                        _record(self._log, scope, params, response, api, started)
-                    return
+            if (hot := self.hot_route(scope)) is not None:
+                response = await self.answer(scope, receive, hot)
+                if response is not _GONE:
+                    await response(scope, receive, send)
+                if self._log is not None:
+                    self.record(scope, hot, response)
+                return
             if scope["method"] == "POST" and GENERATION_PATHS.match(scope["path"]):
                 await _watched(self.app, scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+    async def answer(
+        self, scope: Scope, receive: Receive, hot: HotRoute, watch: Watch | None = None
+    ) -> Response:
+        """The response of a hot route's handler (an error's, or ``_GONE`` when the
+        client went away), not sent yet. ``watch``: what cancels the handler when its
+        client goes away (by default a :class:`DisconnectWatch` on ``receive``)."""
+        handler, _, route, params = hot
+        scope["app"] = self.app
+        context = context_of(scope)
+        context.route, context.started = route, time.perf_counter()
+        request = Request(scope, receive)
+        if watch is None:
+            watch = DisconnectWatch(scope, receive)
+        try:
+            return await handler(request=request, **params)
+        except asyncio.CancelledError:
+            if not watch.absorb():
+                raise
+            return _GONE  # the client went away: nothing to send
+        except Exception as exc:
+            return error_response(request, exc)
+        finally:
+            watch.stop()
+
+    def record(self, scope: Scope, hot: HotRoute, response: Response) -> None:
+        if self._log is not None:
+            _record(self._log, scope, hot[3], response, hot[1], context_of(scope).started)
+
+    def direct(self, scope: Scope) -> HotRoute | None:
+        """The hot route of a request the HTTP protocol may answer itself (see
+        :mod:`inferd.api.http_protocol`): not an asynchronous one (the gate in front
+        queues those)."""
+        hot = self.hot_route(scope)
+        if hot is None or wants_async(scope):
+            return None
+        return hot
+
+
+class Watch(Protocol):
+    """What cancels a request's handler when its client goes away."""
+
+    def absorb(self) -> bool:
+        """After a CancelledError: True when the watch caused it (and took it back)."""
+        ...
+
+    def stop(self) -> None:
+        """The answer is ready: the client going away no longer cancels anything."""
+        ...
+
+
+HotRoute = tuple[Handler, str, str, dict[str, str]]
+"""A hot route's handler, API family (``v1``, ``v2``), route template and the path's
+parameters."""
+
+
+def direct_path(app: ASGIApp) -> FastPath | None:
+    """The app's :class:`FastPath` when nothing but the asynchronous gate stands in front
+    of it (no auth, rate limits or tracing): then the HTTP protocol may run a hot
+    route's handler without the ASGI cycle. Otherwise None."""
+    if type(app) is AsyncGate and isinstance(app.app, FastPath):
+        return app.app
+    return None
 
 
 def _pattern(route: str) -> re.Pattern[str]:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
@@ -66,13 +66,22 @@ def context_of(scope: Scope) -> RequestContext:
     return context
 
 
+def header(request: Request, name: bytes) -> str | None:
+    """A request header's value (``name`` in lower case): read from the scope's list,
+    without the parsed headers object Starlette makes on first use."""
+    for key, value in request.scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")  # type: ignore[no-any-return]
+    return None
+
+
 def request_id_of(request: Request) -> str:
     """The client's ``X-Request-Id`` (up to 128 characters), else a new one; the same
     for every call on one request (its handler, its error response, its log row)."""
     context = context_of(request.scope)
     rid = context.request_id
     if rid is None:
-        rid = request.headers.get("x-request-id")
+        rid = header(request, b"x-request-id")
         if not rid or len(rid) > 128:
             rid = new_request_id()
         context.request_id = rid
@@ -87,11 +96,11 @@ def request_timeout(request: Request, from_body: float | None) -> float | None:
     ``timeout``) or its ``X-Request-Timeout`` header (seconds, or with a unit: ``250ms``,
     ``2s``), at most the server's ``max_request_timeout_s``; None: the server's default."""
     timeout_s = from_body
-    if timeout_s is None and (header := request.headers.get("x-request-timeout")) is not None:
-        match = _TIMEOUT.match(header)
+    if timeout_s is None and (value := header(request, b"x-request-timeout")) is not None:
+        match = _TIMEOUT.match(value)
         if match is None or float(match.group(1)) <= 0:
             raise BadRequest(
-                f"X-Request-Timeout {header[:40]!r} is not a positive duration "
+                f"X-Request-Timeout {value[:40]!r} is not a positive duration "
                 "(seconds, or with a unit: 250ms, 2s)"
             )
         timeout_s = float(match.group(1)) / (1000 if match.group(2) == "ms" else 1)
@@ -221,7 +230,7 @@ def _parse(body: bytes, loads: Callable[[bytes], Any]) -> Any:
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The whole body, refused with 413 past ``limit`` bytes (declared or streamed)."""
-    length = request.headers.get("content-length")
+    length = header(request, b"content-length")
     if length is not None:
         if not length.isdigit():
             raise BadRequest("invalid Content-Length header")
@@ -229,7 +238,7 @@ async def read_body(request: Request, limit: int) -> bytes:
             raise PayloadTooLarge(
                 f"request body of {length} bytes exceeds the limit of {limit}", limit_bytes=limit
             )
-        body = await request.body()
+        body = await _whole_body(request)
     else:
         chunks = bytearray()
         async for chunk in request.stream():
@@ -240,6 +249,23 @@ async def read_body(request: Request, limit: int) -> bytes:
                 )
         body = bytes(chunks)
     context_of(request.scope).body_read = True  # a DisconnectWatch may listen now
+    return body
+
+
+async def _whole_body(request: Request) -> bytes:
+    """The body, from the ASGI messages themselves (a body read whole in one message, as
+    most are, skips Starlette's stream); kept on the request as ``request.body()`` keeps
+    it, for a later reader."""
+    chunks = []
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    request._body = body  # what Request.body() returns from now on
     return body
 
 

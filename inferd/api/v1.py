@@ -16,6 +16,7 @@ from inferd.api import docs
 from inferd.api.auth import authorize_model, visible_models
 from inferd.api.http import (
     context_of,
+    header,
     json_response,
     outcome_headers,
     read_json,
@@ -79,7 +80,7 @@ async def _run(
     version, timeout_s, user, priority = _params(body)
     timeout_s = request_timeout(request, timeout_s)
     plane = _plane(request)
-    user = user or request.headers.get("x-user-id")
+    user = user or header(request, b"x-user-id")
     context = context_of(request.scope)
     context.user = user  # for the inference log
     try:

@@ -19,6 +19,7 @@ from starlette.responses import Response
 from inferd import __version__
 from inferd.api.http import (
     context_of,
+    header,
     json_response,
     outcome_headers,
     parse_json,
@@ -45,6 +46,7 @@ from inferd.routing.router import Target
 
 router = APIRouter(prefix="/v2", tags=["open inference protocol"])
 HEADER_LENGTH = "inference-header-content-length"
+HEADER_LENGTH_KEY = HEADER_LENGTH.encode()
 """Binary tensor extension: the body is this many bytes of JSON, then the tensors' bytes."""
 
 
@@ -107,12 +109,12 @@ async def infer(request: Request, model: str, version: str | None = None) -> Res
     rid = request_id_of(request)
     request_id_var.set(rid)
     raw = await read_body(request, gateway_of(request).settings.max_body_bytes)
-    body, binary = _split_body(raw, request.headers.get(HEADER_LENGTH))
+    body, binary = _split_body(raw, header(request, HEADER_LENGTH_KEY))
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     plane: DataPlane = gateway_of(request).dataplane
     params = parameters_of(body)
-    user = user_of(params) or request.headers.get("x-user-id")
+    user = user_of(params) or header(request, b"x-user-id")
     context = context_of(request.scope)
     context.user = user  # for the inference log
     try:

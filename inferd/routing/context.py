@@ -49,6 +49,8 @@ class RequestContext:
     """Whether the result cache answered a generation (None: not looked up)."""
     body_read: bool = False
     """The whole body was read: the client's connection may be watched now."""
+    started: float = 0.0
+    """When a hot route's handler started (``time.perf_counter``), for its log row."""
 
     def log_row(
         self,
