@@ -6,6 +6,9 @@ just deployed, or a model just registered, is waited for, never answered 404."""
 from __future__ import annotations
 
 import itertools
+import json
+import re
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -206,3 +209,93 @@ def test_a_model_just_registered_is_waited_for_not_404(server: InferdServer):
     assert reply.json()["outputs"][0]["data"] == [4.0]
     again = client.post("/api/v1/models/nowhere/predict", json=BODY)
     assert again.status_code == 404
+
+
+# -- the protocol's own answers (api/http_protocol.py): what a client sees on the wire ------
+
+
+def _exchange(server: InferdServer, data: bytes, answers: int) -> tuple[list[bytes], bool]:
+    """Send ``data`` (one or more raw requests) on one connection; the first ``answers``
+    responses whole (head and body), and whether the server then closed the connection."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(data)
+        buffer, out = b"", []
+        while len(out) < answers:
+            chunk = sock.recv(65536)
+            assert chunk, f"connection closed after {len(out)} answers: {buffer!r}"
+            buffer += chunk
+            while b"\r\n\r\n" in buffer:
+                head, _, rest = buffer.partition(b"\r\n\r\n")
+                if head.startswith(b"HTTP/1.1 100 "):  # interim: no body
+                    out.append(head)
+                    buffer = rest
+                    continue
+                found = re.search(rb"(?im)^content-length: (\d+)", head)
+                assert found is not None, head
+                length = int(found.group(1))
+                if len(rest) < length:
+                    break
+                out.append(head + b"\r\n\r\n" + rest[:length])
+                buffer = rest[length:]
+        sock.settimeout(2)
+        try:
+            closed = sock.recv(1) == b""
+        except TimeoutError:
+            closed = False
+    return out, closed
+
+
+def _post(path: str, body: bytes, *headers: str) -> bytes:
+    lines = [f"POST {path} HTTP/1.1", "Host: test", "Content-Type: application/json",
+             f"Content-Length: {len(body)}", *headers]  # fmt: skip
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def _json_of(answer: bytes) -> dict:
+    return json.loads(answer.partition(b"\r\n\r\n")[2])
+
+
+V2_TWO = json.dumps(
+    {"id": "two", "inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [2]}]}
+).encode()
+
+
+def test_pipelined_requests_are_answered_in_order_on_one_connection(server: InferdServer):
+    requests = [
+        _post("/api/v1/models/eager/predict", b'{"inputs": [{"x": 1}]}', "X-Request-Id: one"),
+        _post("/v2/models/eager/infer", V2_TWO),
+        b"GET /health HTTP/1.1\r\nHost: test\r\n\r\n",
+        _post("/api/v1/models/nosuch/predict", b'{"inputs": []}', "X-Request-Id: four"),
+    ]
+    answers, closed = _exchange(server, b"".join(requests), 4)
+    assert not closed  # kept alive
+    first, second, third, fourth = answers
+    assert first.startswith(b"HTTP/1.1 200 ") and _json_of(first)["outputs"] == [{"y": 2.0}]
+    assert _json_of(first)["request_id"] == "one"
+    head = first.partition(b"\r\n\r\n")[0].lower()
+    for name in (b"date", b"server", b"content-type: application/json", b"x-request-id: one",
+                 b"server-timing", b"x-inferd-model-version: v1"):  # fmt: skip
+        assert b"\r\n" + name in head, head
+    assert second.startswith(b"HTTP/1.1 200 ") and _json_of(second)["id"] == "two"
+    assert _json_of(second)["outputs"][0]["data"] == [4.0]
+    assert third.startswith(b"HTTP/1.1 200 ")
+    assert fourth.startswith(b"HTTP/1.1 404 ")
+    assert _json_of(fourth)["error"]["request_id"] == "four"
+
+
+def test_connection_close_is_honoured_and_expect_100_continue_answered(server: InferdServer):
+    body = b'{"inputs": [{"x": 3}]}'
+    request = _post("/api/v1/models/eager/predict", body, "Connection: close")
+    (answer,), closed = _exchange(server, request, 1)
+    assert answer.startswith(b"HTTP/1.1 200 ") and _json_of(answer)["outputs"] == [{"y": 6.0}]
+    assert b"\r\nconnection: close" in answer.lower() and closed
+
+    # The body only after the interim answer, as curl sends a large one.
+    head = _post("/api/v1/models/eager/predict", b"", "Expect: 100-continue")
+    head = head.replace(b"Content-Length: 0", f"Content-Length: {len(body)}".encode())
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(head)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 100 Continue")
+        sock.sendall(body)
+        reply = sock.recv(65536)
+    assert reply.startswith(b"HTTP/1.1 200 ") and _json_of(reply)["outputs"] == [{"y": 6.0}]
