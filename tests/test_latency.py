@@ -264,7 +264,7 @@ def test_pipelined_requests_are_answered_in_order_on_one_connection(server: Infe
     requests = [
         _post("/api/v1/models/eager/predict", b'{"inputs": [{"x": 1}]}', "X-Request-Id: one"),
         _post("/v2/models/eager/infer", V2_TWO),
-        b"GET /health HTTP/1.1\r\nHost: test\r\n\r\n",
+        b"GET /health/live HTTP/1.1\r\nHost: test\r\n\r\n",
         _post("/api/v1/models/nosuch/predict", b'{"inputs": []}', "X-Request-Id: four"),
     ]
     answers, closed = _exchange(server, b"".join(requests), 4)
@@ -278,7 +278,7 @@ def test_pipelined_requests_are_answered_in_order_on_one_connection(server: Infe
         assert b"\r\n" + name in head, head
     assert second.startswith(b"HTTP/1.1 200 ") and _json_of(second)["id"] == "two"
     assert _json_of(second)["outputs"][0]["data"] == [4.0]
-    assert third.startswith(b"HTTP/1.1 200 ")
+    assert third.startswith(b"HTTP/1.1 200 ")  # liveness: 200 whatever other tests left loading
     assert fourth.startswith(b"HTTP/1.1 404 ")
     assert _json_of(fourth)["error"]["request_id"] == "four"
 
