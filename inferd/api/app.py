@@ -83,7 +83,7 @@ def create_app(
         dataplane = DataPlane(router, settings.request_timeout_s, result_cache, ttl_s)
     # Shared with the gRPC service when given, so both protocols draw from one budget.
     limits = rate_limits if rate_limits is not None else rate_limits_for(settings)
-    app.inferd_gateway = app.state.gateway = GatewayState(  # type: ignore[attr-defined]
+    app.inferd_gateway = GatewayState(  # type: ignore[attr-defined]
         settings=settings,
         router=router,
         registry=registry,
@@ -165,8 +165,7 @@ class FastPath:
                 response = await self.answer(scope, receive, hot)
                 if response is not _GONE:
                     await response(scope, receive, send)
-                if self._log is not None:
-                    self.record(scope, hot, response)
+                self.record(scope, hot, response)
                 return
             if scope["method"] == "POST" and GENERATION_PATHS.match(scope["path"]):
                 await _watched(self.app, scope, receive, send)

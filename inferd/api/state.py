@@ -1,7 +1,7 @@
 """What the routes of one gateway app share, typed.
 
-``create_app`` builds one :class:`GatewayState` and keeps it on the app; a route reads it
-with :func:`gateway_of` (the one untyped read of Starlette's ``app.state``), so a typo
+``create_app`` builds one :class:`GatewayState` and keeps it on the app (``inferd_gateway``);
+a route reads it with :func:`gateway_of` (the one untyped read of it), so a typo
 in a field's name, or a field of the wrong type, is a type error rather than an
 ``AttributeError`` on the first request that takes that path.
 """
@@ -42,6 +42,6 @@ class GatewayState:
 
 
 def gateway_of(request: Request) -> GatewayState:
-    """The gateway's state (an attribute of the app: ``app.state``'s attribute lookup
-    cost several times more, several times per request)."""
+    """The gateway's state (an attribute of the app itself: a lookup through
+    ``app.state`` cost several times more, several times per request)."""
     return request.scope["app"].inferd_gateway  # type: ignore[no-any-return]
