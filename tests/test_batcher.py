@@ -600,6 +600,54 @@ def test_under_load_adaptive_batching_waits_for_fuller_batches():
     assert seen == [1, *[64] * 9, 24]
 
 
+def test_lone_batches_timed_on_a_busy_machine_do_not_keep_batches_waiting_after_it():
+    """A burst of load, with the lone batches of the moment slow (a busy machine), then a
+    steady 1,000 requests/s on a quiet one: once fuller batches show that a request
+    computes in far less than those lone batches took, requests go at once again (it
+    used to wait out ``max_wait_ms`` for good: no batch was lone to correct the guess)."""
+    seen: list[int] = []
+    clock = FakeClock()
+    lone = [0.002]  # what a batch of one or two rows takes on the clock, now
+
+    def predict(inputs):  # fuller batches: 0.3 ms plus 10 us a row
+        n = len(inputs["x"])
+        seen.append(n)
+        clock.t += lone[0] if n <= 2 else 0.0003 + 0.00001 * n
+        return {"y": inputs["x"].sum(axis=1)}
+
+    async def computed(b):
+        while b.busy:  # the model computes on the executor thread
+            await asyncio.sleep(0)
+
+    async def body(b, clock):
+        for _ in range(15):  # idle, one at a time: lone batches, 2 ms each
+            await asyncio.wait_for(b.submit(rows(1), 1, 5.0), 5)
+        burst = []
+        for _ in range(600):  # 10,000 requests/s for 60 ms
+            burst.append(b.submit(rows(1), 1, 5.0))
+            clock.t += 0.0001
+        await asyncio.wait_for(asyncio.gather(*burst[: 9 * 64]), 5)
+        await clock.advance(0.005)
+        await asyncio.wait_for(asyncio.gather(*burst), 5)
+        lone[0] = 0.0002  # the machine is quiet again
+        steady = []
+        for _ in range(300):  # 1,000 requests/s for 0.3 s
+            steady.append(b.submit(rows(1), 1, 5.0))
+            await settle()
+            await computed(b)
+            await clock.advance(0.001)
+            await computed(b)
+        await clock.advance(0.005)
+        await asyncio.wait_for(asyncio.gather(*steady), 5)
+        return b.load()
+
+    load = run(_with_clock(predict, BatchingConfig(max_batch_size=64, max_wait_ms=5), body, clock))
+    assert seen[15:25] == [64] * 9 + [24]  # the burst waited for full batches
+    assert max(seen[25:40]) > 2  # at first the steady requests waited too: a lone one took 2 ms
+    assert seen[-100:] == [1] * 100, seen[-100:]  # then each went at once
+    assert load < 0.5
+
+
 def test_a_batch_waits_max_wait_on_the_clock_then_goes():
     model = Model()
 

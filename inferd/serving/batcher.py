@@ -90,6 +90,8 @@ the arriving requests one by one would keep the replica busy this share of its t
 of it (:meth:`DynamicBatcher.load`): there a queue forms, and batches save compute that
 the requests wait for anyway; below it, nothing is gained by waiting. (At 0.5 a
 scikit-learn pipeline at 1,000 requests/s already waited, p50 3.9 ms instead of 1.4.)"""
+LONE_WINDOW = 15
+"""Batches a lone request's cost is the median of (:meth:`DynamicBatcher._lone_cost`)."""
 RATE_TAU_S = 0.25
 """The arrival rate's memory (seconds)."""
 INLINE_WINDOW = 64
@@ -135,10 +137,10 @@ class DynamicBatcher:
         self._flush_due = False
         self._rate = 0.0
         self._rate_at = clock.monotonic()
-        self._singles: deque[float] = deque(maxlen=15)
+        self._singles: deque[float] = deque(maxlen=LONE_WINDOW)
+        self._batches: deque[float] = deque(maxlen=LONE_WINDOW)
         self._single_s = 0.0
-        """What a batch of one or two rows takes to compute (seconds, the median of the
-        last 15)."""
+        """What a lone request's batch takes to compute (seconds): :meth:`_lone_cost`."""
         named = named_levels(config)
         self._named = {code: named[name] for name, code in NAMED_PRIORITIES.items()}
         self._inline_max_s = config.inline_max_ms / 1000
@@ -328,10 +330,7 @@ class DynamicBatcher:
             error = exc
         elapsed = time.perf_counter() - started
         self._timed(elapsed)
-        if rows <= 2:  # the median of the last ones: a compute the OS preempted is no guide
-            singles = self._singles
-            singles.append(self._clock.monotonic() - began)
-            self._single_s = sorted(singles)[len(singles) // 2]
+        self._lone_cost(rows, self._clock.monotonic() - began)
         self._account(batch, rows, started_ns, elapsed)
         if batch[0].length:
             self.stats.tokens += sum(p.tokens for p in batch)
@@ -351,6 +350,22 @@ class DynamicBatcher:
             if not p.future.done():
                 p.future.set_result({n: a[start:end] for n, a in outputs.items()})
             start = end
+
+    def _lone_cost(self, rows: int, took: float) -> None:
+        """What computing a request alone takes, from the batch just computed: the median
+        of the last ``LONE_WINDOW`` batches of one or two rows (a median, because a compute
+        the OS preempted is no guide), but never more than the median of the last batches
+        of any size: a batch costs at least what one of its rows would alone, so fuller
+        batches that computed faster say the lone estimate is stale. Without that bound,
+        the few lone batches of a closed loop at 64 connections (timed while the machine
+        was busiest) kept :meth:`load` high once the load went down to what one-by-one
+        compute would keep up with: batches kept waiting ``max_wait_ms``, so none was
+        lone again to correct the guess, and the replica never left waiting mode."""
+        self._batches.append(took)
+        if rows <= 2:
+            self._singles.append(took)
+        lone = _median(self._batches)
+        self._single_s = min(lone, _median(self._singles)) if self._singles else lone
 
     @property
     def inline(self) -> bool:
@@ -443,6 +458,10 @@ def _join(
     for part in parts:
         part.add_done_callback(part_done)
     future.add_done_callback(outer_done)
+
+
+def _median(values: deque[float]) -> float:
+    return sorted(values)[len(values) // 2]
 
 
 def _check_rows(outputs: Columns, rows: int) -> None:
