@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class Group(BaseModel):
@@ -137,3 +137,20 @@ class LLMConfig(Group):
     native: bool = True
     """Paged decode attention through a small C kernel compiled on first use (where a C
     compiler is found); false: PyTorch ops only."""
+    speculative: dict[str, Any] | None = None
+    """Speculative decoding for every generative version (a version's metadata
+    ``speculative`` replaces it for that version), in the shape of vLLM's
+    ``speculative_config``. inferd's engine: ``{"method": "ngram",
+    "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2,
+    "disable_by_batch_size": N}`` (prompt lookup, for greedy requests, with exactly
+    plain decoding's tokens; :mod:`inferd.llm.speculation`); the vLLM engine takes any
+    of vLLM's methods. None: off."""
+
+    @field_validator("speculative")
+    @classmethod
+    def _speculative(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value and value.get("method", "ngram") == "ngram":
+            from inferd.llm.speculation import Speculation
+
+            Speculation.parse(value, "llm.speculative")
+        return value

@@ -16,12 +16,15 @@ from inferd.api.v2_generate import error_event, stream_events
 from inferd.errors import ModelNotReady
 from inferd.serving import protocol as p
 from tests.conftest import InferdServer, build_tiny_gpt2, push_folder, served
-from tests.test_generation_server import sse_events
+from tests.test_generation_server import hf_greedy, sse_events
 
 pytestmark = pytest.mark.slow
 PROMPT = "The server answers"
 MODELS = Path(__file__).parent / "models"
 GREEDY = {"max_tokens": 12, "temperature": 0, "ignore_eos": True}
+SPECULATIVE = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3,
+               "prompt_lookup_min": 1}  # fmt: skip
+"""The version metadata of ``tiny-spec``: the same model with prompt-lookup speculation."""
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +32,7 @@ def llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferdServer]:
     data = tmp_path_factory.mktemp("v2-generate")
     folder = build_tiny_gpt2(data / "src" / "tiny")
     push_folder(data, "tiny", folder, "v1")
+    push_folder(data, "tiny-spec", folder, "v1", speculative=SPECULATIVE)
     push_folder(data, "slow_sum", MODELS / "slow_sum", "v1")
     with served(data, workers=1) as server:
         yield server
@@ -171,3 +175,34 @@ def test_an_error_after_the_first_token_is_the_last_event():
         {"error": "the replica went away"},
     ]
     assert closed == [True]
+
+
+def test_speculative_decoding_gives_the_same_text_and_counts_its_guesses(llm: InferdServer):
+    """``tiny-spec`` (the same weights, metadata ``speculative``) answers greedy requests
+    with exactly ``tiny``'s text, on the v1, V2 and OpenAI routes, streamed or not; its
+    replica's guesses and their acceptance are in ``/metrics``."""
+    prompt = "the cat sat on the mat, the cat sat on the mat, the cat sat on the"
+    body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+    texts = {}
+    for model in ("tiny", "tiny-spec"):
+        reply = llm.client.post(f"/api/v1/models/{model}/generate", json=body)
+        assert reply.status_code == 200, reply.text
+        texts[model] = reply.json()["text"]
+        v2 = {"text_input": prompt, "parameters": {k: v for k, v in body.items() if k != "prompt"}}
+        reply = llm.client.post(f"/v2/models/{model}/generate", json=v2)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["text_output"] == texts[model]
+        openai = {"model": model, "stream": True, **body}
+        with llm.client.stream("POST", "/v1/completions", json=openai) as streamed:
+            assert streamed.status_code == 200
+            text = "".join(e["choices"][0]["text"] for e in sse_events(streamed) if e["choices"])
+        assert text == texts[model]
+    want = hf_greedy(llm.data_dir / "src" / "tiny", prompt, 24, min_new_tokens=24)
+    assert texts["tiny-spec"] == texts["tiny"] == want
+    counts: dict[str, float] = {}
+    for line in llm.client.get("/metrics").text.splitlines():
+        if line.startswith("inferd_spec_decode_") and 'model="tiny-spec"' in line:
+            name = line.split("{")[0]
+            counts[name] = counts.get(name, 0) + float(line.split()[-1])
+    drafted = counts["inferd_spec_decode_draft_tokens_total"]
+    assert 0 < counts["inferd_spec_decode_accepted_tokens_total"] <= drafted

@@ -22,6 +22,7 @@ from inferd.llm.metrics import GenerationMetrics
 from inferd.llm.sampling import sample
 from inferd.llm.scheduler import Scheduled, Scheduler, SchedulerConfig
 from inferd.llm.sequence import SamplingParams, Sequence
+from inferd.llm.speculation import Speculation
 from inferd.llm.stops import StopChecker
 from inferd.llm.tokenizer import Detokenizer, TextTokenizer
 
@@ -59,6 +60,8 @@ class EngineConfig:
     ``finish_reason="queue_timeout"`` (None: it waits as long as it takes)."""
     max_prompt_tokens: int | None = None
     """Longer prompts are refused (:class:`PromptOverLimit`); None: the context's size."""
+    speculation: Speculation | None = None
+    """Prompt-lookup speculative decoding for greedy sequences (None: off)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +130,9 @@ class LLMEngine:
         """:class:`inferd.llm.cuda.DecodeGraphs` once :meth:`capture_graphs` ran."""
         self.last_step: tuple[int, int, bool] = (0, 0, False)
         """The last step's sequences, tokens, and whether a CUDA graph ran it."""
+        self.draft_tokens = 0
+        """Draft tokens checked (speculative decoding), and of them accepted."""
+        self.accepted_tokens = 0
         self.scheduler = Scheduler(
             SchedulerConfig(config.num_blocks, config.block_size, config.max_num_seqs,
                             config.max_batched_tokens, shape.n_positions, config.max_waiting,
@@ -271,15 +277,24 @@ class LLMEngine:
     def step(self) -> list[TokenOutput]:
         started = time.perf_counter()
         expired = self._expire_waiting()
+        if self.config.speculation is not None:
+            self._propose(self.config.speculation)
         scheduled = self.scheduler.schedule()
         if not scheduled:
             return expired
         self._note_scheduled(scheduled)
-        sampled = self.execute(scheduled)
-        self.scheduler.update(scheduled, {seq: tok for seq, (tok, _) in sampled.items()})
+        sampled, checked = self.execute(scheduled)
+        accepted = {seq: len(tokens) - 1 for seq, tokens in checked.items()}
+        self.scheduler.update(scheduled, {seq: tok for seq, (tok, _) in sampled.items()}, accepted)
         self._advance_guides(sampled)
         self.steps += 1
         out = [self._output(seq, tok, lp) for seq, (tok, lp) in sampled.items()]
+        for seq, tokens in checked.items():
+            for token in tokens:  # one by one, as plain decoding would have given them
+                self.scheduler.append(seq, token)
+                out.append(self._output(seq, token, None))
+                if seq.finished:
+                    break
         elapsed = time.perf_counter() - started
         self.busy_s += elapsed * self.occupancy()
         self.metrics.step_s.observe(elapsed)
@@ -315,9 +330,33 @@ class LLMEngine:
             )
         return out
 
-    def execute(self, scheduled: list[Scheduled]) -> dict[Sequence, tuple[int, float | None]]:
+    def _propose(self, speculation: Speculation) -> None:
+        """Drafts for the decoding sequences that can check one exactly: greedy, with
+        nothing that changes their logits (penalties, a guide) and no logprobs asked."""
+        running = self.scheduler.running
+        if speculation.max_batch is not None and len(running) > speculation.max_batch:
+            return
+        for seq in running:
+            params = seq.params
+            if (
+                seq.remaining != 1
+                or not params.greedy
+                or params.adjusts_logits
+                or params.logprobs
+                or self.requests[seq.request_id].matcher is not None
+            ):
+                continue
+            room = min(params.max_tokens - len(seq.output_ids), self.max_positions - len(seq))
+            seq.draft = speculation.propose(seq.tokens, room - 1)
+
+    def execute(
+        self, scheduled: list[Scheduled]
+    ) -> tuple[dict[Sequence, tuple[int, float | None]], dict[Sequence, list[int]]]:
+        """The step's sampled token (and logprob) of each sequence that samples, and
+        for each that checked a draft, its tokens: the draft's accepted prefix, then
+        the model's own next token."""
         with torch.inference_mode():
-            logits, sampling = self._forward(scheduled)
+            logits, sampling, checking = self._forward(scheduled)
             guided = [
                 (row, request.matcher)
                 for row, seq in enumerate(sampling)
@@ -325,25 +364,52 @@ class LLMEngine:
             ]
             if guided and self.guides is not None:
                 self.guides.mask(logits, [r for r, _ in guided], [m for _, m in guided])
-        tokens, logprobs = sample(logits, sampling, self.tokenizer.eos_token_id)
-        return {seq: (t, lp) for seq, t, lp in zip(sampling, tokens, logprobs, strict=True)}
+        checked = self._check_drafts(logits[len(sampling) :], checking)
+        tokens, logprobs = sample(logits[: len(sampling)], sampling, self.tokenizer.eos_token_id)
+        sampled = {seq: (t, lp) for seq, t, lp in zip(sampling, tokens, logprobs, strict=True)}
+        return sampled, checked
 
-    def _forward(self, scheduled: list[Scheduled]) -> tuple[torch.Tensor, list[Sequence]]:
-        """Logits of the step's sampled rows and their sequences, in the same order."""
+    def _check_drafts(
+        self, logits: torch.Tensor, checking: list[Scheduled]
+    ) -> dict[Sequence, list[int]]:
+        """Greedy choices at each draft position (``logits``: each checking sequence's
+        ``draft + 1`` rows, in order): the draft tokens up to the first the model would
+        not have chosen, then the model's choice there."""
+        if not checking:
+            return {}
+        chosen = logits.argmax(dim=-1).tolist()
+        out: dict[Sequence, list[int]] = {}
+        row = 0
+        for item in checking:
+            draft, picks = item.seq.draft, chosen[row : row + item.draft + 1]
+            kept = 0
+            while kept < item.draft and picks[kept] == draft[kept]:
+                kept += 1
+            out[item.seq] = [*draft[:kept], picks[kept]]
+            self.draft_tokens += item.draft
+            self.accepted_tokens += kept
+            row += item.draft + 1
+        return out
+
+    def _forward(
+        self, scheduled: list[Scheduled]
+    ) -> tuple[torch.Tensor, list[Sequence], list[Scheduled]]:
+        """Logits of the step's sampled rows and their sequences, in the same order,
+        then the rows of the sequences checking a draft (:meth:`_model_input`)."""
         tokens = sum(item.num_tokens for item in scheduled)
         split = self._split_forward(scheduled) if self.graphs is not None else None
         if split is not None:
             self.last_step = (len(scheduled), tokens, True)
             return split
-        inp, sampling = self._model_input(scheduled)
+        inp, sampling, checking = self._model_input(scheduled)
         graph = self.graphs is not None and self.graphs.fits(inp)
         logits = self.graphs.run(inp) if graph else self.model.forward(inp, self.cache, self.lora)
         self.last_step = (len(scheduled), tokens, graph)
-        return logits, sampling
+        return logits, sampling, checking
 
     def _split_forward(
         self, scheduled: list[Scheduled]
-    ) -> tuple[torch.Tensor, list[Sequence]] | None:
+    ) -> tuple[torch.Tensor, list[Sequence], list[Scheduled]] | None:
         """A step of decodes and prefill chunks in two passes: the decodes from a CUDA
         graph, the chunks eagerly (None: not such a step, or no graph holds its decodes).
         In one eager pass, such steps took 54-103 ms while a burst of 500 prompts was
@@ -356,15 +422,15 @@ class LLMEngine:
             (decodes if item.num_tokens == 1 and item.samples else chunks).append(item)
         if not decodes or not chunks:
             return None
-        inp, sampling = self._model_input(decodes)
+        inp, sampling, _ = self._model_input(decodes)
         if not self.graphs.fits(inp):
             return None
         # The graph's logits live in a buffer its next replay overwrites; the
-        # concatenation copies them before that.
+        # concatenation copies them before that (the chunks' draft rows stay last).
         decoded = self.graphs.run(inp)
-        rest, rest_sampling = self._model_input(chunks)
+        rest, rest_sampling, checking = self._model_input(chunks)
         logits = self.model.forward(rest, self.cache, self.lora)
-        return torch.cat([decoded, logits]), sampling + rest_sampling
+        return torch.cat([decoded, logits]), sampling + rest_sampling, checking
 
     def _advance_guides(self, sampled: dict[Sequence, tuple[int, float | None]]) -> None:
         """Each guided sequence's matcher takes its token; one whose output is complete
@@ -381,21 +447,35 @@ class LLMEngine:
             elif seq.finish_reason == "length":  # complete on its last allowed token
                 seq.finish_reason = "stop"
 
-    def _model_input(self, scheduled: list[Scheduled]) -> tuple[ModelInput, list[Sequence]]:
+    def _model_input(
+        self, scheduled: list[Scheduled]
+    ) -> tuple[ModelInput, list[Sequence], list[Scheduled]]:
+        """The step's model input; the sequences whose next token is sampled, whose
+        logits rows come first, in order; then the items checking a draft, whose
+        ``draft + 1`` rows each come after those."""
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         logits_at: list[int] = []
         sampling: list[Sequence] = []
+        checking: list[Scheduled] = []
+        checked_at: list[int] = []
         for item in scheduled:
             seq, n = item.seq, item.num_tokens
             start = seq.num_computed
-            ids += seq.tokens[start : start + n]
+            if item.draft:
+                ids += seq.tokens[start:]
+                ids += seq.draft
+                checking.append(item)
+                checked_at += range(len(ids) - item.draft - 1, len(ids))
+            else:
+                ids += seq.tokens[start : start + n]
             positions += range(start, start + n)
             slots += self.cache.slots(seq.block_table, start, start + n)
-            if item.samples:
+            if item.samples and not item.draft:
                 logits_at.append(len(ids) - 1)
                 sampling.append(seq)
+        logits_at += checked_at
         inp = ModelInput(
             input_ids=torch.tensor(ids, dtype=torch.long),
             positions=torch.tensor(positions, dtype=torch.long),
@@ -406,7 +486,7 @@ class LLMEngine:
             logits_indices=torch.tensor(logits_at, dtype=torch.long),
             adapter_slots=[i.seq.adapter_slot for i in scheduled],
         )
-        return inp, sampling
+        return inp, sampling, checking
 
     def _output(self, seq: Sequence, token: int, logprob: float | None) -> TokenOutput:
         request = self.requests[seq.request_id]
@@ -461,4 +541,6 @@ class LLMEngine:
             "kv_blocks_total": s.allocator.num_blocks,
             "preemptions": s.preemptions,
             "steps": self.steps,
+            "spec_draft_tokens": self.draft_tokens,
+            "spec_accepted_tokens": self.accepted_tokens,
         }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -14,6 +14,7 @@ from inferd.llm.engine import EngineConfig, LLMEngine
 from inferd.llm.guides import GuideCompiler
 from inferd.llm.lora import LoRABank
 from inferd.llm.model import GPT2
+from inferd.llm.speculation import Speculation
 from inferd.llm.tokenizer import TextTokenizer
 from inferd.replica_config import LLMConfig
 
@@ -30,7 +31,8 @@ def build_engine(spec: ReplicaSpec) -> LLMEngine:
     for it (the version's ``gpu_memory_gb``)."""
     budget = spec.metadata.get("gpu_memory_gb")
     budget_gb = float(budget) if isinstance(budget, int | float) and budget > 0 else None
-    return engine_for(Path(spec.artifact_dir), spec.threads, spec.llm, spec.adapters, budget_gb)
+    return engine_for(Path(spec.artifact_dir), spec.threads, spec.llm, spec.adapters, budget_gb,
+                      spec.metadata.get("speculative"))  # fmt: skip
 
 
 def resolve_device(setting: str) -> torch.device:
@@ -48,7 +50,10 @@ def engine_for(
     llm: LLMConfig,
     adapters: dict[str, str] | None = None,
     gpu_budget_gb: float | None = None,
+    speculative: dict[str, Any] | None = None,
 ) -> LLMEngine:
+    """``speculative``: the version's (vLLM's ``speculative_config`` shape), else the
+    ``llm.speculative`` setting."""
     torch.set_num_threads(max(1, threads))
     native.enable(llm.native)
     device = resolve_device(llm.device)
@@ -76,6 +81,7 @@ def engine_for(
         dtype=dtype,
         queue_timeout_s=llm.queue_timeout_s,
         max_prompt_tokens=llm.max_prompt_tokens,
+        speculation=Speculation.parse(speculative or llm.speculative, "speculative"),
     )
     lora = LoRABank(cfg, llm.max_adapters, llm.max_lora_rank, dtype=dtype, device=device)
     vocab = getattr(cfg, "vocab_size", None) or tokenizer.vocab_size

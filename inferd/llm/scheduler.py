@@ -43,11 +43,14 @@ class SchedulerConfig:
 class Scheduled:
     seq: Sequence
     num_tokens: int
+    draft: int = 0
+    """Of ``num_tokens``, how many are the sequence's draft (guessed tokens after its
+    last known one, checked in this step)."""
 
     @property
     def samples(self) -> bool:
         """Does this chunk reach the end of the known tokens (so a new token is sampled)?"""
-        return self.seq.num_computed + self.num_tokens == len(self.seq)
+        return self.seq.num_computed + self.num_tokens - self.draft == len(self.seq)
 
 
 class Scheduler:
@@ -82,11 +85,16 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(seq.remaining, budget)
+            draft = seq.draft
+            n = min(seq.remaining + len(draft), budget)
+            if draft and not self._reserve(seq, seq.num_computed + n):
+                draft.clear()  # guesses get free blocks only: they preempt nobody
+                n = min(seq.remaining, budget)
             if not self._reserve(seq, seq.num_computed + n):
                 self._preempt(self._victim(i))
                 continue  # retry this sequence (or the next one, if it was the victim)
-            out.append(Scheduled(seq, n))
+            del draft[max(0, n - seq.remaining) :]  # what the budget left of the draft
+            out.append(Scheduled(seq, n, len(draft)))
             budget -= n
             i += 1
         first = True
@@ -124,6 +132,7 @@ class Scheduler:
         return next(s for s in reversed(candidates) if s.params.priority == worst)
 
     def _preempt(self, seq: Sequence) -> None:
+        seq.draft = []
         self.running.remove(seq)
         self.allocator.free(seq.block_table)
         seq.block_table = []
@@ -133,18 +142,31 @@ class Scheduler:
         self.preemptions += 1
         self.add(seq, first=True)
 
-    def update(self, step: list[Scheduled], sampled: dict[Sequence, int]) -> None:
-        """Advance the sequences of a step; append sampled tokens; finish what is done."""
+    def update(
+        self,
+        step: list[Scheduled],
+        sampled: dict[Sequence, int],
+        accepted: dict[Sequence, int] | None = None,
+    ) -> None:
+        """Advance the sequences of a step; append sampled tokens; finish what is done.
+        A sequence that checked a draft keeps the keys and values of the draft tokens
+        ``accepted`` (its tokens are appended by the caller, one by one, :meth:`append`)."""
         for item in step:
             seq = item.seq
             seq.num_computed += item.num_tokens
+            if item.draft:
+                seq.num_computed -= item.draft - (accepted or {}).get(seq, 0)
+                seq.draft = []
             token = sampled.get(seq)
-            if token is None:
-                continue
-            seq.output_ids.append(token)
-            reason = self._finish_reason(seq, token)
-            if reason is not None:
-                self.finish(seq, reason)
+            if token is not None:
+                self.append(seq, token)
+
+    def append(self, seq: Sequence, token: int) -> None:
+        """One more output token; finish the sequence when it ends it."""
+        seq.output_ids.append(token)
+        reason = self._finish_reason(seq, token)
+        if reason is not None:
+            self.finish(seq, reason)
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
         params = seq.params

@@ -104,6 +104,9 @@ class Sequence:
     finish_reason: str | None = None
     preemptions: int = 0
     generator: torch.Generator | None = None
+    draft: list[int] = field(default_factory=list)
+    """Tokens guessed to follow (speculative decoding), computed in the next step after
+    the last known token and kept as far as the model agrees (:mod:`inferd.llm.speculation`)."""
 
     def __post_init__(self) -> None:
         if self.params.seed is not None:

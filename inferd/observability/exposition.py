@@ -217,6 +217,14 @@ REPLICA_COUNTERS = {
         "inferd_prefix_cache_hit_tokens_total",
         "vLLM replicas: prompt tokens found in the prefix cache (not computed again).",
     ),
+    "spec_draft_tokens": (
+        "inferd_spec_decode_draft_tokens_total",
+        "Speculative decoding: guessed tokens checked.",
+    ),
+    "spec_accepted_tokens": (
+        "inferd_spec_decode_accepted_tokens_total",
+        "Speculative decoding: guessed tokens accepted (their share is the acceptance rate).",
+    ),
     "tokens": ("inferd_batch_tokens_total", "Text models: tokens of the texts computed."),
     "padded_tokens": (
         "inferd_batch_padded_tokens_total",

@@ -48,8 +48,9 @@ CPU_KV_MIN_GIB = 1
 
 
 def engine_args(spec: ReplicaSpec) -> dict[str, Any]:
-    """vLLM engine arguments for a replica: its folder and ``llm`` settings, then the
-    settings' and the version's ``vllm_args``."""
+    """vLLM engine arguments for a replica: its folder and ``llm`` settings (the
+    version's ``speculative``, else ``llm.speculative``, as ``speculative_config``),
+    then the settings' and the version's ``vllm_args``."""
     llm = spec.llm
     args: dict[str, Any] = {
         "model": spec.artifact_dir,
@@ -71,6 +72,9 @@ def engine_args(spec: ReplicaSpec) -> dict[str, Any]:
     if spec.adapters or spec.metadata.get("lora"):
         args.update(enable_lora=True, max_loras=max(1, llm.max_adapters),
                     max_lora_rank=llm.max_lora_rank)  # fmt: skip
+    speculative = spec.metadata.get("speculative") or llm.speculative
+    if speculative:
+        args["speculative_config"] = speculative
     args.update(llm.vllm_args)
     args.update(spec.metadata.get("vllm_args") or {})
     return args
