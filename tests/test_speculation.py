@@ -15,7 +15,7 @@ from inferd.llm.engine import EngineConfig, LLMEngine
 from inferd.llm.sequence import SamplingParams
 from inferd.llm.speculation import Speculation
 from tests.conftest import build_tiny_gpt2, push_folder
-from tests.test_llm_engine import EOS, CharTokenizer, engine, greedy, run_all, tokens
+from tests.test_llm_engine import EOS, VOCAB, CharTokenizer, Shape, engine, greedy, run_all, tokens
 
 SPEC = Speculation(tokens=4, lookup_max=3, lookup_min=1)
 
@@ -29,14 +29,17 @@ def with_speculation(eng: LLMEngine, spec: Speculation | None = SPEC) -> LLMEngi
 
 
 def test_the_longest_suffix_found_earlier_gives_what_followed_its_latest_occurrence():
-    spec = Speculation(tokens=3, lookup_max=3, lookup_min=1)
-    assert spec.propose([1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 2, 3], 10) == [7, 8, 5]  # "2 3": the latest
-    assert spec.propose([4, 1, 2, 3, 5, 6, 1, 2, 3], 10) == [5, 6, 1]  # "1 2 3"
-    assert spec.propose([1, 2, 3, 4, 5, 6, 3], 10) == [4, 5, 6]  # only "3" occurs before
-    assert spec.propose([1, 2, 3, 4, 5, 6, 3], 2) == [4, 5]  # the room left
-    assert spec.propose([1, 2, 3, 4], 10) == []  # nothing recurs
-    assert spec.propose([7, 7], 10) == [7]  # a window may overlap the suffix
-    assert Speculation(lookup_min=2).propose([1, 2, 3, 4, 5, 6, 3], 10) == []
+    spec = Speculation(lookup_max=3, lookup_min=1)
+    assert spec.propose([1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 2, 3], 3) == [7, 8, 5]  # "2 3": the latest
+    assert spec.propose([4, 1, 2, 3, 5, 6, 1, 2, 3], 3) == [5, 6, 1]  # "1 2 3"
+    assert spec.propose([1, 2, 3, 4, 5, 6, 3], 3) == [4, 5, 6]  # only "3" occurs before
+    assert spec.propose([1, 2, 3, 4, 5, 6, 3], 2) == [4, 5]  # as many as asked
+    assert spec.propose([1, 2, 3, 4], 3) == []  # nothing recurs
+    assert spec.propose([7, 7], 3) == [7, 7, 7]  # a run goes on
+    assert spec.propose([5, 1, 2, 1, 2, 1], 3) == [2, 1, 2]  # and so does a loop
+    assert spec.propose([9, 8, 1, 2, 3], 3) == []
+    assert Speculation(lookup_min=2).propose([1, 2, 3, 4, 5, 6, 3], 3) == []
+    assert Speculation(lookup_max=2).propose([4, 1, 2, 5, 9, 1, 2], 2) == [5, 9]
 
 
 def test_settings_take_vllms_speculative_config_shape_and_refuse_what_they_cannot_do():
@@ -137,6 +140,36 @@ def test_guesses_never_take_blocks_from_other_sequences():
     for rid in prompts:
         assert tokens(fast[rid]) == tokens(plain[rid])
     assert eng.scheduler.preemptions == 0
+
+
+class RandomWalk:
+    """Writes a fixed pseudo-random token per position, whatever came before: a text
+    whose repeats (single tokens recur often) never predict what follows."""
+
+    config = Shape()
+
+    def __init__(self) -> None:
+        gen = torch.Generator().manual_seed(0)
+        self.walk = torch.randint(10, 110, (Shape.n_positions + 1,), generator=gen)
+
+    def forward(self, inp, cache, lora=None) -> torch.Tensor:
+        logits = torch.full((len(inp.logits_indices), VOCAB), -10.0)
+        wanted = self.walk[inp.positions[inp.logits_indices] + 1]
+        logits[torch.arange(len(wanted)), wanted] = 10.0
+        return logits
+
+
+def test_a_text_that_never_repeats_its_context_gets_few_guesses():
+    """Every guess misses: after each miss in a row a sequence waits longer (1, 2, 4 ...
+    16 steps) before the next, so it checks few guessed tokens over 200."""
+    runs = []
+    for spec in (None, Speculation(tokens=4, lookup_max=3, lookup_min=1)):
+        eng = with_speculation(engine(model=RandomWalk(), num_blocks=128), spec)
+        eng.add_request("a", list(range(10, 30)), greedy(200))
+        runs.append((tokens(run_all(eng)["a"]), eng.stats()))
+    (plain, _), (fast, stats) = runs
+    assert fast == plain and len(fast) == 200
+    assert 0 < stats["spec_draft_tokens"] < 40  # one a step, without the pauses: ~180
 
 
 def test_no_speculation_past_the_batch_size_it_is_disabled_by():

@@ -332,7 +332,11 @@ class LLMEngine:
 
     def _propose(self, speculation: Speculation) -> None:
         """Drafts for the decoding sequences that can check one exactly: greedy, with
-        nothing that changes their logits (penalties, a guide) and no logprobs asked."""
+        nothing that changes their logits (penalties, a guide) and no logprobs asked. A
+        guess costs a token of compute for each guessed token: a sequence guesses one
+        more token than it kept last time, and after a guess of which nothing was kept
+        it waits 1, 2, 4 ... up to 16 steps before the next (in a row of misses), so a
+        text that does not repeat its context pays little."""
         running = self.scheduler.running
         if speculation.max_batch is not None and len(running) > speculation.max_batch:
             return
@@ -346,8 +350,12 @@ class LLMEngine:
                 or self.requests[seq.request_id].matcher is not None
             ):
                 continue
+            if seq.draft_pause:
+                seq.draft_pause -= 1
+                continue
             room = min(params.max_tokens - len(seq.output_ids), self.max_positions - len(seq))
-            seq.draft = speculation.propose(seq.tokens, room - 1)
+            wanted = min(speculation.tokens, seq.draft_limit or speculation.tokens)
+            seq.draft = speculation.propose(seq.tokens, min(wanted, room - 1))
 
     def execute(
         self, scheduled: list[Scheduled]
@@ -385,7 +393,11 @@ class LLMEngine:
             kept = 0
             while kept < item.draft and picks[kept] == draft[kept]:
                 kept += 1
-            out[item.seq] = [*draft[:kept], picks[kept]]
+            seq = item.seq
+            out[seq] = [*draft[:kept], picks[kept]]
+            seq.draft_limit = kept + 1
+            seq.draft_misses = 0 if kept else seq.draft_misses + 1
+            seq.draft_pause = min(2 ** (seq.draft_misses - 1), 16) if seq.draft_misses else 0
             self.draft_tokens += item.draft
             self.accepted_tokens += kept
             row += item.draft + 1

@@ -104,6 +104,12 @@ class Sequence:
     finish_reason: str | None = None
     preemptions: int = 0
     generator: torch.Generator | None = None
+    draft_limit: int | None = None
+    """Draft tokens its next guess may have (None: the configured number)."""
+    draft_misses: int = 0
+    """Guesses in a row of which no token was kept."""
+    draft_pause: int = 0
+    """Steps to go before it guesses again (after misses: 1, 2, 4 ... 16 steps)."""
     draft: list[int] = field(default_factory=list)
     """Tokens guessed to follow (speculative decoding), computed in the next step after
     the last known token and kept as far as the model agrees (:mod:`inferd.llm.speculation`)."""

@@ -32,7 +32,10 @@ KEYS = {
 @dataclass(frozen=True)
 class Speculation:
     tokens: int = 4
-    """Draft tokens proposed per step (``num_speculative_tokens``)."""
+    """Draft tokens proposed per step at most (``num_speculative_tokens``): a sequence
+    whose last guess was cut short proposes one more than it kept, so a workload that
+    does not repeat its context spends little on guesses (each costs a token of
+    compute) and one that does soon guesses this many again."""
     lookup_max: int = 4
     """Longest suffix looked up (``prompt_lookup_max``); shorter ones are tried next."""
     lookup_min: int = 2
@@ -77,19 +80,32 @@ class Speculation:
         return cls(**values, max_batch=cap)
 
     def propose(self, tokens: list[int], limit: int) -> list[int]:
-        """Up to ``min(self.tokens, limit)`` tokens that followed the latest earlier
-        occurrence of the longest suffix of ``tokens`` (``lookup_max`` down to
-        ``lookup_min`` tokens) that occurred before; [] when none did."""
-        k = min(self.tokens, limit)
-        if k <= 0 or len(tokens) <= self.lookup_min:
+        """``limit`` tokens (at most) that followed the latest earlier occurrence of the
+        longest suffix of ``tokens`` (``lookup_max`` down to ``lookup_min`` tokens)
+        that occurred before, the repetition carried on where that runs into the end;
+        [] when none occurred."""
+        size = len(tokens)
+        if limit <= 0 or size <= self.lookup_min:
             return []
         seq = np.asarray(tokens, dtype=np.int64)
-        size = len(seq)
-        for n in range(min(self.lookup_max, size - 1), self.lookup_min - 1, -1):
-            # windows that end before the suffix itself does
-            windows = np.lib.stride_tricks.sliding_window_view(seq[: size - 1], n)
-            hits = np.flatnonzero((windows == seq[size - n :]).all(axis=1))
-            if hits.size:
-                start = int(hits[-1]) + n
-                return seq[start : start + k].tolist()
-        return []
+        # earlier positions holding the last token, then those whose previous tokens
+        # match the suffix's too, one more token at a time
+        ends = np.flatnonzero(seq[:-1] == seq[-1])
+        best, length = -1, 0
+        for n in range(1, min(self.lookup_max, size - 1) + 1):
+            if n > 1:
+                ends = ends[ends >= n - 1]
+                ends = ends[seq[ends - (n - 1)] == seq[size - n]]
+            if not ends.size:
+                break
+            best, length = int(ends[-1]), n
+        if length < self.lookup_min:
+            return []
+        # what followed it, read on past the end as the repetition it found continues
+        # (a run of one token, a short loop)
+        shift = size - 1 - best
+        draft: list[int] = []
+        for i in range(limit):
+            at = size + i - shift
+            draft.append(int(seq[at]) if at < size else draft[at - size])
+        return draft

@@ -108,6 +108,7 @@ class VLLMCore:
         self._next_adapter_id = 1
         self._stats: dict[str, float] = {"running": 0, "waiting": 0, "kv_cache_usage": 0.0}
         self._prefix = [0, 0]  # queried, hit tokens
+        self._spec = [0, 0]  # speculative decoding: draft, accepted tokens
         self._busy_s = 0.0
         self._busy_mark = time.monotonic()
         self._client_error: type[Exception] = ValueError
@@ -379,6 +380,10 @@ class VLLMCore:
             if prefix is not None:
                 self._prefix[0] += prefix.queries
                 self._prefix[1] += prefix.hits
+            spec = getattr(scheduler, "spec_decoding_stats", None)  # with speculative_config
+            if spec is not None:
+                self._spec[0] += spec.num_draft_tokens
+                self._spec[1] += spec.num_accepted_tokens
         if iteration is not None:
             for done in iteration.finished_requests:
                 self.metrics_.queue_time_s.observe(done.queued_time)
@@ -393,6 +398,8 @@ class VLLMCore:
             "kv_cache_usage": self._stats["kv_cache_usage"],
             "prefix_cache_queries": self._prefix[0],
             "prefix_cache_hits": self._prefix[1],
+            "spec_draft_tokens": self._spec[0],
+            "spec_accepted_tokens": self._spec[1],
             "rss_bytes": rss_bytes(),
         }
 
