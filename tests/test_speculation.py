@@ -227,3 +227,15 @@ def test_a_real_model_gives_plain_greedy_tokens_and_hf_generates_them_too(gpt2):
         want = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40,
                            min_new_tokens=40, do_sample=False, pad_token_id=EOS)  # fmt: skip
     assert tokens(fast["copy"]) == want[0, ids.shape[1] :].tolist()
+
+
+def test_the_server_setting_is_checked_when_settings_are_read(monkeypatch):
+    from inferd.config import Settings
+
+    monkeypatch.setenv("INFERD_LLM__SPECULATIVE", '{"method": "ngram", "prompt_lookup_max": 9}')
+    assert Settings().llm.speculative == {"method": "ngram", "prompt_lookup_max": 9}
+    monkeypatch.setenv("INFERD_LLM__SPECULATIVE", '{"num_speculative_tokens": 0}')
+    with pytest.raises(ValueError, match=r"llm\.speculative\.num_speculative_tokens"):
+        Settings()
+    monkeypatch.setenv("INFERD_LLM__SPECULATIVE", '{"method": "eagle", "model": "x"}')
+    assert Settings().llm.speculative["method"] == "eagle"  # vLLM's to check
