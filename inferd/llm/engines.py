@@ -127,12 +127,12 @@ def check_supported(folder: Path, framework: str, metadata: dict[str, Any]) -> s
     except ValueError:  # settings that do not validate fail the server, not this check
         llm = LLMConfig()
     engine = engine_of(framework, metadata, llm.engine)
-    speculative = metadata.get("speculative")
     if engine == "inferd":
         from inferd.llm.speculation import Speculation
 
-        Speculation.parse(speculative or llm.speculative, "metadata.speculative")
+        Speculation.for_version(metadata, llm.speculative)
         return engine
+    speculative = metadata.get("speculative")
     if speculative is not None and not isinstance(speculative, dict):
         raise ValueError("metadata.speculative must be an object like vLLM's speculative_config")
     python = require_vllm(llm.vllm_python)

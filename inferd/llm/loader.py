@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -31,8 +31,9 @@ def build_engine(spec: ReplicaSpec) -> LLMEngine:
     for it (the version's ``gpu_memory_gb``)."""
     budget = spec.metadata.get("gpu_memory_gb")
     budget_gb = float(budget) if isinstance(budget, int | float) and budget > 0 else None
+    speculation = Speculation.for_version(spec.metadata, spec.llm.speculative)
     return engine_for(Path(spec.artifact_dir), spec.threads, spec.llm, spec.adapters, budget_gb,
-                      spec.metadata.get("speculative"))  # fmt: skip
+                      speculation)  # fmt: skip
 
 
 def resolve_device(setting: str) -> torch.device:
@@ -50,10 +51,8 @@ def engine_for(
     llm: LLMConfig,
     adapters: dict[str, str] | None = None,
     gpu_budget_gb: float | None = None,
-    speculative: dict[str, Any] | None = None,
+    speculation: Speculation | None = None,
 ) -> LLMEngine:
-    """``speculative``: the version's (vLLM's ``speculative_config`` shape), else the
-    ``llm.speculative`` setting."""
     torch.set_num_threads(max(1, threads))
     native.enable(llm.native)
     device = resolve_device(llm.device)
@@ -81,7 +80,7 @@ def engine_for(
         dtype=dtype,
         queue_timeout_s=llm.queue_timeout_s,
         max_prompt_tokens=llm.max_prompt_tokens,
-        speculation=Speculation.parse(speculative or llm.speculative, "speculative"),
+        speculation=speculation,
     )
     lora = LoRABank(cfg, llm.max_adapters, llm.max_lora_rank, dtype=dtype, device=device)
     vocab = getattr(cfg, "vocab_size", None) or tokenizer.vocab_size

@@ -32,10 +32,8 @@ KEYS = {
 @dataclass(frozen=True)
 class Speculation:
     tokens: int = 4
-    """Draft tokens proposed per step at most (``num_speculative_tokens``): a sequence
-    whose last guess was cut short proposes one more than it kept, so a workload that
-    does not repeat its context spends little on guesses (each costs a token of
-    compute) and one that does soon guesses this many again."""
+    """Draft tokens proposed per step at most (``num_speculative_tokens``; how many a
+    sequence guesses each time: :meth:`inferd.llm.engine.LLMEngine._propose`)."""
     lookup_max: int = 4
     """Longest suffix looked up (``prompt_lookup_max``); shorter ones are tried next."""
     lookup_min: int = 2
@@ -78,6 +76,16 @@ class Speculation:
         if values["lookup_min"] > values["lookup_max"]:
             raise ValueError(f"{where}: prompt_lookup_min is larger than prompt_lookup_max")
         return cls(**values, max_batch=cap)
+
+    @classmethod
+    def for_version(
+        cls, metadata: dict[str, Any], setting: dict[str, Any] | None
+    ) -> Speculation | None:
+        """A version's: its ``speculative`` metadata, else the ``llm.speculative``
+        setting; errors name the one they came from."""
+        if metadata.get("speculative") is not None:
+            return cls.parse(metadata["speculative"], "metadata.speculative")
+        return cls.parse(setting, "llm.speculative")
 
     def propose(self, tokens: list[int], limit: int) -> list[int]:
         """``limit`` tokens (at most) that followed the latest earlier occurrence of the
