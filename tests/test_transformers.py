@@ -322,3 +322,80 @@ def test_optimize_int8_registers_a_measured_version(tmp_path: Path, classifier: 
     push_folder(data, "plain", tmp_path / "py", "v1")
     refused = run_cli("models", "optimize", "plain", "v1", "--int8", data_dir=data, check=False)
     assert refused.returncode == 1 and "applies to transformers models" in refused.stderr
+
+
+def _one_label_classifier(folder: Path, saved_as_cross_encoder: bool, labels: int = 1) -> Path:
+    """MiniLM with a fresh one-label head (seeded), saved as ``CrossEncoder`` saves one
+    (its activation in the config) or as a plain Hugging Face classifier."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification.from_pretrained(
+        str(MINILM), num_labels=labels, local_files_only=True
+    )
+    if saved_as_cross_encoder:
+        model.config.sentence_transformers = {
+            "activation_fn": "torch.nn.modules.activation.Sigmoid"
+        }
+    model.save_pretrained(str(folder))
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt"):
+        shutil.copy2(MINILM / name, folder / name)
+    return folder
+
+
+PAIRS = [
+    ("battery life", "The battery lasts all day and the screen is bright."),
+    ("battery life", "My new blender broke after two days."),
+    ("Ünïcödé 🙂", "日本語のテキスト"),
+    ("long document", "word " * 600),  # longer than 512 tokens together: cut
+]
+
+
+def _pairs(pairs: list[tuple[str, str]]) -> dict[str, np.ndarray]:
+    first, second = np.empty(len(pairs), dtype=object), np.empty(len(pairs), dtype=object)
+    first[:], second[:] = [p[0] for p in pairs], [p[1] for p in pairs]
+    return {"text": first, "text_pair": second}
+
+
+def test_a_cross_encoder_scores_pairs_as_sentence_transformers_does(tmp_path: Path) -> None:
+    from sentence_transformers import CrossEncoder
+
+    folder = _one_label_classifier(tmp_path / "ce", saved_as_cross_encoder=True)
+    runtime = _runtime(folder)
+    assert runtime.task == "score"
+    names = [s.name for s in runtime.signature.inputs], [s.name for s in runtime.signature.outputs]
+    assert names == (["text", "text_pair"], ["score", "tokens", "truncated"])
+    out = runtime.run(_pairs(PAIRS))
+    expected = CrossEncoder(str(folder), device="cpu").predict(PAIRS)
+    np.testing.assert_allclose(out["score"], expected, atol=1e-5, rtol=0)
+    assert out["truncated"].tolist() == [False, False, False, True]
+    assert out["tokens"][-1] == 512
+    # the batcher concatenates prepared rows of several requests: same scores
+    parts = [runtime.prepare(_pairs(PAIRS[:2]))[0], runtime.prepare(_pairs(PAIRS[2:]))[0]]
+    joined = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    np.testing.assert_allclose(runtime.predict_batch(joined)["score"], out["score"], atol=1e-6)
+    raw = _runtime(folder, activation="identity").run(_pairs(PAIRS))["score"]
+    np.testing.assert_allclose(1 / (1 + np.exp(-raw)), out["score"], atol=1e-6)
+    with pytest.raises(InvalidInput, match="'text_pair' of row 0 is an empty string"):
+        runtime.run(_pairs([("query", "")]))
+    with pytest.raises(InvalidInput, match="missing input 'text_pair'"):
+        runtime.run(_texts(["query"]))
+
+
+def test_a_plain_one_label_classifier_scores_only_when_told(tmp_path: Path) -> None:
+    folder = _one_label_classifier(tmp_path / "bge-like", saved_as_cross_encoder=False)
+    assert _runtime(folder).task == "classification"  # a regression head: "prediction"
+    assert _runtime(folder).signature.outputs[0].name == "prediction"
+    told = _runtime(folder, task="score")
+    scored = told.run(_pairs(PAIRS[:2]))["score"]
+    assert scored.dtype == np.float32 and ((scored > 0) & (scored < 1)).all()
+    two = _one_label_classifier(tmp_path / "two", saved_as_cross_encoder=False, labels=2)
+    with pytest.raises(ValueError, match="task score needs a one-label classifier"):
+        _runtime(two, task="score")
+    with pytest.raises(ValueError, match="activation 'tanh' is not one of"):
+        _runtime(folder, task="score", activation="tanh")
+    from inferd.runtimes.optimize import EvalSet, measure_int8
+
+    with pytest.raises(InvalidInput, match="a cross-encoder .task score. takes text pairs"):
+        measure_int8(folder, {"task": "score"}, EvalSet(["a text"], None, "inline"))

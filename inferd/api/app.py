@@ -33,6 +33,7 @@ from inferd.api import (
     logs,
     openai,
     registration,
+    rerank,
     v1,
     v2,
     v2_generate,
@@ -99,6 +100,7 @@ def create_app(
     app.include_router(v1.router)
     app.include_router(generate.router)
     app.include_router(openai.router)
+    app.include_router(rerank.router)
     app.include_router(v2.router)
     app.include_router(v2_repository.router)
     app.include_router(v2_generate.router)

@@ -229,11 +229,11 @@ async def async_status(request_id: str, request: Request) -> Response:
 ASYNC_PATHS = re.compile(
     r"^/(api/v1/(models/(?P<model>[^/]+)/)?(predict|generate)|api/v1/embed"
     r"|v2/models/(?P<v2model>[^/]+)(/versions/(?P<v2version>[^/]+))?/(infer|generate)"
-    r"|v1/(chat/)?completions|v1/embeddings)$"
+    r"|v1/(chat/)?completions|v1/embeddings|v1/score|v1/rerank)$"
 )
 """The requests that may be sent asynchronously: predict, generate and embed on
 ``/api/v1``, V2 infer and generate (JSON bodies), OpenAI completions, chat completions
-and embeddings."""
+and embeddings, score and rerank."""
 
 
 def wants_async(scope: Scope) -> bool:

@@ -50,8 +50,8 @@ def openai_error(exc: InferdError) -> Response:
 
 @router.get("/models")
 async def models(request: Request) -> Response:
-    """Generative and embedding models being served that the caller may use (an
-    adapter with its base model), in OpenAI's list shape."""
+    """Generative, embedding and cross-encoder models being served that the caller may
+    use (an adapter with its base model), in OpenAI's list shape."""
     table = gateway_of(request).router.table
     visible = visible_models(request.scope)
     data = []
@@ -61,7 +61,7 @@ async def models(request: Request) -> Response:
             continue
         if serving.framework not in GENERATIVE:
             outputs = serving.signature.get("outputs") or ()
-            if any(o.get("name") == "embedding" for o in outputs):  # embedding models
+            if any(o.get("name") in ("embedding", "score") for o in outputs):  # encoders
                 data.append({"id": name, "object": "model", "created": 0, "owned_by": "inferd"})
             continue
         data.append({"id": name, "object": "model", "created": 0, "owned_by": "inferd"})

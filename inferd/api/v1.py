@@ -211,6 +211,27 @@ async def embed_texts(
     return await _run(request, model, body, "inputs", check)
 
 
+def _score_check(target: Target, rows: list[Any]) -> None:
+    """A cross-encoder (a model scoring text pairs)."""
+    if not any(spec.name == "score" for spec in target.signature.outputs):
+        raise InvalidInput(
+            f"model {target.model!r} ({target.framework}) does not score text pairs: a "
+            "cross-encoder does (a one-label text classifier pushed with --meta task=score)"
+        )
+
+
+async def score_pairs(
+    request: Request, model: str, queries: list[str], documents: list[str]
+) -> tuple[np.ndarray, int, InferOutcome, str]:
+    """Score each (query, document) pair with the cross-encoder ``model``: the scores
+    (FP32, in pair order), the tokens scored, the outcome and the request id."""
+    rows = [{"text": q, "text_pair": d} for q, d in zip(queries, documents, strict=True)]
+    outcome, rid = await _run(request, model, {"pairs": rows}, "pairs", _score_check)
+    tokens = outcome.outputs.get("tokens")
+    used = int(tokens.sum()) if tokens is not None else 0
+    return outcome.outputs["score"], used, outcome, rid
+
+
 def embedding_reply(outcome: InferOutcome) -> tuple[np.ndarray, int, list[int]]:
     """The embeddings (rows x dimensions, FP32), the tokens embedded, the indices of
     the texts that were truncated to the model's maximum length."""

@@ -129,12 +129,16 @@ def install_llm_demo(registry: Registry, work_dir: Path, progress: Callable[[str
 def install_text_demo(
     registry: Registry, work_dir: Path, progress: Callable[[str], None]
 ) -> list[str]:
-    """all-MiniLM-L6-v2 from its PyPI package, and a sentiment classifier trained over it
-    here (see :mod:`inferd.demo.text`); nothing when the package is not installed."""
+    """all-MiniLM-L6-v2 from its PyPI package, and a sentiment classifier and a
+    cross-encoder trained over it here (see :mod:`inferd.demo.text`); nothing when the
+    package is not installed."""
     from inferd.demo.text import (
         CLASSIFIER_DEMO,
         EMBEDDING_DEMO,
+        RERANKER_BATCHING,
+        RERANKER_DEMO,
         TEXT_BATCHING,
+        build_reranker,
         build_sentiment_classifier,
         embedding_metadata,
         minilm_folder,
@@ -144,24 +148,31 @@ def install_text_demo(
     if base is None:
         progress("text demo skipped: install it with pip install 'inferd[demo]'")
         return []
-    for (name, version), description in (
+    demos = (
         (EMBEDDING_DEMO, "all-MiniLM-L6-v2 sentence embeddings (384 dimensions, normalised)."),
         (CLASSIFIER_DEMO, "Product-review sentiment from all-MiniLM-L6-v2: negative or positive."),
-    ):
+        (RERANKER_DEMO, "A cross-encoder over all-MiniLM-L6-v2 ranking reviews for a query."),
+    )
+    for (name, version), description in demos:
         if _has(registry, name, version):
             continue
+        batching = TEXT_BATCHING
         if name == EMBEDDING_DEMO[0]:
             folder, metadata = base, embedding_metadata()
-        else:
+        elif name == CLASSIFIER_DEMO[0]:
             progress(f"training the demo text classifier {name} locally (~10 s) ...")
             folder = work_dir / "text" / name
             metadata = build_sentiment_classifier(base, folder, progress)
+        else:
+            progress(f"training the demo cross-encoder {name} locally (~15 s) ...")
+            folder = work_dir / "text" / name
+            metadata, batching = build_reranker(base, folder, progress), RERANKER_BATCHING
         _register(
             registry, name, version, folder, "transformers", metadata, description,
-            batching=TEXT_BATCHING,
+            batching=batching,
         )  # fmt: skip
         progress(f"registered {name}:{version} (transformers)")
-    return [f"{n}:{v}" for n, v in (EMBEDDING_DEMO, CLASSIFIER_DEMO)]
+    return [f"{n}:{v}" for (n, v), _ in demos]
 
 
 async def install_demo_isolated(settings: Settings, progress: Callable[[str], None]) -> None:

@@ -128,16 +128,17 @@ def pad_batch(ids: list[Any], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return input_ids, mask
 
 
-def text_of(row: int, value: Any) -> str:
+def text_of(row: int, value: Any, name: str = "text") -> str:
     if isinstance(value, bytes):
         try:
             value = value.decode()
         except UnicodeDecodeError:
-            raise InvalidInput(f"'text' of row {row} is not UTF-8") from None
+            raise InvalidInput(f"'{name}' of row {row} is not UTF-8") from None
     elif not isinstance(value, str):
-        raise InvalidInput(f"'text' of row {row} must be a string, not {type(value).__name__}")
+        kind = type(value).__name__
+        raise InvalidInput(f"'{name}' of row {row} must be a string, not {kind}")
     if not value:
-        raise InvalidInput(f"'text' of row {row} is an empty string")
+        raise InvalidInput(f"'{name}' of row {row} is an empty string")
     return value
 
 

@@ -100,6 +100,12 @@ def measure_int8(
         raise InvalidInput("int8 quantization starts from a float32 version")
     base_meta["device"] = "cpu"
     fp32 = load_runtime("transformers", artifact_dir, RuntimeConfig(threads, base_meta))
+    if getattr(fp32, "task", None) == "score":
+        fp32.unload()
+        raise InvalidInput(
+            "int8 is measured for embedding models and classifiers; a cross-encoder (task "
+            "score) takes text pairs, which the evaluation set does not have"
+        )
     scheme = "int8-all" if every_layer else "int8"
     int8 = load_runtime(
         "transformers", artifact_dir, RuntimeConfig(threads, {**base_meta, "quantization": scheme})

@@ -12,6 +12,13 @@ Normalize modules). The task follows from the folder, or metadata ``task``:
 - ``classification``: ``*ForSequenceClassification`` checkpoints; labels from the
   config's ``id2label``. Outputs ``label`` and ``probabilities`` (softmax; sigmoid for
   ``multi_label_classification``); a one-output regression head gives ``prediction``.
+- ``score`` (a cross-encoder, for reranking): a one-label ``*ForSequenceClassification``
+  saved by sentence-transformers' ``CrossEncoder`` (its config names the activation),
+  or any one-label classifier pushed with metadata ``task: score`` (BGE rerankers).
+  Inputs ``text`` and ``text_pair`` (query and document), tokenized together as the
+  model's pair template says; output ``score`` (FP32): the logit through the
+  activation (sigmoid, as ``CrossEncoder.predict`` gives, unless the config or metadata
+  ``activation`` says ``identity``).
 
 Every text model also returns ``tokens`` (INT32, tokens the model saw) and
 ``truncated`` (BOOL: the text was longer than ``max_length`` and was cut).
@@ -33,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from inferd.errors import InvalidInput
 from inferd.runtimes.base import Runtime, Signature, TensorSpec
 from inferd.runtimes.hf_folders import (
     POOLING_MODES,
@@ -53,7 +61,8 @@ from inferd.runtimes.hf_folders import (
 
 logger = logging.getLogger(__name__)
 
-TASKS = ("embedding", "classification")
+TASKS = ("embedding", "classification", "score")
+ACTIVATIONS = ("sigmoid", "identity")
 DTYPES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = ("int8", "int8-all")
 """PyTorch dynamic quantization: ``int8`` every linear layer but the down-projections,
@@ -118,6 +127,12 @@ class TransformersRuntime(Runtime):
             None,
             "regression",
         )
+        if self.task == "score" and len(labels) != 1:
+            raise ValueError(
+                f"transformers: task score needs a one-label classifier, this one has "
+                f"{len(labels)} labels"
+            )
+        self._sigmoid = self._activation(meta.get("activation")) == "sigmoid"
         if self.task == "embedding":
             self._load_embedding_head(meta)
         else:
@@ -137,8 +152,20 @@ class TransformersRuntime(Runtime):
         if self._modules is not None:
             return "embedding"
         if is_sequence_classifier(self._hf_config):
-            return "classification"
+            return "score" if _cross_encoder_activation(self._hf_config) else "classification"
         return "embedding"
+
+    def _activation(self, declared: Any) -> str:
+        """A score's activation: metadata ``activation``, else what sentence-transformers
+        saved in the config, else sigmoid (``CrossEncoder``'s default for one label)."""
+        if declared is not None:
+            if declared not in ACTIVATIONS:
+                raise ValueError(
+                    f"transformers: activation {declared!r} is not one of {ACTIVATIONS}"
+                )
+            return str(declared)
+        saved = _cross_encoder_activation(self._hf_config) or ""
+        return "identity" if saved.endswith(".Identity") else "sigmoid"
 
     def _device(self, name: str) -> Any:
         torch = self._torch
@@ -169,7 +196,7 @@ class TransformersRuntime(Runtime):
 
         cls = (
             transformers.AutoModelForSequenceClassification
-            if self.task == "classification"
+            if self.task in ("classification", "score")
             else transformers.AutoModel
         )
         with warnings.catch_warnings():
@@ -266,6 +293,9 @@ class TransformersRuntime(Runtime):
     def infer_signature(self) -> Signature:
         text = (TensorSpec("text", "BYTES"),)
         extra = (TensorSpec("tokens", "INT32"), TensorSpec("truncated", "BOOL"))
+        if self.task == "score":
+            pair = (*text, TensorSpec("text_pair", "BYTES"))
+            return Signature(pair, (TensorSpec("score", "FP32"), *extra))
         if self.task == "embedding":
             embedding = TensorSpec("embedding", "FP32", (-1, self.dimensions))
             return Signature(text, (embedding, *extra))
@@ -287,26 +317,42 @@ class TransformersRuntime(Runtime):
     def warmup_inputs(self) -> dict[str, np.ndarray]:
         texts = np.empty(1, dtype=object)
         texts[0] = "warm up"
+        if self.task == "score":
+            return {"text": texts, "text_pair": texts.copy()}
         return {"text": texts}
 
     # -- inference -----------------------------------------------------------------
 
     def prepare(self, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """Tokenize: ``{"ids": object array of int64 arrays, "truncated": bool array}``
-        and each text's token count."""
-        texts = inputs["text"]
-        strings = [text_of(i, t) for i, t in enumerate(texts.reshape(-1))]
-        if self._lower:
-            strings = [s.lower() for s in strings]
-        if len(strings) == 1:
+        (and ``"types"``, the token type ids, for pairs) and each row's token count."""
+        strings = self._strings(inputs, "text")
+        pairs = self._strings(inputs, "text_pair") if self.task == "score" else None
+        if pairs is not None:
+            if len(pairs) != len(strings):
+                raise InvalidInput("'text' and 'text_pair' must have as many rows")
+            encodings = self.tokenizer.encode_batch(list(zip(strings, pairs, strict=True)))
+        elif len(strings) == 1:
             encodings = [self.tokenizer.encode(strings[0])]
         else:
             encodings = self.tokenizer.encode_batch(strings)
-        ids = np.empty(len(encodings), dtype=object)
+        n = len(encodings)
+        ids = np.empty(n, dtype=object)
         ids[:] = [np.asarray(e.ids, dtype=np.int64) for e in encodings]
-        truncated = np.fromiter((bool(e.overflowing) for e in encodings), bool, len(encodings))
-        lengths = np.fromiter((len(e.ids) for e in encodings), np.int64, len(encodings))
-        return {"ids": ids, "truncated": truncated}, lengths
+        truncated = np.fromiter((bool(e.overflowing) for e in encodings), bool, n)
+        lengths = np.fromiter((len(e.ids) for e in encodings), np.int64, n)
+        prepared = {"ids": ids, "truncated": truncated}
+        if pairs is not None:
+            types = np.empty(n, dtype=object)
+            types[:] = [np.asarray(e.type_ids, dtype=np.int64) for e in encodings]
+            prepared["types"] = types
+        return prepared, lengths
+
+    def _strings(self, inputs: dict[str, np.ndarray], name: str) -> list[str]:
+        if name not in inputs:
+            raise InvalidInput(f"missing input {name!r}")
+        strings = [text_of(i, t, name) for i, t in enumerate(inputs[name].reshape(-1))]
+        return [s.lower() for s in strings] if self._lower else strings
 
     def predict_batch(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if "ids" not in inputs:  # raw texts (push-time checks): tokenize here
@@ -317,12 +363,23 @@ class TransformersRuntime(Runtime):
         with self._torch.inference_mode():
             if self.task == "embedding":
                 return {"embedding": self._embed_ids(ids).numpy(), **extra}
+            if self.task == "score":
+                return {"score": self._score_ids(ids, list(inputs["types"])), **extra}
             return {**self._classify_ids(ids), **extra}
 
     def _batch_tensors(self, ids: list[np.ndarray]) -> tuple[Any, Any]:
         input_ids, mask = pad_batch(ids, self.pad_id)
         torch = self._torch
         return torch.from_numpy(input_ids).to(self.device), torch.from_numpy(mask).to(self.device)
+
+    def _score_ids(self, ids: list[np.ndarray], types: list[np.ndarray]) -> np.ndarray:
+        input_ids, mask = self._batch_tensors(ids)
+        kwargs = {"input_ids": input_ids, "attention_mask": mask}
+        if (self._hf_config.get("type_vocab_size") or 0) > 1:  # BERT: query 0, document 1
+            kwargs["token_type_ids"] = self._torch.from_numpy(pad_batch(types)[0]).to(self.device)
+        logits = self.model(**kwargs).logits.float()[:, 0]
+        scores = self._torch.sigmoid(logits) if self._sigmoid else logits
+        return np.asarray(scores.cpu().numpy(), dtype=np.float32)
 
     def _embed_ids(self, ids: list[np.ndarray]) -> Any:
         torch = self._torch
@@ -355,3 +412,14 @@ class TransformersRuntime(Runtime):
     def unload(self) -> None:
         self.model = None
         self._dense = []
+
+
+def _cross_encoder_activation(config: dict[str, Any]) -> str | None:
+    """The activation sentence-transformers' ``CrossEncoder`` saved with a one-label
+    classifier (``sentence_transformers.activation_fn``; before v4
+    ``sbert_ce_default_activation_function``), or None: not saved as a cross-encoder."""
+    if int(config.get("num_labels") or len(config.get("id2label") or {}) or 2) != 1:
+        return None
+    saved = (config.get("sentence_transformers") or {}).get("activation_fn")
+    saved = saved or config.get("sbert_ce_default_activation_function")
+    return str(saved) if saved else None
