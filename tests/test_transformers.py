@@ -397,5 +397,5 @@ def test_a_plain_one_label_classifier_scores_only_when_told(tmp_path: Path) -> N
         _runtime(folder, task="score", activation="tanh")
     from inferd.runtimes.optimize import EvalSet, measure_int8
 
-    with pytest.raises(InvalidInput, match="a cross-encoder .task score. takes text pairs"):
+    with pytest.raises(InvalidInput, match=r"a cross-encoder \(task score\) takes text pairs"):
         measure_int8(folder, {"task": "score"}, EvalSet(["a text"], None, "inline"))

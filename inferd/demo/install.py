@@ -164,7 +164,7 @@ def install_text_demo(
             folder = work_dir / "text" / name
             metadata = build_sentiment_classifier(base, folder, progress)
         else:
-            progress(f"training the demo cross-encoder {name} locally (~15 s) ...")
+            progress(f"training the demo cross-encoder {name} locally (~30 s) ...")
             folder = work_dir / "text" / name
             metadata, batching = build_reranker(base, folder, progress), RERANKER_BATCHING
         _register(

@@ -74,6 +74,17 @@ def read_reviews(data_dir: Path | None = None) -> tuple[list[str], list[str]]:
     return [r["text"] for r in rows], [r["label"] for r in rows]
 
 
+def _save(model: Any, base: Path, out: Path) -> None:
+    """``model`` into a fresh ``out`` with ``base``'s tokenizer files."""
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    model.save_pretrained(str(out))
+    for name in _TOKENIZER_FILES:
+        if (base / name).is_file():
+            shutil.copy2(base / name, out / name)
+
+
 def build_sentiment_classifier(
     base: Path, out: Path, progress: Callable[[str], None] | None = None, epochs: int = 40
 ) -> dict[str, Any]:
@@ -139,13 +150,7 @@ def build_sentiment_classifier(
         ids, mask = batch(x_test)
         predicted = model(input_ids=ids, attention_mask=mask).logits.argmax(dim=1).numpy()
     accuracy = float(np.mean(predicted == np.asarray([index[y] for y in y_test])))
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    model.save_pretrained(str(out))
-    for name in _TOKENIZER_FILES:
-        if (base / name).is_file():
-            shutil.copy2(base / name, out / name)
+    _save(model, base, out)
     if progress is not None:
         progress(
             f"trained {CLASSIFIER_DEMO[0]} in {time.monotonic() - started:.0f}s "
@@ -276,13 +281,7 @@ def build_reranker(
     ]
     accuracy = float(np.mean(firsts))
     model.config.sentence_transformers = {"activation_fn": "torch.nn.modules.activation.Sigmoid"}
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    model.save_pretrained(str(out))
-    for name in _TOKENIZER_FILES:
-        if (base / name).is_file():
-            shutil.copy2(base / name, out / name)
+    _save(model, base, out)
     if progress is not None:
         progress(
             f"trained {RERANKER_DEMO[0]} in {time.monotonic() - started:.0f}s "
