@@ -82,3 +82,32 @@ def test_cancel_interrupted_and_expired(registry: Registry):
     assert store.purge() >= 1
     assert store.get(expired) is None and store.results_page(expired, -1, 10) == []
     assert store.get(cancelled) is not None  # kept until its own expiry
+
+
+def test_files_and_a_batch_s_output_lines(registry: Registry):
+    from inferd.jobs.files import FileStore, output_file_id, output_lines, output_of, output_size
+
+    files = FileStore(registry.engine)
+    content = b'{"custom_id": "a"}\n' + bytes(range(256))  # kept byte for byte
+    first = files.create("batch", "in.jsonl", content, "key:alice")
+    second = files.create("batch", "other.jsonl", b"x\n", None)
+    assert files.get(first["id"])["bytes"] == len(content)
+    assert files.content(first["id"]) == content
+    assert [f["id"] for f in files.find("batch", None, None, 10, True)] == [
+        second["id"], first["id"]
+    ]  # fmt: skip
+    assert [f["id"] for f in files.find(None, "key:alice", None, 10, True)] == [first["id"]]
+    assert [f["id"] for f in files.find("batch", None, first["id"], 10, False)] == [second["id"]]
+    assert files.delete(first["id"]) and not files.delete(first["id"])
+    assert files.get(first["id"]) is None and files.content(first["id"]) is None
+
+    store = JobStore(registry.engine)
+    job_id = _job(store, 4)
+    store.add_results(job_id, [_ok(0), Result(1, 400, '{"e": 1}'), _ok(2), _ok(3)])
+    assert output_of(output_file_id(job_id, True)) == (job_id, True)
+    assert output_of(output_file_id(job_id, False)) == (job_id, False)
+    assert output_of(second["id"]) is None
+    lines = b"".join(output_lines(store, job_id, errors=False, page=2))
+    assert lines == b'{"y": 0}\n{"y": 2}\n{"y": 3}\n'
+    assert b"".join(output_lines(store, job_id, errors=True)) == b'{"e": 1}\n'
+    assert output_size(store, job_id, errors=False) == len(lines)

@@ -447,3 +447,156 @@ def test_every_job_has_an_estimate_that_says_how_it_was_made(server: InferdServe
     estimate = reply.json()["estimate"]
     assert estimate["method"] in ("probe", "replicas") and estimate["seconds"] > 0, estimate
     wait_job(server, reply.json()["batch_id"])
+
+
+# -- OpenAI's Batch API ----------------------------------------------------------------------
+
+
+def _line(custom_id: str, body: dict[str, Any], url: str = "/v1/completions") -> dict[str, Any]:
+    return {"custom_id": custom_id, "method": "POST", "url": url, "body": body}
+
+
+def _jsonl(lines: list[dict[str, Any]]) -> bytes:
+    return "\n".join(json.dumps(line) for line in lines).encode() + b"\n"
+
+
+def _openai(server: InferdServer):
+    import openai
+
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+
+
+def _wait_batch(client: Any, batch_id: str, timeout_s: float = 90) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while (batch := client.batches.retrieve(batch_id)).status in ("validating", "in_progress"):
+        assert time.monotonic() < deadline, batch
+        time.sleep(0.1)
+    return batch
+
+
+def test_openai_batch_api_with_the_official_client(server: InferdServer):
+    import openai
+
+    client = _openai(server)
+    prompts = [f"The server number {i}" for i in range(12)]
+    lines = [
+        _line(f"req-{i}", {"model": "tiny", "prompt": p, "max_tokens": 4, "temperature": 0})
+        for i, p in enumerate(prompts)
+    ]
+    lines.insert(5, _line("bad", {"model": "tiny", "prompt": "x", "max_tokens": -1}))
+    data = _jsonl(lines)
+    uploaded = client.files.create(file=("prompts.jsonl", data), purpose="batch")
+    assert uploaded.bytes == len(data) and uploaded.purpose == "batch"
+    assert uploaded.filename == "prompts.jsonl"
+    assert client.files.retrieve(uploaded.id).id == uploaded.id
+    assert client.files.content(uploaded.id).content == data
+    assert uploaded.id in [f.id for f in client.files.list(purpose="batch")]
+
+    batch = client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="24h",
+        metadata={"run": "test"},
+    )  # fmt: skip
+    assert batch.status in ("validating", "in_progress") and batch.metadata == {"run": "test"}
+    done = _wait_batch(client, batch.id)
+    assert done.status == "completed", done
+    assert (done.request_counts.total, done.request_counts.completed) == (13, 12)
+    assert done.request_counts.failed == 1 and done.completed_at and done.in_progress_at
+    out = [json.loads(x) for x in client.files.content(done.output_file_id).text.splitlines()]
+    assert [o["custom_id"] for o in out] == [f"req-{i}" for i in range(12)]  # input order
+    assert all(o["response"]["status_code"] == 200 and o["error"] is None for o in out)
+    assert {o["response"]["body"]["object"] for o in out} == {"text_completion"}
+    online = client.completions.create(**lines[3]["body"])  # greedy: the same text online
+    assert out[3]["response"]["body"]["choices"][0]["text"] == online.choices[0].text
+    (error,) = [json.loads(x) for x in client.files.content(done.error_file_id).text.splitlines()]
+    assert error["custom_id"] == "bad" and error["response"]["status_code"] == 400
+    assert "max_tokens" in error["error"]["message"]
+    output_file = client.files.retrieve(done.output_file_id)
+    assert output_file.purpose == "batch_output"
+    assert output_file.bytes == len(client.files.content(done.output_file_id).content)
+    assert batch.id in [b.id for b in client.batches.list(limit=100)]
+    with pytest.raises(openai.ConflictError, match="already completed"):
+        client.batches.cancel(batch.id)
+    assert client.files.delete(uploaded.id).deleted
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(uploaded.id)
+    assert client.batches.retrieve(batch.id).status == "completed"  # its output stays
+
+
+def test_an_openai_batch_is_cancelled_with_the_lines_not_yet_run(server: InferdServer):
+    client = _openai(server)
+    body = {"model": "tiny", "prompt": "The server", "max_tokens": 32, "ignore_eos": True}
+    data = _jsonl([_line(f"r{i}", body) for i in range(1000)])
+    uploaded = client.files.create(file=("many.jsonl", data), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="24h"
+    )
+    cancelled = client.batches.cancel(batch.id)
+    assert cancelled.status == "cancelled" and cancelled.cancelled_at
+    time.sleep(1.0)
+    later = client.batches.retrieve(batch.id)
+    assert later.request_counts.completed + later.request_counts.failed < 1000
+    time.sleep(1.0)
+    assert client.batches.retrieve(batch.id).request_counts == later.request_counts
+
+
+@pytest.mark.parametrize(
+    ("lines", "endpoint", "status", "says"),
+    [
+        ([_line("a", {"model": "tiny", "prompt": "x"}), _line("a", {"model": "tiny"})],
+         "/v1/completions", 400, "line 2 repeats custom_id 'a'"),
+        ([_line("a", {"model": "tiny", "prompt": "x"}, url="/v1/embeddings")],
+         "/v1/completions", 400, "line 1 has url '/v1/embeddings', not the batch's endpoint"),
+        ([_line("a", {"model": "tiny", "prompt": "x", "stream": True})],
+         "/v1/completions", 400, "asks for a stream"),
+        ([_line("a", {"model": "tiny", "prompt": "x"}), _line("b", {"model": "calc"})],
+         "/v1/completions", 400, "one model per batch"),
+        ([{"custom_id": "a", "url": "/v1/completions", "body": {"prompt": "x"}}],
+         "/v1/completions", 400, "naming its 'model'"),
+        ([_line("a", {"model": "nope", "prompt": "x"})], "/v1/completions", 404, "nope"),
+        ([_line("a", {"model": "tiny", "prompt": "x"})], "/v1/responses", 400, "'endpoint'"),
+    ],
+)  # fmt: skip
+def test_bad_openai_batches_are_refused_naming_their_lines(
+    server: InferdServer, lines: list[dict[str, Any]], endpoint: str, status: int, says: str
+):
+    files = {"file": ("in.jsonl", _jsonl(lines))}
+    uploaded = server.client.post("/v1/files", files=files, data={"purpose": "batch"})
+    assert uploaded.status_code == 200, uploaded.text
+    reply = server.client.post(
+        "/v1/batches", json={"input_file_id": uploaded.json()["id"], "endpoint": endpoint}
+    )
+    assert reply.status_code == status, reply.text
+    assert says in reply.json()["error"]["message"]
+
+
+def test_bad_openai_files_and_batch_requests(server: InferdServer):
+    c = server.client
+    data = _jsonl([_line("a", {"model": "tiny", "prompt": "x"})])
+    wrong = c.post("/v1/files", files={"file": ("a.jsonl", data)}, data={"purpose": "fine-tune"})
+    assert wrong.status_code == 400 and "'purpose' must be 'batch'" in wrong.text
+    assert c.post("/v1/files", data={"purpose": "batch"}).status_code == 400
+    assert "multipart" in c.post("/v1/files", json={"purpose": "batch"}).text
+    empty = c.post("/v1/files", files={"file": ("e.jsonl", b"\n")}, data={"purpose": "batch"})
+    assert empty.status_code == 400 and "empty" in empty.text
+    file_id = c.post(
+        "/v1/files", files={"file": ("a.jsonl", data)}, data={"purpose": "batch"}
+    ).json()["id"]
+    for body, says in (
+        ({"input_file_id": "file-nope", "endpoint": "/v1/completions"}, "No such File"),
+        ({"input_file_id": file_id, "endpoint": "/v1/completions", "completion_window": "1h"},
+         "'completion_window'"),
+        ({"input_file_id": file_id, "endpoint": "/v1/completions", "metadata": {"k": 5}},
+         "'metadata'"),
+        ({"input_file_id": file_id, "endpoint": "/v1/completions", "tools": []},
+         "Unrecognized request argument supplied: tools"),
+    ):  # fmt: skip
+        reply = c.post("/v1/batches", json=body)
+        assert reply.status_code in (400, 404) and says in reply.text, reply.text
+    assert c.get("/v1/batches/b-nope").status_code == 404
+    assert c.get("/v1/files/file-b-nope-output").status_code == 404
+    assert c.post("/v1/batches/b-nope/cancel").status_code == 404
+    bad = c.post(
+        "/api/v1/models/calc/predict", json={"inputs": [{"x": 1.0}]},
+        headers={"x-inferd-priority": "soonest"},
+    )  # fmt: skip
+    assert bad.status_code == 422 and "X-Inferd-Priority" in bad.text

@@ -79,5 +79,18 @@ def test_jobs_with_auth_and_rate_limits(tmp_path):
             time.sleep(0.05)
         assert r["result"]["prediction"] == 4.0
         assert c.get(queued["status_url"], headers=as_(alice)).status_code == 404
+        # OpenAI batch files are their owner's; a batch is checked against its model
+        line = b'{"custom_id": "a", "url": "/v1/embeddings", "body": {"model": "other"}}\n'
+        upload = {"files": {"file": ("in.jsonl", line)}, "data": {"purpose": "batch"}}
+        assert c.post("/v1/files", **upload).status_code == 401
+        file_id = c.post("/v1/files", **upload, headers=as_(calc_only)).json()["id"]
+        assert c.get(f"/v1/files/{file_id}", headers=as_(bob)).status_code == 404
+        assert c.get(f"/v1/files/{file_id}/content", headers=as_(bob)).status_code == 404
+        assert c.delete(f"/v1/files/{file_id}", headers=as_(bob)).status_code == 404
+        assert c.get("/v1/files", headers=as_(bob)).json()["data"] == []
+        assert c.get(f"/v1/files/{file_id}", headers=as_(admin)).status_code == 200
+        batch = {"input_file_id": file_id, "endpoint": "/v1/embeddings"}
+        assert c.post("/v1/batches", json=batch, headers=as_(bob)).status_code == 404
+        assert c.post("/v1/batches", json=batch, headers=as_(calc_only)).status_code == 403
     finally:
         assert server.stop() == 0, server.log()[-3000:]

@@ -98,7 +98,7 @@ def test_migrate_creates_tables_and_is_idempotent(registry: Registry) -> None:
     registry.migrate()  # already at head: nothing to do, nothing fails
     registry.migrate()
     with registry.engine.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).all() == [("0010",)]
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).all() == [("0011",)]
         # The declarative classes describe exactly what the migrations built (the
         # inference log apart: partitioned on PostgreSQL, described by a Core table).
         context = MigrationContext.configure(conn, opts={"include_name": _registry_only})
@@ -114,12 +114,12 @@ def test_migrate_creates_tables_and_is_idempotent(registry: Registry) -> None:
 
 def _registry_only(name: str | None, type_: str, parents: dict[str, str | None]) -> bool:
     table = name if type_ == "table" else parents.get("table_name")
-    return not (table or "").startswith(("inference_logs", "feedback", "job"))
+    return not (table or "").startswith(("inference_logs", "feedback", "job", "files"))
 
 
 def _jobs_only(name: str | None, type_: str, parents: dict[str, str | None]) -> bool:
     table = name if type_ == "table" else parents.get("table_name")
-    return table in ("jobs", "job_results") or type_ == "schema"
+    return table in ("jobs", "job_results", "files") or type_ == "schema"
 
 
 def test_upgrade_from_0001_keeps_existing_models_loaded(

@@ -32,6 +32,7 @@ from inferd.api import (
     keys,
     logs,
     openai,
+    openai_batch,
     registration,
     rerank,
     v1,
@@ -101,6 +102,7 @@ def create_app(
     app.include_router(generate.router)
     app.include_router(openai.router)
     app.include_router(rerank.router)
+    app.include_router(openai_batch.router)
     app.include_router(v2.router)
     app.include_router(v2_repository.router)
     app.include_router(v2_generate.router)

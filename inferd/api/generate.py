@@ -21,7 +21,14 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
 from inferd.api.auth import authorize_model
-from inferd.api.http import context_of, json_response, read_json, request_id_of
+from inferd.api.http import (
+    PRIORITY_HEADER,
+    context_of,
+    header,
+    json_response,
+    read_json,
+    request_id_of,
+)
 from inferd.api.limits import budget_of
 from inferd.api.state import gateway_of
 from inferd.errors import BadRequest, InferdError, InvalidInput
@@ -52,6 +59,8 @@ async def start(
     state = gateway_of(request)
     context = context_of(request.scope)
     budget = budget_of(request)
+    if "priority" not in body and (priority := header(request, PRIORITY_HEADER)):
+        body = {**body, "priority": priority}
     route = None
     if context.principal is not None:  # auth is on: may it use this model?
         until = time.perf_counter() + state.settings.request_timeout_s

@@ -88,6 +88,10 @@ def request_id_of(request: Request) -> str:
     return rid
 
 
+PRIORITY_HEADER = b"x-inferd-priority"
+"""A request's priority (a name or level) where its body gives none: OpenAI's bodies
+have no field for it on embeddings, scores and reranks."""
+
 _TIMEOUT = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s)?\s*$")
 
 

@@ -44,23 +44,23 @@ from inferd.runtimes import GENERATIVE
 router = APIRouter(prefix="/api/v1", tags=["jobs"])
 
 
-def _jobs(request: Request) -> Jobs:
+def jobs_of(request: Request) -> Jobs:
     jobs: Jobs | None = gateway_of(request).jobs
     if jobs is None:
         raise NotFound("jobs are not enabled on this server")
     return jobs
 
 
-def _owner(scope: Scope) -> str | None:
+def owner_of(scope: Scope) -> str | None:
     principal = context_of(scope).principal
     return None if principal is None else f"{principal.kind}:{principal.subject}"
 
 
-def _visible(job: dict[str, Any] | None, scope: Scope, job_id: str) -> dict[str, Any]:
+def visible_job(job: dict[str, Any] | None, scope: Scope, job_id: str) -> dict[str, Any]:
     """The job, if it exists and the caller may see it (its owner, or an admin)."""
     principal = context_of(scope).principal
     if job is not None and (
-        principal is None or "admin" in principal.scopes or job["owner"] == _owner(scope)
+        principal is None or "admin" in principal.scopes or job["owner"] == owner_of(scope)
     ):
         return job
     raise NotFound(f"no job {job_id!r}")
@@ -86,7 +86,7 @@ def _callback(value: Any) -> str | None:
 @router.post("/batch", status_code=202)
 async def submit_batch(request: Request) -> Response:
     """Queue a batch job over many inputs (inline, or a file: ``input_uri``)."""
-    jobs = _jobs(request)
+    jobs = jobs_of(request)
     settings = gateway_of(request).settings
     body, non_finite = parse_tensor_json(await read_body(request, settings.jobs.max_body_bytes))
     if not isinstance(body, dict):
@@ -123,7 +123,7 @@ async def submit_batch(request: Request) -> Response:
         "batch", model, version, items,
         {"route": "generate" if generative else "predict", "input_uri": source,
          "estimate": estimate.to_dict()},
-        priority, callback_url, _owner(request.scope),
+        priority, callback_url, owner_of(request.scope),
     )  # fmt: skip
     reply = describe(job)
     location = f"/api/v1/batch/{job['id']}"
@@ -140,23 +140,25 @@ async def list_batches(
     if not 1 <= limit <= 1000:
         raise InvalidInput("'limit' must be 1 to 1000")
     principal = context_of(request.scope).principal
-    owner = None if principal is None or "admin" in principal.scopes else _owner(request.scope)
-    found = await asyncio.to_thread(_jobs(request).store.find, "batch", status, model, owner, limit)
+    owner = None if principal is None or "admin" in principal.scopes else owner_of(request.scope)
+    found = await asyncio.to_thread(
+        jobs_of(request).store.find, "batch", status, model, owner, limit
+    )
     return json_response({"jobs": [describe(job) for job in found], "count": len(found)})
 
 
 @router.get("/batch/{batch_id}")
 async def batch_status(batch_id: str, request: Request) -> Response:
     """A batch job's status, progress (items done, failed), throughput and ETA."""
-    job = _visible(await _jobs(request).get(batch_id), request.scope, batch_id)
+    job = visible_job(await jobs_of(request).get(batch_id), request.scope, batch_id)
     return json_response(describe(job))
 
 
 @router.get("/batch/{batch_id}/results")
 async def batch_results(batch_id: str, request: Request) -> Response:
     """The results so far, in input order, as JSON Lines (streamed)."""
-    jobs = _jobs(request)
-    _visible(await jobs.get(batch_id), request.scope, batch_id)
+    jobs = jobs_of(request)
+    visible_job(await jobs.get(batch_id), request.scope, batch_id)
     return StreamingResponse(
         _result_lines(jobs, batch_id), media_type="application/x-ndjson",
         headers={"x-inferd-batch-id": batch_id},
@@ -185,8 +187,8 @@ async def _result_lines(jobs: Jobs, batch_id: str) -> AsyncIterator[bytes]:
 @router.delete("/batch/{batch_id}")
 async def cancel_batch(batch_id: str, request: Request) -> Response:
     """Cancel a job: items not yet run never run (results already in stay)."""
-    jobs = _jobs(request)
-    job = _visible(await jobs.get(batch_id), request.scope, batch_id)
+    jobs = jobs_of(request)
+    job = visible_job(await jobs.get(batch_id), request.scope, batch_id)
     if job["status"] in TERMINAL:
         raise Conflict(f"job {batch_id} already {job['status']}")
     if not await asyncio.to_thread(
@@ -200,8 +202,8 @@ async def cancel_batch(batch_id: str, request: Request) -> Response:
 @router.get("/requests/{request_id}")
 async def async_status(request_id: str, request: Request) -> Response:
     """An asynchronous request: its status, and once done its status code and answer."""
-    jobs = _jobs(request)
-    job = _visible(await jobs.get(request_id), request.scope, request_id)
+    jobs = jobs_of(request)
+    job = visible_job(await jobs.get(request_id), request.scope, request_id)
     shown = describe(job)
     reply: dict[str, Any] = {
         "id": job["id"],
@@ -278,7 +280,7 @@ class AsyncGate:
 
 
 async def _submit_async(request: Request) -> Response:
-    jobs = _jobs(request)
+    jobs = jobs_of(request)
     state = gateway_of(request)
     if request.headers.get("inference-header-content-length") is not None:
         raise InvalidInput("an asynchronous V2 request takes a JSON body, not the binary extension")
@@ -306,7 +308,7 @@ async def _submit_async(request: Request) -> Response:
     priority = params.get("priority", "normal") if isinstance(params, dict) else "normal"
     job = await jobs.submit(
         "request", model, None, [raw], {"path": request.url.path, "headers": headers},
-        priority if isinstance(priority, str) else "normal", None, _owner(request.scope),
+        priority if isinstance(priority, str) else "normal", None, owner_of(request.scope),
     )  # fmt: skip
     url = f"/api/v1/requests/{job['id']}"
     return json_response(

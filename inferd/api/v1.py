@@ -15,6 +15,7 @@ from starlette.responses import Response
 from inferd.api import docs
 from inferd.api.auth import authorize_model, visible_models
 from inferd.api.http import (
+    PRIORITY_HEADER,
     context_of,
     header,
     json_response,
@@ -62,6 +63,16 @@ def _params(body: dict[str, Any]) -> tuple[str | None, float | None, str | None,
     return version, timeout_ms / 1000 if timeout_ms else None, user, priority
 
 
+def _priority(request: Request, priority: int, body: dict[str, Any]) -> int:
+    """``params.priority``, else the ``X-Inferd-Priority`` header (how the job runner
+    runs an OpenAI batch's embeddings and scores, whose bodies have no such field)."""
+    params = body.get("params")
+    if isinstance(params, dict) and "priority" in params:
+        return priority
+    named = header(request, PRIORITY_HEADER)
+    return priority if named is None else priority_code(named, "the X-Inferd-Priority header")
+
+
 async def _run(
     request: Request,
     model: str,
@@ -78,6 +89,7 @@ async def _run(
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     version, timeout_s, user, priority = _params(body)
+    priority = _priority(request, priority, body)
     timeout_s = request_timeout(request, timeout_s)
     plane = _plane(request)
     user = user or header(request, b"x-user-id")

@@ -28,11 +28,16 @@ if TYPE_CHECKING:  # the store brings SQLAlchemy: a gateway opens it on the firs
 logger = logging.getLogger(__name__)
 
 TERMINAL = ("succeeded", "failed", "cancelled")
+OPENAI_BATCH = "openai-batch"
+"""The kind of an OpenAI batch's job (``/v1/batches``): its inputs are request lines."""
 
 
 def new_job_id(kind: str) -> str:
-    """Time-ordered (milliseconds, then 64 random bits): ``b-`` batch, ``r-`` request."""
-    return f"{'b' if kind == 'batch' else 'r'}-{int(time.time() * 1000):012x}{secrets.token_hex(8)}"
+    """Time-ordered (milliseconds, then 64 random bits): ``r-`` request, ``b-`` batch
+    (of either API)."""
+    return (
+        f"{'r' if kind == 'request' else 'b'}-{int(time.time() * 1000):012x}{secrets.token_hex(8)}"
+    )
 
 
 class QueueUnavailable(InferdError):
@@ -45,6 +50,9 @@ class Jobs:
         self.settings = settings
         self.store = store
         self.queue = queue
+        from inferd.jobs.files import FileStore  # SQLAlchemy, as the store brings
+
+        self.files = FileStore(store.engine)
 
     async def submit(
         self,
@@ -150,4 +158,12 @@ def _iso(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()
 
 
-__all__ = ["TERMINAL", "Jobs", "QueueUnavailable", "describe", "human_duration", "new_job_id"]
+__all__ = [
+    "OPENAI_BATCH",
+    "TERMINAL",
+    "Jobs",
+    "QueueUnavailable",
+    "describe",
+    "human_duration",
+    "new_job_id",
+]

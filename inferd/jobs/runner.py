@@ -28,7 +28,7 @@ import msgspec
 import orjson
 
 from inferd import nonfinite_json
-from inferd.jobs import TERMINAL
+from inferd.jobs import OPENAI_BATCH, TERMINAL
 from inferd.jobs.callbacks import CallbackSender
 from inferd.jobs.chunk import Chunk, decode_chunk
 from inferd.jobs.queue import Delivery, JobQueue
@@ -225,6 +225,8 @@ class JobRunner:
             await asyncio.to_thread(self.store.start, chunk.job_id)
         if job["kind"] == "request":
             results = [await self._request(job, chunk)]
+        elif job["kind"] == OPENAI_BATCH:
+            results = await self._openai(job, chunk)
         else:
             try:
                 results = await self._batch(job, chunk)
@@ -248,6 +250,43 @@ class JobRunner:
         headers = {"content-type": "application/json", **request.get("headers", {})}
         status, body = await self._post(request["path"], chunk.items[0], headers)
         return Result(chunk.start, status, body.decode())
+
+    async def _openai(self, job: dict[str, Any], chunk: Chunk) -> list[Result]:
+        """An OpenAI batch's lines (checked when it was created), all at once: each
+        answer, whatever its status, becomes the line's output line."""
+        lines = [orjson.loads(raw) for raw in chunk.items]
+        return list(
+            await asyncio.gather(
+                *(self._openai_line(job, line, chunk.start + i) for i, line in enumerate(lines))
+            )
+        )
+
+    async def _openai_line(self, job: dict[str, Any], line: dict[str, Any], item: int) -> Result:
+        rid = f"{job['id']}-{item}"
+        headers = {
+            "content-type": "application/json",
+            "x-request-id": rid,
+            "x-inferd-priority": job["priority"],
+        }
+        status, body = await self._post(line["url"], orjson.dumps(line["body"]), headers)
+        try:
+            answer: Any = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            answer = body.decode("utf-8", "replace")
+        error = None
+        if status != 200:
+            shaped = answer.get("error") if isinstance(answer, dict) else None
+            if isinstance(shaped, dict):
+                error = {"code": shaped.get("code"), "message": shaped.get("message")}
+            else:
+                error = {"code": str(status), "message": str(shaped or answer)[:500]}
+        out = {
+            "id": f"batch_req_{rid}",
+            "custom_id": line["custom_id"],
+            "response": {"status_code": status, "request_id": rid, "body": answer},
+            "error": error,
+        }
+        return Result(item, status, orjson.dumps(out).decode())
 
     async def _batch(self, job: dict[str, Any], chunk: Chunk) -> list[Result]:
         results: dict[int, Result] = {}

@@ -84,9 +84,13 @@ class JobStore:
         model: str | None = None,
         owner: str | None = None,
         limit: int = 100,
+        before: str | None = None,
     ) -> list[dict[str, Any]]:
-        """Jobs of ``kind``, newest first, filtered (``owner`` None: everyone's)."""
+        """Jobs of ``kind``, newest first, filtered (``owner`` None: everyone's), older
+        than the job ``before`` (a page's cursor)."""
         query = select(jobs).where(jobs.c.kind == kind)
+        if before is not None:
+            query = query.where(jobs.c.id < before)
         if status is not None:
             query = query.where(jobs.c.status == status)
         if model is not None:

@@ -26,7 +26,7 @@ from inferd.registry.engine import (
     create_registry_engine,
 )
 
-HEAD = "0010"
+HEAD = "0011"
 """The newest migration's revision."""
 
 

@@ -21,6 +21,7 @@ from sqlalchemy import (
     Float,
     ForeignKey,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -281,3 +282,17 @@ job_results = Table(
 )
 """One row per (job, item): the key makes writing a result idempotent, so an item a
 crash made the queue deliver again never gets two."""
+
+files = Table(
+    "files",
+    JOBS_METADATA,
+    Column("id", String(40), primary_key=True),
+    Column("purpose", String(32), nullable=False),
+    Column("filename", String(256), nullable=False),
+    Column("bytes", BigInteger(), nullable=False),
+    Column("owner", String(128), nullable=True),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("content", LargeBinary(), nullable=False),
+)
+"""Files uploaded through OpenAI's ``/v1/files`` (a batch's input, JSON Lines), kept
+until deleted; in the database, so every gateway and host reads the same ones."""

@@ -1,0 +1,410 @@
+"""OpenAI's Batch API on inferd's durable jobs: ``/v1/files`` and ``/v1/batches``.
+
+- ``POST /v1/files`` (multipart: ``file``, ``purpose: batch``) keeps a JSON Lines file
+  (:mod:`inferd.jobs.files`); ``GET /v1/files``, ``GET /v1/files/{id}``,
+  ``GET /v1/files/{id}/content``, ``DELETE /v1/files/{id}``.
+- ``POST /v1/batches`` ``{"input_file_id", "endpoint", "completion_window": "24h",
+  "metadata"?}`` checks every line of the file (``custom_id`` unique, ``method`` POST,
+  ``url`` the batch's endpoint, a ``body`` naming one model for the whole file, no
+  streaming) and answers 400 naming the lines that are wrong, or queues one job item
+  per line. The job runner sends each line's body to its route at the ``batch``
+  priority (``X-Inferd-Priority``), so the lines take the online path (batching, result
+  cache, inference log) without crowding online traffic; its answer becomes the line's
+  output line ``{"id", "custom_id", "response": {"status_code", "request_id", "body"},
+  "error"}``, in the batch's output file (answered 200) or error file (the rest).
+- ``GET /v1/batches`` (newest first, ``after``/``limit``), ``GET /v1/batches/{id}``,
+  ``POST /v1/batches/{id}/cancel`` (lines not yet sent never run; the output so far
+  stays readable).
+
+A batch is never expired: it runs to the end however long that takes (``expires_at``
+is null). Files and batches are their owner's (an admin sees all), as jobs are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from starlette.datastructures import UploadFile
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Message
+
+from inferd.api.auth import authorize_model
+from inferd.api.http import context_of, json_response, read_body, read_json
+from inferd.api.jobs import jobs_of, owner_of, visible_job
+from inferd.api.state import gateway_of
+from inferd.errors import Conflict, InvalidInput, NotFound
+from inferd.jobs import OPENAI_BATCH, TERMINAL, Jobs
+from inferd.jobs.files import output_file_id, output_lines, output_of, output_size
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/score",
+             "/v1/rerank")  # fmt: skip
+BATCH_FIELDS = frozenset({"input_file_id", "endpoint", "completion_window", "metadata"})
+LINE_FIELDS = frozenset({"custom_id", "method", "url", "body"})
+SHOWN_ERRORS = 10
+STATUS = {
+    "accepting": "validating", "queued": "in_progress", "running": "in_progress",
+    "succeeded": "completed", "failed": "failed", "cancelled": "cancelled",
+}  # fmt: skip
+"""A job's status as a batch's."""
+
+
+# -- files ---------------------------------------------------------------------------------
+
+
+def _file_object(row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": row["id"],
+        "object": "file",
+        "bytes": row["bytes"],
+        "created_at": int(row["created_at"].timestamp()),
+        "filename": row["filename"],
+        "purpose": row["purpose"],
+        "status": "processed",
+        "expires_at": None,
+    }
+
+
+async def _uploaded(request: Request, file_id: str, **details: Any) -> dict[str, Any]:
+    """An uploaded file's record, if it exists and the caller may see it (its owner, or
+    an admin), else 404."""
+    row = await asyncio.to_thread(jobs_of(request).files.get, file_id)
+    principal = context_of(request.scope).principal
+    if row is None or not (
+        principal is None or principal.admin or row["owner"] == owner_of(request.scope)
+    ):
+        raise NotFound(f"No such File object: {file_id}", **details)
+    return row
+
+
+async def _upload(request: Request, limit: int) -> tuple[str, str, bytes]:
+    """(purpose, file name, content) of a multipart upload of at most ``limit`` bytes."""
+    body = await read_body(request, limit)
+
+    async def replay() -> Message:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    if not (request.headers.get("content-type") or "").startswith("multipart/form-data"):
+        raise InvalidInput("upload the file as multipart/form-data ('file' and 'purpose')")
+    async with Request(request.scope, replay).form(max_files=1, max_fields=8) as form:
+        purpose, upload = form.get("purpose"), form.get("file")
+        if purpose != "batch":
+            raise InvalidInput(
+                f"'purpose' must be 'batch', not {purpose!r}: inferd keeps files for its Batch API",
+                param="purpose",
+            )
+        if not isinstance(upload, UploadFile):
+            raise InvalidInput("'file' is required: the batch's JSON Lines", param="file")
+        content = await upload.read()
+        return purpose, upload.filename or "upload.jsonl", content
+
+
+@router.post("/files")
+async def create_file(request: Request) -> Response:
+    """Upload a batch's input: JSON Lines, one request per line."""
+    jobs = jobs_of(request)
+    limit = gateway_of(request).settings.jobs.max_body_bytes
+    purpose, filename, content = await _upload(request, limit)
+    if not content.strip():
+        raise InvalidInput("the file is empty", param="file")
+    row = await asyncio.to_thread(
+        jobs.files.create, purpose, filename[:256], content, owner_of(request.scope)
+    )
+    return json_response(_file_object(row))
+
+
+@router.get("/files")
+async def list_files(
+    request: Request,
+    purpose: str | None = None,
+    limit: int = 10000,
+    order: str = "desc",
+    after: str | None = None,
+) -> Response:
+    """Uploaded files the caller may see (a batch's output files are its own)."""
+    if order not in ("asc", "desc"):
+        raise InvalidInput("'order' must be asc or desc", param="order")
+    if not 1 <= limit <= 10000:
+        raise InvalidInput("'limit' must be 1 to 10000", param="limit")
+    principal = context_of(request.scope).principal
+    owner = None if principal is None or principal.admin else owner_of(request.scope)
+    files = jobs_of(request).files
+    rows = await asyncio.to_thread(files.find, purpose, owner, after, limit + 1, order == "desc")
+    data = [_file_object(r) for r in rows[:limit]]
+    return json_response(_page(data, len(rows) > limit))
+
+
+def _page(data: list[dict[str, Any]], more: bool) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": more,
+    }
+
+
+async def _output_file(request: Request, file_id: str) -> tuple[dict[str, Any], bool] | None:
+    """A batch's output or error file: (its job, errors?), or None for other ids."""
+    found = output_of(file_id)
+    if found is None:
+        return None
+    job_id, errors = found
+    job = await jobs_of(request).get(job_id)
+    if job is None or job["kind"] != OPENAI_BATCH or job["status"] not in TERMINAL:
+        raise NotFound(f"No such File object: {file_id}")
+    return visible_job(job, request.scope, file_id), errors
+
+
+@router.get("/files/{file_id}")
+async def get_file(file_id: str, request: Request) -> Response:
+    jobs = jobs_of(request)
+    output = await _output_file(request, file_id)
+    if output is not None:
+        job, errors = output
+        size = await asyncio.to_thread(output_size, jobs.store, job["id"], errors)
+        kind = "errors" if errors else "output"
+        return json_response(
+            _file_object({
+                "id": file_id, "bytes": size, "created_at": job["finished_at"],
+                "filename": f"{job['id']}_{kind}.jsonl", "purpose": "batch_output",
+            })
+        )  # fmt: skip
+    return json_response(_file_object(await _uploaded(request, file_id)))
+
+
+@router.get("/files/{file_id}/content")
+async def file_content(file_id: str, request: Request) -> Response:
+    jobs = jobs_of(request)
+    output = await _output_file(request, file_id)
+    if output is not None:
+        job, errors = output
+        return StreamingResponse(
+            _stream(jobs, job["id"], errors), media_type="application/octet-stream"
+        )
+    await _uploaded(request, file_id)
+    content = await asyncio.to_thread(jobs.files.content, file_id)
+    return Response(content or b"", media_type="application/octet-stream")
+
+
+async def _stream(jobs: Jobs, job_id: str, errors: bool) -> AsyncIterator[bytes]:
+    lines = output_lines(jobs.store, job_id, errors)
+    while (part := await asyncio.to_thread(next, lines, None)) is not None:
+        yield part
+
+
+@router.delete("/files/{file_id}")
+async def delete_file(file_id: str, request: Request) -> Response:
+    jobs = jobs_of(request)
+    if await _output_file(request, file_id) is not None:
+        raise InvalidInput(
+            f"{file_id} is a batch's output: it is kept as long as its batch is", param="file_id"
+        )
+    await _uploaded(request, file_id)
+    if not await asyncio.to_thread(jobs.files.delete, file_id):  # deleted meanwhile
+        raise NotFound(f"No such File object: {file_id}")
+    return json_response({"id": file_id, "object": "file", "deleted": True})
+
+
+# -- batches -------------------------------------------------------------------------------
+
+
+def _timestamp(value: Any) -> int | None:
+    return None if value is None else int(value.timestamp())
+
+
+def batch_object(job: dict[str, Any]) -> dict[str, Any]:
+    """A job as OpenAI's Batch object."""
+    request = job["request"]
+    status = STATUS[job["status"]]
+    ended = job["status"] in TERMINAL
+    finished = _timestamp(job["finished_at"])
+    errors = None
+    if job["status"] == "failed" and job["error"]:
+        failure = {"code": "failed", "message": job["error"], "param": None, "line": None}
+        errors = {"object": "list", "data": [failure]}
+    return {
+        "id": job["id"],
+        "object": "batch",
+        "endpoint": request["endpoint"],
+        "errors": errors,
+        "input_file_id": request["input_file_id"],
+        "completion_window": request["completion_window"],
+        "status": status,
+        "output_file_id": output_file_id(job["id"], False) if ended and job["succeeded"] else None,
+        "error_file_id": output_file_id(job["id"], True) if ended and job["failed"] else None,
+        "created_at": _timestamp(job["created_at"]),
+        "in_progress_at": _timestamp(job["started_at"]),
+        "expires_at": None,
+        "finalizing_at": finished if status == "completed" else None,
+        "completed_at": finished if status == "completed" else None,
+        "failed_at": finished if status == "failed" else None,
+        "expired_at": None,
+        "cancelling_at": finished if status == "cancelled" else None,
+        "cancelled_at": finished if status == "cancelled" else None,
+        "request_counts": {
+            "total": job["total"],
+            "completed": job["succeeded"],
+            "failed": job["failed"],
+        },
+        "metadata": request.get("metadata"),
+    }
+
+
+def _batch_fields(body: Any) -> tuple[str, str, str, dict[str, str] | None]:
+    if not isinstance(body, dict):
+        raise InvalidInput("request body must be a JSON object")
+    for name in body:
+        if name not in BATCH_FIELDS:
+            raise InvalidInput(f"Unrecognized request argument supplied: {name}", param=name)
+    file_id, endpoint = body.get("input_file_id"), body.get("endpoint")
+    if not isinstance(file_id, str) or not file_id:
+        raise InvalidInput("'input_file_id' is required", param="input_file_id")
+    if endpoint not in ENDPOINTS:
+        raise InvalidInput(
+            f"'endpoint' must be one of {', '.join(ENDPOINTS)}, not {endpoint!r}", param="endpoint"
+        )
+    window = body.get("completion_window", "24h")
+    if window != "24h":
+        raise InvalidInput("'completion_window' must be '24h'", param="completion_window")
+    metadata = body.get("metadata")
+    if metadata is not None and not (
+        isinstance(metadata, dict)
+        and len(metadata) <= 16
+        and all(isinstance(k, str) and len(k) <= 64 for k in metadata)
+        and all(isinstance(v, str) and len(v) <= 512 for v in metadata.values())
+    ):
+        raise InvalidInput(
+            "'metadata' must be at most 16 string pairs (keys up to 64 characters, values "
+            "up to 512)",
+            param="metadata",
+        )
+    return file_id, str(endpoint), window, metadata
+
+
+def batch_lines(content: bytes, endpoint: str, limit: int) -> tuple[list[bytes], str]:
+    """Each line of a batch's input as a job item (``{"custom_id", "url", "body"}``), and
+    the one model they name; InvalidInput listing the first wrong lines."""
+    items: list[bytes] = []
+    models: dict[str, int] = {}
+    seen: set[str] = set()
+    wrong: list[str] = []
+    for number, raw in enumerate(content.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        if len(items) >= limit:
+            raise InvalidInput(f"the file has more than {limit} requests (jobs.max_items)")
+        try:
+            line = orjson.loads(raw)
+            problem = _line_problem(line, endpoint, seen)
+        except orjson.JSONDecodeError:
+            problem = "is not JSON"
+        if problem is not None:
+            wrong.append(f"line {number} {problem}")
+            continue
+        seen.add(line["custom_id"])
+        models.setdefault(line["body"]["model"], number)
+        items.append(orjson.dumps({k: line[k] for k in ("custom_id", "url", "body")}))
+    if len(models) > 1:
+        (first, _), (second, at) = list(models.items())[:2]
+        wrong.append(f"line {at} names model {second!r}, an earlier line {first!r}: one model "
+                     "per batch")  # fmt: skip
+    if wrong:
+        shown = "; ".join(wrong[:SHOWN_ERRORS])
+        more = f" (and {len(wrong) - SHOWN_ERRORS} more)" if len(wrong) > SHOWN_ERRORS else ""
+        raise InvalidInput(f"the batch's input file is not valid: {shown}{more}", lines=wrong)
+    if not items:
+        raise InvalidInput("the batch's input file has no requests")
+    return items, next(iter(models))
+
+
+def _line_problem(line: Any, endpoint: str, seen: set[str]) -> str | None:
+    """What is wrong with one input line, or None."""
+    if not isinstance(line, dict):
+        return "is not a JSON object"
+    unknown = sorted(set(line) - LINE_FIELDS)
+    if unknown:
+        return f"has unknown field(s) {unknown}"
+    custom_id = line.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        return "needs a 'custom_id' (a non-empty string)"
+    if custom_id in seen:
+        return f"repeats custom_id {custom_id!r}"
+    if line.get("method", "POST") != "POST":
+        return "has a 'method' other than POST"
+    if line.get("url") != endpoint:
+        return f"has url {line.get('url')!r}, not the batch's endpoint {endpoint}"
+    body = line.get("body")
+    if not isinstance(body, dict) or not isinstance(body.get("model"), str):
+        return "needs a 'body' object naming its 'model'"
+    if body.get("stream"):
+        return "asks for a stream: a batch's answers are whole"
+    return None
+
+
+@router.post("/batches")
+async def create_batch(request: Request) -> Response:
+    """Create a batch from an uploaded JSON Lines file; every line is checked first."""
+    jobs = jobs_of(request)
+    settings = gateway_of(request).settings
+    file_id, endpoint, window, metadata = _batch_fields(
+        await read_json(request, settings.max_body_bytes)
+    )
+    row = await _uploaded(request, file_id, param="input_file_id")
+    if row["purpose"] != "batch":
+        raise InvalidInput(f"{file_id} was not uploaded for a batch", param="input_file_id")
+    content = await asyncio.to_thread(jobs.files.content, file_id) or b""
+    items, model = await asyncio.to_thread(batch_lines, content, endpoint, settings.jobs.max_items)
+    context_of(request.scope).model = model
+    target, _ = gateway_of(request).router.resolve(model, None)  # 404 now, not a failed batch
+    authorize_model(request.scope, target.model)
+    job = await jobs.submit(
+        OPENAI_BATCH, model, None, items,
+        {"endpoint": endpoint, "input_file_id": file_id, "completion_window": window,
+         "metadata": metadata},
+        "batch", None, owner_of(request.scope),
+    )  # fmt: skip
+    return json_response(batch_object(job))
+
+
+async def _batch(request: Request, batch_id: str) -> dict[str, Any]:
+    job = await jobs_of(request).get(batch_id)
+    if job is None or job["kind"] != OPENAI_BATCH:
+        raise NotFound(f"No such Batch object: {batch_id}")
+    return visible_job(job, request.scope, batch_id)
+
+
+@router.get("/batches/{batch_id}")
+async def get_batch(batch_id: str, request: Request) -> Response:
+    return json_response(batch_object(await _batch(request, batch_id)))
+
+
+@router.get("/batches")
+async def list_batches(request: Request, after: str | None = None, limit: int = 20) -> Response:
+    """The caller's batches (an admin: all), newest first."""
+    if not 1 <= limit <= 100:
+        raise InvalidInput("'limit' must be 1 to 100", param="limit")
+    principal = context_of(request.scope).principal
+    owner = None if principal is None or principal.admin else owner_of(request.scope)
+    store = jobs_of(request).store
+    found = await asyncio.to_thread(store.find, OPENAI_BATCH, None, None, owner, limit + 1, after)
+    data = [batch_object(job) for job in found[:limit]]
+    return json_response(_page(data, len(found) > limit))
+
+
+@router.post("/batches/{batch_id}/cancel")
+async def cancel_batch(batch_id: str, request: Request) -> Response:
+    """Cancel a batch: lines not yet sent never run; what came back stays readable."""
+    jobs = jobs_of(request)
+    job = await _batch(request, batch_id)
+    if job["status"] in TERMINAL or not await asyncio.to_thread(
+        jobs.store.finish, batch_id, "cancelled", "cancelled by the client"
+    ):
+        ended = await jobs.get(batch_id) or job
+        raise Conflict(f"batch {batch_id} is already {STATUS[ended['status']]}")
+    return json_response(batch_object(await jobs.get(batch_id) or job))
