@@ -105,6 +105,18 @@ def test_metadata(demo: LLMDemo) -> None:
     json.dumps(meta)
 
 
+def test_the_context_is_1024_tokens_and_every_position_was_trained(demo: LLMDemo) -> None:
+    config = json.loads((demo.base / "config.json").read_text())
+    assert config["n_positions"] == 1024
+    tokenizer = json.loads((demo.base / "tokenizer_config.json").read_text())
+    assert tokenizer["model_max_length"] == 1024
+    by_position = demo.metadata["base_loss_by_position"]
+    assert list(by_position) == ["0-127", "128-511", "512-1023"]
+    # an untrained position embedding shows as a loss near uniform guessing (ln 4096 =
+    # 8.3); trained ones stay close to the first 128 positions' loss
+    assert all(loss < by_position["0-127"] + 1.0 for loss in by_position.values())
+
+
 def test_same_budget_same_weights(tmp_path: Path) -> None:
     builds = [
         build_tiny_gpt2(tmp_path / name, train_seconds=0.5, adapter_seconds=0.5)
@@ -135,3 +147,23 @@ def _parameters(path: Path) -> int:
     with path.open("rb") as f:
         header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
     return sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
+
+
+def test_training_windows_reach_every_position_of_the_context() -> None:
+    import torch
+
+    from inferd.demo.llm import BATCH_SIZE, LONG_EVERY, LONG_SEQ, SEQ_LEN, _windows
+
+    stream = torch.arange(50_000)
+    seen = torch.zeros(1024, dtype=torch.bool)
+    for step, (window, positions) in enumerate(_windows(stream, 400)):
+        long = step % LONG_EVERY == LONG_EVERY - 1
+        rows, length = (1, LONG_SEQ) if long else (BATCH_SIZE, SEQ_LEN)
+        assert window.shape == (rows, length + 1) and positions.shape == (rows, length)
+        assert (window[:, 1:] - window[:, :-1] == 1).all()  # contiguous text
+        assert (positions[:, 1:] - positions[:, :-1] == 1).all()
+        assert positions.min() >= 0 and positions.max() < 1024
+        if not long:
+            assert (positions[: BATCH_SIZE // 2, 0] == 0).all()  # half start the context
+        seen[positions.flatten()] = True
+    assert seen.all()  # every position embedding is trained
