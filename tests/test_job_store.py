@@ -85,7 +85,8 @@ def test_cancel_interrupted_and_expired(registry: Registry):
 
 
 def test_files_and_a_batch_s_output_lines(registry: Registry):
-    from inferd.jobs.files import FileStore, output_file_id, output_lines, output_of, output_size
+    from inferd.jobs import output_file_id, output_of
+    from inferd.jobs.files import FileStore, output_lines, output_size
 
     files = FileStore(registry.engine)
     content = b'{"custom_id": "a"}\n' + bytes(range(256))  # kept byte for byte

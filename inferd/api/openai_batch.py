@@ -37,8 +37,7 @@ from inferd.api.http import context_of, json_response, read_body, read_json
 from inferd.api.jobs import jobs_of, owner_of, visible_job
 from inferd.api.state import gateway_of
 from inferd.errors import Conflict, InvalidInput, NotFound
-from inferd.jobs import OPENAI_BATCH, TERMINAL, Jobs
-from inferd.jobs.files import output_file_id, output_lines, output_of, output_size
+from inferd.jobs import OPENAI_BATCH, TERMINAL, Jobs, output_file_id, output_of
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
@@ -167,6 +166,8 @@ async def get_file(file_id: str, request: Request) -> Response:
     output = await _output_file(request, file_id)
     if output is not None:
         job, errors = output
+        from inferd.jobs.files import output_size  # the database layer, on first use
+
         size = await asyncio.to_thread(output_size, jobs.store, job["id"], errors)
         kind = "errors" if errors else "output"
         return json_response(
@@ -193,6 +194,8 @@ async def file_content(file_id: str, request: Request) -> Response:
 
 
 async def _stream(jobs: Jobs, job_id: str, errors: bool) -> AsyncIterator[bytes]:
+    from inferd.jobs.files import output_lines  # the database layer, on first use
+
     lines = output_lines(jobs.store, job_id, errors)
     while (part := await asyncio.to_thread(next, lines, None)) is not None:
         yield part

@@ -40,6 +40,23 @@ def new_job_id(kind: str) -> str:
     )
 
 
+OUTPUT_SUFFIXES = ("-output", "-errors")
+
+
+def output_file_id(job_id: str, errors: bool) -> str:
+    """The id of an OpenAI batch's output (or error) file: read from its job's results
+    (:mod:`inferd.jobs.files`), never stored."""
+    return f"file-{job_id}{OUTPUT_SUFFIXES[errors]}"
+
+
+def output_of(file_id: str) -> tuple[str, bool] | None:
+    """(job id, errors?) of a batch's output or error file id, else None."""
+    for errors, suffix in enumerate(OUTPUT_SUFFIXES):
+        if file_id.startswith("file-b-") and file_id.endswith(suffix):
+            return file_id[len("file-") : -len(suffix)], bool(errors)
+    return None
+
+
 class QueueUnavailable(InferdError):
     status_code = 503
     code = "queue_unavailable"
@@ -166,4 +183,6 @@ __all__ = [
     "describe",
     "human_duration",
     "new_job_id",
+    "output_file_id",
+    "output_of",
 ]

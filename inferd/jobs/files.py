@@ -21,7 +21,6 @@ from sqlalchemy import Engine, delete, insert, select
 from inferd.jobs.store import JobStore
 from inferd.registry.tables import files
 
-OUTPUT_SUFFIXES = ("-output", "-errors")
 _SHOWN = (files.c.id, files.c.purpose, files.c.filename, files.c.bytes, files.c.owner,
           files.c.created_at)  # fmt: skip
 
@@ -29,18 +28,6 @@ _SHOWN = (files.c.id, files.c.purpose, files.c.filename, files.c.bytes, files.c.
 def new_file_id() -> str:
     """Time-ordered, as job ids are: ``file-`` then milliseconds and 64 random bits."""
     return f"file-{int(time.time() * 1000):012x}{secrets.token_hex(8)}"
-
-
-def output_file_id(job_id: str, errors: bool) -> str:
-    return f"file-{job_id}{OUTPUT_SUFFIXES[errors]}"
-
-
-def output_of(file_id: str) -> tuple[str, bool] | None:
-    """(job id, errors?) of a batch's output or error file id, else None."""
-    for errors, suffix in enumerate(OUTPUT_SUFFIXES):
-        if file_id.startswith("file-b-") and file_id.endswith(suffix):
-            return file_id[len("file-") : -len(suffix)], bool(errors)
-    return None
 
 
 class FileStore:
@@ -108,4 +95,4 @@ def output_size(store: JobStore, job_id: str, errors: bool) -> int:
     return sum(len(part) for part in output_lines(store, job_id, errors))
 
 
-__all__ = ["FileStore", "new_file_id", "output_file_id", "output_lines", "output_of"]
+__all__ = ["FileStore", "new_file_id", "output_lines", "output_size"]
