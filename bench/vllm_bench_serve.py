@@ -115,6 +115,11 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -> N
         "ttft_p50": round(ours["median_ttft_ms"] / base["median_ttft_ms"], 3),
         "ttft_p99": round(ours["p99_ttft_ms"] / base["p99_ttft_ms"], 3),
     }
+    paired = [  # each round's two runs, back to back
+        round(o["output_throughput"] / b["output_throughput"], 3)
+        for o, b in zip(runs["inferd-vllm"], runs["vllm-server"], strict=True)
+    ]
+    ratios["output_tokens_per_s_by_round"] = paired  # type: ignore[assignment]
     command = (f"python bench/vllm_bench_serve.py --rounds {args.rounds} --prompts "
                f"{args.prompts} --dtype {args.dtype}")  # fmt: skip
     out = {"command": command, "cpu_count": os.cpu_count(), "runs": runs, "medians": medians,
@@ -141,7 +146,7 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -> N
         "",
         f"inferd-vllm / vllm-server: output tokens/s {ratios['output_tokens_per_s']}x, "
         f"TTFT p50 {ratios['ttft_p50']}x, TTFT p99 {ratios['ttft_p99']}x (lower is better "
-        "for TTFT).",
+        f"for TTFT); output tokens/s round by round: {', '.join(f'{r}x' for r in paired)}.",
     ]
     (RESULTS / "vllm_bench_serve.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

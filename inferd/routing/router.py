@@ -115,6 +115,23 @@ class Shadow:
     tolerance: float
 
 
+KV_FULL = 0.9
+"""A generation replica whose KV cache is fuller than this is chosen last: a sequence
+sent there would wait for blocks, or preempt one that runs."""
+
+
+def engine_load(client: ReplicaClient) -> tuple[float, float]:
+    """How busy a generation replica is, as its engine says (``Load`` frames): whether
+    its KV cache is nearly full, then the sequences it runs and queues for every gateway
+    plus those this gateway sent since that report. Before any report, this gateway's
+    own outstanding requests."""
+    report = client.engine
+    if report is None:
+        return (0.0, float(client.outstanding))
+    full = 1.0 if report.kv_used > KV_FULL else 0.0
+    return (full, float(report.running + report.waiting + client.sent_since_load))
+
+
 def coming_back(replica: ReplicaRoute) -> bool:
     """A replica that should be ready soon: a first start, or a restart of one that
     served (not one whose loads keep failing)."""
@@ -495,7 +512,7 @@ class Router:
         tried: set[ReplicaClient] = set()
         until: float | None = None
         while True:
-            client = self._pick(target, tried)
+            client = self._pick_generation(target, tried)
             if client is None:
                 if until is None:
                     wait = request.first_timeout_s or request.idle_timeout_s
@@ -524,6 +541,20 @@ class Router:
                 continue
             if best is None or client.outstanding < best.outstanding:
                 best = client
+        return best
+
+    def _pick_generation(self, target: Target, exclude: set[ReplicaClient]) -> ReplicaClient | None:
+        """The replica whose engine holds the least (:func:`engine_load`), fewest
+        outstanding from here among equals."""
+        candidates = self._ready.get((target.model, target.version), ())
+        best: ReplicaClient | None = None
+        best_load = (0.0, 0.0, 0)
+        for client in candidates:
+            if client.closed or client in exclude:
+                continue
+            load = (*engine_load(client), client.outstanding)
+            if best is None or load < best_load:
+                best, best_load = client, load
         return best
 
     def _not_ready(self, target: Target) -> ModelNotReady:

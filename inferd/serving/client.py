@@ -65,6 +65,9 @@ class _ClientProtocol(asyncio.Protocol):
         pending = self.client._pending
         streams = self.client._streams
         for message in self.frames.feed(data):
+            if type(message) is p.Load:
+                self.client.engine, self.client.sent_since_load = message, 0
+                continue
             stream = streams.get(message.id)  # type: ignore[union-attr]
             if stream is not None:
                 stream.put_nowait(message)
@@ -87,6 +90,10 @@ class ReplicaClient:
         self._streams: dict[int, asyncio.Queue[Any]] = {}
         self._ids = itertools.count(1)
         self.outstanding = 0
+        self.engine: p.Load | None = None
+        """A generation replica's last reported engine state (None: none yet)."""
+        self.sent_since_load = 0
+        """Generations this gateway sent it since that report (not counted in it yet)."""
         self.closed = True
 
     async def connect(self, timeout_s: float = 5.0) -> None:
@@ -196,6 +203,7 @@ class ReplicaClient:
         queue: asyncio.Queue[Any] = asyncio.Queue()
         self._streams[mid] = queue
         self.outstanding += 1
+        self.sent_since_load += 1
         finished = False
         r = request
         message = p.Generate(mid, r.prompt, r.params, r.adapter, r.request_id, r.arrived_at)

@@ -76,6 +76,11 @@ class Core(Protocol):
 
     def stats(self) -> dict[str, float]: ...
 
+    def engine_load(self) -> tuple[int, int, float] | None:
+        """A generation engine's running and waiting sequences and the share of its KV
+        cache in use, cheap enough to read every few milliseconds; None for a core that
+        has no engine (predict replicas)."""
+
     def metrics(self) -> dict[str, Any]: ...
 
     def shadow_outcome(self, outputs: Any, message: Any) -> None:

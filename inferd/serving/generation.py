@@ -280,6 +280,18 @@ class GenerationCore:
         stats["rss_bytes"] = rss_bytes()
         return stats
 
+    def engine_load(self) -> tuple[int, int, float] | None:
+        engine = self.engine
+        if engine is None:
+            return None
+        # Read from the event loop while the engine thread steps: lengths and a counter,
+        # each read whole, at most a step behind.
+        s = engine.scheduler
+        running = len(s.running)
+        blocks = s.allocator.num_blocks
+        kv_used = s.allocator.used_count / blocks if blocks else 0.0
+        return running, max(0, len(self._sinks) - running), round(kv_used, 3)
+
     def metrics(self) -> dict[str, Any]:
         """The engine's request histograms and counters (read from the event loop while
         the engine thread may be adding to them: a snapshot may be a step behind)."""

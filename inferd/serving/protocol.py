@@ -180,6 +180,20 @@ class TokenChunk(msgspec.Struct, tag="tokens", array_like=True):
     logprobs: list[float] | None = None
 
 
+class Load(msgspec.Struct, tag="load", array_like=True):
+    """A generation replica's engine state, pushed to every connected gateway when it
+    changes (and once a second): replica choice weighs what the engine holds from every
+    gateway, not one gateway's own requests. ``id`` is 0: it answers nothing."""
+
+    id: int
+    running: int
+    """Sequences the engine is computing."""
+    waiting: int
+    """Accepted, not computing yet (queued, or preempted)."""
+    kv_used: float
+    """Share of the KV cache's blocks in use (0 to 1)."""
+
+
 class Adapter(msgspec.Struct, tag="adapter", array_like=True):
     """Load (``path`` given) or unload (``path`` None) a LoRA adapter by name."""
 
@@ -199,6 +213,7 @@ Message = (
     | Generate
     | TokenChunk
     | Adapter
+    | Load
 )
 
 _encoder = msgspec.msgpack.Encoder()

@@ -141,6 +141,9 @@ class ReplicaCore:
         stats["rss_bytes"] = rss_bytes()
         return stats
 
+    def engine_load(self) -> tuple[int, int, float] | None:
+        return None  # predict replicas are chosen by the gateways' outstanding requests
+
     def metrics(self) -> dict[str, Any]:
         """Histograms and counters for the status frame: the time answered requests spent
         here (queue + compute; Prometheus buckets, and a fine sketch), the time their

@@ -39,10 +39,20 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+LOAD_EVERY_S = 0.02
+"""How often a generation replica reads its engine's state, and sends it to every
+connected gateway when it changed (:class:`~inferd.serving.protocol.Load`)."""
+LOAD_AT_LEAST_S = 1.0
+"""...and at least this often, unchanged: a gateway that connected since hears it."""
+
+
 class ReplicaProtocol(asyncio.Protocol):
-    def __init__(self, core: Core, on_drain: asyncio.Event) -> None:
+    def __init__(
+        self, core: Core, on_drain: asyncio.Event, connections: set[ReplicaProtocol]
+    ) -> None:
         self.core = core
         self.on_drain = on_drain
+        self.connections = connections
         self.frames = p.FrameBuffer()
         self.transport: asyncio.Transport | None = None
         self.pending: dict[int, asyncio.Future[Columns]] = {}
@@ -53,8 +63,10 @@ class ReplicaProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.writer = p.TurnWriter(transport)
+        self.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.connections.discard(self)
         for future in self.pending.values():
             future.cancel()
         self.pending.clear()
@@ -256,17 +268,40 @@ class ReplicaProtocol(asyncio.Protocol):
 
 
 async def start_listening(
-    core: Core, address: str, drain: asyncio.Event
+    core: Core, address: str, drain: asyncio.Event, connections: set[ReplicaProtocol]
 ) -> asyncio.Server | inprocess.Listener:
     loop = asyncio.get_running_loop()
     kind, _, where = address.partition(":")
+
+    def protocol() -> ReplicaProtocol:
+        return ReplicaProtocol(core, drain, connections)
+
     if kind == "inproc":
-        return inprocess.listen(where, lambda: ReplicaProtocol(core, drain))
+        return inprocess.listen(where, protocol)
     if kind == "unix":
         Path(where).unlink(missing_ok=True)
-        return await loop.create_unix_server(lambda: ReplicaProtocol(core, drain), where)
+        return await loop.create_unix_server(protocol, where)
     # another host's gateways: only peers proving the cluster's credentials get a frame in
-    return await transport.listen(where, lambda: ReplicaProtocol(core, drain))
+    return await transport.listen(where, protocol)
+
+
+async def push_load(core: Core, connections: set[ReplicaProtocol]) -> None:
+    """Tell every connected gateway the engine's state when it changes (every
+    ``LOAD_EVERY_S`` at most), and once every ``LOAD_AT_LEAST_S`` regardless."""
+    loop = asyncio.get_running_loop()
+    last: tuple[int, int, float] | None = None
+    sent_at = 0.0
+    while True:
+        await asyncio.sleep(LOAD_EVERY_S)
+        load = core.engine_load()
+        if load is None or (load == last and loop.time() - sent_at < LOAD_AT_LEAST_S):
+            continue
+        frame = p.encode(p.Load(0, *load))
+        for connection in list(connections):
+            writer = connection.writer
+            if writer is not None and not writer.transport.is_closing():
+                writer.write(frame)
+        last, sent_at = load, loop.time()
 
 
 def make_core(spec: ReplicaSpec) -> Core:
@@ -304,7 +339,9 @@ async def serve(
     core = make_core(spec)
     if on_core is not None:
         on_core(core)
-    server = await start_listening(core, spec.address, drain)
+    connections: set[ReplicaProtocol] = set()
+    server = await start_listening(core, spec.address, drain, connections)
+    pusher = loop.create_task(push_load(core, connections))
     loader = loop.create_task(_fetch_then_load(core, spec))
     drained = loop.create_task(drain.wait())
     await asyncio.wait([loader, drained], return_when=asyncio.FIRST_COMPLETED)
@@ -313,6 +350,7 @@ async def serve(
         # 50 ms) reads why before it sees the exit code.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(drain.wait(), 1.0)
+        pusher.cancel()
         server.close()
         await core.close()
         if isinstance(server, inprocess.Listener):
@@ -325,6 +363,7 @@ async def serve(
     deadline = loop.time() + grace_s
     while not core.idle() and loop.time() < deadline and not (kill and kill.is_set()):
         await asyncio.sleep(0.01)
+    pusher.cancel()
     server.close()
     await core.close()
     if isinstance(server, inprocess.Listener):

@@ -403,6 +403,13 @@ class VLLMCore:
             "rss_bytes": rss_bytes(),
         }
 
+    def engine_load(self) -> tuple[int, int, float] | None:
+        """vLLM's last step's counts (its stat logger), with the requests this replica
+        holds that vLLM has not counted yet."""
+        running = int(self._stats["running"])
+        waiting = max(int(self._stats["waiting"]) + self._pending, len(self._tasks) - running)
+        return running, waiting, round(float(self._stats["kv_cache_usage"]), 3)
+
     def metrics(self) -> dict[str, Any]:
         return self.metrics_.snapshot()
 
