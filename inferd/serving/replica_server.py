@@ -341,7 +341,11 @@ async def serve(
         on_core(core)
     connections: set[ReplicaProtocol] = set()
     server = await start_listening(core, spec.address, drain, connections)
-    pusher = loop.create_task(push_load(core, connections))
+    from inferd.runtimes import GENERATIVE
+
+    # generation replicas tell gateways their engine's state (predict ones have none)
+    generative = spec.framework in GENERATIVE
+    pusher = loop.create_task(push_load(core, connections)) if generative else None
     loader = loop.create_task(_fetch_then_load(core, spec))
     drained = loop.create_task(drain.wait())
     await asyncio.wait([loader, drained], return_when=asyncio.FIRST_COMPLETED)
@@ -350,7 +354,8 @@ async def serve(
         # 50 ms) reads why before it sees the exit code.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(drain.wait(), 1.0)
-        pusher.cancel()
+        if pusher is not None:
+            pusher.cancel()
         server.close()
         await core.close()
         if isinstance(server, inprocess.Listener):
@@ -363,7 +368,8 @@ async def serve(
     deadline = loop.time() + grace_s
     while not core.idle() and loop.time() < deadline and not (kill and kill.is_set()):
         await asyncio.sleep(0.01)
-    pusher.cancel()
+    if pusher is not None:
+        pusher.cancel()
     server.close()
     await core.close()
     if isinstance(server, inprocess.Listener):

@@ -404,10 +404,10 @@ class VLLMCore:
         }
 
     def engine_load(self) -> tuple[int, int, float] | None:
-        """vLLM's last step's counts (its stat logger), with the requests this replica
-        holds that vLLM has not counted yet."""
+        """vLLM's last step's counts (its stat logger), or the requests this replica
+        holds beyond those running where vLLM has not counted them yet."""
         running = int(self._stats["running"])
-        waiting = max(int(self._stats["waiting"]) + self._pending, len(self._tasks) - running)
+        waiting = max(int(self._stats["waiting"]), len(self._tasks) - running, 0)
         return running, waiting, round(float(self._stats["kv_cache_usage"]), 3)
 
     def metrics(self) -> dict[str, Any]:
