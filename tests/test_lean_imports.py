@@ -57,8 +57,10 @@ def test_a_gateway_opens_the_database_layer_on_first_use() -> None:
             "from inferd.api.worker import on_first_use\n"
             "from inferd.config import Settings\n"
             "from inferd.routing.router import Router\n"
+            "from inferd.jobs import Jobs\n"
             "def refuse(): raise AssertionError('the registry was opened')\n"
-            "app = create_app(Settings(), Router(), on_first_use(refuse))\n"
+            "jobs = Jobs(Settings(), on_first_use(refuse), None)  # as api/worker.py makes it\n"
+            "app = create_app(Settings(), Router(), on_first_use(refuse), jobs=jobs)\n"
         )
     )
     assert not modules & set(DATABASE), sorted(modules & set(DATABASE))

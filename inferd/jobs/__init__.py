@@ -23,6 +23,7 @@ from inferd.jobs.chunk import Chunk, encode_chunk
 from inferd.jobs.queue import JobQueue
 
 if TYPE_CHECKING:  # the store brings SQLAlchemy: a gateway opens it on the first job
+    from inferd.jobs.files import FileStore
     from inferd.jobs.store import JobStore
 
 logger = logging.getLogger(__name__)
@@ -67,9 +68,17 @@ class Jobs:
         self.settings = settings
         self.store = store
         self.queue = queue
-        from inferd.jobs.files import FileStore  # SQLAlchemy, as the store brings
+        self._files: FileStore | None = None
 
-        self.files = FileStore(store.engine)
+    @property
+    def files(self) -> FileStore:
+        """The OpenAI batches' files, opened on first use: a gateway's ``store`` opens
+        the database only when a route reads it (``api/worker.py: on_first_use``)."""
+        if self._files is None:
+            from inferd.jobs.files import FileStore
+
+            self._files = FileStore(self.store.engine)
+        return self._files
 
     async def submit(
         self,
