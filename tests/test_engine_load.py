@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from inferd.routing.router import Router, engine_load
+from inferd.routing.router import Router, engine_load, generation_load
 from inferd.serving import protocol as p
 from inferd.serving.client import ReplicaClient
 from tests.conftest import build_tiny_gpt2, push_folder, served
@@ -29,7 +29,7 @@ def _client(name: str, outstanding: int, load: p.Load | None, sent: int = 0) -> 
 def _pick(*clients: ReplicaClient) -> str:
     router = Router()
     router._ready[("m", "v1")] = list(clients)
-    chosen = router._pick_generation(SimpleNamespace(model="m", version="v1"), set())  # type: ignore[arg-type]
+    chosen = router._pick(SimpleNamespace(model="m", version="v1"), set(), generation_load)  # type: ignore[arg-type]
     assert chosen is not None
     return chosen.replica_id
 

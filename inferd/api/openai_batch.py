@@ -35,6 +35,7 @@ from starlette.types import Message
 from inferd.api.auth import authorize_model
 from inferd.api.http import context_of, json_response, read_body, read_json
 from inferd.api.jobs import jobs_of, owner_of, visible_job
+from inferd.api.openai_schema import check_known
 from inferd.api.state import gateway_of
 from inferd.errors import Conflict, InvalidInput, NotFound
 from inferd.jobs import OPENAI_BATCH, TERMINAL, Jobs, output_file_id, output_of
@@ -262,9 +263,7 @@ def batch_object(job: dict[str, Any]) -> dict[str, Any]:
 def _batch_fields(body: Any) -> tuple[str, str, str, dict[str, str] | None]:
     if not isinstance(body, dict):
         raise InvalidInput("request body must be a JSON object")
-    for name in body:
-        if name not in BATCH_FIELDS:
-            raise InvalidInput(f"Unrecognized request argument supplied: {name}", param=name)
+    check_known(body, BATCH_FIELDS)
     file_id, endpoint = body.get("input_file_id"), body.get("endpoint")
     if not isinstance(file_id, str) or not file_id:
         raise InvalidInput("'input_file_id' is required", param="input_file_id")

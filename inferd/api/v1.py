@@ -39,10 +39,14 @@ def _plane(request: Request) -> DataPlane:
     return gateway_of(request).dataplane
 
 
-def _params(body: dict[str, Any]) -> tuple[str | None, float | None, str | None, int]:
+def _params(
+    request: Request, body: dict[str, Any]
+) -> tuple[str | None, float | None, str | None, int]:
     """``params``: the pinned version, the timeout in seconds, the user (for sticky
     traffic splits; the ``X-User-Id`` header does the same), the priority (high, normal,
-    low, batch or a level number; its code)."""
+    low, batch or a level number; its code), else the ``X-Inferd-Priority`` header's (how
+    the job runner runs an OpenAI batch's embeddings and scores, whose bodies have no
+    such field)."""
     params = body.get("params") or {}
     if not isinstance(params, dict):
         raise InvalidInput("'params' must be an object")
@@ -59,18 +63,13 @@ def _params(body: dict[str, Any]) -> tuple[str | None, float | None, str | None,
         or not 0 < timeout_ms < math.inf
     ):
         raise InvalidInput("'params.timeout_ms' must be a positive number")
-    priority = priority_code(params.get("priority", 0), "'params.priority'")
+    if "priority" in params:
+        priority = priority_code(params["priority"], "'params.priority'")
+    elif (named := header(request, PRIORITY_HEADER)) is not None:
+        priority = priority_code(named, "the X-Inferd-Priority header")
+    else:
+        priority = 0
     return version, timeout_ms / 1000 if timeout_ms else None, user, priority
-
-
-def _priority(request: Request, priority: int, body: dict[str, Any]) -> int:
-    """``params.priority``, else the ``X-Inferd-Priority`` header (how the job runner
-    runs an OpenAI batch's embeddings and scores, whose bodies have no such field)."""
-    params = body.get("params")
-    if isinstance(params, dict) and "priority" in params:
-        return priority
-    named = header(request, PRIORITY_HEADER)
-    return priority if named is None else priority_code(named, "the X-Inferd-Priority header")
 
 
 async def _run(
@@ -88,8 +87,7 @@ async def _run(
     request_id_var.set(rid)
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
-    version, timeout_s, user, priority = _params(body)
-    priority = _priority(request, priority, body)
+    version, timeout_s, user, priority = _params(request, body)
     timeout_s = request_timeout(request, timeout_s)
     plane = _plane(request)
     user = user or header(request, b"x-user-id")

@@ -26,7 +26,7 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from inferd.errors import InferdError, ModelNotFound, ModelNotReady
 from inferd.observability.log_rows import COUNTERS
@@ -118,6 +118,17 @@ class Shadow:
 KV_FULL = 0.9
 """A generation replica whose KV cache is fuller than this is chosen last: a sequence
 sent there would wait for blocks, or preempt one that runs."""
+
+
+def outstanding(client: ReplicaClient) -> int:
+    """A predict replica's load: this gateway's requests in flight to it."""
+    return client.outstanding
+
+
+def generation_load(client: ReplicaClient) -> tuple[float, float, int]:
+    """A generation replica's load: :func:`engine_load`, then this gateway's
+    outstanding requests among equals."""
+    return (*engine_load(client), client.outstanding)
 
 
 def engine_load(client: ReplicaClient) -> tuple[float, float]:
@@ -512,7 +523,7 @@ class Router:
         tried: set[ReplicaClient] = set()
         until: float | None = None
         while True:
-            client = self._pick_generation(target, tried)
+            client = self._pick(target, tried, generation_load)
             if client is None:
                 if until is None:
                     wait = request.first_timeout_s or request.idle_timeout_s
@@ -533,28 +544,23 @@ class Router:
                     yield chunk
                 return
 
-    def _pick(self, target: Target, exclude: set[ReplicaClient]) -> ReplicaClient | None:
+    def _pick(
+        self,
+        target: Target,
+        exclude: set[ReplicaClient],
+        load: Callable[[ReplicaClient], Any] = outstanding,
+    ) -> ReplicaClient | None:
+        """The connected ready replica of ``target`` with the least ``load`` (predict:
+        this gateway's outstanding requests; generation: :func:`generation_load`)."""
         candidates = self._ready.get((target.model, target.version), ())
         best: ReplicaClient | None = None
+        best_load: Any = None
         for client in candidates:
             if client.closed or client in exclude:
                 continue
-            if best is None or client.outstanding < best.outstanding:
-                best = client
-        return best
-
-    def _pick_generation(self, target: Target, exclude: set[ReplicaClient]) -> ReplicaClient | None:
-        """The replica whose engine holds the least (:func:`engine_load`), fewest
-        outstanding from here among equals."""
-        candidates = self._ready.get((target.model, target.version), ())
-        best: ReplicaClient | None = None
-        best_load = (0.0, 0.0, 0)
-        for client in candidates:
-            if client.closed or client in exclude:
-                continue
-            load = (*engine_load(client), client.outstanding)
-            if best is None or load < best_load:
-                best, best_load = client, load
+            weight = load(client)
+            if best is None or weight < best_load:
+                best, best_load = client, weight
         return best
 
     def _not_ready(self, target: Target) -> ModelNotReady:
