@@ -102,6 +102,11 @@ class LLMConfig(Group):
     budget leaves after the weights and a workspace reserve instead."""
     block_size: int = Field(16, ge=1, le=256)
     """Tokens per KV-cache block."""
+    prefix_caching: bool = True
+    """Keep the keys and values of computed prompt blocks and reuse them for a later
+    prompt that starts with the same tokens (a shared system prompt, the earlier turns
+    of a chat): only the rest is computed. Both engines (vLLM's
+    ``enable_prefix_caching``)."""
     max_num_seqs: int = Field(128, ge=1)
     """Sequences decoding together in one step. On a 2-core CPU, GPT-2 small's output
     tokens/s was flat from 64 to 128 and fell at 256 (233, 237, 148 tok/s for 500

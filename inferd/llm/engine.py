@@ -62,6 +62,9 @@ class EngineConfig:
     """Longer prompts are refused (:class:`PromptOverLimit`); None: the context's size."""
     speculation: Speculation | None = None
     """Prompt-lookup speculative decoding for greedy sequences (None: off)."""
+    prefix_caching: bool = True
+    """Reuse the keys and values of prompts' prefixes computed before
+    (:mod:`inferd.llm.blocks`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +139,7 @@ class LLMEngine:
         self.scheduler = Scheduler(
             SchedulerConfig(config.num_blocks, config.block_size, config.max_num_seqs,
                             config.max_batched_tokens, shape.n_positions, config.max_waiting,
-                            whole_prompts=gpu),
+                            prefix_caching=config.prefix_caching, whole_prompts=gpu),
             eos_token_id=tokenizer.eos_token_id,
         )  # fmt: skip
         self.requests: dict[str, _Request] = {}
@@ -145,6 +148,9 @@ class LLMEngine:
         """Step time weighted by how full the engine was (see :meth:`occupancy`): the
         autoscaler's utilisation is its growth over wall time."""
         self._adapters: dict[str, int] = {}
+        self._slot_loads: dict[int, int] = {}
+        """Adapters loaded into each slot so far: with the slot, the prefix-cache salt
+        of what it computes (a reloaded adapter reuses nothing of the old one's)."""
         self.metrics = GenerationMetrics()
 
     # -- requests -----------------------------------------------------------------
@@ -189,7 +195,10 @@ class LLMEngine:
             if self.guides is None:
                 raise ValueError("this engine was started without structured outputs")
             matcher = self.guides.matcher(params.guide)
-        seq = Sequence(request_id, ids, params, adapter_slot)
+        salt = b""
+        if adapter_slot >= 0:
+            salt = b"%d:%d" % (adapter_slot, self._slot_loads[adapter_slot])
+        seq = Sequence(request_id, ids, params, adapter_slot, cache_salt=salt)
         now = time.monotonic()
         self.requests[request_id] = _Request(
             seq,
@@ -237,6 +246,7 @@ class LLMEngine:
             raise ValueError(f"all {self.lora.max_adapters} adapter slots are in use")
         self.lora.load(free[0], adapter)
         self._adapters[name] = free[0]
+        self._slot_loads[free[0]] = self._slot_loads.get(free[0], 0) + 1
         return dict(self._adapters)
 
     def unload_adapter(self, name: str) -> None:
@@ -282,7 +292,7 @@ class LLMEngine:
         scheduled = self.scheduler.schedule()
         if not scheduled:
             return expired
-        self._note_scheduled(scheduled)
+        self._note_scheduled()
         sampled, checked = self.execute(scheduled)
         accepted = {seq: len(tokens) - 1 for seq, tokens in checked.items()}
         self.scheduler.update(scheduled, {seq: tok for seq, (tok, _) in sampled.items()}, accepted)
@@ -301,14 +311,13 @@ class LLMEngine:
         self.metrics.step_tokens.observe(sum(item.num_tokens for item in scheduled))
         return expired + out
 
-    def _note_scheduled(self, scheduled: list[Scheduled]) -> None:
+    def _note_scheduled(self) -> None:
         now = time.monotonic()
-        for item in scheduled:
-            if item.seq.num_computed == 0:  # a first prefill chunk (or a recompute)
-                request = self.requests[item.seq.request_id]
-                if not request.scheduled:
-                    request.scheduled = True
-                    self.metrics.queue_time_s.observe(now - request.started)
+        for seq in self.scheduler.admitted:  # a first prefill chunk (or a recompute)
+            request = self.requests[seq.request_id]
+            if not request.scheduled:
+                request.scheduled = True
+                self.metrics.queue_time_s.observe(now - request.started)
 
     def _expire_waiting(self) -> list[TokenOutput]:
         """Requests that waited longer than ``queue_timeout_s`` and never started (a
@@ -552,6 +561,8 @@ class LLMEngine:
             "kv_blocks_used": s.allocator.used_count,
             "kv_blocks_total": s.allocator.num_blocks,
             "preemptions": s.preemptions,
+            "prefix_cache_queries": s.prefix_queries,
+            "prefix_cache_hits": s.prefix_hits,
             "steps": self.steps,
             "spec_draft_tokens": self.draft_tokens,
             "spec_accepted_tokens": self.accepted_tokens,

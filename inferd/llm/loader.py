@@ -81,6 +81,7 @@ def engine_for(
         queue_timeout_s=llm.queue_timeout_s,
         max_prompt_tokens=llm.max_prompt_tokens,
         speculation=speculation,
+        prefix_caching=llm.prefix_caching,
     )
     lora = LoRABank(cfg, llm.max_adapters, llm.max_lora_rank, dtype=dtype, device=device)
     vocab = getattr(cfg, "vocab_size", None) or tokenizer.vocab_size

@@ -13,6 +13,13 @@ of the worst priority is preempted: its blocks are freed and it goes back to the
 of its priority in the queue, to be recomputed later (prompt and the tokens it already
 produced) rather than failing.
 A finished or aborted sequence gives its blocks back at once.
+
+With prefix caching (``prefix_caching``), a sequence admitted from the queue first takes
+the cached blocks of its longest known prefix (never its last token, whose logits it
+needs) and computes only the rest; a block becomes known once all its tokens are
+computed (its key is registered when the sequence is next scheduled, preempted or
+finished), so later turns of a conversation and prompts that share a system prompt
+skip what was computed before (:mod:`inferd.llm.blocks`).
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from inferd.llm.blocks import BlockAllocator, blocks_needed
+from inferd.llm.blocks import BlockAllocator, block_key, blocks_needed
 from inferd.llm.sequence import Sequence, Status
 
 
@@ -32,6 +39,7 @@ class SchedulerConfig:
     max_batched_tokens: int = 512
     max_model_len: int = 1024
     max_waiting: int = 1024
+    prefix_caching: bool = True
     whole_prompts: bool = False
     """Admit a waiting sequence only whole when it is not the step's first admission
     (the first may be cut, so every step moves the queue on): on a GPU, where first
@@ -61,6 +69,11 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.preemptions = 0
+        self.admitted: list[Sequence] = []
+        """The sequences the last :meth:`schedule` took from the queue."""
+        self.prefix_queries = 0
+        """Tokens of admitted sequences looked up in the prefix cache, and of them found."""
+        self.prefix_hits = 0
 
     def add(self, seq: Sequence, first: bool = False) -> None:
         """Queue ``seq`` behind the waiting sequences of its priority or a better one
@@ -81,10 +94,14 @@ class Scheduler:
 
     def schedule(self) -> list[Scheduled]:
         budget = self.config.max_batched_tokens
+        caching = self.config.prefix_caching
         out: list[Scheduled] = []
+        self.admitted = []
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            if caching:
+                self._register(seq)
             draft = seq.draft
             n = min(seq.remaining + len(draft), budget)
             if draft and not self._reserve(seq, seq.num_computed + n):
@@ -100,19 +117,64 @@ class Scheduler:
         first = True
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
+            if caching:
+                self._reuse(seq)
             n = min(seq.remaining, budget)
-            if n < seq.remaining and not first and self.config.whole_prompts:
+            if (n < seq.remaining and not first and self.config.whole_prompts) or (
+                not self._reserve(seq, seq.num_computed + n)
+            ):
+                self._release(seq)
                 break  # it goes first in the next step
-            if not self._reserve(seq, seq.num_computed + n):
-                break
             first = False
             self.waiting.popleft()
             seq.status = Status.RUNNING
             self.running.append(seq)
+            self.admitted.append(seq)
+            self.prefix_queries += len(seq)
+            self.prefix_hits += seq.num_computed
+            seq.cached_tokens = seq.num_computed
             out.append(Scheduled(seq, n))
             budget -= n
         self._check_invariants()
         return out
+
+    def _keys(self, seq: Sequence, n: int) -> list[bytes]:
+        """The keys of ``seq``'s first ``n`` full blocks (computed once, then kept)."""
+        keys = seq.block_keys
+        if len(keys) < n:
+            size, tokens = self.config.block_size, seq.tokens
+            parent = keys[-1] if keys else b""
+            for at in range(len(keys) * size, n * size, size):
+                parent = block_key(parent, tokens[at : at + size], seq.cache_salt)
+                keys.append(parent)
+        return keys
+
+    def _reuse(self, seq: Sequence) -> None:
+        """A waiting sequence takes the cached blocks of its longest cached prefix."""
+        usable = (len(seq) - 1) // self.config.block_size  # its last token is computed
+        if usable == 0 or seq.block_table:
+            return
+        found = self.allocator.lookup(self._keys(seq, usable))
+        seq.block_table = found
+        seq.num_computed = len(found) * self.config.block_size
+        seq.registered = len(found)
+
+    def _release(self, seq: Sequence) -> None:
+        """A waiting sequence that is not admitted gives back the cached blocks it took."""
+        if seq.block_table:
+            self.allocator.free(seq.block_table)
+            seq.block_table = []
+            seq.num_computed = seq.registered = 0
+
+    def _register(self, seq: Sequence) -> None:
+        """``seq``'s blocks whose tokens are all computed become reusable prefixes."""
+        full = min(seq.num_computed, len(seq)) // self.config.block_size
+        if full <= seq.registered:
+            return
+        keys, table = self._keys(seq, full), seq.block_table
+        for at in range(seq.registered, full):
+            self.allocator.register(table[at], keys[at])
+        seq.registered = full
 
     def _reserve(self, seq: Sequence, tokens: int) -> bool:
         missing = blocks_needed(tokens, self.config.block_size) - len(seq.block_table)
@@ -134,9 +196,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         seq.draft = []
         self.running.remove(seq)
-        self.allocator.free(seq.block_table)
-        seq.block_table = []
-        seq.num_computed = 0
+        self._free(seq)
         seq.status = Status.WAITING
         seq.preemptions += 1
         self.preemptions += 1
@@ -185,13 +245,20 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self.allocator.free(seq.block_table)
-        seq.block_table = []
+        self._free(seq)
         seq.status = Status.FINISHED
         seq.finish_reason = reason
 
+    def _free(self, seq: Sequence) -> None:
+        """``seq`` gives its blocks back (what it computed stays cached, reusable)."""
+        if self.config.prefix_caching and seq.block_table:
+            self._register(seq)
+        self.allocator.free(seq.block_table)
+        seq.block_table = []
+        seq.num_computed = seq.registered = 0
+
     def _check_invariants(self) -> None:
-        used = sum(len(s.block_table) for s in self.running)
-        assert used == self.allocator.used_count, (used, self.allocator.used_count)
+        held = sum(len(s.block_table) for s in self.running)
+        assert held == self.allocator.references, (held, self.allocator.references)
         assert all(not s.block_table for s in self.waiting)
         assert len(self.running) <= self.config.max_num_seqs

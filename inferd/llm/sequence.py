@@ -110,6 +110,15 @@ class Sequence:
     """Guesses in a row of which no token was kept."""
     draft_pause: int = 0
     """Steps to go before it guesses again (after misses: 1, 2, 4 ... 16 steps)."""
+    cache_salt: bytes = b""
+    """Part of its blocks' prefix-cache keys: what else than its tokens its keys and
+    values depend on (the LoRA adapter that computes them)."""
+    block_keys: list[bytes] = field(default_factory=list)
+    """Prefix-cache keys of its first full blocks (:mod:`inferd.llm.blocks`)."""
+    registered: int = 0
+    """Its first blocks (of ``block_table``) that the prefix cache knows."""
+    cached_tokens: int = 0
+    """Tokens found in the prefix cache when it was last admitted."""
     draft: list[int] = field(default_factory=list)
     """Tokens guessed to follow (speculative decoding), computed in the next step after
     the last known token and kept as far as the model agrees (:mod:`inferd.llm.speculation`)."""

@@ -211,11 +211,11 @@ REPLICA_COUNTERS = {
     "preemptions": ("inferd_preemptions_total", "Generations preempted (KV cache full)."),
     "prefix_cache_queries": (
         "inferd_prefix_cache_queried_tokens_total",
-        "vLLM replicas: prompt tokens looked up in the prefix cache.",
+        "Prompt tokens looked up in the prefix cache.",
     ),
     "prefix_cache_hits": (
         "inferd_prefix_cache_hit_tokens_total",
-        "vLLM replicas: prompt tokens found in the prefix cache (not computed again).",
+        "Prompt tokens found in the prefix cache (not computed again).",
     ),
     "spec_draft_tokens": (
         "inferd_spec_decode_draft_tokens_total",

@@ -61,7 +61,7 @@ def engine_args(spec: ReplicaSpec) -> dict[str, Any]:
         "dtype": "float32" if llm.dtype == "auto" and not spec.gpus else llm.dtype,
         "max_num_seqs": llm.max_num_seqs,
         "scheduling_policy": "priority",
-        "enable_prefix_caching": True,
+        "enable_prefix_caching": llm.prefix_caching,
         "disable_log_stats": False,
         "enforce_eager": True,
         "seed": 0,
