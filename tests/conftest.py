@@ -454,7 +454,7 @@ TINY_TEXT = (
 ) * 20
 
 
-def build_tiny_gpt2(folder: Path, seed: int = 0) -> Path:
+def build_tiny_gpt2(folder: Path, seed: int = 0, n_positions: int = 128) -> Path:
     """A tiny random GPT-2 (2 layers) with a byte-level BPE tokenizer, HF layout."""
     import torch
     from tokenizers import ByteLevelBPETokenizer
@@ -469,7 +469,7 @@ def build_tiny_gpt2(folder: Path, seed: int = 0) -> Path:
     eos = tok.token_to_id("<|endoftext|>")
     config = GPT2Config(
         vocab_size=tok.get_vocab_size(),
-        n_positions=128,
+        n_positions=n_positions,
         n_embd=64,
         n_layer=2,
         n_head=4,

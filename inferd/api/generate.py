@@ -35,7 +35,7 @@ from inferd.errors import BadRequest, InferdError, InvalidInput
 from inferd.observability.log_rows import RowBuffer
 from inferd.routing.context import RequestContext
 from inferd.routing.generation import Chunks, GenerationStart, start_generation
-from inferd.routing.router import Target
+from inferd.routing.router import ROUTED, Target
 from inferd.serving import protocol as p
 
 router = APIRouter(prefix="/api/v1", tags=["generation"])
@@ -88,7 +88,7 @@ async def start(
         ms = (time.perf_counter() - began) * 1000
         log.record(context.log_row(api, name, exc.status_code, ms, version))
         raise
-    context.cache_hit = hit
+    context.cache_hit, context.routed = hit, ROUTED.get()
     return _logged(chunks, log, context, api, target, began), target, rid, started
 
 
@@ -133,11 +133,14 @@ async def collect(chunks: Chunks) -> tuple[str, p.TokenChunk]:
     return "".join(text), last
 
 
-def usage(chunk: p.TokenChunk) -> dict[str, int]:
+def usage(chunk: p.TokenChunk) -> dict[str, Any]:
+    """Token counts as OpenAI's ``usage`` (``cached_tokens``: of the prompt, those the
+    replica's prefix cache held)."""
     return {
         "prompt_tokens": chunk.prompt_tokens,
         "completion_tokens": chunk.completion_tokens,
         "total_tokens": chunk.prompt_tokens + chunk.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": chunk.cached_tokens},
     }
 
 

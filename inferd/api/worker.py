@@ -93,7 +93,13 @@ async def build_gateway(settings: Settings, control: str | Path) -> Gateway:
     table arrived. ``control``: the server's Unix socket (a path), or ``host:port`` of
     ``inferd control`` on another host (then the gateway outlives losing it)."""
     transport.use(transport.Credentials.from_settings(settings.cluster))
-    router = Router(settings.hold_timeout_s, settings.hold_max_requests)
+    llm = settings.llm
+    router = Router(
+        settings.hold_timeout_s,
+        settings.hold_max_requests,
+        prefix_block_bytes=4 * llm.block_size if llm.prefix_routing else 0,
+        prefix_margin=llm.prefix_routing_margin,
+    )
     address = control if isinstance(control, Path) else _address(control)
     router.server.reconnect = isinstance(address, str) and transport.split(address)[0] == "tcp"
     await router.follow(address)

@@ -77,6 +77,8 @@ class TokenOutput:
     prompt_tokens: int
     completion_tokens: int
     logprob: float | None = None
+    cached_tokens: int = 0
+    """Prompt tokens found in the prefix cache."""
 
 
 @dataclass
@@ -540,7 +542,7 @@ class LLMEngine:
         return TokenOutput(
             seq.request_id, text, token, seq.finished, seq.finish_reason,
             len(seq.prompt_ids), len(seq.output_ids),
-            logprob,
+            logprob, min(seq.cached_tokens, len(seq.prompt_ids)),
         )  # fmt: skip
 
     def occupancy(self) -> float:

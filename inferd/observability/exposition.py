@@ -51,6 +51,10 @@ class RequestMetrics:
         """(model, api) -> bucket counts (+Inf last), then the sum."""
         self.cache: defaultdict[tuple[str, str], int] = defaultdict(int)
         self.tokens: defaultdict[tuple[str, str], int] = defaultdict(int)
+        self.routed: defaultdict[tuple[str, str], int] = defaultdict(int)
+        """(model, decision) -> generations whose replica was chosen among several."""
+        self.cached: defaultdict[tuple[str, str], int] = defaultdict(int)
+        """(model, "expected" | "found") -> prompt tokens."""
         self.counters: defaultdict[str, int] = defaultdict(int)
 
     def observe(self, rows: Iterable[LogRow]) -> None:
@@ -71,6 +75,13 @@ class RequestMetrics:
                 self.tokens[(model, "prompt")] += row.prompt_tokens
             if row.completion_tokens:
                 self.tokens[(model, "completion")] += row.completion_tokens
+            if row.routed_by is not None:
+                self.routed[(model, row.routed_by)] += 1
+                if row.prompt_tokens and row.expected_cached:
+                    expected = round(row.prompt_tokens * row.expected_cached)
+                    self.cached[(model, "expected")] += expected
+            if row.cached_tokens:
+                self.cached[(model, "found")] += row.cached_tokens
 
     def add_counters(self, deltas: dict[str, int]) -> None:
         for key, n in deltas.items():
@@ -155,6 +166,23 @@ def write_requests(out: Text, metrics: RequestMetrics, log_dropped: int = 0) -> 
     out.family("inferd_tokens_total", "counter", "Prompt and generated tokens of generations.")
     for (model, kind), n in sorted(metrics.tokens.items()):
         out.sample("inferd_tokens_total", {"model": model, "kind": kind}, n)
+    out.family(
+        "inferd_generation_routed_total",
+        "counter",
+        "Generations whose replica was chosen among several: by prefix (where the prompt's "
+        "longest known prefix went), overloaded (that replica was over its share) or new "
+        "(no replica had been sent any of it).",
+    )
+    for (model, decision), n in sorted(metrics.routed.items()):
+        out.sample("inferd_generation_routed_total", {"model": model, "decision": decision}, n)
+    out.family(
+        "inferd_generation_cached_tokens_total",
+        "counter",
+        "Prompt tokens of generations in their replica's prefix cache: expected by the "
+        "replica choice, and found by the engine.",
+    )
+    for (model, kind), n in sorted(metrics.cached.items()):
+        out.sample("inferd_generation_cached_tokens_total", {"model": model, "kind": kind}, n)
     out.family(
         "inferd_rate_limited_total",
         "counter",

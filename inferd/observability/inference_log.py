@@ -123,7 +123,8 @@ class InferenceLog(RowBuffer):
                             None if r.user is None else user_hash(r.user),
                             r.fallback_from, r.cache_hit, r.prompt_tokens,
                             r.completion_tokens, r.prediction, r.gateway_ms, r.cache_ms,
-                            r.queue_ms, r.batch_ms, r.compute_ms,
+                            r.queue_ms, r.batch_ms, r.compute_ms, r.cached_tokens,
+                            r.routed_by, r.expected_cached,
                         ))  # fmt: skip
                     sql = f"INSERT INTO inference_logs ({columns}) VALUES " + ", ".join(
                         [one] * len(chunk)

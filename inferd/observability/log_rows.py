@@ -46,6 +46,13 @@ class LogRow(msgspec.Struct, array_like=True, frozen=True, kw_only=True, gc=Fals
     queue_ms: float | None = None
     batch_ms: float | None = None
     compute_ms: float | None = None
+    cached_tokens: int | None = None
+    """A generation's prompt tokens its replica's prefix cache held."""
+    routed_by: str | None = None
+    """How a generation's replica was chosen among several (``prefix``, ``overloaded``,
+    ``new``: :class:`inferd.routing.router.Routed`); None: one replica, or a predict."""
+    expected_cached: float | None = None
+    """The share of the prompt that choice expected in the replica's prefix cache."""
 
 
 class RowBuffer:

@@ -224,6 +224,9 @@ inference_logs = Table(
     Column("queue_ms", Float(), nullable=True),
     Column("batch_ms", Float(), nullable=True),
     Column("compute_ms", Float(), nullable=True),
+    Column("cached_tokens", Integer(), nullable=True),
+    Column("routed_by", String(16), nullable=True),
+    Column("expected_cached", Float(), nullable=True),
 )
 """One row per inference request: who answered it (the version the traffic split chose:
 the experiment assignment), how it went, and how long it took."""

@@ -18,6 +18,7 @@ from inferd.routing.dataplane import InferOutcome, Timing, prediction_of
 
 if TYPE_CHECKING:
     from inferd.api.auth import Principal
+    from inferd.routing.router import Routed
     from inferd.serving.protocol import TokenChunk
 
 
@@ -47,6 +48,8 @@ class RequestContext:
     """What answered a predict-shaped request."""
     cache_hit: bool | None = None
     """Whether the result cache answered a generation (None: not looked up)."""
+    routed: Routed | None = None
+    """How a generation's replica was chosen among several (None: it had one)."""
     body_read: bool = False
     """The whole body was read: the client's connection may be watched now."""
     started: float = 0.0
@@ -66,7 +69,7 @@ class RequestContext:
         outcome, when there is one, says which version answered); ``keep_prediction``:
         keep what a single-row request predicted; ``last``: a generation's last chunk
         (its token counts, once finished)."""
-        outcome = self.outcome
+        outcome, routed = self.outcome, self.routed
         fallback_from = prediction = None
         cache_hit = self.cache_hit
         timing = None if outcome is None else outcome.timing
@@ -98,6 +101,9 @@ class RequestContext:
             queue_ms=spent[2],
             batch_ms=spent[3],
             compute_ms=spent[4],
+            cached_tokens=last.cached_tokens if finished and last else None,
+            routed_by=None if routed is None else routed.decision,
+            expected_cached=None if routed is None else routed.expected,
         )
 
 

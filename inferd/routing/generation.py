@@ -24,7 +24,7 @@ from inferd.routing.cache import (
     generation_key,
     version_ttl,
 )
-from inferd.routing.router import Router, Target
+from inferd.routing.router import ROUTED, Router, Target
 from inferd.runtimes import GENERATIVE
 from inferd.serving import protocol as p
 
@@ -214,7 +214,8 @@ async def start_generation(
 ) -> tuple[Chunks, Target, float, bool | None]:
     """Resolve ``start.name``, check its body and start streaming; returns the chunks,
     the target, the ``time.perf_counter()`` start once the first chunk is there, and
-    whether the result ``cache`` answered (None: not cacheable, or no cache).
+    whether the result ``cache`` answered (None: not cacheable, or no cache). How its
+    replica was chosen is in :data:`ROUTED` once it returns.
 
     Raises :class:`InferdError`: ``ModelNotFound`` for an unknown name or version,
     ``InvalidInput`` for bad options or a model that does not generate text,
@@ -224,6 +225,7 @@ async def start_generation(
     started = time.perf_counter()
     arrived_at = time.time()
     request_id_var.set(request_id)
+    ROUTED.set(None)
     target, adapter = start.route or await router.resolve_arriving(
         start.name, start.version, started + settings.request_timeout_s
     )
@@ -324,7 +326,7 @@ async def _kept(stream: Chunks, cache: ResultCache, key: bytes, ttl_s: float) ->
                 whole = p.TokenChunk(
                     chunk.id, "".join(text), ids, True, chunk.finish_reason,
                     chunk.prompt_tokens, chunk.completion_tokens,
-                    logprobs if chunk.logprobs is not None else None,
+                    logprobs if chunk.logprobs is not None else None, chunk.cached_tokens,
                 )  # fmt: skip
                 await cache.put(key, chunk_columns(whole), ttl_s)
             yield chunk

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 from inferd.errors import InferdError, ModelNotFound, ModelNotReady
 from inferd.observability.log_rows import COUNTERS
+from inferd.routing.prefix import PrefixIndex, prompt_bytes, prompt_keys
 from inferd.routing.server_link import ServerLink
 from inferd.routing.table import ModelRoute, ReplicaRoute, RoutingTable, VersionRoute
 from inferd.runtimes.base import Signature
@@ -43,6 +44,24 @@ COLD_START: contextvars.ContextVar[float | None] = contextvars.ContextVar(
 )
 """Set (``time.perf_counter()``) when the current request waited for a version scaled to
 zero to start: the data plane reports how long it waited (``x-inferd-cold-start-ms``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """How a generation's replica was chosen among several (its inference log row)."""
+
+    decision: str
+    """``prefix``: where its longest known prefix went; ``overloaded``: that replica (or
+    every one holding a prefix of it) was over its share, so the least loaded; ``new``:
+    no replica was sent any of it, so the least loaded."""
+    expected: float
+    """The share of the prompt expected in the chosen replica's prefix cache (0 to 1)."""
+
+
+ROUTED: contextvars.ContextVar[Routed | None] = contextvars.ContextVar(
+    "inferd_routed", default=None
+)
+"""Set for the current generation when its replica was chosen by prefix."""
 
 
 class Split:
@@ -152,9 +171,21 @@ def coming_back(replica: ReplicaRoute) -> bool:
 
 
 class Router:
-    def __init__(self, hold_timeout_s: float = 0.0, hold_max_requests: int = 0) -> None:
+    def __init__(
+        self,
+        hold_timeout_s: float = 0.0,
+        hold_max_requests: int = 0,
+        prefix_block_bytes: int = 0,
+        prefix_margin: float = 0.5,
+    ) -> None:
         self.hold_timeout_s = hold_timeout_s
         self.hold_max_requests = hold_max_requests
+        self.prefix_block_bytes = prefix_block_bytes
+        """Bytes of a prompt block for prefix-aware choice (0: off; see
+        :mod:`inferd.routing.prefix`)."""
+        self.prefix_margin = prefix_margin
+        self.prefix = PrefixIndex()
+        """Where each prompt key went, as this gateway sent it and replicas report it."""
         self.holding = 0
         """Requests waiting now for a replica that is coming."""
         self._asked: dict[tuple[str, str], float] = {}
@@ -206,6 +237,8 @@ class Router:
         for rid in list(self._clients):
             if rid not in wanted:
                 self._clients.pop(rid).close()
+                if self.prefix_block_bytes:
+                    self.prefix.forget(rid)
         await asyncio.gather(
             *(
                 self._connect(rid, addr)
@@ -264,6 +297,8 @@ class Router:
 
     async def _connect(self, rid: str, address: str) -> None:
         client = ReplicaClient(address, rid)
+        if self.prefix_block_bytes:
+            client.on_prefix = self.prefix.add
         for attempt in range(3):
             try:
                 await client.connect()
@@ -523,7 +558,7 @@ class Router:
         tried: set[ReplicaClient] = set()
         until: float | None = None
         while True:
-            client = self._pick(target, tried, generation_load)
+            client, keys = self._pick_generation(target, tried, request)
             if client is None:
                 if until is None:
                     wait = request.first_timeout_s or request.idle_timeout_s
@@ -531,7 +566,7 @@ class Router:
                 if await self._hold(target, until):
                     continue
                 raise self._not_ready(target)
-            async with contextlib.aclosing(client.generate(request)) as stream:
+            async with contextlib.aclosing(client.generate(request, keys)) as stream:
                 try:
                     first = await anext(stream)
                 except ReplicaGone:
@@ -543,6 +578,57 @@ class Router:
                 async for chunk in stream:
                     yield chunk
                 return
+
+    def _pick_generation(
+        self,
+        target: Target,
+        exclude: set[ReplicaClient],
+        request: p.GenerateRequest,
+    ) -> tuple[ReplicaClient | None, list[int] | None]:
+        """The replica for a generation and, when it was chosen by prefix, the prompt's
+        keys (see :mod:`inferd.routing.prefix`)."""
+        candidates = [
+            c
+            for c in self._ready.get((target.model, target.version), ())
+            if not c.closed and c not in exclude
+        ]
+        if len(candidates) < 2 or not self.prefix_block_bytes:
+            return self._pick(target, exclude, generation_load), None
+        data = prompt_bytes(request.prompt, request.adapter)
+        keys = prompt_keys(data, self.prefix_block_bytes)
+        client, depth, decision = self._by_prefix(candidates, keys)
+        self.prefix.add(keys, client.replica_id)
+        held = depth * self.prefix_block_bytes
+        ROUTED.set(Routed(decision, round(held / len(data), 3) if held else 0.0))
+        return client, keys
+
+    def _by_prefix(
+        self, candidates: list[ReplicaClient], keys: list[int]
+    ) -> tuple[ReplicaClient, int, str]:
+        """Among ``candidates``: the least loaded of those sent the prompt's longest
+        known prefix, unless over their share of the load (by ``prefix_margin``) or
+        with a nearly full KV cache; else the least loaded. With how many of ``keys``
+        it was sent, and why it was chosen (:class:`Routed`)."""
+        loads = {c: engine_load(c) for c in candidates}
+        fair = (sum(load for _, load in loads.values()) + 1) / len(candidates)
+        limit = fair * (1 + self.prefix_margin) + 1
+        by_id = {c.replica_id: c for c in candidates}
+        decision = "new"
+        for depth in range(len(keys), 0, -1):
+            holders = [by_id[r] for r in self.prefix.holders(keys[depth - 1]) if r in by_id]
+            if not holders:
+                continue
+            fit = [c for c in holders if loads[c][0] == 0.0 and loads[c][1] < limit]
+            if fit:
+                return min(fit, key=generation_load), depth, "prefix"
+            decision = "overloaded"
+        best = min(candidates, key=generation_load)
+        depth = next(
+            (d for d in range(len(keys), 0, -1)
+             if best.replica_id in self.prefix.holders(keys[d - 1])),
+            0,
+        )  # fmt: skip
+        return best, depth, decision
 
     def _pick(
         self,

@@ -11,7 +11,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from inferd import transport as transport_
@@ -67,6 +67,8 @@ class _ClientProtocol(asyncio.Protocol):
         for message in self.frames.feed(data):
             if type(message) is p.Load:
                 self.client.engine, self.client.sent_since_load = message, 0
+                if message.prefix and self.client.on_prefix is not None:
+                    self.client.on_prefix(message.prefix, self.client.replica_id)
                 continue
             stream = streams.get(message.id)  # type: ignore[union-attr]
             if stream is not None:
@@ -94,6 +96,8 @@ class ReplicaClient:
         """A generation replica's last reported engine state (None: none yet)."""
         self.sent_since_load = 0
         """Generations this gateway sent it since that report (not counted in it yet)."""
+        self.on_prefix: Callable[[list[int], str], None] | None = None
+        """Told the prompt keys a report says gateways sent it, and its id."""
         self.closed = True
 
     async def connect(self, timeout_s: float = 5.0) -> None:
@@ -189,7 +193,9 @@ class ReplicaClient:
             message.trace = tracing.carrier()
             return await self._send_infer(message, timeout_s)
 
-    async def generate(self, request: p.GenerateRequest) -> AsyncGenerator[p.TokenChunk, None]:
+    async def generate(
+        self, request: p.GenerateRequest, prefix: list[int] | None = None
+    ) -> AsyncGenerator[p.TokenChunk, None]:
         """Token chunks as the replica makes them. Closing the iterator early (the client
         went away) cancels the generation in the replica, freeing its KV blocks.
 
@@ -206,7 +212,9 @@ class ReplicaClient:
         self.sent_since_load += 1
         finished = False
         r = request
-        message = p.Generate(mid, r.prompt, r.params, r.adapter, r.request_id, r.arrived_at)
+        message = p.Generate(
+            mid, r.prompt, r.params, r.adapter, r.request_id, r.arrived_at, prefix=prefix
+        )
         span = None
         if tracing.tracer is not None and tracing.recording():
             span = tracing.client_span("inferd.replica generate", self.replica_id)

@@ -167,6 +167,9 @@ class Generate(msgspec.Struct, tag="generate", array_like=True):
     The origin of the replica's queue-time, TTFT and latency metrics."""
     trace: dict[str, str] | None = None
     """The caller's span context (``traceparent``, ...) when tracing is on."""
+    prefix: list[int] | None = None
+    """The prompt's keys when the gateway chose among replicas by prefix: the replica
+    reports them to every gateway (:class:`Load`)."""
 
 
 class TokenChunk(msgspec.Struct, tag="tokens", array_like=True):
@@ -178,6 +181,8 @@ class TokenChunk(msgspec.Struct, tag="tokens", array_like=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     logprobs: list[float] | None = None
+    cached_tokens: int = 0
+    """Of ``prompt_tokens``, those the engine's prefix cache held (not computed)."""
 
 
 class Load(msgspec.Struct, tag="load", array_like=True):
@@ -192,6 +197,8 @@ class Load(msgspec.Struct, tag="load", array_like=True):
     """Accepted, not computing yet (queued, or preempted)."""
     kv_used: float
     """Share of the KV cache's blocks in use (0 to 1)."""
+    prefix: list[int] = []
+    """Prompt keys gateways sent it since the last report (:mod:`inferd.routing.prefix`)."""
 
 
 class Adapter(msgspec.Struct, tag="adapter", array_like=True):

@@ -46,13 +46,30 @@ LOAD_AT_LEAST_S = 1.0
 """...and at least this often, unchanged: a gateway that connected since hears it."""
 
 
+class Gateways:
+    """The gateways connected to this replica, and the prompt keys they sent it since
+    the last ``Load`` frame (every gateway learns where any gateway sent a prefix:
+    :mod:`inferd.routing.prefix`)."""
+
+    MAX_KEYS = 8192
+    """Keys kept for the next frame at most (beyond, the oldest are not reported)."""
+
+    def __init__(self) -> None:
+        self.connections: set[ReplicaProtocol] = set()
+        self.prefix: list[int] = []
+
+    def sent(self, keys: list[int]) -> None:
+        self.prefix += keys
+        if len(self.prefix) > self.MAX_KEYS:
+            del self.prefix[: -self.MAX_KEYS]
+
+
 class ReplicaProtocol(asyncio.Protocol):
-    def __init__(
-        self, core: Core, on_drain: asyncio.Event, connections: set[ReplicaProtocol]
-    ) -> None:
+    def __init__(self, core: Core, on_drain: asyncio.Event, gateways: Gateways) -> None:
         self.core = core
         self.on_drain = on_drain
-        self.connections = connections
+        self.gateways = gateways
+        self.connections = gateways.connections
         self.frames = p.FrameBuffer()
         self.transport: asyncio.Transport | None = None
         self.pending: dict[int, asyncio.Future[Columns]] = {}
@@ -193,6 +210,8 @@ class ReplicaProtocol(asyncio.Protocol):
 
     def _generate(self, message: p.Generate) -> None:
         rid = f"{id(self):x}-{message.id}"
+        if message.prefix:
+            self.gateways.sent(message.prefix)
 
         def send(out: TokenOutput | BaseException) -> None:
             if isinstance(out, BaseException):  # refused, or failed after it was accepted
@@ -204,7 +223,7 @@ class ReplicaProtocol(asyncio.Protocol):
             self._send(p.TokenChunk(
                 message.id, out.text, [] if out.token_id is None else [out.token_id],
                 out.finished, out.finish_reason, out.prompt_tokens, out.completion_tokens,
-                None if out.logprob is None else [out.logprob],
+                None if out.logprob is None else [out.logprob], out.cached_tokens,
             ))  # fmt: skip
 
         sink: Callable[[Any], None] = send
@@ -268,13 +287,13 @@ class ReplicaProtocol(asyncio.Protocol):
 
 
 async def start_listening(
-    core: Core, address: str, drain: asyncio.Event, connections: set[ReplicaProtocol]
+    core: Core, address: str, drain: asyncio.Event, gateways: Gateways
 ) -> asyncio.Server | inprocess.Listener:
     loop = asyncio.get_running_loop()
     kind, _, where = address.partition(":")
 
     def protocol() -> ReplicaProtocol:
-        return ReplicaProtocol(core, drain, connections)
+        return ReplicaProtocol(core, drain, gateways)
 
     if kind == "inproc":
         return inprocess.listen(where, protocol)
@@ -285,19 +304,23 @@ async def start_listening(
     return await transport.listen(where, protocol)
 
 
-async def push_load(core: Core, connections: set[ReplicaProtocol]) -> None:
-    """Tell every connected gateway the engine's state when it changes (every
-    ``LOAD_EVERY_S`` at most), and once every ``LOAD_AT_LEAST_S`` regardless."""
+async def push_load(core: Core, gateways: Gateways) -> None:
+    """Tell every connected gateway the engine's state, and the prompt keys gateways
+    sent since, when either changes (every ``LOAD_EVERY_S`` at most), and once every
+    ``LOAD_AT_LEAST_S`` regardless."""
     loop = asyncio.get_running_loop()
     last: tuple[int, int, float] | None = None
     sent_at = 0.0
     while True:
         await asyncio.sleep(LOAD_EVERY_S)
         load = core.engine_load()
-        if load is None or (load == last and loop.time() - sent_at < LOAD_AT_LEAST_S):
+        if load is None or (
+            load == last and not gateways.prefix and loop.time() - sent_at < LOAD_AT_LEAST_S
+        ):
             continue
-        frame = p.encode(p.Load(0, *load))
-        for connection in list(connections):
+        keys, gateways.prefix = gateways.prefix, []
+        frame = p.encode(p.Load(0, *load, keys))
+        for connection in list(gateways.connections):
             writer = connection.writer
             if writer is not None and not writer.transport.is_closing():
                 writer.write(frame)
@@ -339,13 +362,13 @@ async def serve(
     core = make_core(spec)
     if on_core is not None:
         on_core(core)
-    connections: set[ReplicaProtocol] = set()
-    server = await start_listening(core, spec.address, drain, connections)
+    gateways = Gateways()
+    server = await start_listening(core, spec.address, drain, gateways)
     from inferd.runtimes import GENERATIVE
 
     # generation replicas tell gateways their engine's state (predict ones have none)
     generative = spec.framework in GENERATIVE
-    pusher = loop.create_task(push_load(core, connections)) if generative else None
+    pusher = loop.create_task(push_load(core, gateways)) if generative else None
     loader = loop.create_task(_fetch_then_load(core, spec))
     drained = loop.create_task(drain.wait())
     await asyncio.wait([loader, drained], return_when=asyncio.FIRST_COMPLETED)

@@ -332,6 +332,7 @@ class VLLMCore:
             sink(TokenOutput(
                 request_id, piece.text, piece.token_ids[-1] if new else None,
                 output.finished, reason, prompt_tokens, completion, logprob,
+                output.num_cached_tokens or 0,
             ))  # fmt: skip
             if output.finished:
                 metrics.finished.inc(reason or "stop")
