@@ -112,8 +112,9 @@ class LLMConfig(Group):
     its prompt's longest prefix went to before (where the engine has it cached), within
     ``prefix_routing_margin``; false: the least loaded one always."""
     prefix_routing_margin: float = Field(0.5, ge=0)
-    """A replica loses the preference while its engine holds more than its fair share of
-    the version's sequences by this fraction (plus one)."""
+    """A replica loses the preference when the generation would take its engine above
+    its fair share of the version's sequences (this one included) by more than this
+    fraction of that share, or more than one sequence, whichever is more."""
     max_num_seqs: int = Field(128, ge=1)
     """Sequences decoding together in one step. On a 2-core CPU, GPT-2 small's output
     tokens/s was flat from 64 to 128 and fell at 256 (233, 237, 148 tok/s for 500

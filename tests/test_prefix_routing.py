@@ -83,11 +83,16 @@ def test_a_known_prefix_wins_until_its_replica_is_over_its_share():
     routed = ROUTED.get()
     assert chosen == first and routed is not None and routed.decision == "prefix"
     assert 0.5 < routed.expected < 1
-    # the holder gets busier: 6 vs 0 is below 1.5 x a fair share of (6 + 0 + 1) / 2, plus one
+    # the holder gets busier: 7 + 1 is within 1.5 x a fair share of (7 + 4 + 1) / 2 ...
     holder, other = (a, b) if first == "a" else (b, a)
-    holder.engine = p.Load(0, running=6, waiting=0, kv_used=0.3)
-    assert _choose(router, [a, b], later) == first
     holder.engine = p.Load(0, running=7, waiting=0, kv_used=0.3)
+    other.engine = p.Load(0, running=4, waiting=0, kv_used=0.3)
+    assert _choose(router, [a, b], later) == first
+    # ... near idle, one more than the fair share (2 + 1 > (2 + 0 + 1) / 2 + 1) is not
+    other.engine = p.Load(0, running=0, waiting=0, kv_used=0.3)
+    holder.engine = p.Load(0, running=1, waiting=0, kv_used=0.3)
+    assert _choose(router, [a, b], later) == first
+    holder.engine = p.Load(0, running=2, waiting=0, kv_used=0.3)
     assert _choose(router, [a, b], later) == other.replica_id
     assert ROUTED.get().decision == "overloaded"  # type: ignore[union-attr]
     # ... and the other replica now holds it too: it keeps it while the first is busy

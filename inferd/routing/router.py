@@ -610,15 +610,19 @@ class Router:
         with a nearly full KV cache; else the least loaded. With how many of ``keys``
         it was sent, and why it was chosen (:class:`Routed`)."""
         loads = {c: engine_load(c) for c in candidates}
+        # The fair share counts this request; a holder may go above it by the margin's
+        # share of it, or one sequence, whichever is more: near idle, one replica must
+        # not take every new chat because it was the first to compute their common
+        # system prompt while another waits with nothing to do.
         fair = (sum(load for _, load in loads.values()) + 1) / len(candidates)
-        limit = fair * (1 + self.prefix_margin) + 1
+        limit = fair + max(1.0, self.prefix_margin * fair) - 1
         by_id = {c.replica_id: c for c in candidates}
         decision = "new"
         for depth in range(len(keys), 0, -1):
             holders = [by_id[r] for r in self.prefix.holders(keys[depth - 1]) if r in by_id]
             if not holders:
                 continue
-            fit = [c for c in holders if loads[c][0] == 0.0 and loads[c][1] < limit]
+            fit = [c for c in holders if loads[c][0] == 0.0 and loads[c][1] <= limit]
             if fit:
                 return min(fit, key=generation_load), depth, "prefix"
             decision = "overloaded"
