@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -92,6 +93,8 @@ class _Request:
     last_token: float | None = None
     matcher: Any = None
     """The request's output constraint (:mod:`inferd.llm.guides`), or None."""
+    replay: str = ""
+    """A resumed request's text so far, sent with its first new token."""
 
 
 class PromptTooLong(ValueError):
@@ -150,6 +153,18 @@ class LLMEngine:
         """Step time weighted by how full the engine was (see :meth:`occupancy`): the
         autoscaler's utilisation is its growth over wall time."""
         self._adapters: dict[str, int] = {}
+        """Loaded adapters: name -> bank slot."""
+        self._known: dict[str, Path] = {}
+        """Adapters it may load: name -> folder."""
+        self._recent: OrderedDict[str, None] = OrderedDict()
+        """Loaded adapters, least recently used first."""
+        self.loaded_adapters: tuple[str, ...] = ()
+        """The loaded adapters' names, replaced whole (read from other threads)."""
+        self.adapter_loads = 0
+        """Adapters loaded because a request needed them."""
+        self.adapter_room = lora.max_adapters if lora is not None else 0
+        """Slots a request for another adapter could load it into now: free, or held by
+        an adapter no sequence uses (counted after each step; read from other threads)."""
         self._slot_loads: dict[int, int] = {}
         """Adapters loaded into each slot so far: with the slot, the prefix-cache salt
         of what it computes (a reloaded adapter reuses nothing of the old one's)."""
@@ -164,10 +179,13 @@ class LLMEngine:
         adapter_slot: int = -1,
         arrived: float | None = None,
         adapter_name: str | None = None,
+        resume: list[int] | None = None,
     ) -> Sequence:
         """``arrived``: when the request arrived (``time.monotonic()``; default now), the
         origin of its queue time, TTFT and latency metrics. ``adapter_name`` labels it
-        in :attr:`metrics`."""
+        in :attr:`metrics`. ``resume``: the tokens another replica generated for it
+        before it was lost; it goes on after them (its first output's text is theirs
+        as this engine would have streamed it, then the new token's)."""
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         limit = self.max_positions
         if not ids:
@@ -188,6 +206,13 @@ class LLMEngine:
             raise PromptTooLong(
                 f"the prompt has {len(ids)} tokens; the model's context is {limit} tokens"
             )
+        resume = list(resume or ())
+        if resume and (
+            len(resume) >= params.max_tokens
+            or len(ids) + len(resume) >= limit
+            or (vocab is not None and not all(0 <= t < vocab for t in resume))
+        ):
+            raise ValueError("the tokens to resume from end the generation or are not tokens")
         if len(self.scheduler.waiting) >= self.config.max_waiting:
             raise EngineFull(f"{len(self.scheduler.waiting)} requests are already waiting")
         if request_id in self.requests:
@@ -202,17 +227,38 @@ class LLMEngine:
             salt = b"%d:%d" % (adapter_slot, self._slot_loads[adapter_slot])
         seq = Sequence(request_id, ids, params, adapter_slot, cache_salt=salt)
         now = time.monotonic()
-        self.requests[request_id] = _Request(
+        request = _Request(
             seq,
             Detokenizer(self.tokenizer, ids, params.skip_special_tokens),
             StopChecker(params.stop, params.include_stop_str_in_output),
             now if arrived is None else min(arrived, now),
             matcher=matcher,
         )
+        if resume:
+            self._replay(request, resume)
+        self.requests[request_id] = request
         self.metrics.requests_by_adapter.inc(adapter_name or "")
         self.metrics.prompt_tokens.observe(len(ids))
         self.scheduler.add(seq)
         return seq
+
+    def _replay(self, request: _Request, resume: list[int]) -> None:
+        """A resumed request's state after ``resume``, as if it had generated them: its
+        output, the text its stream released (sent with its next token), its stop
+        checker's and its guide's state. Its seeded draws depend on the position only
+        (:mod:`inferd.llm.sampling`), so they go on as they would have."""
+        seq = request.seq
+        seq.output_ids = list(resume)
+        text = []
+        params, eos = seq.params, self.tokenizer.eos_token_id
+        for token in resume:
+            ended = token in params.stop_token_ids or (token == eos and not params.ignore_eos)
+            if not ended or params.include_stop_str_in_output:  # as _output does
+                text.append(request.detok.add(token))
+            if request.matcher is not None:
+                request.matcher.consume_token(token)
+        request.replay, _ = request.stops.feed("".join(text))
+        request.last_token = request.started  # its next token is not a first token
 
     def abort(self, request_id: str, reason: str = "abort") -> bool:
         """Cancel a request; its blocks are free before the next step."""
@@ -224,12 +270,21 @@ class LLMEngine:
         return True
 
     # -- LoRA adapters ----------------------------------------------------------------
+    # An adapter is *known* (its folder: registered with the version, or loaded at run
+    # time) and, while it holds one of the bank's slots, *loaded*. A request for a known
+    # adapter that is not loaded loads it (ensure_adapter), into a free slot or the
+    # slot of the least recently used adapter that no running sequence uses; with every
+    # slot in use by running sequences it waits for one (the caller holds it).
+
     def adapter_slot(self, name: str | None) -> int:
         """The bank slot of a loaded adapter (-1 for the base model); KeyError if unknown."""
         return -1 if name is None else self._adapters[name]
 
     def load_adapter(self, name: str, folder: Path) -> dict[str, int]:
-        """Load (or reload) an adapter under ``name``.
+        """Load (or reload) an adapter under ``name`` now, evicting the least recently
+        used idle one if every slot is taken; with every slot in use by running
+        sequences, the next request for it loads it (ValueError: not an adapter this
+        engine can load).
 
         A reload takes a fresh slot: sequences already running with the old weights
         finish on the old slot, and nothing computed with the old weights is reused
@@ -241,25 +296,97 @@ class LLMEngine:
         if self.lora is None:
             raise ValueError("this model was started without LoRA support")
         adapter = LoRAAdapter.load(folder)
+        self._known[name] = folder
+        slot = self._free_slot()
+        if slot is None:
+            if name in self._adapters:
+                self._drop(name)  # running ones finish on the old weights
+            return dict(self._adapters)
+        self._place(name, slot, adapter)
+        return dict(self._adapters)
+
+    def know_adapter(self, name: str, folder: Path) -> None:
+        """``name`` may be loaded from ``folder`` when a request needs it."""
+        if self.lora is None:
+            raise ValueError("this model was started without LoRA support")
+        if not (folder / "adapter_config.json").is_file():
+            raise FileNotFoundError(f"no adapter_config.json in {folder}")
+        self._known[name] = folder
+
+    def ensure_adapter(self, name: str | None) -> int | None:
+        """The slot of adapter ``name`` (-1: the base model), loading it first if it is
+        known but not loaded; None when every slot is in use by running sequences (try
+        again after a step). KeyError: an adapter this engine does not know."""
+        if name is None:
+            return -1
+        slot = self._adapters.get(name)
+        if slot is not None:
+            self._recent.move_to_end(name)
+            return slot
+        folder = self._known[name]
+        from inferd.llm.lora import LoRAAdapter
+
+        slot = self._free_slot()
+        if slot is None:
+            return None
+        began = time.perf_counter()
+        self._place(name, slot, LoRAAdapter.load(folder))
+        self.metrics.adapter_load_s.observe(time.perf_counter() - began)
+        self.adapter_loads += 1
+        return slot
+
+    def _free_slot(self) -> int | None:
+        """A slot no adapter name and no live sequence holds, after evicting the least
+        recently used adapter no live sequence uses, if need be."""
+        assert self.lora is not None
         live = {r.seq.adapter_slot for r in self.requests.values()}
         busy = set(self._adapters.values()) | live
-        free = [s for s in range(self.lora.max_adapters) if s not in busy]
-        if not free:
-            raise ValueError(f"all {self.lora.max_adapters} adapter slots are in use")
-        self.lora.load(free[0], adapter)
-        self._adapters[name] = free[0]
-        self._slot_loads[free[0]] = self._slot_loads.get(free[0], 0) + 1
-        return dict(self._adapters)
+        for slot in range(self.lora.max_adapters):
+            if slot not in busy:
+                return slot
+        for name in self._recent:  # least recently used first
+            slot = self._adapters[name]
+            if slot not in live:
+                self._drop(name)
+                return slot
+        return None
+
+    def _place(self, name: str, slot: int, adapter: Any) -> None:
+        assert self.lora is not None
+        self.lora.load(slot, adapter)
+        if name in self._adapters:
+            self._drop(name)
+        self._adapters[name] = slot
+        self._recent[name] = None
+        self._slot_loads[slot] = self._slot_loads.get(slot, 0) + 1
+        self.loaded_adapters = tuple(self._recent)
+
+    def _drop(self, name: str) -> None:
+        del self._adapters[name]
+        self._recent.pop(name, None)
+        self.loaded_adapters = tuple(self._recent)
 
     def unload_adapter(self, name: str) -> None:
         """New requests can no longer use it; running ones finish on its slot."""
-        if name not in self._adapters:
+        if name not in self._known:
             raise KeyError(name)
-        del self._adapters[name]
+        del self._known[name]
+        if name in self._adapters:
+            self._drop(name)
 
     @property
     def adapters(self) -> list[str]:
         return sorted(self._adapters)
+
+    @property
+    def known_adapters(self) -> list[str]:
+        return sorted(self._known)
+
+    def _count_room(self) -> None:
+        """:attr:`adapter_room`, after a step (on the engine's thread)."""
+        if self.lora is not None:
+            live = {r.seq.adapter_slot for r in self.requests.values()}
+            self.adapter_room = self.lora.max_adapters - len(live - {-1})
 
     def capture_graphs(self) -> int:
         """On a GPU, capture the decode step in CUDA graphs for batches up to
@@ -307,6 +434,7 @@ class LLMEngine:
                 out.append(self._output(seq, token, None))
                 if seq.finished:
                     break
+        self._count_room()
         elapsed = time.perf_counter() - started
         self.busy_s += elapsed * self.occupancy()
         self.metrics.step_s.observe(elapsed)
@@ -525,6 +653,8 @@ class LLMEngine:
         if seq.finished:
             text += request.detok.flush()
         text, stopped = request.stops.feed(text, final=seq.finished)
+        if request.replay:
+            text, request.replay = request.replay + text, ""
         if stopped and not seq.finished:
             self.scheduler.finish(seq, "stop")
         now, metrics = time.monotonic(), self.metrics
@@ -568,4 +698,5 @@ class LLMEngine:
             "steps": self.steps,
             "spec_draft_tokens": self.draft_tokens,
             "spec_accepted_tokens": self.accepted_tokens,
+            "adapter_loads": self.adapter_loads,
         }

@@ -40,6 +40,8 @@ class GenerationMetrics:
         """Duration of each engine step (schedule, forward pass, sampling, outputs)."""
         self.step_tokens = Histogram(TOKEN_BUCKETS)
         """Tokens (prefill chunks + decodes) computed per step."""
+        self.adapter_load_s = Histogram(LATENCY_BUCKETS_S)
+        """Loading a LoRA adapter a request needed (into a free or evicted slot)."""
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -54,6 +56,7 @@ class GenerationMetrics:
             "requests_by_adapter": self.requests_by_adapter.snapshot(),
             "step_s": self.step_s.snapshot(),
             "step_tokens": self.step_tokens.snapshot(),
+            "adapter_load_s": self.adapter_load_s.snapshot(),
             "prompt_tokens_total": self.prompt_tokens.sum,
             "generation_tokens_total": self.generation_tokens.sum,
         }

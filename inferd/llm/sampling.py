@@ -121,4 +121,13 @@ def _draw(row: torch.Tensor, seq: Sequence) -> int:
         probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
     if params.min_p:
         probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
+    if seq.generator is not None and params.seed is not None:
+        seq.generator.manual_seed(position_seed(params.seed, len(seq.output_ids)))
     return int(torch.multinomial(probs, 1, generator=seq.generator).item())
+
+
+def position_seed(seed: int, position: int) -> int:
+    """The seed of a seeded request's draw for its ``position``-th output token: each
+    draw depends on the request's seed and the position alone, so a generation resumed
+    on another replica (or recomputed after preemption) draws what it would have."""
+    return (seed * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9) % 2**64

@@ -216,6 +216,12 @@ def write_requests(out: Text, metrics: RequestMetrics, log_dropped: int = 0) -> 
         "Held requests that no replica took before their deadline or the hold limit (503).",
     )
     out.sample("inferd_held_expired_total", {}, metrics.counters.get("held_expired", 0))
+    out.family(
+        "inferd_generations_resumed_total",
+        "counter",
+        "Generations whose replica was lost mid-stream and that went on on another.",
+    )
+    out.sample("inferd_generations_resumed_total", {}, metrics.counters.get("resumed", 0))
 
 
 REPLICA_GAUGES = {
@@ -253,6 +259,10 @@ REPLICA_COUNTERS = {
         "inferd_spec_decode_accepted_tokens_total",
         "Speculative decoding: guessed tokens accepted (their share is the acceptance rate).",
     ),
+    "adapter_loads": (
+        "inferd_lora_adapter_loads_total",
+        "LoRA adapters loaded because a request needed one that was not (LRU eviction).",
+    ),
     "tokens": ("inferd_batch_tokens_total", "Text models: tokens of the texts computed."),
     "padded_tokens": (
         "inferd_batch_padded_tokens_total",
@@ -268,6 +278,10 @@ REPLICA_HISTOGRAMS = {
     "e2e_s": ("inferd_generation_duration_seconds", "From arrival to the last token."),
     "prompt_tokens": ("inferd_prompt_tokens", "Prompt tokens per generation."),
     "generation_tokens": ("inferd_generation_tokens", "Generated tokens per generation."),
+    "adapter_load_s": (
+        "inferd_lora_adapter_load_seconds",
+        "Loading a LoRA adapter a request needed (the request waited that long).",
+    ),
 }
 
 

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import msgspec
+
 from inferd.errors import InferdError, ModelNotFound, ModelNotReady
 from inferd.observability.log_rows import COUNTERS
 from inferd.routing.prefix import PrefixIndex, prompt_bytes, prompt_keys
@@ -53,7 +55,9 @@ class Routed:
     decision: str
     """``prefix``: where its longest known prefix went; ``overloaded``: that replica (or
     every one holding a prefix of it) was over its share, so the least loaded; ``new``:
-    no replica was sent any of it, so the least loaded."""
+    no replica was sent any of it, so the least loaded; ``adapter``: one with its LoRA
+    adapter loaded; ``adapter-load``: none had it (within the margin), so one with room
+    to load it."""
     expected: float
     """The share of the prompt expected in the chosen replica's prefix cache (0 to 1)."""
 
@@ -134,6 +138,8 @@ class Shadow:
     tolerance: float
 
 
+MAX_TRIES = 3
+"""Replicas a generation may be sent to before its error is the caller's."""
 KV_FULL = 0.9
 """A generation replica whose KV cache is fuller than this is chosen last: a sequence
 sent there would wait for blocks, or preempt one that runs."""
@@ -554,30 +560,46 @@ class Router:
     async def generate(
         self, target: Target, request: p.GenerateRequest
     ) -> AsyncGenerator[p.TokenChunk, None]:
-        """Stream a generation; a replica that died before the first token is retried."""
+        """Stream a generation. A replica lost before the first token is tried again on
+        another; one lost mid-stream (killed, or drained past its grace) is resumed on
+        another: sent the prompt and the tokens already streamed, it goes on after them
+        (seeded draws depend on the position only, so it draws what the lost one would
+        have), and its first chunk's text -- the text so far, as it would have streamed
+        it, then the new token's -- is cut to what the client did not get: no token
+        repeated, none missing."""
         tried: set[ReplicaClient] = set()
         until: float | None = None
+        sent: list[int] = []  # token ids the caller got
+        chars = 0  # and the length of their text
+        lost: ReplicaGone | None = None
         while True:
             client, keys = self._pick_generation(target, tried, request)
-            if client is None:
+            if client is None:  # none (left): wait for one coming, a restart of the lost one too
                 if until is None:
                     wait = request.first_timeout_s or request.idle_timeout_s
                     until = self._hold_until(target, time.perf_counter() + wait)
                 if await self._hold(target, until):
                     continue
-                raise self._not_ready(target)
-            async with contextlib.aclosing(client.generate(request, keys)) as stream:
-                try:
-                    first = await anext(stream)
-                except ReplicaGone:
-                    tried.add(client)
-                    if len(tried) >= 2:
-                        raise
-                    continue
-                yield first
-                async for chunk in stream:
-                    yield chunk
-                return
+                raise lost or self._not_ready(target)
+            attempt = msgspec.structs.replace(request, resume=sent) if sent else request
+            skip = chars
+            try:
+                async with contextlib.aclosing(client.generate(attempt, keys)) as stream:
+                    async for chunk in stream:
+                        if skip:
+                            cut = min(skip, len(chunk.text))
+                            chunk.text, skip = chunk.text[cut:], skip - cut
+                        sent += chunk.token_ids
+                        chars += len(chunk.text)
+                        yield chunk
+                    return
+            except ReplicaGone as exc:
+                tried.add(client)  # a restarted replica is a new client: not excluded
+                if len(tried) >= MAX_TRIES:
+                    raise
+                if sent:
+                    lost = exc
+                    COUNTERS["resumed"] += 1
 
     def _pick_generation(
         self,
@@ -586,43 +608,73 @@ class Router:
         request: p.GenerateRequest,
     ) -> tuple[ReplicaClient | None, list[int] | None]:
         """The replica for a generation and, when it was chosen by prefix, the prompt's
-        keys (see :mod:`inferd.routing.prefix`)."""
+        keys (see :mod:`inferd.routing.prefix`). With several replicas, one that has
+        the request's LoRA adapter loaded first (else one with room to load it), then
+        where its prompt's longest prefix went, each within the load margin."""
         candidates = [
             c
             for c in self._ready.get((target.model, target.version), ())
             if not c.closed and c not in exclude
         ]
-        if len(candidates) < 2 or not self.prefix_block_bytes:
+        adapter = request.adapter
+        if len(candidates) < 2 or (not self.prefix_block_bytes and adapter is None):
             return self._pick(target, exclude, generation_load), None
-        data = prompt_bytes(request.prompt, request.adapter)
-        keys = prompt_keys(data, self.prefix_block_bytes)
-        client, depth, decision = self._by_prefix(candidates, keys)
-        self.prefix.add(keys, client.replica_id)
-        held = depth * self.prefix_block_bytes
-        ROUTED.set(Routed(decision, round(held / len(data), 3) if held else 0.0))
+        fits = self._fits(candidates)
+        decision = None
+        if adapter is not None:
+            candidates, decision = self._for_adapter(candidates, adapter, fits)
+        keys, expected = None, 0.0
+        if self.prefix_block_bytes and len(candidates) > 1:
+            data = prompt_bytes(request.prompt, adapter)
+            keys = prompt_keys(data, self.prefix_block_bytes)
+            client, depth, by_prefix = self._by_prefix(candidates, keys, fits)
+            self.prefix.add(keys, client.replica_id)
+            expected = round(depth * self.prefix_block_bytes / len(data), 3) if depth else 0.0
+            decision = decision or by_prefix
+        else:
+            client = min(candidates, key=generation_load)
+        if adapter is not None:
+            client.sent_adapter(adapter)
+        ROUTED.set(Routed(decision or "new", expected))
         return client, keys
 
-    def _by_prefix(
-        self, candidates: list[ReplicaClient], keys: list[int]
-    ) -> tuple[ReplicaClient, int, str]:
-        """Among ``candidates``: the least loaded of those sent the prompt's longest
-        known prefix, unless over their share of the load (by ``prefix_margin``) or
-        with a nearly full KV cache; else the least loaded. With how many of ``keys``
-        it was sent, and why it was chosen (:class:`Routed`)."""
+    def _fits(self, candidates: list[ReplicaClient]) -> set[ReplicaClient]:
+        """The replicas a preference (a loaded adapter, a cached prefix) may send one
+        more generation to: not over their fair share of the load (this request
+        counted) by more than ``prefix_margin`` of it, or one sequence, whichever is
+        more, and with room in their KV cache. Near idle, one replica must not take
+        every new chat because it was the first to compute their common system prompt
+        while another waits with nothing to do."""
         loads = {c: engine_load(c) for c in candidates}
-        # The fair share counts this request; a holder may go above it by the margin's
-        # share of it, or one sequence, whichever is more: near idle, one replica must
-        # not take every new chat because it was the first to compute their common
-        # system prompt while another waits with nothing to do.
         fair = (sum(load for _, load in loads.values()) + 1) / len(candidates)
         limit = fair + max(1.0, self.prefix_margin * fair) - 1
+        return {c for c, (full, load) in loads.items() if full == 0.0 and load <= limit}
+
+    def _for_adapter(
+        self, candidates: list[ReplicaClient], adapter: str, fits: set[ReplicaClient]
+    ) -> tuple[list[ReplicaClient], str]:
+        """The replicas a request for ``adapter`` may go to: those with it loaded (or
+        sent a request for it a moment ago, before their report says so) that fit;
+        else those with room to load it; else all."""
+        holders = [c for c in candidates if c in fits and c.has_adapter(adapter)]
+        if holders:
+            return holders, "adapter"
+        room = [c for c in candidates if c.engine is None or c.engine.adapter_room > 0]
+        return room or candidates, "adapter-load"
+
+    def _by_prefix(
+        self, candidates: list[ReplicaClient], keys: list[int], fits: set[ReplicaClient]
+    ) -> tuple[ReplicaClient, int, str]:
+        """Among ``candidates``: the least loaded of those sent the prompt's longest
+        known prefix that ``fits``; else the least loaded. With how many of ``keys`` it
+        was sent, and why it was chosen (:class:`Routed`)."""
         by_id = {c.replica_id: c for c in candidates}
         decision = "new"
         for depth in range(len(keys), 0, -1):
             holders = [by_id[r] for r in self.prefix.holders(keys[depth - 1]) if r in by_id]
             if not holders:
                 continue
-            fit = [c for c in holders if loads[c][0] == 0.0 and loads[c][1] <= limit]
+            fit = [c for c in holders if c in fits]
             if fit:
                 return min(fit, key=generation_load), depth, "prefix"
             decision = "overloaded"

@@ -98,7 +98,31 @@ class ReplicaClient:
         """Generations this gateway sent it since that report (not counted in it yet)."""
         self.on_prefix: Callable[[list[int], str], None] | None = None
         """Told the prompt keys a report says gateways sent it, and its id."""
+        self._adapters_sent: dict[str, float] = {}
+        """LoRA adapters this gateway sent it requests for, and when (monotonic)."""
         self.closed = True
+
+    ADAPTER_NEWS_S = 2.0
+    """How long a request this gateway sent for an adapter counts as the adapter being
+    loaded there, before the replica's report says so."""
+
+    def sent_adapter(self, adapter: str) -> None:
+        now = time.monotonic()
+        sent = self._adapters_sent
+        if len(sent) > 256:
+            for name, when in list(sent.items()):
+                if now - when > self.ADAPTER_NEWS_S:
+                    del sent[name]
+        sent[adapter] = now
+
+    def has_adapter(self, adapter: str) -> bool:
+        """Its engine reported ``adapter`` loaded, or this gateway sent it a request for
+        it a moment ago."""
+        report = self.engine
+        if report is not None and adapter in report.adapters:
+            return True
+        when = self._adapters_sent.get(adapter)
+        return when is not None and time.monotonic() - when < self.ADAPTER_NEWS_S
 
     async def connect(self, timeout_s: float = 5.0) -> None:
         loop = asyncio.get_running_loop()
@@ -213,8 +237,9 @@ class ReplicaClient:
         finished = False
         r = request
         message = p.Generate(
-            mid, r.prompt, r.params, r.adapter, r.request_id, r.arrived_at, prefix=prefix
-        )
+            mid, r.prompt, r.params, r.adapter, r.request_id, r.arrived_at, prefix=prefix,
+            resume=r.resume,
+        )  # fmt: skip
         span = None
         if tracing.tracer is not None and tracing.recording():
             span = tracing.client_span("inferd.replica generate", self.replica_id)

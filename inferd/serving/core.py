@@ -36,6 +36,11 @@ Sink = Callable[["TokenOutput | InferdError"], None]
 """Receives a generation's token outputs, or the error that ended it before any token."""
 
 
+EngineLoad = tuple[int, int, float, tuple[str, ...], int]
+"""A generation engine's running and waiting sequences, the share of its KV cache in use,
+the LoRA adapters it has loaded, and how many adapter slots a new one could take."""
+
+
 class Core(Protocol):
     """What the replica server calls on any core."""
 
@@ -64,9 +69,11 @@ class Core(Protocol):
         adapter: str | None,
         sink: Sink,
         arrived: float | None = None,
+        resume: list[int] | None = None,
     ) -> Future[None]:
         """Start a generation whose outputs go to ``sink``; the future resolves once the
-        engine accepted it (or fails with why it was refused)."""
+        engine accepted it (or fails with why it was refused). ``resume``: output tokens
+        generated elsewhere before that replica was lost, to go on after."""
 
     def cancel(self, request_id: str) -> None:
         """Stop a generation (its client went away): free what it holds."""
@@ -76,10 +83,9 @@ class Core(Protocol):
 
     def stats(self) -> dict[str, float]: ...
 
-    def engine_load(self) -> tuple[int, int, float] | None:
-        """A generation engine's running and waiting sequences and the share of its KV
-        cache in use, cheap enough to read every few milliseconds; None for a core that
-        has no engine (predict replicas)."""
+    def engine_load(self) -> EngineLoad | None:
+        """A generation engine's state, cheap enough to read every few milliseconds;
+        None for a core that has no engine (predict replicas)."""
 
     def metrics(self) -> dict[str, Any]: ...
 

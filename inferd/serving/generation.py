@@ -32,7 +32,14 @@ from inferd.llm.chat import ChatTemplate
 from inferd.llm.engine import EngineFull, LLMEngine, PromptOverLimit, PromptTooLong, TokenOutput
 from inferd.llm.metrics import GenerationMetrics
 from inferd.llm.sequence import SamplingParams
-from inferd.serving.core import Sink, TextCore, load_off_loop, mark_ready, rss_bytes
+from inferd.serving.core import (
+    EngineLoad,
+    Sink,
+    TextCore,
+    load_off_loop,
+    mark_ready,
+    rss_bytes,
+)
 from inferd.serving.spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)
@@ -47,6 +54,7 @@ class _Add:
     sink: Sink
     accepted: Future[None]
     arrived: float | None = None
+    resume: list[int] | None = None
 
 
 @dataclass
@@ -117,6 +125,9 @@ class GenerationCore:
         self.engine: LLMEngine | None = None
         self.chat = ChatTemplate(None)
         self._commands: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._parked: list[_Add] = []
+        """Requests for an adapter that is not loaded while every slot is in use by
+        running sequences: added after a step frees one (engine thread only)."""
         self._sinks: dict[str, Sink] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -147,6 +158,7 @@ class GenerationCore:
         adapter: str | None,
         sink: Sink,
         arrived: float | None = None,
+        resume: list[int] | None = None,
     ) -> Future[None]:
         """Queue a generation; the future resolves once the engine accepted it."""
         prompt, sampling = checked(self, prompt, params)
@@ -157,7 +169,9 @@ class GenerationCore:
             )
         accepted: Future[None] = Future()
         self._sinks[request_id] = sink
-        self._commands.put(_Add(request_id, prompt, sampling, adapter, sink, accepted, arrived))
+        self._commands.put(
+            _Add(request_id, prompt, sampling, adapter, sink, accepted, arrived, resume)
+        )
         return accepted
 
     def submit(self, *args: Any, **kwargs: Any) -> Any:
@@ -207,6 +221,10 @@ class GenerationCore:
                     outputs = self._fail_all(engine)
                 if outputs:
                     self._loop.call_soon_threadsafe(self._deliver, outputs)
+                if self._parked:
+                    parked, self._parked = self._parked, []
+                    for cmd in parked:
+                        self._add(cmd)
                 if trace is not None:
                     trace.step(engine, began, stepped, len(outputs))
 
@@ -215,7 +233,8 @@ class GenerationCore:
             self._add(cmd)
         elif isinstance(cmd, _Abort):
             assert self.engine is not None
-            self.engine.abort(cmd.request_id)
+            if not self.engine.abort(cmd.request_id):
+                self._parked = [p for p in self._parked if p.request_id != cmd.request_id]
         elif isinstance(cmd, _AdapterOp):
             self._adapter(cmd)
         # None: close() woke the thread up to exit
@@ -224,10 +243,14 @@ class GenerationCore:
         engine = self.engine
         assert engine is not None
         try:
-            slot = engine.adapter_slot(cmd.adapter)
+            slot = engine.ensure_adapter(cmd.adapter)
+            if slot is None:  # every slot runs sequences: after the next step
+                self._parked.append(cmd)
+                return
             engine.add_request(
-                cmd.request_id, cmd.prompt, cmd.params, slot, cmd.arrived, cmd.adapter
-            )
+                cmd.request_id, cmd.prompt, cmd.params, slot, cmd.arrived, cmd.adapter,
+                cmd.resume,
+            )  # fmt: skip
         except KeyError:
             self._refuse(cmd, ModelNotFound(f"adapter {cmd.adapter!r} is not loaded"))
         except EngineFull as exc:
@@ -253,7 +276,7 @@ class GenerationCore:
         try:
             if cmd.path is not None:
                 cmd.done.set_result(engine.load_adapter(cmd.name, Path(cmd.path)))
-            elif cmd.name in engine.adapters:
+            elif cmd.name in engine.known_adapters:
                 engine.unload_adapter(cmd.name)
                 cmd.done.set_result({"unloaded": cmd.name})
             else:
@@ -280,7 +303,7 @@ class GenerationCore:
         stats["rss_bytes"] = rss_bytes()
         return stats
 
-    def engine_load(self) -> tuple[int, int, float] | None:
+    def engine_load(self) -> EngineLoad | None:
         engine = self.engine
         if engine is None:
             return None
@@ -290,7 +313,8 @@ class GenerationCore:
         running = len(s.running)
         blocks = s.allocator.num_blocks
         kv_used = s.allocator.used_count / blocks if blocks else 0.0
-        return running, max(0, len(self._sinks) - running), round(kv_used, 3)
+        waiting = max(0, len(self._sinks) - running)
+        return running, waiting, round(kv_used, 3), engine.loaded_adapters, engine.adapter_room
 
     def metrics(self) -> dict[str, Any]:
         """The engine's request histograms and counters (read from the event loop while

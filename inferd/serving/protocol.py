@@ -71,6 +71,9 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
     first_timeout_s: float | None = None
     """The first chunk may take this long (it may wait in the replica's queue); None:
     ``idle_timeout_s``."""
+    resume: list[int] | None = None
+    """The tokens generated before the replica that made them was lost: the next one
+    goes on after them (see :meth:`inferd.routing.router.Router.generate`)."""
 
 
 class Tensor(msgspec.Struct, array_like=True):
@@ -170,6 +173,10 @@ class Generate(msgspec.Struct, tag="generate", array_like=True):
     prefix: list[int] | None = None
     """The prompt's keys when the gateway chose among replicas by prefix: the replica
     reports them to every gateway (:class:`Load`)."""
+    resume: list[int] | None = None
+    """Output tokens another replica generated before it was lost: go on after them,
+    the first chunk's text being theirs (as this replica would have streamed it) and
+    the new token's."""
 
 
 class TokenChunk(msgspec.Struct, tag="tokens", array_like=True):
@@ -199,6 +206,11 @@ class Load(msgspec.Struct, tag="load", array_like=True):
     """Share of the KV cache's blocks in use (0 to 1)."""
     prefix: list[int] = []
     """Prompt keys gateways sent it since the last report (:mod:`inferd.routing.prefix`)."""
+    adapters: list[str] = []
+    """The LoRA adapters its engine has loaded."""
+    adapter_room: int = 0
+    """Adapter slots a request for another adapter could load it into now (free, or
+    held by an adapter no running sequence uses)."""
 
 
 class Adapter(msgspec.Struct, tag="adapter", array_like=True):

@@ -28,7 +28,7 @@ from inferd.observability.metrics import REQUEST_BUCKETS_S, Histogram, Sketch
 from inferd.runtimes import load_runtime
 from inferd.runtimes.base import Runtime, RuntimeConfig, Signature
 from inferd.serving.batcher import BatchTrace, Columns, DynamicBatcher
-from inferd.serving.core import load_off_loop, mark_ready, rss_bytes
+from inferd.serving.core import EngineLoad, load_off_loop, mark_ready, rss_bytes
 from inferd.serving.protocol import from_tensor
 from inferd.serving.spec import ReplicaSpec
 
@@ -141,7 +141,7 @@ class ReplicaCore:
         stats["rss_bytes"] = rss_bytes()
         return stats
 
-    def engine_load(self) -> tuple[int, int, float] | None:
+    def engine_load(self) -> EngineLoad | None:
         return None  # predict replicas are chosen by the gateways' outstanding requests
 
     def metrics(self) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from inferd.process import die_with_parent
 from inferd.serving import inprocess
 from inferd.serving import protocol as p
 from inferd.serving.batcher import BatchTrace
-from inferd.serving.core import Core
+from inferd.serving.core import Core, EngineLoad
 from inferd.serving.protocol import Columns
 from inferd.serving.replica import ReplicaCore, error_status
 from inferd.serving.spec import ReplicaSpec
@@ -234,8 +234,9 @@ class ReplicaProtocol(asyncio.Protocol):
             if message.arrived_at > 0:  # the gateway's wall clock on this replica's monotonic one
                 arrived = time.monotonic() - max(0.0, time.time() - message.arrived_at)
             accepted = self.core.generate(
-                rid, message.prompt, message.params, message.adapter, sink, arrived
-            )
+                rid, message.prompt, message.params, message.adapter, sink, arrived,
+                message.resume,
+            )  # fmt: skip
         except Exception as exc:
             sink(exc)
             return
@@ -309,7 +310,7 @@ async def push_load(core: Core, gateways: Gateways) -> None:
     sent since, when either changes (every ``LOAD_EVERY_S`` at most), and once every
     ``LOAD_AT_LEAST_S`` regardless."""
     loop = asyncio.get_running_loop()
-    last: tuple[int, int, float] | None = None
+    last: EngineLoad | None = None
     sent_at = 0.0
     while True:
         await asyncio.sleep(LOAD_EVERY_S)
@@ -319,7 +320,8 @@ async def push_load(core: Core, gateways: Gateways) -> None:
         ):
             continue
         keys, gateways.prefix = gateways.prefix, []
-        frame = p.encode(p.Load(0, *load, keys))
+        running, waiting, kv_used, adapters, room = load
+        frame = p.encode(p.Load(0, running, waiting, kv_used, keys, list(adapters), room))
         for connection in list(gateways.connections):
             writer = connection.writer
             if writer is not None and not writer.transport.is_closing():

@@ -29,6 +29,7 @@ import contextlib
 import logging
 import os
 import time
+from collections import OrderedDict
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ from inferd.llm.chat import ChatTemplate
 from inferd.llm.engine import TokenOutput
 from inferd.llm.metrics import GenerationMetrics
 from inferd.llm.sequence import SamplingParams
-from inferd.serving.core import Sink, load_off_loop, mark_ready, rss_bytes
+from inferd.serving.core import EngineLoad, Sink, load_off_loop, mark_ready, rss_bytes
 from inferd.serving.generation import checked
 from inferd.serving.spec import ReplicaSpec
 
@@ -105,6 +106,9 @@ class VLLMCore:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._pending = 0  # requests waiting for their first token
         self._adapters: dict[str, Any] = {}  # name -> LoRARequest
+        self._recent: OrderedDict[str, None] = OrderedDict()
+        """The adapters last used, at most ``max_adapters`` (what vLLM's cache holds)."""
+        self._running_adapters: dict[str, str] = {}  # request id -> adapter
         self._next_adapter_id = 1
         self._stats: dict[str, float] = {"running": 0, "waiting": 0, "kv_cache_usage": 0.0}
         self._prefix = [0, 0]  # queried, hit tokens
@@ -116,8 +120,10 @@ class VLLMCore:
 
     async def load(self) -> None:
         self.engine = await load_off_loop(self, self._build)
-        for name, relative in self.spec.adapters.items():
-            await self._load_adapter(name, str(Path(self.spec.artifact_dir) / relative))
+        for at, (name, relative) in enumerate(self.spec.adapters.items()):
+            # vLLM keeps max_adapters loaded and loads the rest from their folders on demand
+            path = str(Path(self.spec.artifact_dir) / relative)
+            await self._load_adapter(name, path, now=at < self.spec.llm.max_adapters)
         await self._warm_up()
         mark_ready(self)
 
@@ -151,7 +157,10 @@ class VLLMCore:
         adapter: str | None,
         sink: Sink,
         arrived: float | None = None,
+        resume: list[int] | None = None,
     ) -> Future[None]:
+        if resume:
+            raise InvalidInput("the vLLM engine does not resume generations of a lost replica")
         prompt, sampling = checked(self, prompt, params)
         if adapter is not None and adapter not in self._adapters:
             raise ModelNotFound(f"adapter {adapter!r} is not loaded")
@@ -164,8 +173,12 @@ class VLLMCore:
                       arrived if arrived is not None else time.monotonic())
         )  # fmt: skip
         self._tasks[request_id] = task
-        task.add_done_callback(lambda _t: self._tasks.pop(request_id, None))
+        task.add_done_callback(lambda _t: self._done(request_id))
         return accepted
+
+    def _done(self, request_id: str) -> None:
+        self._tasks.pop(request_id, None)
+        self._running_adapters.pop(request_id, None)
 
     def submit(self, *args: Any, **kwargs: Any) -> Any:
         raise InvalidInput(f"model {self.spec.model!r} generates text; use generate")
@@ -196,7 +209,9 @@ class VLLMCore:
         asyncio.get_running_loop().create_task(apply())
         return done
 
-    async def _load_adapter(self, name: str, path: str) -> dict[str, Any]:
+    async def _load_adapter(self, name: str, path: str, now: bool = True) -> dict[str, Any]:
+        """Register adapter ``name`` (a ``LoRARequest`` with its folder: vLLM loads it
+        on demand, least recently used out) and, ``now``, load it at once."""
         from vllm.lora.request import LoRARequest
 
         if not (Path(path) / "adapter_config.json").is_file():
@@ -204,9 +219,11 @@ class VLLMCore:
         previous = self._adapters.get(name)
         request = LoRARequest(name, self._next_adapter_id, path)
         self._next_adapter_id += 1
-        if not await self.engine.add_lora(request):
+        if now and not await self.engine.add_lora(request):
             raise InvalidInput(f"vLLM did not load adapter {name!r} from {path}")
         self._adapters[name] = request
+        if now:
+            self._touch(name)
         if previous is not None:
             await self.engine.remove_lora(previous.lora_int_id)
         return {"loaded": name, "path": path}
@@ -261,6 +278,9 @@ class VLLMCore:
         else:
             engine_prompt, tokenization = {"prompt_token_ids": list(prompt)}, None
         self.metrics_.requests_by_adapter.inc(adapter or "")
+        if adapter is not None:
+            self._touch(adapter)
+            self._running_adapters[request_id] = adapter
         try:
             sampling = self._sampling(params)
         except ValueError as exc:
@@ -404,12 +424,23 @@ class VLLMCore:
             "rss_bytes": rss_bytes(),
         }
 
-    def engine_load(self) -> tuple[int, int, float] | None:
+    def _touch(self, adapter: str) -> None:
+        self._recent[adapter] = None
+        self._recent.move_to_end(adapter)
+        while len(self._recent) > max(1, self.spec.llm.max_adapters):
+            self._recent.popitem(last=False)
+
+    def engine_load(self) -> EngineLoad | None:
         """vLLM's last step's counts (its stat logger), or the requests this replica
-        holds beyond those running where vLLM has not counted them yet."""
+        holds beyond those running where vLLM has not counted them yet; the adapters
+        last used (vLLM's cache of them) and the slots no running request's adapter
+        takes."""
         running = int(self._stats["running"])
         waiting = max(int(self._stats["waiting"]), len(self._tasks) - running, 0)
-        return running, waiting, round(float(self._stats["kv_cache_usage"]), 3)
+        live = {a for rid, a in self._running_adapters.items() if rid in self._tasks}
+        room = max(0, self.spec.llm.max_adapters - len(live))
+        kv_used = round(float(self._stats["kv_cache_usage"]), 3)
+        return running, waiting, kv_used, tuple(self._recent), room
 
     def metrics(self) -> dict[str, Any]:
         return self.metrics_.snapshot()
