@@ -506,3 +506,23 @@ def fake_gpus(folder: Path, *names: str, memory_mib: int = 81920) -> dict[str, s
     tool.write_text(f"#!/bin/sh\ncat <<'EOF'\n{lines}\nEOF\n")
     tool.chmod(0o755)
     return {"PATH": f"{folder}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+@pytest.fixture(scope="module")
+def gpt2_vocab128(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, object]:
+    """A tiny random GPT-2 (2 layers, 64 wide, 128 token ids, EOS 0): Hugging Face's
+    model and inferd's, loaded from the same folder."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    from inferd.llm.model import GPT2
+
+    torch.manual_seed(1)
+    config = transformers.GPT2Config(
+        n_layer=2, n_head=4, n_embd=64, vocab_size=128, n_positions=256,
+        bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+    hf = transformers.GPT2LMHeadModel(config).eval()
+    folder = tmp_path_factory.mktemp("gpt2-vocab128")
+    hf.save_pretrained(folder, safe_serialization=True)
+    return hf, GPT2.load(folder)

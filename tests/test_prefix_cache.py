@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import pytest
 import torch
 
 from inferd.llm.batch import KVCache, ModelInput
@@ -19,7 +18,7 @@ from inferd.llm.engine import EngineConfig, LLMEngine
 from inferd.llm.scheduler import Scheduler, SchedulerConfig
 from inferd.llm.sequence import Sequence
 from inferd.llm.speculation import Speculation
-from tests.test_llm_engine import EOS, VOCAB, CharTokenizer, Shape, greedy, run_all, tokens
+from tests.test_llm_engine import VOCAB, CharTokenizer, Shape, greedy, run_all, tokens
 
 
 class ContextModel:
@@ -191,30 +190,16 @@ def test_aborted_and_waiting_requests_hold_no_cached_block():
     assert eng.scheduler.allocator.used_count == 0
 
 
-@pytest.fixture(scope="module")
-def gpt2(tmp_path_factory: pytest.TempPathFactory):
-    transformers = pytest.importorskip("transformers")
-    from inferd.llm.model import GPT2
-
-    torch.manual_seed(2)
-    config = transformers.GPT2Config(
-        n_layer=2, n_head=4, n_embd=64, vocab_size=128, n_positions=256,
-        bos_token_id=EOS, eos_token_id=EOS,
-    )  # fmt: skip
-    folder = tmp_path_factory.mktemp("gpt2-prefix")
-    transformers.GPT2LMHeadModel(config).save_pretrained(folder, safe_serialization=True)
-    return GPT2.load(folder)
-
-
-def test_a_real_model_continues_a_cached_prefix_exactly(gpt2):
+def test_a_real_model_continues_a_cached_prefix_exactly(gpt2_vocab128):
     """The attention of a first chunk that starts after cached blocks (CPU paths)."""
+    _, model = gpt2_vocab128
     system = ids(45, 7)
     prompts = {"a": system + ids(4, 8), "b": system + ids(9, 9), "c": system[:33]}
     results = []
     for caching in (False, True):
         config = EngineConfig(block_size=4, num_blocks=256, max_num_seqs=8,
                               max_batched_tokens=24, prefix_caching=caching)  # fmt: skip
-        eng = LLMEngine(gpt2, CharTokenizer(), config)  # type: ignore[arg-type]
+        eng = LLMEngine(model, CharTokenizer(), config)  # type: ignore[arg-type]
         out = {}
         for rid, prompt in prompts.items():
             eng.add_request(rid, prompt, greedy(16, ignore_eos=True))

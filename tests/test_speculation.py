@@ -184,30 +184,14 @@ def test_no_speculation_past_the_batch_size_it_is_disabled_by():
 # -- the engine, a real GPT-2 ---------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def gpt2(tmp_path_factory: pytest.TempPathFactory):
-    transformers = pytest.importorskip("transformers")
-    from inferd.llm.model import GPT2
-
-    torch.manual_seed(1)
-    config = transformers.GPT2Config(
-        n_layer=2, n_head=4, n_embd=64, vocab_size=128, n_positions=256,
-        bos_token_id=EOS, eos_token_id=EOS,
-    )  # fmt: skip
-    hf = transformers.GPT2LMHeadModel(config).eval()
-    folder = tmp_path_factory.mktemp("gpt2-spec")
-    hf.save_pretrained(folder, safe_serialization=True)
-    return hf, GPT2.load(folder)
-
-
 def _gpt2_engine(model, spec: Speculation | None) -> LLMEngine:
     config = EngineConfig(block_size=4, num_blocks=256, max_num_seqs=8, max_batched_tokens=64,
                           speculation=spec)  # fmt: skip
     return LLMEngine(model, CharTokenizer(), config)  # type: ignore[arg-type]
 
 
-def test_a_real_model_gives_plain_greedy_tokens_and_hf_generates_them_too(gpt2):
-    hf, model = gpt2
+def test_a_real_model_gives_plain_greedy_tokens_and_hf_generates_them_too(gpt2_vocab128):
+    hf, model = gpt2_vocab128
     gen = torch.Generator().manual_seed(0)
     prompts = {f"r{i}": torch.randint(1, 128, (12 + 5 * i,), generator=gen).tolist()
                for i in range(4)}  # fmt: skip
