@@ -35,7 +35,7 @@ def test_a_resumed_request_goes_on_where_the_lost_one_was():
     resumed = LLMEngine(PlusOneModel(), CharTokenizer(), config)  # type: ignore[arg-type]
     resumed.add_request("r", [ord("A")], params, resume=[ord(c) for c in "BCD"])
     rest = run_all(resumed)["r"]
-    assert tokens(rest)[0] == ord("E") and rest[0].text == "BCDE"
+    assert tokens(rest)[0] == ord("E") and rest[0].text == "BCDE" and rest[0].replayed == 3
     assert "".join(o.text for o in rest) == want_text and rest[-1].finish_reason == "stop"
     assert rest[-1].completion_tokens == outs[-1].completion_tokens
     with pytest.raises(ValueError):

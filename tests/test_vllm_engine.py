@@ -69,7 +69,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferdServer]:
         push_folder(data, family, folder, "v1", **({"lora": True} if family == "llama" else {}))
     # inferd's own engine beside vLLM's, for vLLM's own benchmark client
     push_folder(data, "tiny", build_tiny_gpt2(data / "src" / "tiny"), "v1")
-    server = InferdServer(data, workers=2, env={"INFERD_LLM__MAX_NUM_SEQS": "16"})
+    env = {"INFERD_LLM__MAX_NUM_SEQS": "16", "INFERD_RUN_DIR": str(data / "run")}
+    server = InferdServer(data, workers=2, env=env)
     try:
         server.wait_ready(timeout_s=300)
         yield server
@@ -366,3 +367,41 @@ def test_vllms_own_benchmark_client_runs_unchanged(served: InferdServer, model: 
     assert succeeded and int(succeeded.group(1)) == 12, out[-3000:]
     failed = re.search(r"Failed requests:\s+(\d+)", out)
     assert failed is None or int(failed.group(1)) == 0, out[-3000:]
+
+
+def test_a_generation_resumes_after_the_tokens_of_a_lost_replica(served: InferdServer):
+    """What the gateway sends another replica when the one streaming a generation is
+    lost: the tokens so far; vLLM goes on after them with the tokens and text an
+    uninterrupted greedy run has (its first chunk replays nothing)."""
+    import asyncio
+
+    from inferd.serving import protocol as p
+    from inferd.serving.client import ReplicaClient
+
+    async def run() -> tuple[list[p.TokenChunk], list[p.TokenChunk]]:
+        for sock in sorted((served.data_dir / "run").glob("r*.sock")):
+            client = ReplicaClient(f"unix:{sock}")
+            await client.connect()
+            if (await client.status(timeout_s=10)).model == "llama":
+                break
+            client.close()
+        else:
+            raise AssertionError("no llama replica")
+        params = {"max_tokens": 12, "temperature": 0.0, "ignore_eos": True}
+        whole = p.GenerateRequest(prompt=PROMPTS[0], params=params, idle_timeout_s=60)
+        full = [c async for c in client.generate(whole)]
+        sent = [t for c in full[:5] for t in c.token_ids]
+        again = p.GenerateRequest(prompt=PROMPTS[0], params=params, idle_timeout_s=60,
+                                  resume=sent)  # fmt: skip
+        rest = [c async for c in client.generate(again)]
+        client.close()
+        return full, rest
+
+    full, rest = asyncio.run(run())
+    ids = [t for c in full for t in c.token_ids]
+    sent = sum(len(c.token_ids) for c in full[:5])
+    assert [t for c in rest for t in c.token_ids] == ids[sent:]
+    text = "".join(c.text for c in full)
+    assert "".join(c.text for c in full[:5]) + "".join(c.text for c in rest) == text
+    assert rest[0].replayed == 0 and rest[-1].completion_tokens == 12
+    assert rest[-1].prompt_tokens == full[-1].prompt_tokens

@@ -80,6 +80,8 @@ class TokenOutput:
     logprob: float | None = None
     cached_tokens: int = 0
     """Prompt tokens found in the prefix cache."""
+    replayed: int = 0
+    """Characters at the start of ``text`` that are a resumed request's text so far."""
 
 
 @dataclass
@@ -653,7 +655,8 @@ class LLMEngine:
         if seq.finished:
             text += request.detok.flush()
         text, stopped = request.stops.feed(text, final=seq.finished)
-        if request.replay:
+        replayed = len(request.replay)
+        if replayed:
             text, request.replay = request.replay + text, ""
         if stopped and not seq.finished:
             self.scheduler.finish(seq, "stop")
@@ -672,7 +675,7 @@ class LLMEngine:
         return TokenOutput(
             seq.request_id, text, token, seq.finished, seq.finish_reason,
             len(seq.prompt_ids), len(seq.output_ids),
-            logprob, min(seq.cached_tokens, len(seq.prompt_ids)),
+            logprob, min(seq.cached_tokens, len(seq.prompt_ids)), replayed,
         )  # fmt: skip
 
     def occupancy(self) -> float:

@@ -564,9 +564,9 @@ class Router:
         another; one lost mid-stream (killed, or drained past its grace) is resumed on
         another: sent the prompt and the tokens already streamed, it goes on after them
         (seeded draws depend on the position only, so it draws what the lost one would
-        have), and its first chunk's text -- the text so far, as it would have streamed
-        it, then the new token's -- is cut to what the client did not get: no token
-        repeated, none missing."""
+        have); where its first chunk's text starts with the text so far, as it would have
+        streamed it (``replayed``, inferd's engine), what the client has is cut: no
+        token repeated, none missing (vLLM's engine streams the new tokens' text only)."""
         tried: set[ReplicaClient] = set()
         until: float | None = None
         sent: list[int] = []  # token ids the caller got
@@ -586,9 +586,8 @@ class Router:
             try:
                 async with contextlib.aclosing(client.generate(attempt, keys)) as stream:
                     async for chunk in stream:
-                        if skip:
-                            cut = min(skip, len(chunk.text))
-                            chunk.text, skip = chunk.text[cut:], skip - cut
+                        if skip and chunk.replayed:  # inferd's engine: the text so far first
+                            chunk.text, skip = chunk.text[min(skip, chunk.replayed) :], 0
                         sent += chunk.token_ids
                         chars += len(chunk.text)
                         yield chunk

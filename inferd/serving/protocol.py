@@ -190,6 +190,9 @@ class TokenChunk(msgspec.Struct, tag="tokens", array_like=True):
     logprobs: list[float] | None = None
     cached_tokens: int = 0
     """Of ``prompt_tokens``, those the engine's prefix cache held (not computed)."""
+    replayed: int = 0
+    """A resumed generation's first chunk: its text starts with this many characters
+    of the text of the tokens it resumed after (the gateway cuts what its caller has)."""
 
 
 class Load(msgspec.Struct, tag="load", array_like=True):

@@ -224,6 +224,7 @@ class ReplicaProtocol(asyncio.Protocol):
                 message.id, out.text, [] if out.token_id is None else [out.token_id],
                 out.finished, out.finish_reason, out.prompt_tokens, out.completion_tokens,
                 None if out.logprob is None else [out.logprob], out.cached_tokens,
+                out.replayed,
             ))  # fmt: skip
 
         sink: Callable[[Any], None] = send

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -159,9 +160,11 @@ class VLLMCore:
         arrived: float | None = None,
         resume: list[int] | None = None,
     ) -> Future[None]:
-        if resume:
-            raise InvalidInput("the vLLM engine does not resume generations of a lost replica")
         prompt, sampling = checked(self, prompt, params)
+        resumed = 0
+        if resume:
+            prompt, sampling = self._resumed(prompt, sampling, resume)
+            resumed = len(resume)
         if adapter is not None and adapter not in self._adapters:
             raise ModelNotFound(f"adapter {adapter!r} is not loaded")
         if self._pending >= self.spec.llm.max_waiting:
@@ -170,11 +173,33 @@ class VLLMCore:
         accepted: Future[None] = Future()
         task = asyncio.get_running_loop().create_task(
             self._run(request_id, prompt, sampling, adapter, sink, accepted,
-                      arrived if arrived is not None else time.monotonic())
+                      arrived if arrived is not None else time.monotonic(), resumed)
         )  # fmt: skip
         self._tasks[request_id] = task
         task.add_done_callback(lambda _t: self._done(request_id))
         return accepted
+
+    def _resumed(
+        self, prompt: str | list[int], sampling: SamplingParams, resume: list[int]
+    ) -> tuple[list[int], SamplingParams]:
+        """A generation to go on after ``resume`` (the tokens another replica generated
+        before it was lost): vLLM takes them as the end of the prompt and generates the
+        rest. Greedy output goes on exactly; a sampled one draws afresh (vLLM's seeded
+        generator cannot be set to a position), and output-only penalties do not count
+        the resumed tokens. Its text is the new tokens' only (``replayed`` 0)."""
+        if len(resume) >= sampling.max_tokens:
+            raise InvalidInput("the tokens to resume from end the generation")
+        if isinstance(prompt, str):
+            tokenizer = self.engine.get_tokenizer()
+            ids = tokenizer.encode(prompt, add_special_tokens=not self.chat.templated)
+        else:
+            ids = list(prompt)
+        rest = dataclasses.replace(
+            sampling,
+            max_tokens=sampling.max_tokens - len(resume),
+            min_tokens=max(0, sampling.min_tokens - len(resume)),
+        )
+        return [*ids, *resume], rest
 
     def _done(self, request_id: str) -> None:
         self._tasks.pop(request_id, None)
@@ -271,6 +296,7 @@ class VLLMCore:
         sink: Sink,
         accepted: Future[None],
         arrived: float,
+        resumed: int = 0,
     ) -> None:
         if isinstance(prompt, str):
             engine_prompt: Any = prompt
@@ -294,7 +320,7 @@ class VLLMCore:
         try:
             first = await self._admit(stream, accepted)
             if first is not None:
-                await self._stream(request_id, first, stream, sink, arrived)
+                await self._stream(request_id, first, stream, sink, arrived, resumed)
         except asyncio.CancelledError:
             self.metrics_.finished.inc("abort")
             raise
@@ -328,16 +354,18 @@ class VLLMCore:
         return first
 
     async def _stream(
-        self, request_id: str, output: Any, stream: Any, sink: Sink, arrived: float
-    ) -> None:
+        self, request_id: str, output: Any, stream: Any, sink: Sink, arrived: float,
+        resumed: int = 0,
+    ) -> None:  # fmt: skip
+        """``resumed``: output tokens generated elsewhere, at the end of its prompt."""
         metrics = self.metrics_
-        completion, last = 0, arrived
+        completion, last = resumed, arrived
         while True:
             now = time.monotonic()
             piece = output.outputs[0]
             new = len(piece.token_ids)
             if new:
-                if completion == 0:
+                if completion == resumed:
                     metrics.ttft_s.observe(now - arrived)
                     metrics.ttft_sketch.observe(now - arrived)
                 else:
@@ -348,7 +376,7 @@ class VLLMCore:
             if piece.logprobs:
                 logprob = float(piece.logprobs[-1][piece.token_ids[-1]].logprob)
             reason = piece.finish_reason if output.finished else None
-            prompt_tokens = len(output.prompt_token_ids or ())
+            prompt_tokens = len(output.prompt_token_ids or ()) - resumed
             sink(TokenOutput(
                 request_id, piece.text, piece.token_ids[-1] if new else None,
                 output.finished, reason, prompt_tokens, completion, logprob,
