@@ -405,3 +405,18 @@ def test_a_generation_resumes_after_the_tokens_of_a_lost_replica(served: InferdS
     assert "".join(c.text for c in full[:5]) + "".join(c.text for c in rest) == text
     assert rest[0].replayed == 0 and rest[-1].completion_tokens == 12
     assert rest[-1].prompt_tokens == full[-1].prompt_tokens
+
+
+def test_vllm_replicas_keep_their_openmp_threads_spinning(served: InferdServer):
+    """inferd's engine replicas get passive OpenMP threads; vLLM's do not: its engine
+    core spins waiting for its worker, and with passive worker threads that spin took
+    the worker's CPU (0.92x vLLM's own server's tokens/s, bench/vllm_bench_serve.py)."""
+    if os.environ.get("OMP_WAIT_POLICY"):
+        pytest.skip("OMP_WAIT_POLICY is set for the whole test run")
+
+    def environ(model: str) -> bytes:
+        version = served.client.get(f"/api/v1/models/{model}").json()["versions"][0]
+        return Path(f"/proc/{version['replicas'][0]['pid']}/environ").read_bytes()
+
+    assert b"OMP_WAIT_POLICY=PASSIVE" in environ("tiny").split(b"\0")
+    assert b"OMP_WAIT_POLICY" not in environ("llama")

@@ -43,16 +43,24 @@ class LocalReplica(probe.ProbedReplica):
         return f"exited with code {code}"
 
 
-def python_for(spec: ReplicaSpec) -> str:
-    """The interpreter of a replica: vLLM's environment for a version served by vLLM
-    (:mod:`inferd.llm.engines`), else this one."""
+def served_by_vllm(spec: ReplicaSpec) -> bool:
+    """Does vLLM's engine serve this replica (:mod:`inferd.llm.engines`)?"""
     from inferd.runtimes import GENERATIVE
 
-    if spec.framework in GENERATIVE:
-        from inferd.llm.engines import engine_of, require_vllm
+    if spec.framework not in GENERATIVE:
+        return False
+    from inferd.llm.engines import engine_of
 
-        if engine_of(spec.framework, spec.metadata, spec.llm.engine) == "vllm":
-            return require_vllm(spec.llm.vllm_python)
+    return engine_of(spec.framework, spec.metadata, spec.llm.engine) == "vllm"
+
+
+def python_for(spec: ReplicaSpec) -> str:
+    """The interpreter of a replica: vLLM's environment for a version served by vLLM,
+    else this one."""
+    if served_by_vllm(spec):
+        from inferd.llm.engines import require_vllm
+
+        return require_vllm(spec.llm.vllm_python)
     return sys.executable
 
 
@@ -73,7 +81,13 @@ class LocalBackend:
             env[var] = str(spec.threads)
         # Spinning OpenMP threads steal the core from everyone else on a busy machine:
         # measured, a GPT-2 decode step with one core taken went from ~1050 ms to ~190 ms.
-        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        # Not under vLLM, which binds its worker's threads to the cores and waits for
+        # them in a spin of its own (its engine core's shared-memory queue): with
+        # passive threads that spin took 8.6 CPU-seconds a run from the worker, and
+        # inferd on vLLM gave 0.92x the output tokens/s of vLLM's own server
+        # (bench/vllm_bench_serve.py; 1.5 CPU-seconds, as there, without).
+        if not served_by_vllm(spec):
+            env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         if spec.gpus is not None:  # the deployment asked for a GPU type: only those
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, spec.gpus))
         python = await asyncio.to_thread(python_for, spec)  # may ask an interpreter (once)
