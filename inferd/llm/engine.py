@@ -82,6 +82,11 @@ class TokenOutput:
     """Prompt tokens found in the prefix cache."""
     replayed: int = 0
     """Characters at the start of ``text`` that are a resumed request's text so far."""
+    token_ids: list[int] | None = None
+    """All the tokens of an output that has several (vLLM's, to a slow reader); None:
+    ``token_id`` alone."""
+    logprobs: list[float] | None = None
+    """Their log-probabilities, when asked for."""
 
 
 @dataclass

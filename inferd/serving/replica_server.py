@@ -220,10 +220,11 @@ class ReplicaProtocol(asyncio.Protocol):
                 return
             if out.finished:
                 self.generations.pop(message.id, None)
+            ids = out.token_ids or ([] if out.token_id is None else [out.token_id])
+            logprobs = out.logprobs or (None if out.logprob is None else [out.logprob])
             self._send(p.TokenChunk(
-                message.id, out.text, [] if out.token_id is None else [out.token_id],
-                out.finished, out.finish_reason, out.prompt_tokens, out.completion_tokens,
-                None if out.logprob is None else [out.logprob], out.cached_tokens,
+                message.id, out.text, ids, out.finished, out.finish_reason,
+                out.prompt_tokens, out.completion_tokens, logprobs, out.cached_tokens,
                 out.replayed,
             ))  # fmt: skip
 

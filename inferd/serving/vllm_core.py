@@ -372,15 +372,19 @@ class VLLMCore:
                     metrics.itl_s.observe((now - last) / new)
                 completion += new
                 last = now
-            logprob = None
+            logprobs = None
             if piece.logprobs:
-                logprob = float(piece.logprobs[-1][piece.token_ids[-1]].logprob)
+                pairs = zip(piece.logprobs, piece.token_ids, strict=True)
+                logprobs = [float(step[token].logprob) for step, token in pairs]
             reason = piece.finish_reason if output.finished else None
             prompt_tokens = len(output.prompt_token_ids or ()) - resumed
+            # vLLM hands a slow reader several steps' tokens at once: all of their ids
             sink(TokenOutput(
                 request_id, piece.text, piece.token_ids[-1] if new else None,
-                output.finished, reason, prompt_tokens, completion, logprob,
-                output.num_cached_tokens or 0,
+                output.finished, reason, prompt_tokens, completion,
+                logprobs[-1] if logprobs else None, output.num_cached_tokens or 0,
+                token_ids=list(piece.token_ids) if new > 1 else None,
+                logprobs=logprobs if new > 1 else None,
             ))  # fmt: skip
             if output.finished:
                 metrics.finished.inc(reason or "stop")
