@@ -159,12 +159,10 @@ class LLMEngine:
         self.busy_s = 0.0
         """Step time weighted by how full the engine was (see :meth:`occupancy`): the
         autoscaler's utilisation is its growth over wall time."""
-        self._adapters: dict[str, int] = {}
-        """Loaded adapters: name -> bank slot."""
+        self._adapters: OrderedDict[str, int] = OrderedDict()
+        """Loaded adapters: name -> bank slot, least recently used first."""
         self._known: dict[str, Path] = {}
         """Adapters it may load: name -> folder."""
-        self._recent: OrderedDict[str, None] = OrderedDict()
-        """Loaded adapters, least recently used first."""
         self.loaded_adapters: tuple[str, ...] = ()
         """The loaded adapters' names, replaced whole (read from other threads)."""
         self.adapter_loads = 0
@@ -328,7 +326,7 @@ class LLMEngine:
             return -1
         slot = self._adapters.get(name)
         if slot is not None:
-            self._recent.move_to_end(name)
+            self._adapters.move_to_end(name)
             return slot
         folder = self._known[name]
         from inferd.llm.lora import LoRAAdapter
@@ -351,8 +349,7 @@ class LLMEngine:
         for slot in range(self.lora.max_adapters):
             if slot not in busy:
                 return slot
-        for name in self._recent:  # least recently used first
-            slot = self._adapters[name]
+        for name, slot in self._adapters.items():  # least recently used first
             if slot not in live:
                 self._drop(name)
                 return slot
@@ -364,14 +361,12 @@ class LLMEngine:
         if name in self._adapters:
             self._drop(name)
         self._adapters[name] = slot
-        self._recent[name] = None
         self._slot_loads[slot] = self._slot_loads.get(slot, 0) + 1
-        self.loaded_adapters = tuple(self._recent)
+        self.loaded_adapters = tuple(self._adapters)
 
     def _drop(self, name: str) -> None:
         del self._adapters[name]
-        self._recent.pop(name, None)
-        self.loaded_adapters = tuple(self._recent)
+        self.loaded_adapters = tuple(self._adapters)
 
     def unload_adapter(self, name: str) -> None:
         """New requests can no longer use it; running ones finish on its slot."""
@@ -390,8 +385,9 @@ class LLMEngine:
         return sorted(self._known)
 
     def _count_room(self) -> None:
-        """:attr:`adapter_room`, after a step (on the engine's thread)."""
-        if self.lora is not None:
+        """:attr:`adapter_room`, after a step (on the engine's thread; nothing to count
+        for a base model without adapters)."""
+        if self.lora is not None and self._known:
             live = {r.seq.adapter_slot for r in self.requests.values()}
             self.adapter_room = self.lora.max_adapters - len(live - {-1})
 

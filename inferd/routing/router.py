@@ -581,7 +581,7 @@ class Router:
                 if await self._hold(target, until):
                     continue
                 raise lost or self._not_ready(target)
-            attempt = msgspec.structs.replace(request, resume=sent) if sent else request
+            attempt = msgspec.structs.replace(request, resume=list(sent)) if sent else request
             skip = chars
             try:
                 async with contextlib.aclosing(client.generate(attempt, keys)) as stream:
