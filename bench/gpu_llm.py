@@ -82,6 +82,11 @@ def model_folder(work: Path, shape: str, tokenizer_from: Path) -> Path:
     return folder
 
 
+SEEDS = itertools.count(100)
+"""Every round draws prompts of its own: the engine caches prefixes (``llm.prefix_caching``),
+and a round repeating an earlier one's prompts would find them all cached."""
+
+
 def prompts(count: int, seed: int = 1) -> list[list[int]]:
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(0, 50000, (count, PROMPT), generator=gen).tolist()
@@ -111,7 +116,8 @@ def run_engine(engine: LLMEngine, count: int, adapters: list[str | None]) -> dic
     params = SamplingParams(max_tokens=NEW, temperature=0, ignore_eos=True)
     added: dict[str, float] = {}
     first: dict[str, float] = {}
-    for i, prompt in enumerate(prompts(count)):
+    hits = engine.scheduler.prefix_hits
+    for i, prompt in enumerate(prompts(count, next(SEEDS))):
         name = adapters[i % len(adapters)]
         engine.add_request(f"r{i}", prompt, params, engine.adapter_slot(name))
         added[f"r{i}"] = time.perf_counter()
@@ -130,13 +136,14 @@ def run_engine(engine: LLMEngine, count: int, adapters: list[str | None]) -> dic
         "steps": steps,
         "ttft_p50_ms": round(1e3 * ttft[len(ttft) // 2], 1),
         "ttft_p99_ms": round(1e3 * ttft[int(len(ttft) * 0.99) - 1], 1),
+        "cached_tokens": engine.scheduler.prefix_hits - hits,
     }
 
 
 def single_stream(engine: LLMEngine) -> float:
     """ms per output token of one request alone, decode steps only (median step)."""
     params = SamplingParams(max_tokens=NEW, temperature=0, ignore_eos=True)
-    engine.add_request("one", prompts(1, seed=9)[0], params)
+    engine.add_request("one", prompts(1, next(SEEDS))[0], params)
     times = []
     while engine.has_work():
         started = time.perf_counter()
@@ -316,24 +323,21 @@ def serve_figures(
             if any(r["state"] == "ready" for v in versions for r in v["replicas"]):
                 break
             time.sleep(1)
-        payloads = work / "payloads.jsonl"
-        with payloads.open("w") as f:
-            for prompt in prompts(2000, seed=3):
-                f.write(json.dumps({"prompt": prompt, "max_tokens": NEW, "stream": True,
-                                    "temperature": 0, "ignore_eos": True}) + "\n")  # fmt: skip
         path = "/api/v1/models/gpt2/generate"
         n = str(REQUESTS)
-        bench(url, path, payloads, "-c", n, "-n", n)  # warm-up: graphs, allocator
+        bench(url, path, payloads(work, REQUESTS), "-c", n, "-n", n)  # warm-up: graphs, allocator
         before = generation_histograms(httpx.get(f"{url}/metrics").text)
-        result["closed_500"] = bench(url, path, payloads, "-c", n, "-n", n)
+        result["closed_500"] = bench(url, path, payloads(work, REQUESTS), "-c", n, "-n", n)
         after = generation_histograms(httpx.get(f"{url}/metrics").text)
         result["closed_500_replica"] = {k: after[k] - before.get(k, 0) for k in after}
         if RATE_S > 0:
-            result["rate_20"] = bench(url, path, payloads, "--rate", "20", "-d", f"{RATE_S}s")
+            rate = payloads(work, 20 * RATE_S + 100)
+            result["rate_20"] = bench(url, path, rate, "--rate", "20", "-d", f"{RATE_S}s")
         if profile:  # where the server's processes spend a 500-stream round
             spy = out / f"{work.name}.pyspy"
             result["closed_500_profiled"] = profiled(proc.pid, spy, lambda: bench(
-                url, path, payloads, "-c", n, "-n", n))  # fmt: skip
+                url, path, payloads(work, REQUESTS), "-c", n, "-n", n))  # fmt: skip
+        result["cached_tokens"] = cached_tokens(httpx.get(f"{url}/metrics").text)
         pids = [r["pid"] for v in httpx.get(f"{url}/api/v1/deployments/gpt2").json()["versions"]
                 for r in v["replicas"]]  # fmt: skip
         query = ["--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
@@ -353,6 +357,24 @@ def serve_figures(
         if trace.exists():
             shutil.copy(trace, out / f"engine-trace-{work.name}.jsonl")
     return result
+
+
+def payloads(work: Path, count: int) -> Path:
+    """A file of ``count`` streamed requests with prompts no earlier round sent."""
+    seed = next(SEEDS)
+    path = work / f"payloads-{seed}.jsonl"
+    with path.open("w") as f:
+        for prompt in prompts(count, seed):
+            f.write(json.dumps({"prompt": prompt, "max_tokens": NEW, "stream": True,
+                                "temperature": 0, "ignore_eos": True}) + "\n")  # fmt: skip
+    return path
+
+
+def cached_tokens(metrics: str) -> float:
+    """Prompt tokens the replica found in its prefix cache (fresh prompts: about none)."""
+    name = "inferd_generation_cached_tokens_total"
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith(name))  # fmt: skip
 
 
 def generation_histograms(metrics: str) -> dict[str, float]:

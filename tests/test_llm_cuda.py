@@ -393,6 +393,35 @@ def test_cuda_mixed_steps_with_graphs_equal_eager_steps(tiny: Path) -> None:
     assert _staggered(graphs, prompts, 16) == want
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs an NVIDIA GPU (CUDA); this machine has none")
+def test_cuda_cached_prefixes_and_adapters_loaded_on_demand_equal_hf(
+    tiny: Path, adapter_dirs: list[Path]
+) -> None:
+    """On the GPU, prompts sharing 70 tokens reuse each other's cached blocks (their
+    first chunk attends to cached context) and two adapters take turns in one slot of
+    the dense bank, loaded when a request needs them: float32 tokens equal HF's and
+    PEFT's ``generate``."""
+    settings = LLMConfig(device="cuda", dtype="float32", max_num_seqs=8, kv_cache_mb=16,
+                         max_adapters=1, max_lora_rank=8)  # fmt: skip
+    adapters = {"qkv": str(adapter_dirs[0]), "all": str(adapter_dirs[1])}
+    engine = engine_for(tiny, 1, settings, adapters)
+    assert engine.config.prefix_caching and engine.graphs is not None
+    rng = random.Random(7)
+    vocab = engine.vocab_size or 300
+    shared = [rng.randrange(vocab - 1) for _ in range(70)]
+    prompts = [shared + [rng.randrange(vocab - 1) for _ in range(n)] for n in (1, 9, 20)]
+    hits, loads = engine.scheduler.prefix_hits, engine.adapter_loads
+    for adapter in (None, "qkv", "all", "qkv"):
+        assert engine.ensure_adapter(adapter) is not None
+        got = [_greedy(engine, [prompt], 16, adapter)[0] for prompt in prompts]
+        folder = None if adapter is None else Path(adapters[adapter])
+        assert got == _hf_greedy(tiny, folder, prompts, 16, torch.float32), adapter
+    # each round's second and third prompts found the shared prompt's 4 full blocks
+    assert engine.scheduler.prefix_hits - hits >= 4 * 2 * 64
+    assert engine.adapter_loads - loads == 2  # "all", then "qkv" again
+
+
 async def _streams(url: str, model: str, count: int, tokens: int) -> tuple[int, list[str]]:
     import httpx
 
