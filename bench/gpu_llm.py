@@ -282,34 +282,44 @@ def perplexity(folder: Path) -> dict[str, float]:
     return out
 
 
+PUSH = """
+import sys
+from pathlib import Path
+from inferd.registry import Registry
+from inferd.runtimes.base import Signature, TensorSpec
+data, folder = Path(sys.argv[1]), Path(sys.argv[2])
+registry = Registry(f"sqlite:///{data / 'inferd.db'}", data / "artifacts")
+signature = Signature((TensorSpec("prompt", "BYTES"),), (TensorSpec("text", "BYTES"),))
+registry.push("gpt2", folder, "v1", framework="gpt2", signature=signature,
+              metadata={"gpu_memory_gb": 20})
+registry.close()
+"""
+"""Registers the model in a data folder, run by the checkout that will serve it."""
+
+
 def serve_figures(
     folder: Path, work: Path, out: Path, profile: bool = False, extra: dict[str, str] | None = None
 ) -> dict[str, Any]:
-    from servers import free_port, start, stop, wait_ready
-
-    from inferd.registry import Registry
-    from inferd.runtimes.base import Signature, TensorSpec
+    from servers import checkout_env, free_port, start, stop, wait_ready
 
     data = work / "data"
     data.mkdir(parents=True, exist_ok=True)
-    registry = Registry(f"sqlite:///{data / 'inferd.db'}", data / "artifacts")
-    signature = Signature((TensorSpec("prompt", "BYTES"),), (TensorSpec("text", "BYTES"),))
-    registry.push("gpt2", folder, "v1", framework="gpt2", signature=signature,
-                  metadata={"gpu_memory_gb": 20})  # fmt: skip
-    registry.close()
-    port = free_port()
     env = {"INFERD_LOG_LEVEL": "WARNING", "INFERD_LLM__DTYPE": "bfloat16",
            "INFERD_LLM__MAX_NUM_SEQS": "512", "INFERD_LLM__MAX_BATCHED_TOKENS": "8192",
            "INFERD_LLM__MAX_WAITING": "4096",
            "LLM_STEP_TRACE": str(work / "engine-trace.jsonl"), **(extra or {})}  # fmt: skip
+    checkout = Path(env.pop("CHECKOUT", ROOT))  # another checkout's inferd: an A/B
+    # registered by the checkout that serves it (an older one reads only its own schema)
+    subprocess.run([sys.executable, "-c", PUSH, str(data), str(folder)], check=True,
+                   cwd=checkout, env={**os.environ, **checkout_env(checkout)})  # fmt: skip
+    port = free_port()
     cmd = [sys.executable, "-m", "inferd", "serve", "--port", str(port), "--grpc-port", "-1",
            "--data-dir", str(data)]  # fmt: skip
-    checkout = Path(env.pop("CHECKOUT", ROOT))  # another checkout's inferd: an A/B
     proc = start(cmd, env, work / "serve.log", cwd=checkout)
     url = f"http://127.0.0.1:{port}"
     result: dict[str, Any] = {}
     try:
-        wait_ready(f"{url}/health/ready", timeout_s=300, poll_s=0.5)
+        wait_ready(f"{url}/health/ready", 300, 0.5, proc, work / "serve.log")
         import httpx
 
         deployment: dict[str, Any] = {"model_name": "gpt2", "version": "v1"}

@@ -128,15 +128,25 @@ def push_model(
         raise RuntimeError(f"inferd models push ({checkout}) failed:\n{out.stderr[-2000:]}")
 
 
-def wait_ready(url: str, timeout_s: float = 180, poll_s: float = 0.2) -> None:
+def wait_ready(
+    url: str,
+    timeout_s: float = 180,
+    poll_s: float = 0.2,
+    process: subprocess.Popen[bytes] | None = None,
+    log: Path | None = None,
+) -> None:
     """Until GET ``url`` answers 200 (a server's readiness probe); RuntimeError past
-    ``timeout_s``."""
+    ``timeout_s``, or at once when ``process`` (the server) has exited: with the end of
+    its ``log``."""
     import time
 
     import httpx
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            tail = log.read_text(errors="replace")[-3000:] if log and log.exists() else ""
+            raise RuntimeError(f"the server exited with {process.returncode}:\n{tail}")
         try:
             if httpx.get(url, timeout=5).status_code == 200:
                 return
