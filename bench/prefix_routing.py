@@ -190,7 +190,8 @@ def main() -> None:
     parser.add_argument("--users", type=int, default=10)
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--answer-tokens", type=int, default=ANSWER_TOKENS)
-    parser.add_argument("--variants", default=",".join(VARIANTS), help="a subset, in order")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help="a subset, in order (and prefix@M: margin M)")  # fmt: skip
     args = parser.parse_args()
     variants = tuple(args.variants.split(","))
     work = Path(tempfile.mkdtemp(prefix="prefix-routing-"))
@@ -204,7 +205,7 @@ def main() -> None:
         order = variants if round_ % 2 == 0 else tuple(reversed(variants))
         for name in order:
             data = datas[1 if name == "one-replica" else 2]
-            env = {"INFERD_LLM__PREFIX_ROUTING": "false"} if name == "least-loaded" else {}
+            env = variant_env(name)
             proc, url = server(data, work, name, env)
             try:
                 wait_ready(f"{url}/health/ready", timeout_s=300)
@@ -218,6 +219,16 @@ def main() -> None:
                   flush=True)  # fmt: skip
     if set(variants) == set(VARIANTS) and args.answer_tokens == ANSWER_TOKENS:
         report(runs, args)  # the committed figure; other runs are printed only
+
+
+def variant_env(name: str) -> dict[str, str]:
+    """A variant's settings; ``prefix@M``: prefix-aware with ``llm.prefix_routing_margin``
+    M (an extra variant, to compare margins in one run)."""
+    if name == "least-loaded":
+        return {"INFERD_LLM__PREFIX_ROUTING": "false"}
+    if name.startswith("prefix@"):
+        return {"INFERD_LLM__PREFIX_ROUTING_MARGIN": name.partition("@")[2]}
+    return {}
 
 
 def register(data: Path, model: Path, replicas: int) -> None:

@@ -618,12 +618,12 @@ class LLMEngine:
             seq, n = item.seq, item.num_tokens
             start = seq.num_computed
             if item.draft:
-                ids += seq.tokens[start:]
+                ids += seq.span(start, len(seq))
                 ids += seq.draft
                 checking.append(item)
                 checked_at += range(len(ids) - item.draft - 1, len(ids))
             else:
-                ids += seq.tokens[start : start + n]
+                ids += seq.span(start, start + n)
             positions += range(start, start + n)
             slots += self.cache.slots(seq.block_table, start, start + n)
             if item.samples and not item.draft:

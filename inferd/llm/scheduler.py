@@ -142,10 +142,10 @@ class Scheduler:
         """The keys of ``seq``'s first ``n`` full blocks (computed once, then kept)."""
         keys = seq.block_keys
         if len(keys) < n:
-            size, tokens = self.config.block_size, seq.tokens
+            size = self.config.block_size
             parent = keys[-1] if keys else b""
             for at in range(len(keys) * size, n * size, size):
-                parent = block_key(parent, tokens[at : at + size], seq.cache_salt)
+                parent = block_key(parent, seq.span(at, at + size), seq.cache_salt)
                 keys.append(parent)
         return keys
 

@@ -131,6 +131,16 @@ class Sequence:
     def tokens(self) -> list[int]:
         return self.prompt_ids + self.output_ids
 
+    def span(self, start: int, end: int) -> list[int]:
+        """``tokens[start:end]`` without building ``tokens`` (a decode step asks every
+        sequence for its last token)."""
+        cut = len(self.prompt_ids)
+        if start >= cut:
+            return self.output_ids[start - cut : end - cut]
+        if end <= cut:
+            return self.prompt_ids[start:end]
+        return self.prompt_ids[start:] + self.output_ids[: end - cut]
+
     def __len__(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
 
