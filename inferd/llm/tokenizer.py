@@ -114,8 +114,7 @@ class Detokenizer:
         if table is not None:
             if token_id >= len(table) or (self._skip and token_id in self._special):
                 return ""
-            delta: str = self._utf8.decode(table[token_id])
-            return delta
+            return self._utf8.decode(table[token_id])
         self._ids.append(token_id)
         window = self._context + self._ids[self._prefix :]
         before = self._tok.decode(self._context, self._skip)
@@ -130,8 +129,7 @@ class Detokenizer:
     def flush(self) -> str:
         """At the end of a sequence: whatever was held back, even a broken character."""
         if self._bytes is not None:
-            rest: str = self._utf8.decode(b"", final=True)
-            return rest
+            return self._utf8.decode(b"", final=True)
         if self._prefix == len(self._ids):
             return ""
         window = self._context + self._ids[self._prefix :]
