@@ -64,6 +64,15 @@ class BatchingConfig(Group):
     Retry-After) while the queue holds this share of ``max_queue_rows`` or more."""
     batch_queue_share: float = Field(0.25, gt=0, le=1)
     """The same for the last level (``batch``), when it comes after the default one."""
+    warmup_requests: int = Field(4, ge=0, le=1000)
+    """Before it reports ready, a replica sends this many one-row requests, one at a
+    time, and then one full batch (``max_batch_size`` rows, at most 1,024) through its
+    own batcher, so the first requests routed to it are not the ones that pay the
+    model's first calls (lazy initialisation, a framework's first run of a shape). The
+    rows are the version's ``warmup_samples`` (metadata: a list of rows, as a predict
+    request's) or generated from its signature. The time goes in the replica's
+    ``warmup_s`` (``inferd_replica_warmup_seconds``); the requests are not counted as
+    traffic. 0: the replica is ready once loaded, without running the model."""
     length_buckets: list[Annotated[int, Field(ge=1)]] = Field(
         default_factory=lambda: [16, 32, 64, 128, 256, 512]
     )

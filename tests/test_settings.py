@@ -32,7 +32,8 @@ def test_an_unknown_group_key_lists_the_group(monkeypatch: pytest.MonkeyPatch) -
         "unknown setting INFERD_BATCHING__MAX_BATCH_SISE: batching has no 'max_batch_sise'; "
         "valid: adaptive, batch_queue_share, default_priority, inline_max_ms, length_buckets, "
         "low_queue_share, "
-        "max_batch_size, max_queue_rows, max_wait_ms, priority_levels, queue_timeout_ms"
+        "max_batch_size, max_queue_rows, max_wait_ms, priority_levels, queue_timeout_ms, "
+        "warmup_requests"
     )
     monkeypatch.delenv("INFERD_BATCHING__MAX_BATCH_SISE")
     monkeypatch.setenv("INFERD_RATE_LIMITS__DEFAULT__BURTS", "5")  # a group inside a group

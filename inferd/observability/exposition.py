@@ -235,6 +235,11 @@ REPLICA_GAUGES = {
         "inferd_kv_cache_usage_ratio",
         "vLLM replicas: share of the KV cache in use.",
     ),
+    "load_s": ("inferd_replica_load_seconds", "Seconds the replica took to load its model."),
+    "warmup_s": (
+        "inferd_replica_warmup_seconds",
+        "Seconds the replica's warm-up took, after loading, before it reported ready.",
+    ),
 }
 REPLICA_COUNTERS = {
     "batches": ("inferd_batches_total", "Batches computed."),

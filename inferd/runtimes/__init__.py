@@ -146,13 +146,15 @@ def inspect_artifact(
             runtime.config.signature = resolved
         if not runtime.warm_up_at_push:
             return framework, resolved
-        batch = {k: np.repeat(v, _WARMUP_ROWS, axis=0) for k, v in runtime.warmup_inputs().items()}
+        samples = meta.get("warmup_samples")
+        rows = max(_WARMUP_ROWS, len(samples)) if isinstance(samples, list) else _WARMUP_ROWS
+        batch = runtime.warmup_inputs(rows)  # every registered sample, checked once here
         try:
             outputs = runtime.run(batch)
         except Exception as exc:
             shapes = {name: array.shape for name, array in batch.items()}
             raise ValueError(f"{framework} model failed its warm-up on {shapes}: {exc}") from exc
-        _check_outputs(outputs, resolved)
+        _check_outputs(outputs, resolved, rows)
     finally:
         runtime.unload()
     return framework, resolved
@@ -183,17 +185,17 @@ def read_manifest(artifact_dir: Path) -> dict[str, Any]:
     return manifest
 
 
-def _check_outputs(outputs: dict[str, np.ndarray], signature: Signature) -> None:
+def _check_outputs(outputs: dict[str, np.ndarray], signature: Signature, rows: int) -> None:
     declared = [spec.name for spec in signature.outputs]
     if sorted(outputs) != sorted(declared):
         raise ValueError(f"the model returned outputs {sorted(outputs)}, its signature {declared}")
     labels = signature.labels
     for spec in signature.outputs:
         array = outputs[spec.name]
-        if not isinstance(array, np.ndarray) or array.shape[:1] != (_WARMUP_ROWS,):
+        if not isinstance(array, np.ndarray) or array.shape[:1] != (rows,):
             got = getattr(array, "shape", type(array).__name__)
             raise ValueError(
-                f"output {spec.name!r} lost the batch dimension: {_WARMUP_ROWS} rows in, {got} out"
+                f"output {spec.name!r} lost the batch dimension: {rows} rows in, {got} out"
             )
         if array.ndim != len(spec.shape) or any(
             d not in (-1, n) for d, n in zip(spec.shape, array.shape, strict=True)

@@ -22,6 +22,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+MAX_WARMUP_SAMPLES = 1000
+"""Most rows a version's ``warmup_samples`` may hold (a push runs them all at once)."""
+
 # Open Inference Protocol datatypes -> numpy. BYTES are object arrays of str/bytes.
 DATATYPES: dict[str, np.dtype[Any]] = {
     "BOOL": np.dtype(np.bool_),
@@ -177,11 +180,20 @@ class Runtime(ABC):
             return self.config.signature
         return self.infer_signature()
 
-    def warmup_inputs(self) -> dict[str, np.ndarray]:
-        """One row of zeros (or empty strings) matching the signature."""
+    def warmup_inputs(self, rows: int = 1, first: int = 0) -> dict[str, np.ndarray]:
+        """``rows`` rows to warm the model up with: the version's registered samples
+        (metadata ``warmup_samples``) from the ``first``-th on, cycled, or else rows
+        generated from the signature (:meth:`generated_inputs`)."""
+        samples = self.config.metadata.get("warmup_samples")
+        if samples is not None:
+            return sample_columns(self.signature, samples, rows, first)
+        return self.generated_inputs(rows)
+
+    def generated_inputs(self, rows: int) -> dict[str, np.ndarray]:
+        """Rows of zeros (or of the text "warm up") matching the signature."""
         batch: dict[str, np.ndarray] = {}
         for spec in self.signature.inputs:
-            shape = (1, *(max(d, 1) for d in spec.shape[1:]))
+            shape = (rows, *(max(d, 1) for d in spec.shape[1:]))
             if spec.datatype == "BYTES":
                 batch[spec.name] = np.full(shape, "warm up", dtype=object)
             else:
@@ -198,3 +210,47 @@ class Runtime(ABC):
                 f"in {self.artifact_dir}, found {names}"
             )
         return found[0]
+
+
+def sample_columns(
+    signature: Signature, samples: Any, rows: int, first: int = 0
+) -> dict[str, np.ndarray]:
+    """Columns of ``rows`` rows taken from ``samples`` (cycled from the ``first``-th):
+    a list of rows, each an object by input name or, for a model of one input, that
+    input's value. ValueError naming what does not fit the signature."""
+    if not isinstance(samples, list) or not 0 < len(samples) <= MAX_WARMUP_SAMPLES:
+        raise ValueError(
+            f"metadata warmup_samples must be a list of 1 to {MAX_WARMUP_SAMPLES} rows"
+        )
+    picked = [samples[(first + i) % len(samples)] for i in range(rows)]
+    columns: dict[str, np.ndarray] = {}
+    for spec in signature.inputs:
+        values = []
+        for row in picked:
+            if isinstance(row, dict):
+                if spec.name not in row:
+                    raise ValueError(f"metadata warmup_samples: a row has no input {spec.name!r}")
+                values.append(row[spec.name])
+            elif len(signature.inputs) == 1:
+                values.append(row)
+            else:
+                names = ", ".join(repr(s.name) for s in signature.inputs)
+                raise ValueError(
+                    f"metadata warmup_samples: each row must be an object naming the inputs {names}"
+                )
+        try:
+            dtype = object if spec.datatype == "BYTES" else spec.numpy_dtype
+            array = np.array(values, dtype=dtype)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(
+                f"metadata warmup_samples: input {spec.name!r} is not {spec.datatype}: {exc}"
+            ) from None
+        if array.ndim != len(spec.shape) or any(
+            d not in (-1, n) for d, n in zip(spec.shape[1:], array.shape[1:], strict=True)
+        ):
+            raise ValueError(
+                f"metadata warmup_samples: input {spec.name!r} has rows of shape "
+                f"{list(array.shape[1:])}, the signature says {list(spec.shape[1:])}"
+            )
+        columns[spec.name] = array
+    return columns

@@ -314,9 +314,8 @@ class TransformersRuntime(Runtime):
         n = int(self._hf_config.get("num_labels") or len(id2label) or 2)
         return [str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}"))) for i in range(n)]
 
-    def warmup_inputs(self) -> dict[str, np.ndarray]:
-        texts = np.empty(1, dtype=object)
-        texts[0] = "warm up"
+    def generated_inputs(self, rows: int) -> dict[str, np.ndarray]:
+        texts = np.full(rows, "warm up", dtype=object)
         if self.task == "score":
             return {"text": texts, "text_pair": texts.copy()}
         return {"text": texts}

@@ -159,6 +159,14 @@ class DynamicBatcher:
         """Seconds the queue takes to empty at the throughput measured so far (1 to 60)."""
         return self.queue.retry_after_s()
 
+    def forget_counts(self) -> None:
+        """Start the counters, sketches and arrival rate afresh (after the replica's
+        warm-up, which is not traffic); what was learnt of compute times stays."""
+        self.stats.reset()
+        self.batch_rows = Histogram(BATCH_ROWS_BUCKETS)
+        self.compute = Sketch()
+        self._rate = 0.0
+
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="batcher")
 

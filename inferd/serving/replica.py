@@ -2,7 +2,9 @@
 entry point and socket server are :mod:`inferd.serving.replica_server`).
 
 Lifecycle: listen at once (state ``loading``, so the controller can watch), load the
-runtime and run one warm-up inference in the executor thread, then ``ready``. SIGTERM
+runtime in the executor thread, warm it up through the batcher (``warmup_requests``
+one-row requests, then a full batch, all before any request is routed here), then
+``ready``. SIGTERM
 switches to ``draining``: requests already routed here are still served, and the
 process exits once nothing is queued or computing, or when the grace period ends.
 The controller learns the state through ``StatusQuery``; readiness is "loaded and
@@ -34,6 +36,11 @@ from inferd.serving.spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)
 
+MAX_WARMUP_BATCH = 1024
+"""Rows of the warm-up's full batch at most (``max_batch_size`` may be far larger)."""
+WARMUP_TIMEOUT_S = 600.0
+"""A warm-up request's deadline in the queue (the replica's start timeout bounds it)."""
+
 
 class ReplicaCore:
     """Runtime + batcher + state; the socket server and in-process tests both drive it."""
@@ -56,9 +63,14 @@ class ReplicaCore:
         self._shadow = {"compared": 0, "agreed": 0, "failed": 0}
         self._prepares = False
         """The runtime does per-request work before batching (tokenizing)."""
+        self.load_s: float | None = None
+        """Seconds from the core's start to its model loaded."""
+        self.warmup_s: float | None = None
+        """Seconds its warm-up took (None: none ran)."""
+        self.warmup_requests = 0
 
     async def load(self) -> None:
-        runtime = await load_off_loop(self, self._load_and_warm_up, self._executor)
+        runtime = await load_off_loop(self, self._load, self._executor)
         self.runtime = runtime
         self.signature = runtime.signature
         self._prepares = type(runtime).prepare is not Runtime.prepare
@@ -70,14 +82,42 @@ class ReplicaCore:
             predict = functools.partial(finite_outputs, predict)
         self.batcher = DynamicBatcher(predict, config, self._executor)
         self.batcher.start()
+        self.load_s = time.monotonic() - self.started
+        await self._warm_up(runtime, self.batcher)
         mark_ready(self)
 
-    def _load_and_warm_up(self) -> Runtime:
+    def _load(self) -> Runtime:
         declared = Signature.from_dict(self.spec.signature) if self.spec.signature else None
         config = RuntimeConfig(self.spec.threads, dict(self.spec.metadata), declared)
-        runtime = load_runtime(self.spec.framework, Path(self.spec.artifact_dir), config)
-        runtime.run(runtime.warmup_inputs())
-        return runtime
+        return load_runtime(self.spec.framework, Path(self.spec.artifact_dir), config)
+
+    async def _warm_up(self, runtime: Runtime, batcher: DynamicBatcher) -> None:
+        """``batching.warmup_requests`` one-row requests one at a time, then a full
+        batch, through the batcher as traffic goes (see the setting). A failure is
+        logged, not fatal: generated rows may be ones the model refuses, and a version's
+        own samples ran at its push."""
+        count = self.spec.batching.warmup_requests
+        if count == 0:
+            return
+        began = time.monotonic()
+        sizes = [1] * count + [min(self.spec.batching.max_batch_size, MAX_WARMUP_BATCH)]
+        first = 0
+        try:
+            for rows in sizes:
+                inputs = await asyncio.get_running_loop().run_in_executor(
+                    self._executor, runtime.warmup_inputs, rows, first
+                )
+                first += rows
+                await self._queue(inputs, rows, WARMUP_TIMEOUT_S, 0, None)
+        except Exception as exc:
+            logger.warning(
+                "warming %s:%s up failed (%s); serving it anyway",
+                self.spec.model, self.spec.version, exc,
+            )  # fmt: skip
+        batcher.forget_counts()
+        self.warmup_s = time.monotonic() - began
+        self.warmup_requests = len(sizes)
+        logger.info("warm-up: %d requests in %.3fs", len(sizes), self.warmup_s)
 
     def submit(
         self,
@@ -90,16 +130,20 @@ class ReplicaCore:
         if self.batcher is None or self.state not in ("ready", "draining"):
             raise ModelNotReady(f"replica is {self.state}")
         self._check_inputs(inputs, rows)
-        timeout_s = min(timeout_s, self._queue_timeout_s)
-        if self._prepares:
-            assert self.runtime is not None
-            inputs, lengths = self.runtime.prepare(inputs)
-            future = self.batcher.submit(inputs, rows, timeout_s, priority, trace, lengths)
-        else:
-            future = self.batcher.submit(inputs, rows, timeout_s, priority, trace)
+        future = self._queue(inputs, rows, min(timeout_s, self._queue_timeout_s), priority, trace)
         self.inflight += 1
         future.add_done_callback(functools.partial(self._done, time.perf_counter()))
         return future
+
+    def _queue(
+        self, inputs: Columns, rows: int, timeout_s: float, priority: int, trace: BatchTrace | None
+    ) -> asyncio.Future[Columns]:
+        assert self.batcher is not None
+        if self._prepares:
+            assert self.runtime is not None
+            inputs, lengths = self.runtime.prepare(inputs)
+            return self.batcher.submit(inputs, rows, timeout_s, priority, trace, lengths)
+        return self.batcher.submit(inputs, rows, timeout_s, priority, trace)
 
     def _done(self, started: float, future: asyncio.Future[Columns]) -> None:
         self.inflight -= 1
@@ -138,6 +182,11 @@ class ReplicaCore:
         if self.batcher is not None:
             stats.update(self.batcher.stats.as_dict())
             stats["queued_rows"] = self.batcher.queued_rows
+        if self.load_s is not None:
+            stats["load_s"] = round(self.load_s, 6)
+        if self.warmup_s is not None:
+            stats["warmup_s"] = round(self.warmup_s, 6)
+            stats["warmup_requests"] = self.warmup_requests
         stats["rss_bytes"] = rss_bytes()
         return stats
 

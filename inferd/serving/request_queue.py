@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import dataclasses
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -74,6 +75,10 @@ class BatchStats:
     """Text models: tokens of the rows computed."""
     padded_tokens: int = 0
     """Text models: tokens computed, padding included (rows x longest row, per batch)."""
+
+    def reset(self) -> None:
+        for field in dataclasses.fields(self):
+            setattr(self, field.name, field.default)
 
     def as_dict(self) -> dict[str, float]:
         stats = {
