@@ -255,6 +255,11 @@ class KubernetesConfig(Group):
     data_size_limit: str = "20Gi"
     """Size limit of a pod's model cache (an ``emptyDir`` the version's files are
     fetched into)."""
+    node_cache_path: str | None = None
+    """A folder of each node (a ``hostPath``, writable by the pods' user 10001) that
+    replica pods share as their artifact cache: a version's files are downloaded once per
+    node, and a new pod of a version the node ran starts without a download. None: each
+    pod fetches into its own ``emptyDir``."""
     node_selector: dict[str, str] = Field(default_factory=dict)
     """Node labels every replica pod asks for."""
     tolerations: list[dict[str, Any]] = Field(default_factory=list)
@@ -283,6 +288,19 @@ class RegistryConfig(Group):
     mlflow_tracking_uri: str | None = None
     """MLflow tracking server for ``models:/…`` and ``runs:/…`` sources (None: the
     ``MLFLOW_TRACKING_URI`` environment variable)."""
+
+
+class ArtifactCacheConfig(Group):
+    """A host's cache of versions fetched from an S3 ``artifact_store``, by content
+    (see :mod:`inferd.registry.artifact_cache`)."""
+
+    dir: Path | None = None
+    """The cache folder (None: ``<data_dir>/artifact-cache``). Servers, joined replicas
+    and pods of one host that name the same folder share it: a version's files are
+    downloaded once per host, and one registered twice (same sha256) once."""
+    max_gb: float = Field(50.0, gt=0)
+    """Size bound: past it the least recently used versions that no replica runs from
+    are removed (one in use never is)."""
 
 
 class JobsConfig(Group):
@@ -370,6 +388,7 @@ class Settings(BaseSettings):
     (Redis Streams) or ``kafka://host:port``."""
     jobs: JobsConfig = Field(default_factory=lambda: JobsConfig())
     registry: RegistryConfig = Field(default_factory=lambda: RegistryConfig())
+    artifact_cache: ArtifactCacheConfig = Field(default_factory=lambda: ArtifactCacheConfig())
     cluster: ClusterConfig = Field(default_factory=lambda: ClusterConfig())
     console: ConsoleConfig = Field(default_factory=lambda: ConsoleConfig())
     replica_backend: str = Field("local", pattern="^(local|kubernetes)$")
@@ -459,6 +478,14 @@ class Settings(BaseSettings):
     @property
     def artifact_dir(self) -> Path:
         return (self.data_dir / "artifacts").resolve()
+
+    @property
+    def artifact_cache_dir(self) -> Path:
+        return (self.artifact_cache.dir or self.data_dir / "artifact-cache").resolve()
+
+    @property
+    def artifact_cache_max_bytes(self) -> int:
+        return int(self.artifact_cache.max_gb * 1024**3)
 
 
 def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:

@@ -32,16 +32,18 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def moto_s3(bucket: str) -> Iterator[dict[str, str]]:
+def moto_s3(bucket: str, log: Path | None = None) -> Iterator[dict[str, str]]:
     """moto's standalone S3 server on 127.0.0.1 holding ``bucket``: the AWS environment
-    that reaches it (endpoint and test credentials)."""
+    that reaches it (endpoint and test credentials). ``log``: where its request log
+    goes (a line per request: what the store was asked for)."""
     import s3fs
 
     port = free_port()
+    out = log.open("w") if log is not None else subprocess.DEVNULL
     proc = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=out,
+        stderr=out,
     )
     try:
         deadline = time.monotonic() + 30
@@ -65,6 +67,8 @@ def moto_s3(bucket: str) -> Iterator[dict[str, str]]:
     finally:
         proc.terminate()
         proc.wait(10)
+        if log is not None:
+            out.close()  # type: ignore[union-attr]
 
 
 class InferdServer:

@@ -100,17 +100,19 @@ def test_a_replica_elsewhere_needs_the_versions_files_from_s3_or_a_mount(tmp_pat
     def spec(uri: str, folder: str) -> ReplicaSpec:
         return ReplicaSpec(
             replica_id="r", model="calc", version="v1", framework="python",
-            artifact_dir=folder, address="tcp:10.0.0.2:9100", artifact_uri=uri,
+            artifact_dir=folder, address="tcp:10.0.0.2:9100", artifact_uri=uri, sha256="abc",
         )  # fmt: skip
 
-    here = tmp_path / "data"
-    fetched = localize(spec("s3://models/calc/v1", "/srv/controller/artifacts/calc/v1"), here)
-    assert fetched.artifact_dir == str(here.resolve() / "artifacts" / "calc" / "v1")
+    cache = tmp_path / "cache"
+    fetched = localize(spec("s3://models/calc/v1", "/srv/controller/cache/abc"), cache, 1 << 30)
+    assert fetched.artifact_dir == str(cache.resolve() / "abc")  # its digest, in this host's cache
+    assert fetched.artifact_cache_dir == str(cache.resolve())
+    assert fetched.artifact_cache_max_bytes == 1 << 30
     mounted = tmp_path / "mounted"
     mounted.mkdir()
-    assert localize(spec(f"file://{mounted}", str(mounted)), here).artifact_dir == str(mounted)
+    assert localize(spec(f"file://{mounted}", str(mounted)), cache, 1).artifact_dir == str(mounted)
     with pytest.raises(ValueError, match="needs an S3 artifact store"):
-        localize(spec("file:///srv/a/calc/v1", "/srv/a/calc/v1"), here)
+        localize(spec("file:///srv/a/calc/v1", "/srv/a/calc/v1"), cache, 1)
 
 
 def test_the_roles_over_mutual_tls_alone(tmp_path: Path):

@@ -283,6 +283,7 @@ def test_gpu_values_reach_the_replica_pods_settings() -> None:
         "16Gi",
     )
     assert env["INFERD_KUBERNETES__DATA_SIZE_LIMIT"] == "100Gi"
+    assert env["INFERD_KUBERNETES__NODE_CACHE_PATH"] == "/var/cache/inferd"
     assert json.loads(env["INFERD_KUBERNETES__ENV_FROM_SECRETS"]) == [
         f"{FULLNAME}-replica-env",
         "replica-s3-keys",
@@ -291,6 +292,7 @@ def test_gpu_values_reach_the_replica_pods_settings() -> None:
     default = env_of(container(render_ci("default-values.yaml"), "control"))
     assert json.loads(default["INFERD_KUBERNETES__NODE_SELECTOR"]) == {}
     assert json.loads(default["INFERD_KUBERNETES__TOLERATIONS"]) == []
+    assert "INFERD_KUBERNETES__NODE_CACHE_PATH" not in default  # each pod its own cache
 
 
 def chart_environment(objs: tuple[Obj, ...], role: str, config_file: Path) -> dict[str, str]:

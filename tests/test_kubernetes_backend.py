@@ -375,6 +375,36 @@ def test_the_deployment_asks_for_gpus_probes_and_drains_as_kubernetes_expects():
     validate(body)
 
 
+def test_replica_pods_of_a_node_share_its_artifact_cache_when_given_one():
+    spec = ReplicaSpec(
+        replica_id="", model="calc", version="v1", framework="python", artifact_dir="",
+        address="", artifact_uri="s3://models/calc/v1", sha256="ab" * 32,
+    )  # fmt: skip
+    own = manifest(Settings(), "prod", spec, 1, None, None)["spec"]["template"]["spec"]
+    assert all(v["name"] != "artifact-cache" for v in own["volumes"])  # its emptyDir
+    kube = KubernetesConfig(node_cache_path="/var/cache/inferd")
+    body = manifest(Settings(kubernetes=kube), "prod", spec, 1, None, None)
+    pod = body["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "artifact-cache"]
+    assert volume["hostPath"] == {"path": "/var/cache/inferd", "type": "DirectoryOrCreate"}
+    container = pod["containers"][0]
+    assert {"name": "artifact-cache", "mountPath": "/cache"} in container["volumeMounts"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["INFERD_ARTIFACT_CACHE__DIR"] == "/cache"
+    # what the pod's own settings make of it: the version's folder is the node's entry
+    from inferd.config import Settings as PodSettings
+    from inferd.serving.joiner import localize
+
+    here = PodSettings(artifact_cache={"dir": env["INFERD_ARTIFACT_CACHE__DIR"]})
+    local = localize(spec, here.artifact_cache_dir, here.artifact_cache_max_bytes)
+    assert local.artifact_dir == f"/cache/{'ab' * 32}"
+    try:
+        from tests.k8s_schemas import validate
+    except ImportError:  # pragma: no cover - the chart's tests bring it
+        return
+    validate(body)
+
+
 def test_versions_that_need_pytorch_run_the_torch_image_unless_they_name_one():
     from inferd.control.backends.kubernetes import image_of
 

@@ -21,6 +21,7 @@ from tests.conftest import (
     arithmetic_model,
     free_port,
     moto_s3,
+    run_cli,
     upload_arithmetic,
 )
 
@@ -29,10 +30,22 @@ BUCKET = "inferd-models"
 
 
 @pytest.fixture(scope="module")
-def s3() -> Iterator[dict[str, str]]:
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], Path]]:
+    """The store's environment, and its request log."""
     pytest.importorskip("s3fs")
-    with moto_s3(BUCKET) as env:
-        yield env
+    log = tmp_path_factory.mktemp("moto") / "requests.log"
+    with moto_s3(BUCKET, log) as env:
+        yield env, log
+
+
+@pytest.fixture(scope="module")
+def s3(s3_server: tuple[dict[str, str], Path]) -> dict[str, str]:
+    return s3_server[0]
+
+
+def gets(log: Path, key: str) -> int:
+    """How many times the store was asked for the object ``key`` (its request log)."""
+    return sum(f'"GET /{BUCKET}/{key} ' in line for line in log.read_text().splitlines())
 
 
 def _fs(env: dict[str, str]):
@@ -83,7 +96,8 @@ def test_a_fresh_server_serves_from_the_store_and_refuses_tampered_files(
     try:
         second.wait_ready()
         assert _y(second, "calc", 3.0) == 21.0
-        assert (fresh / "artifacts" / "calc" / "v1" / "model.py").is_file()  # its cache
+        cached = fresh / "artifact-cache" / record["sha256"]  # the host's cache, by content
+        assert (cached / "model.py").is_file()
         pulled = second.client.get("/api/v1/models/calc/versions/v1/artifact")
         assert pulled.headers["x-inferd-sha256"] == record["sha256"]
     finally:
@@ -100,7 +114,9 @@ def test_a_fresh_server_serves_from_the_store_and_refuses_tampered_files(
         assert _y(third, "calc", 3.0) is None
         detail = third.client.get("/api/v1/models/calc/versions/v1").json()
         assert all(r["state"] != "ready" for r in detail["replicas"]), detail["replicas"]
-        assert not (tmp_path / "c" / "artifacts" / "calc" / "v1").exists()
+        cache = tmp_path / "c" / "artifact-cache"
+        assert not (cache / record["sha256"]).exists()
+        assert not list(cache.glob(".fetch-*"))  # the refused download left nothing
     finally:
         assert third.stop() == 0, third.log()[-3000:]
 
@@ -151,3 +167,69 @@ def test_versions_import_from_s3_uris(tmp_path: Path, s3: dict[str, str]):
         assert missing.status_code == 422 and "no object" in missing.json()["error"]["message"]
     finally:
         assert server.stop() == 0, server.log()[-3000:]
+
+
+def test_a_host_downloads_a_version_once_for_all_its_replicas(
+    tmp_path: Path, s3_server: tuple[dict[str, str], Path]
+):
+    """The artifact cache is the host's, by content: the host that registers a version
+    has it already; two replicas starting together on another host download it once,
+    and a later server there (same cache folder, fresh data folder) not at all."""
+    s3, log = s3_server
+    db = f"sqlite:///{tmp_path / 'shared' / 'inferd.db'}"
+    env = {**s3, "INFERD_ARTIFACT_STORE": f"s3://{BUCKET}/hosts", "INFERD_DATABASE_URL": db}
+    key = "hosts/calc/v1/model.py"
+    pusher = InferdServer(
+        tmp_path / "a", workers=1, env={**env, "INFERD_ARTIFACT_CACHE__DIR": str(tmp_path / "h1")}
+    )
+    try:
+        pusher.wait_ready()
+        assert _upload(pusher, "calc", "v1", "x * 5").status_code == 201
+        pusher.wait_for(lambda: _y(pusher, "calc", 2.0) == 10.0, what="calc serving")
+        assert gets(log, key) == 0  # its push seeded the host's cache
+    finally:
+        assert pusher.stop() == 0, pusher.log()[-3000:]
+
+    host = {**env, "INFERD_ARTIFACT_CACHE__DIR": str(tmp_path / "h2"), "INFERD_REPLICAS": "2"}
+    for data in ("b", "c"):  # two servers of one host, one after the other
+        server = InferdServer(tmp_path / data, workers=1, env=host)
+        try:
+            server.wait_ready()
+            server.wait_for(
+                lambda s=server: (
+                    s.client.get("/api/v1/models/calc").json()["versions"]
+                    and len(_ready_stats(s)) == 2
+                ),
+                what="both replicas ready",
+            )
+            assert _y(server, "calc", 3.0) == 15.0
+            fetched = sorted(stats["fetched_bytes"] for stats in _ready_stats(server))
+            if data == "b":
+                assert fetched[0] == 0 and fetched[1] > 0  # one fetched, the other waited
+            else:
+                assert fetched == [0, 0]
+            assert gets(log, key) == 1
+        finally:
+            assert server.stop() == 0, server.log()[-3000:]
+
+    # a host made ready before a deploy: `inferd models prefetch` fills its cache
+    other = {**env, "INFERD_ARTIFACT_CACHE__DIR": str(tmp_path / "h3")}
+    done = run_cli("models", "prefetch", "calc", "v1", data_dir=tmp_path / "d", env=other)
+    said = " ".join((done.stdout + done.stderr).split())
+    assert "calc:v1 is in this host's cache" in said, said
+    assert gets(log, key) == 2
+    assert (tmp_path / "h3" / _sha256_of(tmp_path / "h2") / "model.py").is_file()
+    pulled = run_cli("models", "pull", "calc", "v1", "--out", str(tmp_path / "out"),
+                     data_dir=tmp_path / "e", env=other)  # fmt: skip
+    assert "x * 5" in (tmp_path / "out" / "model.py").read_text(), pulled.stderr
+    assert gets(log, key) == 2  # pulled from the host's cache
+
+
+def _sha256_of(cache: Path) -> str:
+    (entry,) = [p.name for p in cache.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    return entry
+
+
+def _ready_stats(server: InferdServer) -> list[dict[str, float]]:
+    detail = server.client.get("/api/v1/models/calc/versions/v1").json()
+    return [r["stats"] for r in detail["replicas"] if r["state"] == "ready" and "stats" in r]

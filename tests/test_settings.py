@@ -64,7 +64,7 @@ def test_an_unknown_yaml_key_is_refused_with_its_path(tmp_path: Path) -> None:
         "'max_batch_sise'; valid: adaptive, batch_queue_share"
     )
     config.write_text("prot: 8001\n")
-    valid = "valid: artifact_store, auth"
+    valid = "valid: artifact_cache, artifact_store, auth"
     with pytest.raises(UnknownSetting, match=f"prot: settings have no 'prot'; {valid}"):
         load_settings(config)
     config.write_text("port: 8001\nbatching:\n  max_wait_ms: 2\n")

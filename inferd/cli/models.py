@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -420,12 +421,42 @@ def models_pull(
         if out.exists() and any(out.iterdir()):
             console.print(f"[red]error:[/red] {out} exists and is not empty")
             raise typer.Exit(1)
-        if not registry.store.verify(name, version):
+        from inferd.registry.registry import local_files
+
+        if registry.remote is None and not registry.store.verify(name, version):
             console.print(f"[red]error:[/red] the stored files of {name}:{version} are damaged")
             raise typer.Exit(1)
-        shutil.copytree(record.artifact_path, out, dirs_exist_ok=True)
+        with _errors():
+            files = local_files(registry, record)  # from the store, checked, when it is S3
+        shutil.copytree(files, out, dirs_exist_ok=True)
         digest = digest_of(out)
     console.print(f"pulled [bold]{name}:{version}[/bold] into {out}, sha256 {digest[:12]}")
+
+
+@models_app.command("prefetch")
+def models_prefetch(
+    name: Annotated[str, typer.Argument(help="Model name.")],
+    version: Annotated[str, typer.Argument(help="The version to fetch.")],
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Put a version of the S3 artifact store in this host's artifact cache (checked
+    against the registry's digest), so its replicas here start without a download: run
+    it on a host (or a node, with kubernetes.node_cache_path) before a deploy."""
+    from inferd.registry.registry import local_files
+
+    registry = _registry(config, data_dir)
+    with _errors():
+        record = registry.get_version(name, version)
+        if registry.remote is None or record.artifact_uri.startswith("file:"):
+            console.print(f"{name}:{version} is in the local store: nothing to fetch")
+            return
+        began = time.monotonic()
+        folder = local_files(registry, record)
+    console.print(
+        f"[bold]{name}:{version}[/bold] is in this host's cache ({folder}), "
+        f"{time.monotonic() - began:.1f}s"
+    )
 
 
 @contextmanager

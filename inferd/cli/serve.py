@@ -194,7 +194,8 @@ def replica(
             health = health_listen or f"0.0.0.0:{settings.kubernetes.health_port}"
             rid = replica_id or socket.gethostname()
             grace = settings.shutdown_grace_s
-            code.append(await run_pod(spec, rid, listen, health, settings.data_dir, grace))
+            cache = (settings.artifact_cache_dir, settings.artifact_cache_max_bytes)
+            code.append(await run_pod(spec, rid, listen, health, cache, grace))
 
         _run(pod())
         sys.exit(code[0] if code else 1)
@@ -215,7 +216,8 @@ def replica(
 
     async def main() -> None:
         joined = run_joined(
-            address, model, version, listen, f"tcp:{advertise}", settings.data_dir,
+            address, model, version, listen, f"tcp:{advertise}",
+            (settings.artifact_cache_dir, settings.artifact_cache_max_bytes),
             settings.shutdown_grace_s,
         )  # fmt: skip
         code.append(await joined)

@@ -19,14 +19,20 @@ def replica_spec(
     batching = settings.batching.model_dump()
     for overrides in (vset.record.batching, vset.batching):
         batching.update({k: v for k, v in (overrides or {}).items() if k in batching})
+    record = vset.record
+    artifact_dir = record.artifact_path
+    if record.artifact_uri.startswith("s3://"):  # fetched into this host's cache
+        artifact_dir = settings.artifact_cache_dir / record.sha256
     return ReplicaSpec(
         replica_id=replica_id,
         model=vset.record.model_name,
         version=vset.record.version,
         framework=vset.record.framework,
-        artifact_dir=str(vset.record.artifact_path),
+        artifact_dir=str(artifact_dir),
         artifact_uri=vset.record.artifact_uri,
         sha256=vset.record.sha256,
+        artifact_cache_dir=str(settings.artifact_cache_dir),
+        artifact_cache_max_bytes=settings.artifact_cache_max_bytes,
         address="",
         batching=BatchingConfig.model_validate(batching),
         signature=vset.record.signature.to_dict(),

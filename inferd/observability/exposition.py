@@ -240,6 +240,15 @@ REPLICA_GAUGES = {
         "inferd_replica_warmup_seconds",
         "Seconds the replica's warm-up took, after loading, before it reported ready.",
     ),
+    "fetch_s": (
+        "inferd_replica_fetch_seconds",
+        "Seconds the replica took to open its version's files in its host's artifact cache "
+        "(a download from the store unless the host had them).",
+    ),
+    "fetched_bytes": (
+        "inferd_replica_fetched_bytes",
+        "Bytes the replica downloaded from the artifact store (0: its host's cache had them).",
+    ),
 }
 REPLICA_COUNTERS = {
     "batches": ("inferd_batches_total", "Batches computed."),

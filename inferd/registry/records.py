@@ -73,8 +73,9 @@ class ModelRecord:
 
 
 def version_record(row: ModelVersion, cache: Path) -> VersionRecord:
-    """``cache``: the local artifact root, where a version kept in an object store is
-    fetched to (``remote_store.ensure_local``)."""
+    """``cache``: the local artifact root, where a version kept in an object store was
+    staged when this host registered it (elsewhere, its files come through the host's
+    artifact cache: ``registry.local_files``)."""
     uri = urlparse(row.artifact_uri)
     local = (
         Path(url2pathname(uri.path))

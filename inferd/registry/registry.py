@@ -34,6 +34,7 @@ from inferd.config import Settings
 from inferd.errors import InvalidInput, ModelNotFound, VersionExists
 from inferd.registry import deployment_rows as rows_
 from inferd.registry import schema
+from inferd.registry.artifact_cache import ArtifactCache
 from inferd.registry.catalog import CatalogEdits, version_row
 from inferd.registry.checks import check_batching
 from inferd.registry.deployments import Deployments
@@ -66,13 +67,19 @@ class Registry(CatalogEdits):
         artifact_root: Path,
         migrate: bool = True,
         artifact_store: str | None = None,
+        artifact_cache: ArtifactCache | None = None,
     ) -> None:
         self.engine = create_registry_engine(database_url)
         self._write_engine = self.engine.execution_options(**{WRITE: True})
         self.store = ArtifactStore(artifact_root)
-        """The local artifact folder; with ``artifact_store``, a verified cache of it."""
+        """The local artifact folder (with ``artifact_store``: where pushes stage)."""
         self.remote = S3Store(artifact_store) if artifact_store else None
         """Where versions live when not only on this machine (``s3://bucket/prefix``)."""
+        self.cache = artifact_cache or ArtifactCache(
+            Path(artifact_root).parent / "artifact-cache", 50 * 1024**3
+        )
+        """This host's cache of versions from ``artifact_store``, by sha256: a push
+        seeds it, downloads read from it, replicas open it."""
         self.deployments = Deployments(self)
         self.rollouts = RolloutProgress(self)
         self.keys = ApiKeys(self)
@@ -90,6 +97,9 @@ class Registry(CatalogEdits):
             settings.artifact_dir,
             migrate=migrate,
             artifact_store=settings.artifact_store,
+            artifact_cache=ArtifactCache(
+                settings.artifact_cache_dir, settings.artifact_cache_max_bytes
+            ),
         )
         registry.gpus_here = settings.replica_backend == "local"
         return registry
@@ -186,6 +196,8 @@ class Registry(CatalogEdits):
             record = self._insert(
                 row, staged, description=description, owner=owner, deploy=deploy, actor=actor
             )
+            if uploaded:  # this host's replicas need not download what it just sent
+                self.cache.seed(staged.sha256, self.store.path(name, version))
         except BaseException:
             if uploaded and self.remote is not None:
                 self.remote.delete(name, version)
@@ -329,17 +341,13 @@ def _shipped_metadata(source: Path) -> dict[str, Any]:
 
 
 def local_files(registry: Registry, record: VersionRecord) -> Path:
-    """The version's files on this machine: fetched from the object store into the
-    local cache (and checked) when they live there."""
+    """The version's files on this machine: from the host's artifact cache (fetched and
+    checked unless already there) when they live in the object store."""
     if registry.remote is None or record.artifact_uri.startswith("file:"):
         return record.artifact_path
-    from inferd.registry.remote_store import ensure_local
+    from inferd.registry.remote_store import download
 
-    return ensure_local(
-        registry.store,
-        registry.remote,
-        record.model_name,
-        record.version,
-        record.artifact_uri,
-        record.sha256,
-    )
+    remote, uri, sha256 = registry.remote, record.artifact_uri, record.sha256
+    return registry.cache.open(
+        sha256, lambda folder: download(remote, uri, sha256, folder), hold=False
+    ).path

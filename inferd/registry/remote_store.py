@@ -10,9 +10,10 @@ Layout under ``s3://bucket/prefix``::
 Endpoint, region and credentials come the usual AWS way (``AWS_ENDPOINT_URL``,
 ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``, profiles),
 through fsspec/s3fs. A process that needs a version's files (a replica, a download)
-fetches them into its local store with :func:`ensure_local`: every file is checked
-against the manifest and the whole against the registry's digest, then renamed into
-place at once, so a corrupt or partial download is never served.
+opens them in its host's artifact cache (:mod:`inferd.registry.artifact_cache`), which
+fetches them with :func:`download`: every file is checked against the manifest and the
+whole against the registry's digest, then renamed into place at once, so a corrupt or
+partial download is never served.
 """
 
 from __future__ import annotations
@@ -20,12 +21,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from inferd.errors import InferdError, InvalidInput, PayloadTooLarge, StoreUnavailable
-from inferd.registry.store import ArtifactStore, StagedArtifact
+from inferd.registry.store import StagedArtifact
 
 _MANIFEST = ".manifest.json"
 
@@ -80,43 +80,38 @@ class S3Store:
             raise StoreUnavailable(f"cannot read {uri}: {exc}") from None
 
 
-def ensure_local(
-    local: ArtifactStore, remote: S3Store, model: str, version: str, uri: str, sha256: str
-) -> Path:
-    """The version's folder in ``local``, fetched from ``uri`` unless the cache already
-    holds it intact; InvalidInput when what the store holds is not what was registered."""
-    local.root.mkdir(parents=True, exist_ok=True)
-    if local.verify(model, version) and local.digest(model, version) == sha256:
-        return local.path(model, version)
+def download(remote: S3Store, uri: str, sha256: str, folder: Path) -> int:
+    """Fetch the version at ``uri`` into ``folder`` (new), each file checked against the
+    store's manifest and the whole against the registered ``sha256``; the bytes fetched.
+    InvalidInput when what the store holds is not what was registered."""
     manifest = remote.manifest(uri)
     if manifest.get("sha256") != sha256:
         raise InvalidInput(
             f"{uri}: the store's manifest says sha256 {manifest.get('sha256')}, the registry "
             f"{sha256}; not served"
         )
-    with tempfile.TemporaryDirectory(prefix=".fetch-", dir=local.root) as tmp:
-        folder = Path(tmp) / "files"
-        for name, entry in sorted(manifest["files"].items()):
-            target = folder.joinpath(*Path(name).parts)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                remote.fs.get_file(f"{uri}/{name}", str(target))
-            except Exception as exc:  # OSError, botocore's and aiohttp's connection errors
-                raise StoreUnavailable(f"cannot fetch {uri}/{name}: {exc}") from None
-            got = _sha256(target)
-            if got != entry["sha256"] or target.stat().st_size != entry["size_bytes"]:
-                raise InvalidInput(
-                    f"{uri}/{name} is not the registered file (sha256 {got}, expected "
-                    f"{entry['sha256']}); not served"
-                )
-        staged = local.stage(model, version, folder)
+    listing = hashlib.sha256()
+    total = 0
+    for name, entry in sorted(manifest["files"].items()):
+        if ".." in Path(name).parts or Path(name).is_absolute():
+            raise InvalidInput(f"{uri}: the manifest names a file outside the folder: {name!r}")
+        target = folder.joinpath(*Path(name).parts)
+        target.parent.mkdir(parents=True, exist_ok=True)
         try:
-            if staged.sha256 != sha256:
-                raise InvalidInput(f"{uri}: the files hash to {staged.sha256}, not {sha256}")
-            local.publish(staged, replace=True)
-        finally:
-            local.discard(staged)
-    return local.path(model, version)
+            remote.fs.get_file(f"{uri}/{name}", str(target))
+        except Exception as exc:  # OSError, botocore's and aiohttp's connection errors
+            raise StoreUnavailable(f"cannot fetch {uri}/{name}: {exc}") from None
+        got = _sha256(target)
+        if got != entry["sha256"] or target.stat().st_size != entry["size_bytes"]:
+            raise InvalidInput(
+                f"{uri}/{name} is not the registered file (sha256 {got}, expected "
+                f"{entry['sha256']}); not served"
+            )
+        listing.update(f"{got}  {Path(name).as_posix()}\n".encode())
+        total += entry["size_bytes"]
+    if listing.hexdigest() != sha256:
+        raise InvalidInput(f"{uri}: the files hash to {listing.hexdigest()}, not {sha256}")
+    return total
 
 
 def fetch_source(uri: str, dest: Path, limit: int) -> Path:

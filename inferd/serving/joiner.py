@@ -152,13 +152,19 @@ class ControlLink:
             self._writer.close()
 
 
-def localize(spec: ReplicaSpec, data_dir: Path) -> ReplicaSpec:
-    """The spec with this host's folder for the version's files: under ``data_dir`` when
-    they come from an S3 store; the controller's own folder only when this host has it
-    (a shared mount); ValueError otherwise."""
+def localize(spec: ReplicaSpec, cache_dir: Path, cache_max_bytes: int) -> ReplicaSpec:
+    """The spec with this host's folder for the version's files: its entry in this
+    host's artifact cache (``cache_dir``) when they come from an S3 store; the
+    controller's own folder only when this host has it (a shared mount); ValueError
+    otherwise."""
     if spec.artifact_uri.startswith("s3://"):
-        folder = data_dir.resolve() / "artifacts" / spec.model / spec.version
-        return msgspec.structs.replace(spec, artifact_dir=str(folder))
+        cache = cache_dir.resolve()
+        return msgspec.structs.replace(
+            spec,
+            artifact_dir=str(cache / spec.sha256),
+            artifact_cache_dir=str(cache),
+            artifact_cache_max_bytes=cache_max_bytes,
+        )
     if Path(spec.artifact_dir).is_dir():
         return spec
     raise ValueError(
@@ -175,7 +181,7 @@ async def run_joined(
     version: str,
     listen: str,
     advertise: str,
-    data_dir: Path,
+    cache: tuple[Path, int],
     grace_s: float,
 ) -> int:
     """Join, serve until drained or signalled; the exit code."""
@@ -196,7 +202,7 @@ async def run_joined(
         link.close()
         return 0
     try:
-        spec = localize(joining.result(), data_dir)
+        spec = localize(joining.result(), *cache)
     except (JoinRefused, ValueError) as exc:
         logger.error("cannot serve %s:%s here: %s", model, version, exc)
         link.close()

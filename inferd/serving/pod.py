@@ -39,7 +39,12 @@ def spec_of(text: str) -> ReplicaSpec:
 
 
 async def run_pod(
-    spec: ReplicaSpec, replica_id: str, listen: str, health: str, data_dir: Path, grace_s: float
+    spec: ReplicaSpec,
+    replica_id: str,
+    listen: str,
+    health: str,
+    cache: tuple[Path, int],
+    grace_s: float,
 ) -> int:
     """Serve ``spec`` until SIGTERM; the exit code."""
     from inferd.serving.health import serve_health
@@ -50,7 +55,7 @@ async def run_pod(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, drain.set)
     try:
-        spec = localize(spec, data_dir)
+        spec = localize(spec, *cache)
     except ValueError as exc:
         logger.error("cannot serve %s:%s here: %s", spec.model, spec.version, exc)
         return REFUSED

@@ -35,6 +35,7 @@ from inferd.serving.spec import ReplicaSpec
 
 if TYPE_CHECKING:
     from inferd.llm.engine import TokenOutput
+    from inferd.registry.artifact_cache import Opened
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +66,16 @@ class Gateways:
 
 
 class ReplicaProtocol(asyncio.Protocol):
-    def __init__(self, core: Core, on_drain: asyncio.Event, gateways: Gateways) -> None:
+    def __init__(
+        self,
+        core: Core,
+        on_drain: asyncio.Event,
+        gateways: Gateways,
+        fetched: dict[str, float] | None = None,
+    ) -> None:
         self.core = core
+        self.fetched = fetched if fetched is not None else {}
+        """How the version's files came (``fetch_s``, ``fetched_bytes``), for its stats."""
         self.on_drain = on_drain
         self.gateways = gateways
         self.connections = gateways.connections
@@ -136,7 +145,7 @@ class ReplicaProtocol(asyncio.Protocol):
             os.getpid(),
             core.spec.model,
             core.spec.version,
-            core.stats(),
+            {**core.stats(), **self.fetched} if self.fetched else core.stats(),
             core.message,
             core.metrics(),
         )
@@ -290,13 +299,17 @@ class ReplicaProtocol(asyncio.Protocol):
 
 
 async def start_listening(
-    core: Core, address: str, drain: asyncio.Event, gateways: Gateways
+    core: Core,
+    address: str,
+    drain: asyncio.Event,
+    gateways: Gateways,
+    fetched: dict[str, float] | None = None,
 ) -> asyncio.Server | inprocess.Listener:
     loop = asyncio.get_running_loop()
     kind, _, where = address.partition(":")
 
     def protocol() -> ReplicaProtocol:
-        return ReplicaProtocol(core, drain, gateways)
+        return ReplicaProtocol(core, drain, gateways, fetched)
 
     if kind == "inproc":
         return inprocess.listen(where, protocol)
@@ -367,13 +380,14 @@ async def serve(
     if on_core is not None:
         on_core(core)
     gateways = Gateways()
-    server = await start_listening(core, spec.address, drain, gateways)
+    fetched: dict[str, float] = {}
+    server = await start_listening(core, spec.address, drain, gateways, fetched)
     from inferd.runtimes import GENERATIVE
 
     # generation replicas tell gateways their engine's state (predict ones have none)
     generative = spec.framework in GENERATIVE
     pusher = loop.create_task(push_load(core, gateways)) if generative else None
-    loader = loop.create_task(_fetch_then_load(core, spec))
+    loader = loop.create_task(_fetch_then_load(core, spec, fetched))
     drained = loop.create_task(drain.wait())
     await asyncio.wait([loader, drained], return_when=asyncio.FIRST_COMPLETED)
     if loader.done() and loader.exception() is not None:
@@ -407,12 +421,18 @@ async def serve(
     return 0
 
 
-async def _fetch_then_load(core: Core, spec: ReplicaSpec) -> None:
-    """Files kept in an object store come into the local cache first, checked against
-    the registered digest; a failure fails the load with its reason."""
+async def _fetch_then_load(core: Core, spec: ReplicaSpec, fetched: dict[str, float]) -> None:
+    """Files kept in an object store come into the host's cache first, checked against
+    the registered digest (``fetched``: how long that took, the bytes downloaded); a
+    failure fails the load with its reason."""
     if spec.artifact_uri.startswith("s3://"):
         try:
-            await asyncio.to_thread(fetch_artifact, spec)
+            opened = await asyncio.to_thread(fetch_artifact, spec)
+            fetched.update(fetch_s=round(opened.seconds, 6), fetched_bytes=opened.fetched_bytes)
+            logger.info(
+                "%s: %s", spec.artifact_uri,
+                f"fetched {opened.fetched_bytes} bytes" if opened.fetched_bytes else "cached",
+            )  # fmt: skip
         except Exception as exc:
             core.state, core.message = "failed", f"fetching {spec.artifact_uri}: {exc}"
             logger.error("%s", core.message)
@@ -420,20 +440,21 @@ async def _fetch_then_load(core: Core, spec: ReplicaSpec) -> None:
     await core.load()
 
 
-def fetch_artifact(spec: ReplicaSpec) -> None:
-    from inferd.registry.remote_store import S3Store, ensure_local
-    from inferd.registry.store import ArtifactStore
+def fetch_artifact(spec: ReplicaSpec) -> Opened:
+    """Open the version's entry in the host's artifact cache (``spec.artifact_dir``),
+    downloaded and checked unless another replica of the host already fetched it."""
+    from inferd.registry.artifact_cache import ArtifactCache
+    from inferd.registry.remote_store import S3Store, download
 
-    folder = Path(spec.artifact_dir)
     bucket = "/".join(spec.artifact_uri.split("/")[:3])  # s3://bucket
-    ensure_local(
-        ArtifactStore(folder.parent.parent),
-        S3Store(bucket),
-        spec.model,
-        spec.version,
-        spec.artifact_uri,
+    cache = ArtifactCache(Path(spec.artifact_cache_dir), spec.artifact_cache_max_bytes)
+    opened = cache.open(
         spec.sha256,
+        lambda folder: download(S3Store(bucket), spec.artifact_uri, spec.sha256, folder),
     )
+    if opened.path != Path(spec.artifact_dir):
+        raise RuntimeError(f"the cache opened {opened.path}, the spec says {spec.artifact_dir}")
+    return opened
 
 
 async def run_replica(spec: ReplicaSpec, grace_s: float) -> None:

@@ -45,6 +45,10 @@ class ReplicaSpec(msgspec.Struct, frozen=True, kw_only=True):
     (``s3://…``): the replica fetches and checks them there first."""
     sha256: str = ""
     """The registered digest of the version's files."""
+    artifact_cache_dir: str = ""
+    """This host's artifact cache, where files from ``artifact_uri`` are fetched to
+    (:mod:`inferd.registry.artifact_cache`)."""
+    artifact_cache_max_bytes: int = 50 * 1024**3
 
     def to_json(self) -> str:
         return msgspec.json.encode(self, enc_hook=_encode).decode()

@@ -21,7 +21,8 @@ What it creates, and nothing else:
   a termination grace above ``shutdown_grace_s`` (SIGTERM drains), resources (a
   deployment's ``resources.gpu`` becomes an ``nvidia.com/gpu`` limit and a node
   selector on ``gpu_node_label``), a non-root, read-only, capability-less container
-  with ``emptyDir`` volumes for the model cache and ``/tmp``.
+  with ``emptyDir`` volumes for the model cache and ``/tmp`` (the cache a node's
+  ``hostPath`` instead, with ``node_cache_path``).
 
 The API calls are the few that RBAC grants (the Helm chart's Role): deployments get,
 list, create/patch (apply), delete; ``deployments/scale`` patch; pods list and watch;
@@ -205,6 +206,9 @@ def _pod_spec(settings: Settings, spec: ReplicaSpec, gpu_type: str | None) -> di
             {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
         ],
     }
+    if kube.node_cache_path:
+        cache = {"path": kube.node_cache_path, "type": "DirectoryOrCreate"}
+        pod["volumes"].append({"name": "artifact-cache", "hostPath": cache})
     if kube.service_account:
         pod["serviceAccountName"] = kube.service_account
     if kube.image_pull_secrets:
@@ -221,6 +225,11 @@ def _container(kube: KubernetesConfig, spec: ReplicaSpec, gpu_type: str | None) 
     limits: dict[str, Any] = {"memory": kube.memory_request}
     if gpu_type is not None:
         limits["nvidia.com/gpu"] = 1
+    cache_env: list[dict[str, str]] = []
+    cache_mount: list[dict[str, str]] = []
+    if kube.node_cache_path:  # the node's artifact cache, shared by its replica pods
+        cache_env = [{"name": "INFERD_ARTIFACT_CACHE__DIR", "value": NODE_CACHE}]
+        cache_mount = [{"name": "artifact-cache", "mountPath": NODE_CACHE}]
     return {
         "name": "replica",
         "image": image_of(kube, spec),
@@ -239,6 +248,7 @@ def _container(kube: KubernetesConfig, spec: ReplicaSpec, gpu_type: str | None) 
             # the root file system is read-only: caches (the C kernel's, libraries') in /tmp
             {"name": "XDG_CACHE_HOME", "value": "/tmp/.cache"},
             {"name": "INFERD_LOG_JSON", "value": "true"},
+            *cache_env,
         ],
         "envFrom": [{"secretRef": {"name": s}} for s in kube.env_from_secrets]
         + [{"configMapRef": {"name": c}} for c in kube.env_from_config_maps],
@@ -262,9 +272,13 @@ def _container(kube: KubernetesConfig, spec: ReplicaSpec, gpu_type: str | None) 
         "volumeMounts": [
             {"name": "data", "mountPath": "/data"},
             {"name": "tmp", "mountPath": "/tmp"},
+            *cache_mount,
         ],
     }
 
+
+NODE_CACHE = "/cache"
+"""Where a pod mounts its node's artifact cache (``kubernetes.node_cache_path``)."""
 
 TORCH_FRAMEWORKS = frozenset({"torch", "transformers", "gpt2", "llm"})
 

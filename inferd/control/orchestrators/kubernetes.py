@@ -44,8 +44,11 @@ class Kubernetes:
         """The version's Deployment runs ``desired`` pods of its spec."""
         if vset.retiring:
             return
-        # Pods fetch the files from the S3 store: no folder of this host in their spec.
-        spec = msgspec.structs.replace(replica_spec(self.settings, vset, "", None), artifact_dir="")
+        # Pods fetch the files from the S3 store into their node's cache (their own
+        # settings: localize): no folder of this host in their spec.
+        spec = msgspec.structs.replace(
+            replica_spec(self.settings, vset, "", None), artifact_dir="", artifact_cache_dir=""
+        )
         self.api.want(spec, vset.desired, vset.gpu_type)
 
     def running(self, model: str, version: str) -> int:
