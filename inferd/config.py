@@ -105,6 +105,17 @@ class RateLimitConfig(Group):
         return self.tokens is not None or bool(self.model_tokens)
 
 
+class ModelsConfig(Group):
+    """Many versions on little memory (see :mod:`inferd.control.on_demand`)."""
+
+    memory_budget_mb: int | None = Field(None, ge=1)
+    """Load versions on demand and keep their replicas' resident memory under this: a
+    version that is not pinned (metadata ``pinned: true``) and whose replica count no
+    deployment fixes starts with no replica, a request for it waits while one starts,
+    and the least recently used such versions with nothing in flight are unloaded to
+    make room. None: every serving version keeps its replicas."""
+
+
 class CacheConfig(Group):
     """The result cache of predict and deterministic generation answers (see
     :mod:`inferd.routing.cache`); off by default. Embedded, one SQLite file per machine
@@ -381,6 +392,7 @@ class Settings(BaseSettings):
     auth: AuthConfig = Field(default_factory=lambda: AuthConfig())
     rate_limits: RateLimitConfig = Field(default_factory=lambda: RateLimitConfig())
     cache: CacheConfig = Field(default_factory=lambda: CacheConfig())
+    models: ModelsConfig = Field(default_factory=lambda: ModelsConfig())
     redis_url: str | None = None
     """Redis for what gateway processes share (rate limit budgets); None: in process."""
     queue_url: str | None = None

@@ -46,9 +46,25 @@ class StatusView:
         summary["created_at"] = record.created_at.isoformat()
         return summary
 
+    def loaded(self, model: str, version: str) -> bool:
+        """Whether the version has replicas (running or starting): with a memory budget,
+        a serving version may have none until a request loads it."""
+        vroute = self.router.version_route(model, version)
+        return vroute is not None and any(
+            r.state not in ("draining", "stopped") for r in vroute.replicas
+        )
+
+    def counts(self, records: list[ModelRecord]) -> dict[str, int]:
+        """Versions registered, and loaded (with replicas), over ``records``."""
+        return {
+            "registered": sum(len(r.versions) for r in records),
+            "loaded": sum(self.loaded(r.name, v.version) for r in records for v in r.versions),
+        }
+
     async def version_detail(self, record: VersionRecord) -> dict[str, Any]:
         detail = record.to_dict()
         detail["status"] = self._version_state(record.model_name, record.version)
+        detail["loaded"] = self.loaded(record.model_name, record.version)
         detail["replicas"] = await self._replicas(record.model_name, record.version)
         return detail
 

@@ -280,10 +280,14 @@ async def embed(request: Request) -> Response:
 
 @router.get("/models", tags=["registry"])
 async def list_models(request: Request) -> Response:
-    """Registered models the caller may use, their versions and what is serving now."""
+    """Registered models the caller may use, their versions and what is serving now;
+    ``versions``: how many are registered and how many loaded (with replicas)."""
     records = await asyncio.to_thread(gateway_of(request).registry.list_models)
     status, visible = gateway_of(request).status, visible_models(request.scope)
-    return json_response({"models": [status.model_summary(r) for r in records if visible(r.name)]})
+    shown = [r for r in records if visible(r.name)]
+    return json_response(
+        {"models": [status.model_summary(r) for r in shown], "versions": status.counts(shown)}
+    )
 
 
 @router.get("/models/{model}", tags=["registry"])

@@ -28,18 +28,21 @@ from typing import Any
 from inferd.clock import SYSTEM, Clock, every
 from inferd.config import Settings
 from inferd.control.analyst import CanaryAnalyst
+from inferd.control.autoscaler import Decision
 from inferd.control.backends import ReplicaBackend
 from inferd.control.joined import Joins
+from inferd.control.on_demand import OnDemand, Resident, evictions, pinned
 from inferd.control.orchestrators import Context, orchestrator_for
 from inferd.control.replica import Replica, ReplicaState
 from inferd.control.rollouts import Steps, policy, route
 from inferd.control.routes import routing_table
 from inferd.control.scaling import Scaling
 from inferd.control.state import ModelState, VersionSet, deployed, status_changes
-from inferd.registry import ModelRecord, Registry
+from inferd.registry import ModelRecord, Registry, VersionRecord
 from inferd.registry.deployments import DeploymentRecord
 from inferd.registry.rollout import DeploymentStatus
 from inferd.routing.table import RoutingTable
+from inferd.serving.client import ReplicaClient
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +84,9 @@ class Controller:
         )  # fmt: skip
         self.joins = Joins(settings, context)
         self.orchestrator = orchestrator_for(settings, run_dir, context, backend)
+        budget = settings.models.memory_budget_mb
+        self.on_demand = OnDemand(budget * 1024**2) if budget is not None else None
+        """Versions loaded on demand under ``models.memory_budget_mb`` (None: off)."""
         self.scaling = Scaling(
             lambda model, version, event: asyncio.to_thread(
                 registry.deployments.record_scaling, model, version, event.to_dict()
@@ -105,10 +111,31 @@ class Controller:
         ]
 
     async def autoscale(self) -> None:
-        """Look at every autoscaled version; apply what its autoscaler decides."""
+        """Look at every autoscaled version; apply what its autoscaler decides. Under a
+        memory budget, unload what a load left over it once it can go."""
         room = self.orchestrator.gpu_room
         if await self.scaling.look_at_all(self.models, self.clock, room, self._scale):
             self.publish()
+        if self.on_demand is not None and await self._trim():
+            self.publish()
+
+    async def _trim(self) -> bool:
+        """Loads that went over the budget (all that was resident was busy or settling):
+        unload the least recently used idle versions until it fits again."""
+        on_demand = self.on_demand
+        assert on_demand is not None
+        residents = await self._residents()
+        if sum(r.bytes for r in residents) <= on_demand.budget_bytes:
+            return False
+        async with self._pass:
+            evicted = 0
+            for model, version in evictions(0, residents, on_demand.budget_bytes):
+                vset = self.models[model].versions.get(version) if model in self.models else None
+                if vset is not None and vset.on_demand and vset.desired > 0 and not vset.retiring:
+                    on_demand.evictions += 1
+                    evicted += 1
+                    self._set_on_demand(vset, 0, "evict", "over the budget after busy loads")
+        return evicted > 0
 
     async def demand(self, model: str, version: str) -> None:
         """A gateway holds a request for ``model:version``: a version scaled to zero gets
@@ -117,9 +144,88 @@ class Controller:
         vset = state.versions.get(version) if state is not None and state.loaded else None
         if vset is None or vset.retiring:
             return
+        if vset.on_demand:
+            if vset.desired == 0:
+                await self._load_on_demand(vset)
+            return
         if await self.scaling.demand(vset, self.clock.monotonic()) is not None:
             await self._scale(vset)
             self.publish()
+
+    def used(self, rows: Any) -> None:
+        """Requests were answered (the gateways' log rows): on-demand versions' last use."""
+        if self.on_demand is not None:
+            self.on_demand.used(rows, self.clock.monotonic())
+
+    async def _load_on_demand(self, vset: VersionSet) -> None:
+        """Start an on-demand version's replicas, after unloading the least recently used
+        versions it needs the room of (:func:`~inferd.control.on_demand.evictions`)."""
+        on_demand = self.on_demand
+        assert on_demand is not None
+        key = (vset.record.model_name, vset.record.version)
+        residents = await self._residents()  # measured before the pass lock: it may wait
+        async with self._pass:
+            if vset.retiring or vset.desired > 0:
+                return  # another request's demand loaded it meanwhile
+            need = on_demand.estimate(key)
+            evicted = evictions(need, residents, on_demand.budget_bytes)
+            for other in evicted:
+                gone = self.models[other[0]].versions.get(other[1])
+                if gone is not None and gone.on_demand and gone.desired > 0:
+                    on_demand.evictions += 1
+                    self._set_on_demand(gone, 0, "evict", f"room for {vset.name}")
+            after = sum(r.bytes for r in residents if r.key not in evicted) + need
+            detail = f"a request is waiting; {after / 2**20:.0f} of "
+            detail += f"{on_demand.budget_bytes / 2**20:.0f} MiB of the budget in use"
+            if after > on_demand.budget_bytes:
+                on_demand.over_budget += 1
+                detail += " (over: what is resident is pinned or busy)"
+            on_demand.loads += 1
+            on_demand.last_used[key] = self.clock.monotonic()
+            self._set_on_demand(vset, self._count(vset.record), "load", detail)
+            self.scaling.started_cold(key, self.clock.monotonic())
+        self.publish()
+
+    def _set_on_demand(self, vset: VersionSet, desired: int, reason: str, detail: str) -> None:
+        key = (vset.record.model_name, vset.record.version)
+        decision = Decision(self.clock.monotonic(), vset.desired, desired, reason, detail)
+        vset.desired = desired
+        self.orchestrator.scale(vset)
+        self._spawn(self.scaling.keep(key, decision))
+
+    async def _residents(self) -> list[Resident]:
+        """Every version with replicas, measured now (their replicas' resident memory and
+        requests in flight; a replica still starting is busy, at its estimate)."""
+        on_demand = self.on_demand
+        assert on_demand is not None
+        found = []
+        for name, model in list(self.models.items()):
+            for version, vset in list(model.versions.items()):
+                if vset.retiring or (vset.desired == 0 and not vset.live()):
+                    continue
+                found.append(self._measure((name, version), vset))
+        return list(await asyncio.gather(*found))
+
+    async def _measure(self, key: tuple[str, str], vset: VersionSet) -> Resident:
+        on_demand = self.on_demand
+        assert on_demand is not None
+        live = vset.live()
+        figures = await asyncio.gather(*(_resident_figures(r) for r in live if r.ready))
+        measured = [f for f in figures if f is not None]
+        busy = any(f[1] for f in measured) or len(measured) < max(vset.desired, len(live))
+        if measured:
+            on_demand.footprint[key] = sum(f[0] for f in measured)
+        return Resident(
+            key,
+            on_demand.footprint.get(key) or on_demand.estimate(key),
+            on_demand.last_used.get(key, 0.0),
+            pinned=not vset.on_demand,
+            busy=busy or on_demand.settling(key, self.clock.monotonic()),
+        )
+
+    def _count(self, record: VersionRecord) -> int:
+        """The replicas a version runs when nothing else says: its own, else the default."""
+        return int((record.batching or {}).get("replicas") or self.settings.replicas)
 
     async def _scale(self, vset: VersionSet) -> None:
         """Apply a new ``desired`` between passes (none runs meanwhile)."""
@@ -166,8 +272,9 @@ class Controller:
         if vset is not None and vset.retiring:
             return  # an unload is still stopping it; _retire asks for a new pass
         if vset is None:
-            desired = int((target.batching or {}).get("replicas") or self.settings.replicas)
-            vset = model.versions[target.version] = VersionSet(target, desired)
+            on_demand = self.on_demand is not None and not pinned(target)
+            desired = 0 if on_demand else self._count(target)
+            vset = model.versions[target.version] = VersionSet(target, desired, on_demand=on_demand)
             logger.info("deploying %s with %d replica(s)", vset.name, desired)
         self.orchestrator.scale(vset, shrink=False)
         self._switch_when_ready(model)
@@ -194,6 +301,7 @@ class Controller:
                 model, row, registered[row.version], self.settings.replicas,
                 self.clock.monotonic(), self.orchestrator.running(model.name, row.version),
                 self.orchestrator.gpus,
+                self.on_demand is not None and not pinned(registered[row.version]),
             )  # fmt: skip
             self.orchestrator.scale(vset)
             step = policy(row).next_step(row, vset, now)
@@ -207,6 +315,10 @@ class Controller:
         no serving version would fail the unpinned requests held for it)."""
         if replica.state is ReplicaState.READY:
             self.scaling.ready(replica.spec.model, replica.spec.version, self.clock.monotonic())
+            if self.on_demand is not None:
+                self.on_demand.ready(
+                    (replica.spec.model, replica.spec.version), self.clock.monotonic()
+                )
             if self._switch_when_ready(self.models[replica.spec.model]):
                 return
         self.publish()
@@ -298,3 +410,18 @@ class Controller:
         await self.joins.stop()
         await asyncio.gather(*self._background, return_exceptions=True)
         await self.orchestrator.close()
+
+
+async def _resident_figures(replica: Replica) -> tuple[int, bool] | None:
+    """A replica's resident bytes and whether it has requests in flight (None: it did
+    not answer within a second)."""
+    client = ReplicaClient(replica.address, replica.id)
+    try:
+        await client.connect()
+        stats = (await client.status(timeout_s=1.0)).stats
+    except Exception:  # starting, draining, gone: not measurable now
+        return None
+    finally:
+        client.close()
+    inflight = sum(stats.get(k, 0) for k in ("inflight", "queued_rows", "running", "waiting"))
+    return int(stats.get("rss_bytes", 0)), inflight > 0

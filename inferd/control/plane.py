@@ -31,6 +31,7 @@ from inferd.observability.exposition import (
     Text,
     write_accuracy,
     write_gpus,
+    write_on_demand,
     write_processes,
     write_replicas,
     write_requests,
@@ -120,6 +121,7 @@ class ControlPlane:
         """What gateways ship: request rows and counters feed ``/metrics`` and, when the
         inference log is on, the writer."""
         self.requests.observe(message.rows)
+        self.controller.used(message.rows)
         self.console.figures.observe(message.rows, self.controller.models)
         if message.counters:
             self.requests.add_counters(message.counters)
@@ -160,6 +162,16 @@ class ControlPlane:
         ]
         scaling = self.controller.scaling
         write_scaling(out, desired, scaling.decisions, scaling.cold_starts)
+        if (on_demand := self.controller.on_demand) is not None:
+            sets = [v for m in self.controller.models.values() for v in m.versions.values()]
+            loaded = [v for v in sets if v.on_demand and v.live()]
+            unloaded = sum(v.on_demand and not v.live() for v in sets)
+            resident = sum(
+                on_demand.footprint.get((v.record.model_name, v.record.version), 0)
+                for v in sets
+                if v.live()
+            )
+            write_on_demand(out, on_demand, len(loaded), unloaded, resident)
         write_processes(out, processes)
         write_gpus(out)
         if self.writer is not None:  # feedback needs the inference log

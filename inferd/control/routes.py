@@ -42,7 +42,8 @@ def _version(model: str, state: ModelState, vset: VersionSet) -> VersionRoute:
         digest=record.sha256,
         overflow_model=_overflow_model(record, model),
         allow_non_finite=record.metadata.get("allow_non_finite") is True,
-        scale_from_zero=vset.autoscaler is not None and vset.autoscaler.policy.min_replicas == 0,
+        scale_from_zero=vset.on_demand
+        or (vset.autoscaler is not None and vset.autoscaler.policy.min_replicas == 0),
     )
 
 

@@ -326,6 +326,11 @@ class Scaling:
             await self.keep(key, decision)
         return decision
 
+    def started_cold(self, key: tuple[str, str], now: float) -> None:
+        """A version with no replica gets one for a waiting request (its cold start ends
+        when it is :meth:`ready`)."""
+        self._cold[key] = now
+
     def ready(self, model: str, version: str, now: float) -> float | None:
         """A replica of ``model:version`` became ready: the cold start it ended (seconds),
         if it was started from zero."""

@@ -44,6 +44,9 @@ class VersionSet:
     """Why no GPU takes another replica, as last recorded (None: they all fit)."""
     autoscaler: Autoscaler | None = None
     """The deployment's autoscaling (None: ``desired`` is the deployment's fixed count)."""
+    on_demand: bool = False
+    """Loaded on demand under the memory budget (:mod:`inferd.control.on_demand`):
+    ``desired`` is 1 while it is loaded, 0 while not."""
 
     @property
     def name(self) -> str:
@@ -94,11 +97,12 @@ class ModelState:
         """Deployments: the version that should serve by default, the ready one with the
         largest share (the older on a tie: the established one is the stable one, and
         what failed requests fall back to), never a canary in progress while another
-        version is ready; a version at 0 % still serves while nothing else is ready."""
+        version is ready; a version at 0 % still serves while nothing else is ready. An
+        on-demand version counts as ready: a request for it waits while it loads."""
         ready = [
             v
             for v, s in self.versions.items()
-            if not s.retiring and s.ready_count() > 0 and (v in self.traffic)
+            if not s.retiring and (s.ready_count() > 0 or s.on_demand) and (v in self.traffic)
         ]
         order = list(self.traffic)  # newest first: the older version wins a tie
         return max(
@@ -138,16 +142,20 @@ def deployed(
     now: float,
     running: int,
     gpus: Callable[[VersionSet], list[int] | None],
+    on_demand: bool = False,
 ) -> VersionSet:
     """The running set of a deployed version, created or brought up to date; an
     autoscaled one runs what its autoscaler wants (starting from the fixed count, or
     from the ``running`` replicas the orchestrator already has when a controller takes
     over). ``gpus``: the devices a deployment's ``resources.gpu`` gives its replicas
-    (the orchestrator's :meth:`~inferd.control.orchestrators.Orchestrator.gpus`)."""
+    (the orchestrator's :meth:`~inferd.control.orchestrators.Orchestrator.gpus`).
+    ``on_demand``: under a memory budget, a version whose count the deployment does not
+    fix runs only while it is used (:mod:`inferd.control.on_demand`)."""
     desired = row.replicas or int((record.batching or {}).get("replicas") or default_replicas)
     vset = model.versions.get(row.version)
     if vset is None:
-        vset = VersionSet(record, desired, batching=row.batching, status=row.status)
+        first = 0 if on_demand and row.autoscaling is None and not row.replicas else desired
+        vset = VersionSet(record, first, batching=row.batching, status=row.status)
         model.versions[row.version] = vset
         logger.info("deploying %s with %d replica(s)", vset.name, desired)
     if row.autoscaling is None:
@@ -159,6 +167,9 @@ def deployed(
         vset.autoscaler.retune(row.autoscaling)
     if vset.autoscaler is not None:
         desired = vset.autoscaler.desired
+    vset.on_demand = on_demand and vset.autoscaler is None and not row.replicas
+    if vset.on_demand:  # loaded while used (its desired is the on-demand loads' call)
+        desired = min(vset.desired, 1)
     vset.desired, vset.fallback = desired, row.fallback
     vset.status = row.status  # what the registry says now: status_changes compares
     if row.gpu_type != vset.gpu_type:

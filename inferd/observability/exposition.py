@@ -388,6 +388,47 @@ def write_scaling(
             )  # fmt: skip
 
 
+def write_on_demand(
+    out: Text, on_demand: Any, loaded: int, unloaded: int, resident_bytes: int
+) -> None:
+    """Versions loaded on demand under a memory budget (:class:`~inferd.control.on_demand.
+    OnDemand`): how many are loaded now, and the loads and evictions so far."""
+    out.family("inferd_on_demand_versions", "gauge", "On-demand versions, loaded or not.")
+    out.sample("inferd_on_demand_versions", {"state": "loaded"}, loaded)
+    out.sample("inferd_on_demand_versions", {"state": "unloaded"}, unloaded)
+    out.family(
+        "inferd_on_demand_budget_bytes", "gauge", "The memory budget (models.memory_budget_mb)."
+    )
+    out.sample("inferd_on_demand_budget_bytes", {}, on_demand.budget_bytes)
+    out.family(
+        "inferd_on_demand_resident_bytes",
+        "gauge",
+        "Resident memory of the versions with replicas, as last measured for a load.",
+    )
+    out.sample("inferd_on_demand_resident_bytes", {}, resident_bytes)
+    for key, (name, help_) in ON_DEMAND_COUNTERS.items():
+        out.family(name, "counter", help_)
+        out.sample(name, {}, getattr(on_demand, key))
+
+
+ON_DEMAND_COUNTERS = {
+    "loads": (
+        "inferd_on_demand_loads_total",
+        "Versions loaded because a request was waiting for one.",
+    ),
+    "evictions": (
+        "inferd_on_demand_evictions_total",
+        "Versions unloaded to make room (least recently used first, never one with "
+        "requests in flight or pinned).",
+    ),
+    "over_budget": (
+        "inferd_on_demand_over_budget_total",
+        "Loads that went over the budget: nothing resident could be unloaded then (pinned, "
+        "busy or just loaded).",
+    ),
+}
+
+
 def write_replicas(
     out: Text, states: list[tuple[dict[str, str], str, int]], statuses: list[tuple[dict, Any]]
 ) -> None:

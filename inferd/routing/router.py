@@ -238,7 +238,12 @@ class Router:
                     )
                 targets[key] = known
                 for r in vroute.replicas:
-                    if r.state in ("ready", "draining"):
+                    # a draining replica takes no new request: keep a connection to it
+                    # for the answers still due, never open one (it may be gone already)
+                    kept = self._clients.get(r.id)
+                    if r.state == "ready" or (
+                        r.state == "draining" and kept is not None and not kept.closed
+                    ):
                         wanted[r.id] = r.address
         for rid in list(self._clients):
             if rid not in wanted:

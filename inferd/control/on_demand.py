@@ -1,0 +1,110 @@
+"""Versions loaded on demand under a memory budget (``models.memory_budget_mb``).
+
+With a budget, a version runs a replica only while it is used: every version that is
+not pinned (``pinned: true`` in its metadata) and whose replica count nobody fixed (no
+deployment's ``replicas`` nor ``autoscaling``) starts with none and is flagged
+``scale_from_zero`` in the routing table, so a gateway holds a request for it and asks
+for it (a ``Demand`` frame, as for a deployment scaled to zero). Before its replica
+starts, :func:`evictions` makes room: the resident versions' measured memory (their
+replicas' resident set) plus the newcomer's (as last measured, else the median of the
+others) must fit; the least recently used unpinned versions with nothing in flight are
+unloaded until it does. A request in flight is never cut: a busy version is passed
+over (and so is one that became ready less than ``SETTLE_S`` ago: the requests held for
+it reach it first), and an evicted replica drains what it accepted. What cannot be made
+to fit (all that is resident is pinned or busy) loads anyway and is counted over
+budget; the next load evicts again.
+
+The policy here is pure (figures in, decisions out); the controller measures, applies
+the decisions through its orchestrator and records them as scaling events (``load``,
+``evict``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from inferd.registry import VersionRecord
+
+Key = tuple[str, str]
+
+DEFAULT_FOOTPRINT_BYTES = 128 * 1024**2
+"""What a version never measured is taken to need when nothing was measured yet."""
+SETTLE_S = 2.0
+"""A version that just became ready is not evicted for this long: the requests held for
+it reach it first (else two versions taking turns in one slot could each be unloaded
+before serving what waited for them)."""
+
+
+def pinned(record: VersionRecord) -> bool:
+    """A version that is always loaded and never evicted (metadata ``pinned: true``)."""
+    return record.metadata.get("pinned") is True
+
+
+@dataclass(frozen=True, slots=True)
+class Resident:
+    """A version with replicas, as measured before a load."""
+
+    key: Key
+    bytes: int
+    last_used: float
+    pinned: bool
+    busy: bool
+    """Requests in flight (queued, computing or generating) on one of its replicas."""
+
+
+def evictions(need_bytes: int, residents: list[Resident], budget_bytes: int) -> list[Key]:
+    """The versions to unload, least recently used first, so that the residents left
+    plus ``need_bytes`` fit ``budget_bytes``; never a pinned or a busy one (all it can
+    when even that does not fit)."""
+    total = sum(r.bytes for r in residents) + need_bytes
+    out: list[Key] = []
+    for r in sorted(residents, key=lambda r: r.last_used):
+        if total <= budget_bytes:
+            break
+        if r.pinned or r.busy:
+            continue
+        out.append(r.key)
+        total -= r.bytes
+    return out
+
+
+@dataclass
+class OnDemand:
+    """What the controller keeps for on-demand versions: their last use, their measured
+    footprint, and counts for ``/metrics``."""
+
+    budget_bytes: int
+    last_used: dict[Key, float] = field(default_factory=dict)
+    footprint: dict[Key, int] = field(default_factory=dict)
+    """Resident bytes of a version's replica, as last measured (kept after it leaves)."""
+    loads: int = 0
+    evictions: int = 0
+    over_budget: int = 0
+    """Loads that went over the budget: nothing resident could be unloaded."""
+
+    def used(self, rows: Any, now: float) -> None:
+        """Requests answered (inference-log rows): their versions were just used."""
+        for row in rows:
+            if row.version is not None:
+                self.last_used[(row.model_name, row.version)] = now
+
+    ready_at: dict[Key, float] = field(default_factory=dict)
+
+    def ready(self, key: Key, now: float) -> None:
+        """A replica of ``key`` became ready: it counts as used now, and settles."""
+        self.ready_at[key] = self.last_used[key] = now
+
+    def settling(self, key: Key, now: float) -> bool:
+        return now - self.ready_at.get(key, -SETTLE_S) < SETTLE_S
+
+    def estimate(self, key: Key) -> int:
+        """Bytes ``key`` will take: as last measured, else the median of the others."""
+        if key in self.footprint:
+            return self.footprint[key]
+        return (
+            int(statistics.median(self.footprint.values()))
+            if self.footprint
+            else (DEFAULT_FOOTPRINT_BYTES)
+        )
