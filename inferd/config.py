@@ -114,6 +114,13 @@ class ModelsConfig(Group):
     deployment fixes starts with no replica, a request for it waits while one starts,
     and the least recently used such versions with nothing in flight are unloaded to
     make room. None: every serving version keeps its replicas."""
+    versions_per_process: int = Field(1, ge=1, le=1000)
+    """Small versions (scikit-learn, XGBoost, LightGBM, ONNX, Python models) share replica
+    processes, up to this many in each: each still a replica of its own (own batcher,
+    thread, socket, status), in a fraction of the memory. 1: a process per replica."""
+    predict_budget_s: float = Field(60.0, gt=0)
+    """In a shared process, a batch running longer than this cuts its replica off (its
+    requests fail, its neighbours go on) and its version moves to a process of its own."""
 
 
 class CacheConfig(Group):

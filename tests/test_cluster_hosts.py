@@ -261,8 +261,10 @@ def test_a_replica_on_another_host_loads_its_version_from_the_s3_store(
             ]
             wait(lambda: len(_ready(url)) == 1, "the replica on B, from S3", *roles)
             assert _hosts_answering(url, 8) == {"b"}
-            fetched = tmp_path / "b" / "artifacts" / "where" / "v1" / "model.py"
+            (fetched,) = (tmp_path / "b" / "artifact-cache").glob("*/model.py")
             assert fetched.read_text() == HOSTNAME_MODEL  # B's own copy, from the store
+            record = httpx.get(f"{url}/api/v1/models/where/versions/v1", timeout=10).json()
+            assert fetched.parent.name == record["sha256"]  # B's cache, by content
         finally:
             for role in reversed(roles):
                 role.stop()

@@ -424,4 +424,5 @@ async def _resident_figures(replica: Replica) -> tuple[int, bool] | None:
     finally:
         client.close()
     inflight = sum(stats.get(k, 0) for k in ("inflight", "queued_rows", "running", "waiting"))
-    return int(stats.get("rss_bytes", 0)), inflight > 0
+    # in a shared process, its own share: what its load added (rss is the whole process's)
+    return int(stats.get("model_bytes", stats.get("rss_bytes", 0))), inflight > 0

@@ -146,12 +146,14 @@ class ControlPlane:
         processes = [({"process": "server", "id": "server"}, os.getpid())]
         for i, pid in enumerate(self.gateway_pids()):
             processes.append(({"process": "gateway", "id": str(i)}, pid))
+        seen: set[int] = set()
         for name, model in self.controller.models.items():
             for version, vset in model.versions.items():
                 for replica in vset.replicas:
                     labels = {"model": name, "version": version, "replica": replica.id}
                     states.append((labels, replica.state.value, replica.restarts))
-                    if replica.pid:
+                    if replica.pid and replica.pid not in seen:  # shared: one process
+                        seen.add(replica.pid)
                         processes.append(({"process": "replica", "id": replica.id}, replica.pid))
         write_replicas(out, states, await self.statuses(reachable(self.controller.models)))
         desired = [

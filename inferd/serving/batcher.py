@@ -134,6 +134,9 @@ class DynamicBatcher:
         """Seconds each answered request's batch computed (a canary analysis compares it:
         unlike queue time, it does not depend on how much traffic a version gets)."""
         self.busy = False
+        self.busy_since: float | None = None
+        """When the batch computing now started (``Clock.monotonic``); None: none is."""
+        self._computing: list[Pending] = []
         self._flush_due = False
         self._rate = 0.0
         self._rate_at = clock.monotonic()
@@ -318,6 +321,22 @@ class DynamicBatcher:
         return queue.take(max_rows, self._clock.monotonic())
 
     async def _execute(self, loop: asyncio.AbstractEventLoop, batch: list[Pending]) -> None:
+        self.busy_since = self._clock.monotonic()
+        self._computing = batch
+        try:
+            await self._compute(loop, batch)
+        finally:
+            self.busy_since, self._computing = None, []
+
+    def abandon(self, error: Exception) -> None:
+        """Fail every request here, the batch computing and all that wait, with
+        ``error`` (the replica is cut off: whatever its thread does now, nobody waits)."""
+        waiting = [p for queue in self.queue.levels.values() for p in queue]
+        for pending in [*self._computing, *waiting]:
+            if not pending.future.done():
+                pending.future.set_exception(error)
+
+    async def _compute(self, loop: asyncio.AbstractEventLoop, batch: list[Pending]) -> None:
         if len(batch) == 1:
             inputs = batch[0].inputs
         else:

@@ -68,8 +68,11 @@ class ReplicaCore:
         self.warmup_s: float | None = None
         """Seconds its warm-up took (None: none ran)."""
         self.warmup_requests = 0
+        self.model_bytes = 0
+        """What loading and warming the model up added to the process's memory."""
 
     async def load(self) -> None:
+        before = rss_bytes()
         runtime = await load_off_loop(self, self._load, self._executor)
         self.runtime = runtime
         self.signature = runtime.signature
@@ -84,6 +87,7 @@ class ReplicaCore:
         self.batcher.start()
         self.load_s = time.monotonic() - self.started
         await self._warm_up(runtime, self.batcher)
+        self.model_bytes = max(0, rss_bytes() - before)
         mark_ready(self)
 
     def _load(self) -> Runtime:
@@ -188,6 +192,8 @@ class ReplicaCore:
             stats["warmup_s"] = round(self.warmup_s, 6)
             stats["warmup_requests"] = self.warmup_requests
         stats["rss_bytes"] = rss_bytes()
+        if self.spec.shared_process:
+            stats["model_bytes"] = self.model_bytes
         return stats
 
     def engine_load(self) -> EngineLoad | None:

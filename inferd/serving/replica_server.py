@@ -412,6 +412,9 @@ async def serve(
     if pusher is not None:
         pusher.cancel()
     server.close()
+    for connection in list(gateways.connections):  # in a shared process: no exit follows
+        if connection.transport is not None:
+            connection.transport.close()
     await core.close()
     if isinstance(server, inprocess.Listener):
         server.disconnect()

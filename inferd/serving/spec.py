@@ -49,6 +49,9 @@ class ReplicaSpec(msgspec.Struct, frozen=True, kw_only=True):
     """This host's artifact cache, where files from ``artifact_uri`` are fetched to
     (:mod:`inferd.registry.artifact_cache`)."""
     artifact_cache_max_bytes: int = 50 * 1024**3
+    shared_process: bool = False
+    """It runs in a shared replica process (:mod:`inferd.serving.host`): its stats report
+    ``model_bytes``, what its load added to that process's memory, as its own."""
 
     def to_json(self) -> str:
         return msgspec.json.encode(self, enc_hook=_encode).decode()

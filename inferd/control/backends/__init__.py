@@ -70,6 +70,8 @@ class ReplicaBackend(Protocol):
 
 
 BACKENDS = ("local", "inprocess")
+"""What `create` makes; `shared` (small versions in shared processes) wraps `local`
+when `models.versions_per_process` is above 1 (`orchestrators._processes`)."""
 
 
 def create(kind: str, run_dir: Path, grace_s: float) -> ReplicaBackend:

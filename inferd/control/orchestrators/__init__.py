@@ -125,6 +125,13 @@ def _processes(
     from inferd.control.orchestrators.processes import Processes
 
     backend = backend or backends.create("local", run_dir, settings.shutdown_grace_s)
+    if settings.models.versions_per_process > 1 and backend.name == "local":
+        from inferd.control.backends.shared import SharedBackend
+
+        backend = SharedBackend(
+            run_dir, settings.shutdown_grace_s, settings.models.versions_per_process,
+            settings.models.predict_budget_s, backend, settings.log_level,
+        )  # fmt: skip
     return Processes(settings, backend, context)
 
 

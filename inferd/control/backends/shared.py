@@ -1,0 +1,217 @@
+"""The ``shared`` backend: small versions packed into shared replica processes
+(:mod:`inferd.serving.host`), up to ``models.versions_per_process`` in each; the others
+(generative models, text models, vLLM, GPU deployments, and a version that crashed or
+overran its time budget in a shared process) are the ``local`` backend's, a process each.
+
+A hosted replica is a replica like any other to the supervisor and the controller: its
+own id, address (a Unix socket of the run directory), readiness over the replica
+protocol, its own ``stop`` (drain) and ``gone``. Its pid is its host's. Packing: a new
+replica goes to the host with the fewest replicas that has room, never beside another
+replica of its own version (two replicas of a version in one process would share its
+fate), else to a new host.
+
+Isolation, as the issue asks it: neighbours compute on their own threads; a replica cut
+off by its time budget, or present in a host that died twice, is *isolated*: its version's
+next replicas run in processes of their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import socket
+import sys
+from collections import Counter
+from pathlib import Path
+
+import msgspec
+
+from inferd.control.backends import ReplicaBackend, ReplicaHandle, probe
+from inferd.serving.host import CUT_OFF, Gone, Start, Stop, encode, read_frame
+from inferd.serving.spec import ReplicaSpec
+
+logger = logging.getLogger(__name__)
+
+SHAREABLE = frozenset({"sklearn", "xgboost", "lightgbm", "onnx", "python", "mlflow"})
+"""Frameworks of small models that may share a process (torch and text models, LLMs,
+TensorFlow keep their own: their threads and memory are their own business)."""
+CRASHES_TO_ISOLATE = 2
+"""Host crashes a version was present at before its replicas get their own process."""
+
+
+class HostedReplica(probe.ProbedReplica):
+    def __init__(self, spec: ReplicaSpec, host: Host, incarnation: int) -> None:
+        self.spec = spec
+        self.host = host
+        self.incarnation = incarnation
+        self.ended: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    @property
+    def pid(self) -> int:
+        return self.host.pid
+
+    @property
+    def gone(self) -> bool:
+        return self.ended.done()
+
+    async def wait_gone(self) -> str:
+        return await asyncio.shield(self.ended)
+
+
+class Host:
+    """One shared replica process and the replicas it serves."""
+
+    def __init__(self, process: asyncio.subprocess.Process, writer: asyncio.StreamWriter) -> None:
+        self.process = process
+        self.writer = writer
+        self.replicas: dict[str, HostedReplica] = {}
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.process.returncode is None and not self.writer.is_closing()
+
+    def send(self, frame: Start | Stop) -> None:
+        if self.alive:
+            self.writer.write(encode(frame))
+
+
+class SharedBackend:
+    name = "shared"
+
+    def __init__(
+        self,
+        run_dir: Path,
+        grace_s: float,
+        per_process: int,
+        budget_s: float,
+        own: ReplicaBackend,
+        log_level: str = "INFO",
+    ) -> None:
+        """``own``: the backend of the replicas that get a process of their own."""
+        self.run_dir = run_dir
+        self.grace_s = grace_s
+        self.per_process = per_process
+        self.budget_s = budget_s
+        self.own = own
+        self.log_level = log_level
+        self.hosts: list[Host] = []
+        self.crashes: Counter[tuple[str, str]] = Counter()
+        self.isolated: set[tuple[str, str]] = set()
+        """Versions that run in processes of their own from now on, and why."""
+        self._sockets = itertools.count(1)
+        self._incarnations = itertools.count(1)
+        self._lock = asyncio.Lock()
+
+    def shares(self, spec: ReplicaSpec) -> bool:
+        return (
+            spec.framework in SHAREABLE
+            and spec.gpus is None
+            and (spec.model, spec.version) not in self.isolated
+            and spec.metadata.get("own_process") is not True
+        )
+
+    async def start(self, spec: ReplicaSpec) -> ReplicaHandle:
+        if not self.shares(spec):
+            return await self.own.start(spec)
+        if not spec.address:
+            address = f"unix:{self.run_dir / f's{next(self._sockets)}.sock'}"
+            spec = msgspec.structs.replace(spec, address=address)
+        spec = msgspec.structs.replace(spec, shared_process=True)
+        async with self._lock:
+            host = await self._host_for(spec)
+            replica = HostedReplica(spec, host, next(self._incarnations))
+            host.replicas[spec.replica_id] = replica
+            host.send(Start(spec.to_json()))
+        return replica
+
+    async def stop(self, handle: ReplicaHandle, *, drain: bool = True) -> None:
+        if not isinstance(handle, HostedReplica):
+            await self.own.stop(handle, drain=drain)
+            return
+        if handle.gone:
+            return
+        handle.host.send(Stop(handle.replica_id, drain))
+        try:
+            await asyncio.wait_for(asyncio.shield(handle.ended), self.grace_s + 5)
+        except TimeoutError:  # a replica's thread cannot be stopped: give up on it
+            handle.host.replicas.pop(handle.replica_id, None)
+            if not handle.ended.done():
+                handle.ended.set_result("did not stop within its grace period")
+
+    async def _host_for(self, spec: ReplicaSpec) -> Host:
+        key = (spec.model, spec.version)
+        fits = [
+            h
+            for h in self.hosts
+            if h.alive
+            and len(h.replicas) < self.per_process
+            and all((r.spec.model, r.spec.version) != key for r in h.replicas.values())
+        ]
+        if fits:
+            return min(fits, key=lambda h: len(h.replicas))
+        host = await self._spawn(spec)
+        self.hosts.append(host)
+        return host
+
+    async def _spawn(self, spec: ReplicaSpec) -> Host:
+        ours, theirs = socket.socketpair()
+        env = dict(os.environ)
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            env[var] = str(spec.threads)
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        try:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "inferd.serving.host", str(theirs.fileno()),
+                str(self.grace_s), str(self.budget_s), self.log_level,
+                env=env, stdin=asyncio.subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
+                start_new_session=True,
+            )  # fmt: skip
+        finally:
+            theirs.close()
+        reader, writer = await asyncio.open_connection(sock=ours)
+        host = Host(process, writer)
+        asyncio.get_running_loop().create_task(self._listen(host, reader))
+        logger.info("started shared replica process %d", process.pid)
+        return host
+
+    async def _listen(self, host: Host, reader: asyncio.StreamReader) -> None:
+        """The host's frames until it ends; then every replica it still served is gone."""
+        while (frame := await read_frame(reader)) is not None:
+            if isinstance(frame, Gone):
+                replica = host.replicas.pop(frame.replica_id, None)
+                if replica is None:
+                    continue
+                if frame.code == CUT_OFF:
+                    self._isolate(replica.spec, frame.reason)
+                if not replica.ended.done():
+                    replica.ended.set_result(frame.reason)
+        code = await host.process.wait()
+        host.writer.close()
+        if host in self.hosts:
+            self.hosts.remove(host)
+        for replica in list(host.replicas.values()):
+            key = (replica.spec.model, replica.spec.version)
+            self.crashes[key] += 1
+            if self.crashes[key] >= CRASHES_TO_ISOLATE:
+                self._isolate(replica.spec, f"its shared process died {self.crashes[key]} times")
+            if not replica.ended.done():
+                replica.ended.set_result(f"its shared process exited with code {code}")
+        host.replicas.clear()
+
+    def _isolate(self, spec: ReplicaSpec, why: str) -> None:
+        key = (spec.model, spec.version)
+        if key not in self.isolated:
+            self.isolated.add(key)
+            logger.warning(
+                "%s:%s gets a process of its own from now on: %s", spec.model, spec.version, why
+            )
+
+    async def close(self) -> None:
+        for host in self.hosts:
+            host.writer.close()
