@@ -313,6 +313,11 @@ class Router:
         for attempt in range(3):
             try:
                 await client.connect()
+            except FileNotFoundError:
+                # A Unix socket that is not there: the replica is gone (a table this
+                # gateway applies late still lists it); no wait, or tables pile up.
+                logger.debug("replica %s is gone (%s)", rid, address)
+                return
             except (OSError, TimeoutError) as exc:
                 logger.warning("cannot connect to replica %s (try %d): %s", rid, attempt + 1, exc)
                 await asyncio.sleep(0.05 * (attempt + 1))

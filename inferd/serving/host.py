@@ -86,7 +86,7 @@ async def read_frame(reader: asyncio.StreamReader) -> Frame | None:
 class Hosted:
     """One replica served by this host."""
 
-    def __init__(self, spec: ReplicaSpec, grace_s: float) -> None:
+    def __init__(self, spec: ReplicaSpec, grace_s: float, loading: asyncio.Lock) -> None:
         from inferd.serving.replica_server import serve
 
         self.spec = spec
@@ -95,7 +95,7 @@ class Hosted:
         self.core: Core | None = None
         self.cut_off = ""
         self.task = asyncio.get_running_loop().create_task(
-            serve(spec, self.drain, grace_s, self.kill, on_core=self._got)
+            serve(spec, self.drain, grace_s, self.kill, on_core=self._got, loading=loading)
         )
 
     def _got(self, core: Core) -> None:
@@ -114,6 +114,7 @@ async def run_host(fd: int, grace_s: float, budget_s: float) -> None:
     sock = socket.socket(fileno=fd)
     reader, writer = await asyncio.open_connection(sock=sock)
     hosted: dict[str, Hosted] = {}
+    loading = asyncio.Lock()  # one load at a time: each measures its own memory
 
     def ended(replica: Hosted, task: asyncio.Task[int]) -> None:
         hosted.pop(replica.spec.replica_id, None)
@@ -133,7 +134,7 @@ async def run_host(fd: int, grace_s: float, budget_s: float) -> None:
         while (frame := await read_frame(reader)) is not None:
             if isinstance(frame, Start):
                 spec = ReplicaSpec.from_json(frame.spec)
-                started = Hosted(spec, grace_s)
+                started = Hosted(spec, grace_s, loading)
                 hosted[spec.replica_id] = started
                 started.task.add_done_callback(functools.partial(ended, started))
                 logger.info("hosting %s (%s:%s)", spec.replica_id, spec.model, spec.version)

@@ -18,6 +18,7 @@ import functools
 import logging
 import math
 import time
+import tracemalloc
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -73,7 +74,13 @@ class ReplicaCore:
 
     async def load(self) -> None:
         before = rss_bytes()
-        runtime = await load_off_loop(self, self._load, self._executor)
+        if self.spec.shared_process:  # its own allocations, apart from its neighbours'
+            tracemalloc.start()
+        try:
+            runtime = await load_off_loop(self, self._load, self._executor)
+        except BaseException:
+            tracemalloc.stop()  # a no-op when not tracing
+            raise
         self.runtime = runtime
         self.signature = runtime.signature
         self._prepares = type(runtime).prepare is not Runtime.prepare
@@ -87,8 +94,20 @@ class ReplicaCore:
         self.batcher.start()
         self.load_s = time.monotonic() - self.started
         await self._warm_up(runtime, self.batcher)
-        self.model_bytes = max(0, rss_bytes() - before)
+        self.model_bytes = self._own_bytes(before)
         mark_ready(self)
+
+    def _own_bytes(self, rss_before: int) -> int:
+        """What loading and warming the model up took: the process's growth, or, in a
+        shared process, where freed neighbours' memory is reused without growing it, at
+        least what the load allocated and kept (traced: Python objects and numpy arrays;
+        a library's own C++ heap only shows in the growth)."""
+        grown = max(0, rss_bytes() - rss_before)
+        if not tracemalloc.is_tracing():
+            return grown
+        kept = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        return max(grown, kept)
 
     def _load(self) -> Runtime:
         declared = Signature.from_dict(self.spec.signature) if self.spec.signature else None

@@ -371,10 +371,13 @@ async def serve(
     grace_s: float,
     kill: asyncio.Event | None = None,
     on_core: Callable[[Core], None] | None = None,
+    loading: asyncio.Lock | None = None,
 ) -> int:
     """Serve ``spec`` on its address until ``drain`` is set, then finish what was
     accepted (at most ``grace_s``, cut short by ``kill``) and stop; the exit code (0, or
-    :data:`LOAD_FAILED`). ``on_core`` sees the core (its state) once it exists."""
+    :data:`LOAD_FAILED`). ``on_core`` sees the core (its state) once it exists;
+    ``loading``: a lock the loads of replicas sharing a process take one at a time (each
+    then measures what its own load added to the process)."""
     loop = asyncio.get_running_loop()
     core = make_core(spec)
     if on_core is not None:
@@ -387,7 +390,7 @@ async def serve(
     # generation replicas tell gateways their engine's state (predict ones have none)
     generative = spec.framework in GENERATIVE
     pusher = loop.create_task(push_load(core, gateways)) if generative else None
-    loader = loop.create_task(_fetch_then_load(core, spec, fetched))
+    loader = loop.create_task(_fetch_then_load(core, spec, fetched, loading))
     drained = loop.create_task(drain.wait())
     await asyncio.wait([loader, drained], return_when=asyncio.FIRST_COMPLETED)
     if loader.done() and loader.exception() is not None:
@@ -424,7 +427,9 @@ async def serve(
     return 0
 
 
-async def _fetch_then_load(core: Core, spec: ReplicaSpec, fetched: dict[str, float]) -> None:
+async def _fetch_then_load(
+    core: Core, spec: ReplicaSpec, fetched: dict[str, float], loading: asyncio.Lock | None
+) -> None:
     """Files kept in an object store come into the host's cache first, checked against
     the registered digest (``fetched``: how long that took, the bytes downloaded); a
     failure fails the load with its reason."""
@@ -440,7 +445,11 @@ async def _fetch_then_load(core: Core, spec: ReplicaSpec, fetched: dict[str, flo
             core.state, core.message = "failed", f"fetching {spec.artifact_uri}: {exc}"
             logger.error("%s", core.message)
             raise
-    await core.load()
+    if loading is None:
+        await core.load()
+    else:
+        async with loading:
+            await core.load()
 
 
 def fetch_artifact(spec: ReplicaSpec) -> Opened:
