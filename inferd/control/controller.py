@@ -31,7 +31,7 @@ from inferd.control.analyst import CanaryAnalyst
 from inferd.control.autoscaler import Decision
 from inferd.control.backends import ReplicaBackend
 from inferd.control.joined import Joins
-from inferd.control.on_demand import OnDemand, Resident, evictions, pinned
+from inferd.control.on_demand import OnDemand, evictions, pinned
 from inferd.control.orchestrators import Context, orchestrator_for
 from inferd.control.replica import Replica, ReplicaState
 from inferd.control.rollouts import Steps, policy, route
@@ -42,7 +42,6 @@ from inferd.registry import ModelRecord, Registry, VersionRecord
 from inferd.registry.deployments import DeploymentRecord
 from inferd.registry.rollout import DeploymentStatus
 from inferd.routing.table import RoutingTable
-from inferd.serving.client import ReplicaClient
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +123,7 @@ class Controller:
         unload the least recently used idle versions until it fits again."""
         on_demand = self.on_demand
         assert on_demand is not None
-        residents = await self._residents()
+        residents = await on_demand.residents(self.models, self.clock.monotonic())
         if sum(r.bytes for r in residents) <= on_demand.budget_bytes:
             return False
         async with self._pass:
@@ -163,7 +162,8 @@ class Controller:
         on_demand = self.on_demand
         assert on_demand is not None
         key = (vset.record.model_name, vset.record.version)
-        residents = await self._residents()  # measured before the pass lock: it may wait
+        # measured before the pass lock: it may wait
+        residents = await on_demand.residents(self.models, self.clock.monotonic())
         async with self._pass:
             if vset.retiring or vset.desired > 0:
                 return  # another request's demand loaded it meanwhile
@@ -192,36 +192,6 @@ class Controller:
         vset.desired = desired
         self.orchestrator.scale(vset)
         self._spawn(self.scaling.keep(key, decision))
-
-    async def _residents(self) -> list[Resident]:
-        """Every version with replicas, measured now (their replicas' resident memory and
-        requests in flight; a replica still starting is busy, at its estimate)."""
-        on_demand = self.on_demand
-        assert on_demand is not None
-        found = []
-        for name, model in list(self.models.items()):
-            for version, vset in list(model.versions.items()):
-                if vset.retiring or (vset.desired == 0 and not vset.live()):
-                    continue
-                found.append(self._measure((name, version), vset))
-        return list(await asyncio.gather(*found))
-
-    async def _measure(self, key: tuple[str, str], vset: VersionSet) -> Resident:
-        on_demand = self.on_demand
-        assert on_demand is not None
-        live = vset.live()
-        figures = await asyncio.gather(*(_resident_figures(r) for r in live if r.ready))
-        measured = [f for f in figures if f is not None]
-        busy = any(f[1] for f in measured) or len(measured) < max(vset.desired, len(live))
-        if measured:
-            on_demand.footprint[key] = sum(f[0] for f in measured)
-        return Resident(
-            key,
-            on_demand.footprint.get(key) or on_demand.estimate(key),
-            on_demand.last_used.get(key, 0.0),
-            pinned=not vset.on_demand,
-            busy=busy or on_demand.settling(key, self.clock.monotonic()),
-        )
 
     def _count(self, record: VersionRecord) -> int:
         """The replicas a version runs when nothing else says: its own, else the default."""
@@ -410,19 +380,3 @@ class Controller:
         await self.joins.stop()
         await asyncio.gather(*self._background, return_exceptions=True)
         await self.orchestrator.close()
-
-
-async def _resident_figures(replica: Replica) -> tuple[int, bool] | None:
-    """A replica's resident bytes and whether it has requests in flight (None: it did
-    not answer within a second)."""
-    client = ReplicaClient(replica.address, replica.id)
-    try:
-        await client.connect()
-        stats = (await client.status(timeout_s=1.0)).stats
-    except Exception:  # starting, draining, gone: not measurable now
-        return None
-    finally:
-        client.close()
-    inflight = sum(stats.get(k, 0) for k in ("inflight", "queued_rows", "running", "waiting"))
-    # in a shared process, its own share: what its load added (rss is the whole process's)
-    return int(stats.get("model_bytes", stats.get("rss_bytes", 0))), inflight > 0

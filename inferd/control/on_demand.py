@@ -21,11 +21,17 @@ the decisions through its orchestrator and records them as scaling events (``loa
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inferd.registry import VersionRecord
+from inferd.serving.client import ReplicaClient
+
+if TYPE_CHECKING:
+    from inferd.control.replica import Replica
+    from inferd.control.state import ModelState, VersionSet
 
 Key = tuple[str, str]
 
@@ -108,3 +114,46 @@ class OnDemand:
             if self.footprint
             else (DEFAULT_FOOTPRINT_BYTES)
         )
+
+    async def residents(self, models: dict[str, ModelState], now: float) -> list[Resident]:
+        """Every version with replicas, measured now (their replicas' memory and requests
+        in flight, asked over the replica protocol; a replica still starting is busy, at
+        its estimate). Measuring updates ``footprint``."""
+        found = [
+            self._measure((name, version), vset, now)
+            for name, model in list(models.items())
+            for version, vset in list(model.versions.items())
+            if not vset.retiring and (vset.desired > 0 or vset.live())
+        ]
+        return list(await asyncio.gather(*found))
+
+    async def _measure(self, key: Key, vset: VersionSet, now: float) -> Resident:
+        live = vset.live()
+        figures = await asyncio.gather(*(_resident_figures(r) for r in live if r.ready))
+        measured = [f for f in figures if f is not None]
+        busy = any(f[1] for f in measured) or len(measured) < max(vset.desired, len(live))
+        if measured:
+            self.footprint[key] = sum(f[0] for f in measured)
+        return Resident(
+            key,
+            self.footprint.get(key) or self.estimate(key),
+            self.last_used.get(key, 0.0),
+            pinned=not vset.on_demand,
+            busy=busy or self.settling(key, now),
+        )
+
+
+async def _resident_figures(replica: Replica) -> tuple[int, bool] | None:
+    """A replica's own bytes (in a shared process, what its load added: the process's
+    RSS is everyone's) and whether it has requests in flight; None: it did not answer
+    within a second."""
+    client = ReplicaClient(replica.address, replica.id)
+    try:
+        await client.connect()
+        stats = (await client.status(timeout_s=1.0)).stats
+    except Exception:  # starting, draining, gone: not measurable now
+        return None
+    finally:
+        client.close()
+    inflight = sum(stats.get(k, 0) for k in ("inflight", "queued_rows", "running", "waiting"))
+    return int(stats.get("model_bytes", stats.get("rss_bytes", 0))), inflight > 0
