@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.conftest import InferdServer, push_folder
+from tests.conftest import InferdServer, push_source
 
 pytestmark = pytest.mark.slow
 
@@ -46,10 +46,8 @@ def name(i: int) -> str:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferdServer]:
     data = tmp_path_factory.mktemp("many")
     for i in range(VERSIONS):
-        folder = data.parent / "src" / name(i)
-        folder.mkdir(parents=True)
-        (folder / "model.py").write_text(MODEL.replace("FACTOR", str(i)))
-        push_folder(data, name(i), folder, "v1", **({"pinned": True} if i < 2 else {}))
+        pin = ["--meta", "pinned=true"] if i < 2 else []
+        push_source(data, name(i), MODEL.replace("FACTOR", str(i)), *pin)
     env = {
         "INFERD_MODELS__VERSIONS_PER_PROCESS": "50",
         "INFERD_MODELS__MEMORY_BUDGET_MB": "64",

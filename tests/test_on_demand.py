@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from inferd.control.on_demand import SETTLE_S, Resident, evictions
-from tests.conftest import InferdServer, push_folder
+from tests.conftest import InferdServer, push_source
 
 pytestmark = pytest.mark.slow
 
@@ -54,13 +54,8 @@ def factor(name: str) -> int:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferdServer]:
     data = tmp_path_factory.mktemp("on-demand")
     for name in ["pinned", *NAMES]:
-        folder = data.parent / f"src-{name}"
-        folder.mkdir()
-        (folder / "model.py").write_text(
-            BIG.replace("FACTOR", str(factor(name) if name != "pinned" else 1))
-        )
-        meta = {"pinned": True} if name == "pinned" else {}
-        push_folder(data, name, folder, "v1", **meta)
+        source = BIG.replace("FACTOR", str(factor(name) if name != "pinned" else 1))
+        push_source(data, name, source, *(["--meta", "pinned=true"] if name == "pinned" else []))
     env = {"INFERD_MODELS__MEMORY_BUDGET_MB": "800", "INFERD_AUTOSCALE_INTERVAL_S": "1"}
     server = InferdServer(data, workers=2, env=env)
     try:

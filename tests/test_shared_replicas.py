@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.conftest import InferdServer, push_folder
+from tests.conftest import InferdServer, push_source
 
 pytestmark = pytest.mark.slow
 
@@ -43,10 +43,7 @@ KINDS = {"a": "ok", "b": "ok", "c": "ok", "d": "ok", "raiser": "raise", "hanger"
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferdServer]:
     data = tmp_path_factory.mktemp("shared")
     for name, kind in KINDS.items():
-        folder = data.parent / f"src-{name}"
-        folder.mkdir()
-        (folder / "model.py").write_text(MODEL.replace("KIND", repr(kind)))
-        push_folder(data, name, folder, "v1")
+        push_source(data, name, MODEL.replace("KIND", repr(kind)))
     env = {"INFERD_MODELS__VERSIONS_PER_PROCESS": "8", "INFERD_MODELS__PREDICT_BUDGET_S": "2"}
     server = InferdServer(data, workers=2, env=env)
     try:
