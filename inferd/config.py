@@ -118,6 +118,10 @@ class ModelsConfig(Group):
     """Small versions (scikit-learn, XGBoost, LightGBM, ONNX, Python models) share replica
     processes, up to this many in each: each still a replica of its own (own batcher,
     thread, socket, status), in a fraction of the memory. 1: a process per replica."""
+    process_memory_mb: int = Field(4096, ge=16)
+    """A shared process takes no new replica once its replicas' own memory (each one's
+    ``model_bytes``, measured) reaches this, nor while they compute 0.8 of a core or
+    more: the next goes to another shared process."""
     predict_budget_s: float = Field(60.0, gt=0)
     """In a shared process, a batch running longer than this cuts its replica off (its
     requests fail, its neighbours go on) and its version moves to a process of its own."""

@@ -116,3 +116,45 @@ def test_a_hanging_neighbour_is_cut_off_and_moves_to_a_process_of_its_own(
     assert all(pids(client, name) == [host] for name in "abcd")
     assert timed(client, "hanger", 1.0)[0] == 200
     assert "hanger:v1 gets a process of its own from now on" in server.log()
+
+
+SPIN = """
+import time
+
+
+class Spin:
+    signature = {
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
+        "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1]}],
+    }
+
+    def predict(self, batch):
+        began = time.perf_counter()
+        while SPIN and time.perf_counter() - began < 0.03:  # a core's worth of compute
+            pass
+        return {"y": batch["x"]}
+"""
+
+
+def test_a_shared_process_busy_computing_takes_no_new_replica(tmp_path) -> None:
+    """Loaded on demand one after another: a version goes beside the others until their
+    process computes most of a core; the next one then gets another process."""
+    data = tmp_path / "data"
+    for name, spin in (("first", False), ("hot", True), ("calm", False)):
+        push_source(data, name, SPIN.replace("SPIN", str(spin)))
+    env = {"INFERD_MODELS__VERSIONS_PER_PROCESS": "8", "INFERD_MODELS__MEMORY_BUDGET_MB": "4096"}
+    server = InferdServer(data, workers=1, env=env)
+    try:
+        server.wait_ready()
+        client = server.client
+        assert timed(client, "first", 1.0)[0] == 200
+        assert timed(client, "hot", 1.0)[0] == 200
+        assert pids(client, "hot") == pids(client, "first")  # room: beside it
+        deadline = time.monotonic() + 6.0
+        with ThreadPoolExecutor(3) as pool:  # keep "hot" computing all the time
+            list(pool.map(lambda _: [timed(client, "hot", 1.0) for _ in iter(
+                lambda: time.monotonic() < deadline, False)], range(2)))  # fmt: skip
+        assert timed(client, "calm", 1.0)[0] == 200
+        assert pids(client, "calm") != pids(client, "hot")  # that process is busy
+    finally:
+        assert server.stop() == 0, server.log()[-3000:]

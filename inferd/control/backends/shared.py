@@ -6,9 +6,11 @@ overran its time budget in a shared process) are the ``local`` backend's, a proc
 A hosted replica is a replica like any other to the supervisor and the controller: its
 own id, address (a Unix socket of the run directory), readiness over the replica
 protocol, its own ``stop`` (drain) and ``gone``. Its pid is its host's. Packing: a new
-replica goes to the host with the fewest replicas that has room, never beside another
-replica of its own version (two replicas of a version in one process would share its
-fate), else to a new host.
+replica goes to the host that computed least (measured from its replicas' status, at
+most every ``LOOK_EVERY_S``) among those with room — fewer than ``per_process``
+replicas, their own memory (``model_bytes``) under ``process_bytes``, under
+``CPU_FULL`` of a core — never beside another replica of its own version (two replicas
+of a version in one process would share its fate), else to a new host.
 
 Isolation, as the issue asks it: neighbours compute on their own threads; a replica cut
 off by its time budget, or present in a host that died twice, is *isolated*: its version's
@@ -23,12 +25,14 @@ import logging
 import os
 import socket
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
 import msgspec
 
 from inferd.control.backends import ReplicaBackend, ReplicaHandle, probe
+from inferd.serving.client import ReplicaClient
 from inferd.serving.host import CUT_OFF, Gone, Start, Stop, encode, read_frame
 from inferd.serving.spec import ReplicaSpec
 
@@ -39,6 +43,11 @@ SHAREABLE = frozenset({"sklearn", "xgboost", "lightgbm", "onnx", "python", "mlfl
 TensorFlow keep their own: their threads and memory are their own business)."""
 CRASHES_TO_ISOLATE = 2
 """Host crashes a version was present at before its replicas get their own process."""
+CPU_FULL = 0.8
+"""A shared process whose replicas computed this share of a core or more (over the last
+look) takes no new replica: its neighbours would wait on one another's GIL."""
+LOOK_EVERY_S = 2.0
+"""How often, at most, a start measures the shared processes (their replicas' status)."""
 
 
 class HostedReplica(probe.ProbedReplica):
@@ -67,6 +76,34 @@ class Host:
         self.process = process
         self.writer = writer
         self.replicas: dict[str, HostedReplica] = {}
+        self.model_bytes = 0
+        """Its replicas' own memory (their ``model_bytes``), as last measured."""
+        self.cpu_share = 0.0
+        """The share of a core its replicas computed between the last two looks."""
+        self._computed: dict[str, float] = {}
+        self._looked_at: float | None = None
+
+    async def look(self, now: float) -> None:
+        """Measure its replicas (status over the replica protocol), at most every
+        ``LOOK_EVERY_S``: their own memory, and the share of a core they computed since
+        the last look (a replica not seen then: since it started)."""
+        if self._looked_at is not None and now - self._looked_at < LOOK_EVERY_S:
+            return
+        replicas = list(self.replicas.values())
+        stats = await asyncio.gather(*(_stats_of(r) for r in replicas))
+        share, computed = 0.0, {}
+        for replica, got in zip(replicas, stats, strict=True):
+            if not got:
+                continue
+            computed[replica.replica_id] = got.get("compute_s", 0.0)
+            before = self._computed.get(replica.replica_id)
+            if before is not None and self._looked_at is not None:
+                share += max(0.0, computed[replica.replica_id] - before) / (now - self._looked_at)
+            elif got.get("uptime_s", 0.0) > 0:
+                share += computed[replica.replica_id] / got["uptime_s"]
+        self.cpu_share = share
+        self.model_bytes = sum(int(got.get("model_bytes", 0)) for got in stats if got)
+        self._computed, self._looked_at = computed, now
 
     @property
     def pid(self) -> int:
@@ -92,11 +129,15 @@ class SharedBackend:
         budget_s: float,
         own: ReplicaBackend,
         log_level: str = "INFO",
+        process_bytes: int = 4 << 30,
     ) -> None:
-        """``own``: the backend of the replicas that get a process of their own."""
+        """``own``: the backend of the replicas that get a process of their own;
+        ``process_bytes``: a shared process whose replicas' own memory reaches this
+        takes no new one."""
         self.run_dir = run_dir
         self.grace_s = grace_s
         self.per_process = per_process
+        self.process_bytes = process_bytes
         self.budget_s = budget_s
         self.own = own
         self.log_level = log_level
@@ -145,16 +186,22 @@ class SharedBackend:
                 handle.ended.set_result("did not stop within its grace period")
 
     async def _host_for(self, spec: ReplicaSpec) -> Host:
+        """The shared process with room for ``spec`` that computes least (by count,
+        measured memory and measured CPU), else a new one."""
         key = (spec.model, spec.version)
+        now = time.monotonic()
+        await asyncio.gather(*(h.look(now) for h in self.hosts if h.alive))
         fits = [
             h
             for h in self.hosts
             if h.alive
             and len(h.replicas) < self.per_process
+            and h.model_bytes < self.process_bytes
+            and h.cpu_share < CPU_FULL
             and all((r.spec.model, r.spec.version) != key for r in h.replicas.values())
         ]
         if fits:
-            return min(fits, key=lambda h: len(h.replicas))
+            return min(fits, key=lambda h: (h.cpu_share, len(h.replicas)))
         host = await self._spawn(spec)
         self.hosts.append(host)
         return host
@@ -215,3 +262,15 @@ class SharedBackend:
     async def close(self) -> None:
         for host in self.hosts:
             host.writer.close()
+
+
+async def _stats_of(replica: HostedReplica) -> dict[str, float]:
+    """A hosted replica's stats ({} when it does not answer within a second)."""
+    client = ReplicaClient(replica.address, replica.replica_id)
+    try:
+        await client.connect()
+        return dict((await client.status(timeout_s=1.0)).stats)
+    except Exception:  # starting, stopping: not measurable now
+        return {}
+    finally:
+        client.close()

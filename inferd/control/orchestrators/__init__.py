@@ -131,6 +131,7 @@ def _processes(
         backend = SharedBackend(
             run_dir, settings.shutdown_grace_s, settings.models.versions_per_process,
             settings.models.predict_budget_s, backend, settings.log_level,
+            settings.models.process_memory_mb * 2**20,
         )  # fmt: skip
     return Processes(settings, backend, context)
 
