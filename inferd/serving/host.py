@@ -2,7 +2,7 @@
 replica of its own (its own core, batcher, executor thread, socket and status), so
 gateways, routing, deployments and ``/metrics`` see them exactly as separate replicas.
 
-    python -m inferd.serving.host FD GRACE_S
+    python -m inferd.serving.host FD GRACE_S BUDGET_S [LOG_LEVEL]
 
 The server's shared backend (:mod:`inferd.control.backends.shared`) holds the other end
 of a socket pair (``FD``) and sends length-prefixed msgpack frames:

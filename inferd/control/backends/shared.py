@@ -259,10 +259,6 @@ class SharedBackend:
                 "%s:%s gets a process of its own from now on: %s", spec.model, spec.version, why
             )
 
-    async def close(self) -> None:
-        for host in self.hosts:
-            host.writer.close()
-
 
 async def _stats_of(replica: HostedReplica) -> dict[str, float]:
     """A hosted replica's stats ({} when it does not answer within a second)."""
