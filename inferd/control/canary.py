@@ -38,7 +38,7 @@ from typing import Any
 
 from inferd.observability.metrics import Sketch
 from inferd.registry.rollout import CanaryRollout
-from inferd.serving.client import ReplicaClient
+from inferd.serving.client import status_of
 
 logger = logging.getLogger(__name__)
 
@@ -108,15 +108,8 @@ async def sample(replicas: list[tuple[str, int, str]]) -> dict[Key, ReplicaSampl
     couple of seconds are left out (the next pass asks again)."""
 
     async def one(rid: str, address: str) -> ReplicaSample | None:
-        client = ReplicaClient(address, rid)
-        try:
-            await client.connect()
-            status = await client.status(timeout_s=2.0)
-        except Exception:  # draining away, or restarting: not measurable now
-            return None
-        finally:
-            client.close()
-        return sample_of(status.metrics)
+        status = await status_of(address, rid, timeout_s=2.0)  # None: draining, restarting
+        return sample_of(status.metrics) if status is not None else None
 
     found = await asyncio.gather(*(one(rid, address) for rid, _, address in replicas))
     return {

@@ -127,14 +127,8 @@ class Controller:
         if sum(r.bytes for r in residents) <= on_demand.budget_bytes:
             return False
         async with self._pass:
-            evicted = 0
-            for model, version in evictions(0, residents, on_demand.budget_bytes):
-                vset = self.models[model].versions.get(version) if model in self.models else None
-                if vset is not None and vset.on_demand and vset.desired > 0 and not vset.retiring:
-                    on_demand.evictions += 1
-                    evicted += 1
-                    self._set_on_demand(vset, 0, "evict", "over the budget after busy loads")
-        return evicted > 0
+            chosen = evictions(0, residents, on_demand.budget_bytes)
+            return self._evict(chosen, "over the budget after busy loads") > 0
 
     async def demand(self, model: str, version: str) -> None:
         """A gateway holds a request for ``model:version``: a version scaled to zero gets
@@ -169,11 +163,7 @@ class Controller:
                 return  # another request's demand loaded it meanwhile
             need = on_demand.estimate(key)
             evicted = evictions(need, residents, on_demand.budget_bytes)
-            for other in evicted:
-                gone = self.models[other[0]].versions.get(other[1])
-                if gone is not None and gone.on_demand and gone.desired > 0:
-                    on_demand.evictions += 1
-                    self._set_on_demand(gone, 0, "evict", f"room for {vset.name}")
+            self._evict(evicted, f"room for {vset.name}")
             after = sum(r.bytes for r in residents if r.key not in evicted) + need
             detail = f"a request is waiting; {after / 2**20:.0f} of "
             detail += f"{on_demand.budget_bytes / 2**20:.0f} MiB of the budget in use"
@@ -185,6 +175,19 @@ class Controller:
             self._set_on_demand(vset, self._count(vset.record), "load", detail)
             self.scaling.started_cold(key, self.clock.monotonic())
         self.publish()
+
+    def _evict(self, keys: list[tuple[str, str]], why: str) -> int:
+        """Unload the on-demand versions ``keys`` (those still loaded); how many."""
+        assert self.on_demand is not None
+        done = 0
+        for model, version in keys:
+            state = self.models.get(model)
+            vset = state.versions.get(version) if state is not None else None
+            if vset is not None and vset.on_demand and vset.desired > 0 and not vset.retiring:
+                self._set_on_demand(vset, 0, "evict", why)
+                done += 1
+        self.on_demand.evictions += done
+        return done
 
     def _set_on_demand(self, vset: VersionSet, desired: int, reason: str, detail: str) -> None:
         key = (vset.record.model_name, vset.record.version)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from inferd.registry import VersionRecord
-from inferd.serving.client import ReplicaClient
+from inferd.serving.client import status_of
 
 if TYPE_CHECKING:
     from inferd.control.replica import Replica
@@ -147,13 +147,9 @@ async def _resident_figures(replica: Replica) -> tuple[int, bool] | None:
     """A replica's own bytes (in a shared process, what its load added: the process's
     RSS is everyone's) and whether it has requests in flight; None: it did not answer
     within a second."""
-    client = ReplicaClient(replica.address, replica.id)
-    try:
-        await client.connect()
-        stats = (await client.status(timeout_s=1.0)).stats
-    except Exception:  # starting, draining, gone: not measurable now
+    status = await status_of(replica.address, replica.id)
+    if status is None:
         return None
-    finally:
-        client.close()
+    stats = status.stats
     inflight = sum(stats.get(k, 0) for k in ("inflight", "queued_rows", "running", "waiting"))
     return int(stats.get("model_bytes", stats.get("rss_bytes", 0))), inflight > 0

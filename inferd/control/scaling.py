@@ -29,7 +29,7 @@ from inferd.control.autoscaler import Decision, Signals
 from inferd.control.replica import ReplicaState
 from inferd.control.state import ModelState, VersionSet
 from inferd.observability.metrics import Sketch
-from inferd.serving.client import ReplicaClient
+from inferd.serving.client import status_of
 
 logger = logging.getLogger(__name__)
 
@@ -57,14 +57,9 @@ async def look(replicas: list[tuple[str, int, str]], t: float) -> dict[Key, Look
     a second are left out (starting, draining: the next look asks again)."""
 
     async def one(rid: str, address: str) -> Look | None:
-        client = ReplicaClient(address, rid)
-        try:
-            await client.connect()
-            status = await client.status(timeout_s=1.0)
-        except Exception:  # not measurable now
+        status = await status_of(address, rid, timeout_s=1.0)
+        if status is None:
             return None
-        finally:
-            client.close()
         stats, metrics = status.stats, status.metrics
         # predict: time in the replica; generation: time to first token
         sketch = metrics.get("latency_sketch") or metrics.get("ttft_sketch")

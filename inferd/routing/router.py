@@ -427,8 +427,11 @@ class Router:
         vroute = route.versions.get(target.version) if route and route.loaded else None
         if vroute is None:
             return False
-        if vroute.scale_from_zero and not any(r.state == "ready" for r in vroute.replicas):
-            self._ask_for(target)  # scaled to zero (or on its way up): the controller starts one
+        connected = self._ready.get((target.model, target.version), ())
+        if vroute.scale_from_zero and all(c.closed for c in connected):
+            # scaled to zero, on its way up, or just unloaded under a memory budget (its
+            # table may still say ready): the controller starts one
+            self._ask_for(target)
             return True
         for replica in vroute.replicas:
             if coming_back(replica):

@@ -289,6 +289,19 @@ class ReplicaClient:
             self._transport.close()
 
 
+async def status_of(address: str, replica_id: str, timeout_s: float = 1.0) -> p.Status | None:
+    """One status frame over a connection of its own, closed after; None when the
+    replica does not answer within ``timeout_s`` (starting, draining, gone)."""
+    client = ReplicaClient(address, replica_id)
+    try:
+        await client.connect()
+        return await client.status(timeout_s=timeout_s)
+    except Exception:  # not measurable now
+        return None
+    finally:
+        client.close()
+
+
 def _expire(future: asyncio.Future[Any], timeout_s: float) -> None:
     if not future.done():
         took = f"{timeout_s * 1000:.0f} ms" if timeout_s < 1 else f"{timeout_s:.1f} s"

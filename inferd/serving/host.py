@@ -29,7 +29,6 @@ import functools
 import logging
 import os
 import socket
-import struct
 import sys
 import time
 
@@ -38,6 +37,7 @@ import msgspec
 from inferd.errors import ModelError
 from inferd.process import die_with_parent
 from inferd.serving.core import Core
+from inferd.serving.protocol import HEADER
 from inferd.serving.spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)
@@ -66,19 +66,19 @@ class Gone(msgspec.Struct, tag="gone", array_like=True):
 Frame = Start | Stop | Gone
 _decoder = msgspec.msgpack.Decoder(Frame)
 _encoder = msgspec.msgpack.Encoder()
-_LENGTH = struct.Struct("!I")
 
 
 def encode(frame: Frame) -> bytes:
+    """Framed as every other inferd frame (:data:`~inferd.serving.protocol.HEADER`)."""
     body = _encoder.encode(frame)
-    return _LENGTH.pack(len(body)) + body
+    return HEADER.pack(len(body)) + body
 
 
 async def read_frame(reader: asyncio.StreamReader) -> Frame | None:
     """The next frame, or None at the end of the stream."""
     try:
-        head = await reader.readexactly(_LENGTH.size)
-        return _decoder.decode(await reader.readexactly(_LENGTH.unpack(head)[0]))
+        head = await reader.readexactly(HEADER.size)
+        return _decoder.decode(await reader.readexactly(HEADER.unpack(head)[0]))
     except asyncio.IncompleteReadError:
         return None
 

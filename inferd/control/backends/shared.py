@@ -32,7 +32,7 @@ from pathlib import Path
 import msgspec
 
 from inferd.control.backends import ReplicaBackend, ReplicaHandle, probe
-from inferd.serving.client import ReplicaClient
+from inferd.serving.client import status_of
 from inferd.serving.host import CUT_OFF, Gone, Start, Stop, encode, read_frame
 from inferd.serving.spec import ReplicaSpec
 
@@ -262,11 +262,5 @@ class SharedBackend:
 
 async def _stats_of(replica: HostedReplica) -> dict[str, float]:
     """A hosted replica's stats ({} when it does not answer within a second)."""
-    client = ReplicaClient(replica.address, replica.replica_id)
-    try:
-        await client.connect()
-        return dict((await client.status(timeout_s=1.0)).stats)
-    except Exception:  # starting, stopping: not measurable now
-        return {}
-    finally:
-        client.close()
+    status = await status_of(replica.address, replica.replica_id)
+    return dict(status.stats) if status is not None else {}
