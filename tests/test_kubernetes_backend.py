@@ -425,6 +425,7 @@ def test_versions_that_need_pytorch_run_the_torch_image_unless_they_name_one():
 def test_a_lease_elects_one_controller_and_hands_over(tmp_path: Path):
     from lightkube import AsyncClient
     from lightkube.config.kubeconfig import KubeConfig
+    from lightkube.resources.coordination_v1 import Lease
 
     from inferd.control.lease import LeaseLeadership
 
@@ -464,7 +465,15 @@ def test_a_lease_elects_one_controller_and_hands_over(tmp_path: Path):
         await asyncio.wait_for(b.lost.wait(), 5)
         assert "taken by ctl-c" in b.why
         await b.release()
+        # a renewal cancelled at stop after its write landed leaves c an old copy
+        # (resourceVersion moved): the release still clears the holder
+        assert c._renew is not None
+        c._renew.cancel()
+        other = client()
+        await other.replace(await other.get(Lease, config.lease_name, namespace=NS))
+        await other.close()
         await c.release()
+        assert kube.objects["leases"][config.lease_name]["spec"]["holderIdentity"] == ""
 
     try:
         asyncio.run(scenario())

@@ -179,18 +179,36 @@ class LeaseLeadership:
             return
 
     async def release(self) -> None:
-        """Stop renewing and clear the holder, so a follower takes over at once."""
+        """Stop renewing and clear the holder, so a follower takes over at once.
+
+        The Lease is read again first: a renewal cancelled while its write was in
+        flight may have moved the ``resourceVersion`` past the copy held here, and a
+        write with the old one would be refused (409) and leave the holder set.
+        """
         from lightkube import ApiError
+        from lightkube.resources.coordination_v1 import Lease
 
         if self._renew is not None:
             self._renew.cancel()
             await asyncio.gather(self._renew, return_exceptions=True)
-        lease = self._lease
-        if lease is not None and not self.lost.is_set():
-            try:
-                lease.spec.holderIdentity = ""
-                lease.spec.leaseDurationSeconds = 1
-                await self.client.replace(lease)
-            except (ApiError, OSError) as exc:
-                logger.warning("could not release the Lease: %s", exc)
+        if self._lease is not None and not self.lost.is_set():
+            for _ in range(3):
+                try:
+                    lease = await self.client.get(
+                        Lease, self.kube.lease_name, namespace=self.namespace
+                    )
+                    if lease.spec.holderIdentity != self.identity:
+                        break  # taken over already: not this process's to clear
+                    lease.spec.holderIdentity = ""
+                    lease.spec.leaseDurationSeconds = 1
+                    await self.client.replace(lease)
+                    break
+                except ApiError as exc:
+                    if exc.status.code == 409:
+                        continue  # written meanwhile: read it again
+                    logger.warning("could not release the Lease: %s", exc)
+                    break
+                except OSError as exc:
+                    logger.warning("could not release the Lease: %s", exc)
+                    break
         await self.client.close()
