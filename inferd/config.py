@@ -177,6 +177,31 @@ class ConsoleConfig(Group):
     """Prometheus rules to evaluate; default the shipped ``deploy/prometheus/alerts.yml``."""
 
 
+class DriftConfig(Group):
+    """Label-free input drift of predict models: each version's recent inputs against
+    its reference profile (see :mod:`inferd.control.drift`)."""
+
+    enabled: bool = True
+    """Count inputs and score drift (off: replicas count nothing)."""
+    interval_s: float = Field(10.0, ge=0.1, le=3600)
+    """How often the server collects the replicas' counts (a window moves by this much)."""
+    window_rows: int = Field(1000, ge=10, le=10_000_000)
+    """Rows a window holds: the newest collections that reach this many."""
+    window_s: float = Field(3600.0, ge=1, le=30 * 86400)
+    """No collection older than this is in a window (low traffic: a shorter window)."""
+    min_window_rows: int = Field(200, ge=10, le=10_000_000)
+    """Fewer rows in the window: no scores (too few to tell)."""
+    reference_rows: int = Field(1000, ge=100, le=100_000)
+    """Rows of a version's first requests that make its reference, when no sample was
+    registered with it (``drift_reference.npz`` in its folder)."""
+    psi_threshold: float = Field(0.2, gt=0, le=10)
+    """PSI at or over which a feature is flagged (a version's ``drift_psi_threshold``
+    metadata overrides it)."""
+    max_categories: int = Field(50, ge=2, le=1000)
+    """A text input with at most this many distinct values in the reference is
+    categorical, else it is followed by its length."""
+
+
 class ClusterConfig(Group):
     """Roles on several hosts: ``inferd control``, ``inferd gateway``, ``inferd replica``
     talking over TCP (see :mod:`inferd.transport`). Every TCP connection between them
@@ -414,6 +439,7 @@ class Settings(BaseSettings):
     artifact_cache: ArtifactCacheConfig = Field(default_factory=lambda: ArtifactCacheConfig())
     cluster: ClusterConfig = Field(default_factory=lambda: ClusterConfig())
     console: ConsoleConfig = Field(default_factory=lambda: ConsoleConfig())
+    drift: DriftConfig = Field(default_factory=lambda: DriftConfig())
     replica_backend: str = Field("local", pattern="^(local|kubernetes)$")
     """Where the controller runs replicas: ``local`` child processes, or ``kubernetes``
     (a Deployment of replica pods per version, see ``kubernetes``)."""

@@ -489,6 +489,7 @@ def test_the_shipped_rules_load() -> None:
         "InferdGPUUtilizationLow",
         "InferdGPUUtilizationHigh",
         "InferdAccuracyBelowThreshold",
+        "InferdInputDrift",
         "InferdInferenceLogDropping",
     ]
     assert rules.history_s() == 1800
@@ -502,6 +503,8 @@ def test_the_shipped_rules_load() -> None:
         "inferd_model_accuracy",
         "inferd_model_accuracy_threshold",
         "inferd_model_feedback",
+        "inferd_drift_psi",
+        "inferd_drift_psi_threshold",
         "inferd_inference_log_dropped_rows_total",
     }
     assert AlertRules.load(DEPLOY_RULES) == rules
@@ -671,6 +674,31 @@ SCENARIOS = [
             "InferdAccuracyBelowThreshold firing model=a version=1": {
                 "summary": "a 1 accuracy fell below its threshold",
                 "description": "accuracy over the last hour of feedback is 70%.",
+            }
+        },
+    ),
+    Scenario(
+        "drift",
+        {
+            # feature x of a:1 moves at 5m15s; y stays under its line; b's x is at it
+            'inferd_drift_psi{model="a", version="1", feature="x"}': "0.05x20 0.9x139",
+            'inferd_drift_psi_threshold{model="a", version="1", feature="x"}': "0.2x160",
+            'inferd_drift_psi{model="a", version="1", feature="y"}': "0.1x160",
+            'inferd_drift_psi_threshold{model="a", version="1", feature="y"}': "0.2x160",
+            'inferd_drift_psi{model="b", version="2", feature="x"}': "0.19x160",
+            'inferd_drift_psi_threshold{model="b", version="2", feature="x"}': "0.2x160",
+        },
+        {
+            5: set(),
+            6: {"InferdInputDrift pending feature=x model=a version=1"},
+            20: {"InferdInputDrift pending feature=x model=a version=1"},
+            21: {"InferdInputDrift firing feature=x model=a version=1"},
+        },
+        {
+            "InferdInputDrift firing feature=x model=a version=1": {
+                "summary": "a 1: input x drifted from its reference",
+                "description": "PSI 0.9 over its last window of inputs (GET "
+                "/api/v1/models/a/versions/1/drift names every feature that moved).",
             }
         },
     ),

@@ -27,6 +27,7 @@ import inferd
 from inferd.api import (
     console,
     deployments,
+    drift,
     generate,
     health,
     keys,
@@ -98,6 +99,7 @@ def create_app(
     )
     app.include_router(health.router)
     app.include_router(console.router)
+    app.include_router(drift.router)
     app.include_router(v1.router)
     app.include_router(generate.router)
     app.include_router(openai.router)

@@ -83,6 +83,9 @@ class ConsoleFeed:
         self.leader: dict[str, Any] = {}
         """How this server leads (set by the server once it does)."""
         self.role = "serve"
+        self.drift: Callable[[str, str | None], Awaitable[dict[str, Any]]] | None = None
+        """The drift view of a model's version (:meth:`~inferd.control.drift.DriftMonitor.
+        answer`), for ``drift`` queries."""
         self.started_at = datetime.now(UTC).isoformat()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -112,6 +115,8 @@ class ConsoleFeed:
     async def answer(self, query: ConsoleQuery) -> bytes:
         models = None if query.models is None else set(query.models)
         now = time.time()
+        if query.what == "drift" and self.drift is not None and query.models:
+            return orjson.dumps(await self.drift(query.models[0], query.version))
         if query.what == "series":
             body = self.figures.series(models, query.since, query.window_s, now)
         else:

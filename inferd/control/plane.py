@@ -22,6 +22,7 @@ from inferd.config import Settings
 from inferd.control.backends import ReplicaBackend
 from inferd.control.console import ConsoleFeed
 from inferd.control.controller import Controller
+from inferd.control.drift import DriftMonitor
 from inferd.control.publisher import TablePublisher
 from inferd.control.state import reachable
 from inferd.observability import feedback
@@ -68,6 +69,9 @@ class ControlPlane:
         self.console = ConsoleFeed(
             settings, self.controller, self.publisher, self.metric_samples, self.statuses
         )
+        self.drift = DriftMonitor(settings.drift, self.controller, registry)
+        """Input drift: the replicas' counts, windows and scores."""
+        self.console.drift = self.drift.answer
         self.writer: InferenceLog | None = None
         self.jobs: JobService | None = None
         """The job service, once the server started one (its figures join /metrics)."""
@@ -104,12 +108,14 @@ class ControlPlane:
             )
         await self.controller.start()
         self.console.start()
+        self.drift.start()
 
     async def stop(self) -> None:
         """Drain and stop the replicas, then close the socket and the log."""
         if self._upkeep is not None:
             self._upkeep.cancel()
         await self.console.stop()
+        await self.drift.stop()
         self.statuses.close()
         await self.controller.stop()
         await self.publisher.close()
@@ -156,6 +162,7 @@ class ControlPlane:
                         seen.add(replica.pid)
                         processes.append(({"process": "replica", "id": replica.id}, replica.pid))
         write_replicas(out, states, await self.statuses(reachable(self.controller.models)))
+        self.drift.write_metrics(out)
         desired = [
             (name, version, vset.desired, vset.autoscaler is not None)
             for name, model in self.controller.models.items()

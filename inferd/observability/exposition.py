@@ -26,7 +26,7 @@ import asyncio
 import bisect
 import os
 from collections import defaultdict
-from collections.abc import Container, Iterable
+from collections.abc import Awaitable, Callable, Container, Iterable
 from typing import Any
 
 from inferd.observability.log_rows import LogRow
@@ -40,6 +40,8 @@ REQUEST_BUCKETS_S = (
 p99 falls between two close bounds."""
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+Ask = Callable[[ReplicaClient, dict[str, str], float], Awaitable[Any]]
+"""A question to one replica over its kept connection: (client, labels, timeout)."""
 
 
 class RequestMetrics:
@@ -309,15 +311,19 @@ class ReplicaStatuses:
         self._clients: dict[str, tuple[ReplicaClient, asyncio.Task[None]]] = {}
 
     async def __call__(
-        self, replicas: list[tuple[dict[str, str], str]], timeout_s: float = 2.0
+        self,
+        replicas: list[tuple[dict[str, str], str]],
+        timeout_s: float = 2.0,
+        ask: Ask | None = None,
     ) -> list[tuple[dict[str, str], Any]]:
-        """(labels, status) of ``replicas``; those that do not answer in time are left out."""
+        """(labels, status) of ``replicas``; those that do not answer in time are left out.
+        ``ask``: another question than the status frame (the drift monitor's counts)."""
         wanted = {f"{labels['replica']}@{address}": labels for labels, address in replicas}
         for key, (client, connecting) in list(self._clients.items()):
             if key not in wanted or (connecting.done() and client.closed):  # gone, or broke
                 self._drop(key)
         found = await asyncio.gather(
-            *(self._one(key, labels, timeout_s) for key, labels in wanted.items()),
+            *(self._one(key, labels, timeout_s, ask) for key, labels in wanted.items()),
             return_exceptions=True,
         )
         out = []
@@ -329,7 +335,7 @@ class ReplicaStatuses:
         return out
 
     async def _one(
-        self, key: str, labels: dict[str, str], timeout_s: float
+        self, key: str, labels: dict[str, str], timeout_s: float, ask: Ask | None = None
     ) -> tuple[dict[str, str], Any]:
         if key not in self._clients:  # concurrent callers share one connect
             client = ReplicaClient(key.split("@", 1)[1], labels["replica"])
@@ -337,6 +343,8 @@ class ReplicaStatuses:
             self._clients[key] = (client, task)
         client, connecting = self._clients[key]
         await asyncio.shield(connecting)
+        if ask is not None:
+            return labels, await ask(client, labels, timeout_s)
         return labels, await client.status(timeout_s)
 
     def _drop(self, key: str) -> None:

@@ -32,12 +32,14 @@ from sqlalchemy.orm import Session, selectinload
 
 from inferd.config import Settings
 from inferd.errors import InvalidInput, ModelNotFound, VersionExists
+from inferd.observability.drift import build_profile, read_reference_sample
 from inferd.registry import deployment_rows as rows_
 from inferd.registry import schema
 from inferd.registry.artifact_cache import ArtifactCache
 from inferd.registry.catalog import CatalogEdits, version_row
 from inferd.registry.checks import check_batching
 from inferd.registry.deployments import Deployments
+from inferd.registry.drift_references import DriftReferences
 from inferd.registry.engine import WRITE, create_registry_engine
 from inferd.registry.keys import ApiKeys
 from inferd.registry.records import ModelRecord, VersionRecord
@@ -83,6 +85,11 @@ class Registry(CatalogEdits):
         self.deployments = Deployments(self)
         self.rollouts = RolloutProgress(self)
         self.keys = ApiKeys(self)
+        self.drift_references = DriftReferences(self)
+        """Versions' reference profiles for input drift."""
+        self.drift_categories = 50
+        """A registered sample's text input with at most this many distinct values is
+        categorical (``drift.max_categories``)."""
         """Which versions run and the traffic split between them."""
         self.gpus_here = True
         """Replicas run on this machine: ``resources.gpu`` names a GPU it has. False: an
@@ -102,6 +109,7 @@ class Registry(CatalogEdits):
             ),
         )
         registry.gpus_here = settings.replica_backend == "local"
+        registry.drift_categories = settings.drift.max_categories
         return registry
 
     def __enter__(self) -> Registry:
@@ -167,6 +175,7 @@ class Registry(CatalogEdits):
         if not isinstance(metadata.get("allow_non_finite", False), bool):
             raise InvalidInput("metadata allow_non_finite must be true or false")
         batching = check_batching(batching)
+        reference = self._drift_reference(source, signature, metadata)
         self.refuse_existing(name, version)
         manifest = {
             "framework": framework,
@@ -194,8 +203,9 @@ class Registry(CatalogEdits):
                 created_at=utcnow(),
             )
             record = self._insert(
-                row, staged, description=description, owner=owner, deploy=deploy, actor=actor
-            )
+                row, staged, description=description, owner=owner, deploy=deploy, actor=actor,
+                reference=reference,
+            )  # fmt: skip
             if uploaded:  # this host's replicas need not download what it just sent
                 self.cache.seed(staged.sha256, self.store.path(name, version))
         except BaseException:
@@ -222,6 +232,7 @@ class Registry(CatalogEdits):
         owner: str | None,
         deploy: bool,
         actor: str,
+        reference: dict[str, Any] | None = None,
     ) -> VersionRecord:
         name, version = row.model_name, row.version
         model_values = {
@@ -246,6 +257,8 @@ class Registry(CatalogEdits):
                     rows_.adopt_newest(session, name, version, f"{version} registered", actor)
                 session.add(row)
                 session.flush()  # a concurrent winner of this version surfaces here
+                if reference is not None:
+                    DriftReferences.add_in(session, row.id, reference)
                 self.store.publish(staged, replace=True)
                 published = True
                 record = _version_record(row, self.store.root)
@@ -261,6 +274,22 @@ class Registry(CatalogEdits):
                 raise _version_exists_error(name, version) from None
             raise
         return record
+
+    def _drift_reference(
+        self, source: Path, signature: Signature, metadata: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """The reference profile of the sample ``source`` ships (``drift_reference.npz``),
+        or None; 422 saying what does not fit."""
+        if not source.is_dir():
+            return None
+        try:
+            sample = read_reference_sample(source, signature)
+            if sample is None:
+                return None
+            profile = build_profile(signature, sample, "sample", metadata, self.drift_categories)
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
+        return profile.to_dict()
 
     def set_loaded(self, name: str, loaded: bool) -> None:
         """Set whether ``name`` should be served; the controller acts on its next pass.

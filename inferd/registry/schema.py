@@ -26,7 +26,7 @@ from inferd.registry.engine import (
     create_registry_engine,
 )
 
-HEAD = "0012"
+HEAD = "0013"
 """The newest migration's revision."""
 
 

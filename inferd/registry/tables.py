@@ -180,6 +180,23 @@ class ScalingEvent(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
+class DriftReference(Base):
+    """A version's reference profile for input drift (:mod:`inferd.observability.drift`):
+    from the sample registered with it (written at push), or from its first requests
+    (written once by the server, the first profile a replica reports winning). Apart
+    from the version's row, which stays as pushed; removed with it."""
+
+    __tablename__ = "drift_references"
+
+    version_id: Mapped[int] = mapped_column(
+        Integer, ForeignKey("model_versions.id", ondelete="CASCADE"), primary_key=True
+    )
+    source: Mapped[str] = mapped_column(String(16))  # sample | requests
+    rows: Mapped[int] = mapped_column(Integer)
+    profile: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
 class ApiKey(Base):
     """An API key: only the SHA-256 of its secret is kept (the key is shown once, when
     it is created). ``scopes``: admin (control plane: registry, deployments, keys, logs;

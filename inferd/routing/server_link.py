@@ -166,11 +166,12 @@ class ServerLink:
         since: float | None = None,
         window_s: float = 300.0,
         timeout_s: float = 10.0,
+        version: str | None = None,
     ) -> bytes:
         """The console's figures from the server process, as JSON (see
         :class:`~inferd.routing.table.ConsoleQuery`)."""
         answer: ConsoleAnswer = await self._ask(
-            lambda query: ConsoleQuery(query, what, models, since, window_s), timeout_s
+            lambda query: ConsoleQuery(query, what, models, since, window_s, version), timeout_s
         )
         return answer.body
 

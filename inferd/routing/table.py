@@ -139,12 +139,15 @@ class ConsoleQuery(msgspec.Struct, frozen=True, tag="console?"):
 
     id: int
     what: str
-    """overview (per model summaries, alerts, control health) | series (time series)"""
+    """overview (per model summaries, alerts, control health) | series (time series) |
+    drift (a version's input drift, :mod:`inferd.control.drift`)"""
     models: list[str] | None = None
     """Only these models (a key limited to some models); None: all."""
     since: float | None = None
     """series: the slots after this one (the ``until`` of a previous answer)."""
     window_s: float = 300.0
+    version: str | None = None
+    """drift: the version (None: the model's serving version)."""
 
 
 class ConsoleAnswer(msgspec.Struct, frozen=True, tag="console"):

@@ -281,6 +281,14 @@ class ReplicaClient:
             raise _as_error(reply)
         return reply
 
+    async def drift(self, query: p.DriftQuery, timeout_s: float = 5.0) -> p.DriftCounts:
+        """The replica's input counts (see :class:`~inferd.serving.protocol.DriftQuery`)."""
+        query.id = next(self._ids)
+        reply = await self._call(query, timeout_s)
+        if not isinstance(reply, p.DriftCounts):
+            raise _as_error(reply)
+        return reply
+
     async def drain(self, timeout_s: float = 5.0) -> p.Status:
         return await self._call(p.Drain(next(self._ids)), timeout_s)  # type: ignore[no-any-return]
 

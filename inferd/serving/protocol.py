@@ -224,6 +224,43 @@ class Adapter(msgspec.Struct, tag="adapter", array_like=True):
     path: str | None = None
 
 
+class DriftQuery(msgspec.Struct, tag="drift?", array_like=True):
+    """Server -> predict replica: its counts of its version's inputs on their reference
+    profile (:mod:`inferd.observability.drift`), answered by :class:`DriftCounts`. The
+    first query starts the counting (a server with drift off never asks)."""
+
+    id: int
+    reference: dict[str, Any] | None = None
+    """The version's profile, when the replica does not count on it yet."""
+    reference_rows: int = 1000
+    """With no profile: the replica builds one from this many of its first rows."""
+    max_categories: int = 50
+
+
+class DriftCounts(msgspec.Struct, tag="drift", array_like=True):
+    """Rows counted on the profile named ``digest`` since the replica began counting on
+    it (cumulative: the server differences them into windows)."""
+
+    id: int
+    digest: str
+    """The profile's; empty while the replica has none (it is collecting rows)."""
+    since: float
+    """When this counter began (wall clock): another value is another counter (the
+    replica restarted, or was handed another profile)."""
+    age_s: float
+    """Seconds it has counted (monotonic: no clock skew between hosts)."""
+    rows: int
+    counts: list[int]
+    """Per bin, each feature's bins in profile order."""
+    sums: list[float]
+    squares: list[float]
+    """Per feature: the sum and the sum of squares of its finite values."""
+    collected: int = 0
+    """Rows kept towards a profile of its own, while it has none."""
+    profile: dict[str, Any] | None = None
+    """The profile it built from its first rows, until the server hands it one."""
+
+
 Message = (
     Infer
     | InferResult
@@ -231,6 +268,8 @@ Message = (
     | Cancel
     | StatusQuery
     | Status
+    | DriftQuery
+    | DriftCounts
     | Drain
     | Generate
     | TokenChunk

@@ -27,12 +27,13 @@ from typing import Any
 import numpy as np
 
 from inferd.errors import InferdError, InvalidInput, ModelError, ModelNotReady
+from inferd.observability.drift import DriftCounter, Profile
 from inferd.observability.metrics import REQUEST_BUCKETS_S, Histogram, Sketch
 from inferd.runtimes import load_runtime
 from inferd.runtimes.base import Runtime, RuntimeConfig, Signature
 from inferd.serving.batcher import BatchTrace, Columns, DynamicBatcher
 from inferd.serving.core import EngineLoad, load_off_loop, mark_ready, rss_bytes
-from inferd.serving.protocol import from_tensor
+from inferd.serving.protocol import DriftCounts, DriftQuery, from_tensor
 from inferd.serving.spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)
@@ -71,6 +72,8 @@ class ReplicaCore:
         self.warmup_requests = 0
         self.model_bytes = 0
         """What loading and warming the model up added to the process's memory."""
+        self.drift: DriftCounter | None = None
+        """Its inputs counted on the version's reference profile, once the server asks."""
 
     async def load(self) -> None:
         before = rss_bytes()
@@ -90,6 +93,9 @@ class ReplicaCore:
         predict = runtime.predict_batch
         if self.spec.metadata.get("allow_non_finite") is not True:
             predict = functools.partial(finite_outputs, predict)
+        self.drift = DriftCounter(runtime.signature, dict(self.spec.metadata))
+        if not self._prepares:  # a batch at a time; a text model's raw texts in _queue
+            predict = functools.partial(counted, self.drift, predict)
         self.batcher = DynamicBatcher(predict, config, self._executor)
         self.batcher.start()
         self.load_s = time.monotonic() - self.started
@@ -163,7 +169,8 @@ class ReplicaCore:
     ) -> asyncio.Future[Columns]:
         assert self.batcher is not None
         if self._prepares:
-            assert self.runtime is not None
+            assert self.runtime is not None and self.drift is not None
+            self.drift.observe(inputs)  # the texts, before they become token ids
             inputs, lengths = self.runtime.prepare(inputs)
             return self.batcher.submit(inputs, rows, timeout_s, priority, trace, lengths)
         return self.batcher.submit(inputs, rows, timeout_s, priority, trace)
@@ -245,6 +252,14 @@ class ReplicaCore:
         if agrees(outputs, message.reference, message.tolerance):
             self._shadow["agreed"] += 1
 
+    def drift_counts(self, query: DriftQuery) -> DriftCounts:
+        """Its input counts for the server (the first query starts the counting)."""
+        if self.drift is None:
+            raise ModelNotReady(f"replica is {self.state}")
+        reference = None if query.reference is None else Profile.from_dict(query.reference)
+        self.drift.configure(reference, query.reference_rows, query.max_categories)
+        return DriftCounts(query.id, **self.drift.report())
+
     def idle(self) -> bool:
         return self.inflight == 0 and (self.batcher is None or self.batcher.idle())
 
@@ -275,6 +290,14 @@ def agrees(outputs: Columns, reference: dict[str, Any], tolerance: float) -> boo
         if not same:
             return False
     return True
+
+
+def counted(drift: DriftCounter, predict: Callable[[Columns], Columns], inputs: Columns) -> Columns:
+    """``predict(inputs)``, its inputs then counted for drift: only a batch that computed
+    (a failed one is computed again request by request, each counted once then)."""
+    outputs = predict(inputs)
+    drift.observe(inputs)
+    return outputs
 
 
 def finite_outputs(predict: Callable[[Columns], Columns], inputs: Columns) -> Columns:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from inferd import transport
+from inferd.errors import InvalidInput
 from inferd.observability import tracing
 from inferd.observability.logging import request_id_var
 from inferd.process import die_with_parent
@@ -123,6 +124,8 @@ class ReplicaProtocol(asyncio.Protocol):
                 self._adapter(message)
             elif isinstance(message, p.StatusQuery):
                 self._send(self._status(message.id))
+            elif isinstance(message, p.DriftQuery):
+                self._drift(message)
             elif isinstance(message, p.Drain):
                 self.on_drain.set()
                 self._send(self._status(message.id))
@@ -273,6 +276,15 @@ class ReplicaProtocol(asyncio.Protocol):
             sink(out)
 
         return traced
+
+    def _drift(self, message: p.DriftQuery) -> None:
+        """A predict replica's input counts (see :mod:`inferd.observability.drift`)."""
+        try:
+            if not isinstance(self.core, ReplicaCore):
+                raise InvalidInput("input drift is measured for predict models only")
+            self._send(self.core.drift_counts(message))
+        except Exception as exc:
+            self._send(p.Error(message.id, *error_status(exc)))
 
     def _adapter(self, message: p.Adapter) -> None:
         def done(future: asyncio.Future[dict[str, Any]]) -> None:

@@ -1,0 +1,416 @@
+"""Label-free drift, the replica's half: what a version's inputs looked like when it was
+registered (its reference *profile*) and what they look like now (cumulative *counts*
+on the profile's bins). The statistics and the rolling windows are the server's
+(:mod:`inferd.observability.drift_stats`, :mod:`inferd.control.drift`).
+
+A profile is built once per version: from a sample registered with it (a
+``drift_reference.npz`` in its folder, read at push: :func:`read_reference_sample`), or
+else from the first ``drift.reference_rows`` rows one of its replicas counts. The server
+keeps it (the registry's ``drift_references`` table) and hands it to every replica of
+the version, so all of them count on the same bins and their counts add up.
+
+Features (:func:`build_profile`): a numeric input of shape ``[-1]`` is one feature named
+as the input; one of shape ``[-1, F]`` gives F, named by the version's ``features`` (or
+``feature_names``) metadata, else ``input[j]``. A BYTES input of shape ``[-1]`` is
+categorical when the reference holds at most ``max_categories`` distinct values (one
+bin each, and one for any other value), else a text, followed by its length in
+characters (``input.length``). Other inputs (images, sequences) are not profiled.
+
+A numeric feature's bins are the reference's deciles (:data:`BINS`; each distinct value
+its own bin when there are fewer), plus a bin for NaN. Counting a batch
+(:class:`Binner`) is a comparison with each feature's edges and one ``bincount``: tens
+of microseconds for a batch of 64 rows of 30 features, so every row is counted (a batch
+over :data:`MAX_ROWS_COUNTED` rows is counted by a stride of its rows).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from inferd.runtimes.base import Signature
+
+Columns = dict[str, np.ndarray]
+
+REFERENCE_FILE = "drift_reference.npz"
+"""A version's registered reference sample: arrays by input name, rows first."""
+BINS = 10
+"""Bins per numeric feature: the reference's deciles, PSI's usual resolution."""
+MIN_REFERENCE_ROWS = 100
+"""Fewest rows a reference is built from (fewer: bins of a few rows each say nothing)."""
+MAX_REFERENCE_ROWS = 100_000
+"""Rows of a registered sample the profile is built from at most (a random subset)."""
+MAX_FEATURES = 256
+"""An input of more columns than this (an image, a sequence) is not profiled."""
+MAX_ROWS_COUNTED = 1024
+"""Rows of one batch counted at most; a larger batch is counted by a stride of its rows."""
+
+
+class FeatureProfile(msgspec.Struct, frozen=True, kw_only=True):
+    """One feature of a profile: where it is read, its bins and its reference counts."""
+
+    name: str
+    kind: str
+    """``numeric`` or ``categorical``."""
+    input: str
+    column: int | None = None
+    """Its column of an input of shape [-1, F]; None: the input is of shape [-1]."""
+    length: bool = False
+    """A text input, followed by its length in characters."""
+    edges: list[float] = []
+    """numeric: the inner bin edges, ascending (a value goes to the bin of the edges it
+    is at or above); the bins are ``len(edges) + 1`` then NaN."""
+    categories: list[str] = []
+    """categorical: one bin per value, then one for any other."""
+    counts: list[int] = []
+    """Reference rows per bin."""
+    mean: float | None = None
+    std: float | None = None
+    """numeric: of the reference's finite values."""
+
+
+class Profile(msgspec.Struct, frozen=True, kw_only=True):
+    """A version's reference: what its inputs looked like, feature by feature."""
+
+    features: list[FeatureProfile]
+    rows: int
+    source: str
+    """``sample`` (registered with the version) or ``requests`` (its first rows)."""
+    digest: str = ""
+    """Names the bins (not the counts): replicas counting on the same digest add up."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return msgspec.to_builtins(self)  # type: ignore[no-any-return]
+
+    @classmethod
+    def from_dict(cls, value: Any) -> Profile:
+        return msgspec.convert(value, cls)
+
+
+def bins_of(feature: FeatureProfile) -> int:
+    """How many counts the feature has (its bins, and its NaN or "other" bin)."""
+    if feature.kind == "categorical":
+        return len(feature.categories) + 1
+    return len(feature.edges) + 2
+
+
+def _digest(features: list[FeatureProfile]) -> str:
+    layout = [(f.name, f.input, f.column, f.length, f.edges, f.categories) for f in features]
+    return hashlib.sha256(msgspec.json.encode(layout)).hexdigest()[:16]
+
+
+# -- building a profile -------------------------------------------------------------------
+
+
+def build_profile(
+    signature: Signature,
+    columns: Columns,
+    source: str,
+    metadata: dict[str, Any] | None = None,
+    max_categories: int = 50,
+) -> Profile:
+    """The profile of ``columns`` (the reference rows, by input name): the features of
+    the inputs found there (see the module), their bins and counts."""
+    rows = _rows_of(columns)
+    layout: list[FeatureProfile] = []
+    for spec in signature.inputs:
+        array = columns.get(spec.name)
+        if array is None:
+            continue
+        if spec.datatype == "BYTES":
+            if array.ndim == 1:
+                layout.append(_text_feature(spec.name, array, max_categories))
+        elif array.ndim == 1:
+            layout.append(_numeric_feature(spec.name, spec.name, None, array))
+        elif array.ndim == 2 and array.shape[1] <= MAX_FEATURES:
+            names = _feature_names(spec.name, array.shape[1], metadata or {})
+            layout.extend(
+                _numeric_feature(name, spec.name, j, array[:, j]) for j, name in enumerate(names)
+            )
+    features = [msgspec.structs.replace(f, counts=[0] * bins_of(f)) for f in layout]
+    counts = Binner(features).count(columns, most=None)[0]
+    out, start = [], 0
+    for feature in features:
+        end = start + bins_of(feature)
+        out.append(msgspec.structs.replace(feature, counts=counts[start:end].tolist()))
+        start = end
+    return Profile(features=out, rows=rows, source=source, digest=_digest(out))
+
+
+def _rows_of(columns: Columns) -> int:
+    sizes = {len(array) for array in columns.values()}
+    if len(sizes) != 1:
+        raise ValueError(f"the reference's inputs have different numbers of rows: {sorted(sizes)}")
+    return sizes.pop()
+
+
+def _feature_names(input_name: str, width: int, metadata: dict[str, Any]) -> list[str]:
+    """Named as explanations name them: the ``features`` (or ``feature_names``) metadata."""
+    for given in (metadata.get("features"), metadata.get("feature_names")):
+        if isinstance(given, list) and len(given) == width:
+            return [str(name) for name in given]
+    return [f"{input_name}[{j}]" for j in range(width)]
+
+
+def _numeric_feature(
+    name: str, input_name: str, column: int | None, values: np.ndarray, length: bool = False
+) -> FeatureProfile:
+    x = np.asarray(values, dtype=np.float64)
+    finite = x[np.isfinite(x)]
+    mean = float(finite.mean()) if finite.size else None
+    std = float(finite.std()) if finite.size else None
+    return FeatureProfile(
+        name=name, kind="numeric", input=input_name, column=column, length=length,
+        edges=_edges(finite), mean=mean, std=std,
+    )  # fmt: skip
+
+
+def _edges(finite: np.ndarray) -> list[float]:
+    """Inner edges of deciles of ``finite``; with fewer distinct values than bins, one
+    bin per value (edges halfway between them): a flag or a small count keeps each of
+    its values apart instead of merging them into tied quantiles."""
+    distinct = np.unique(finite)
+    if distinct.size <= 1:
+        return [float(v) for v in distinct]
+    if distinct.size <= BINS:
+        return [float(v) for v in (distinct[:-1] + distinct[1:]) / 2]
+    edges = np.unique(np.quantile(finite, np.linspace(0, 1, BINS + 1)[1:-1]))
+    return [float(v) for v in edges]
+
+
+def _text_feature(name: str, values: np.ndarray, max_categories: int) -> FeatureProfile:
+    texts = [_text(v) for v in values.tolist()]
+    distinct, counts = np.unique(np.array(texts, dtype=object), return_counts=True)
+    if len(distinct) <= max_categories:
+        order = sorted(range(len(distinct)), key=lambda i: (-counts[i], distinct[i]))
+        categories = [str(distinct[i]) for i in order]
+        return FeatureProfile(name=name, kind="categorical", input=name, categories=categories)
+    lengths = np.fromiter((len(t) for t in texts), np.float64, len(texts))
+    return _numeric_feature(f"{name}.length", name, None, lengths, length=True)
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+# -- counting -----------------------------------------------------------------------------
+
+
+class Binner:
+    """Counts rows on a profile's bins: one flat count vector (each feature's bins in
+    profile order), and per feature the sum and the sum of squares of its finite values
+    (a window's mean and spread without keeping its rows)."""
+
+    def __init__(self, features: list[FeatureProfile]) -> None:
+        self.features = features
+        sizes = [bins_of(f) for f in features]
+        self.size = sum(sizes)
+        offsets = np.cumsum([0, *sizes[:-1]]).astype(np.int64)
+        self._matrices: dict[str, tuple[np.ndarray, ...]] = {}
+        """Input -> its numeric features: (indices, columns, edges (edge, feature), NaN
+        bins, offsets)."""
+        self._others: list[tuple[int, FeatureProfile, int, dict[Any, int]]] = []
+        by_input: dict[str, list[int]] = {}
+        for i, f in enumerate(features):
+            if f.kind == "numeric" and not f.length:
+                by_input.setdefault(f.input, []).append(i)
+            else:
+                index: dict[Any, int] = {c: k for k, c in enumerate(f.categories)}
+                index.update({c.encode(): k for k, c in enumerate(f.categories)})
+                self._others.append((i, f, int(offsets[i]), index))
+        for input_name, members in by_input.items():
+            width = max((len(features[i].edges) for i in members), default=0)
+            edges = np.full((max(width, 1), len(members)), np.nan)  # NaN pads: never <= x
+            for k, i in enumerate(members):
+                edges[: len(features[i].edges), k] = features[i].edges
+            nan_bin = np.array([len(features[i].edges) + 1 for i in members], np.int64)
+            columns = np.array([features[i].column or 0 for i in members], np.int64)
+            self._matrices[input_name] = (
+                np.array(members), columns, edges, nan_bin, offsets[members]
+            )  # fmt: skip
+
+    def count(
+        self, columns: Columns, most: int | None = MAX_ROWS_COUNTED
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        """(counts, sums, squares, rows counted) of ``columns``, a batch by input name:
+        every row, or a stride of them when there are more than ``most``."""
+        rows = _rows_of(columns) if columns else 0
+        counts = np.zeros(self.size, np.int64)
+        sums = np.zeros(len(self.features))
+        squares = np.zeros(len(self.features))
+        if rows == 0:
+            return counts, sums, squares, 0
+        step = 1 if most is None else -(-rows // most)
+        for input_name, (members, cols, edges, nan_bin, offsets) in self._matrices.items():
+            x = np.asarray(columns[input_name][::step], dtype=np.float64)
+            x = x.reshape(len(x), 1) if x.ndim == 1 else x[:, cols]
+            nan = np.isnan(x)
+            # edges first: one comparison, then a sum over the leading axis (a sum over
+            # a short last axis is several times slower); fewer than 256 edges: uint8
+            above = np.add.reduce(x[None] >= edges[:, None, :], axis=0, dtype=np.uint8)
+            bins = np.where(nan, nan_bin, above)
+            counts += np.bincount((bins + offsets).ravel(), minlength=self.size)
+            finite = np.where(np.isfinite(x), x, 0.0)
+            sums[members] += finite.sum(axis=0)
+            squares[members] += (finite * finite).sum(axis=0)
+        for i, feature, offset, index in self._others:
+            values = columns[feature.input][::step].tolist()
+            if feature.kind == "categorical":
+                other = len(feature.categories)
+                bins = np.fromiter((index.get(v, other) for v in values), np.int64, len(values))
+            else:  # a text's length
+                x = np.fromiter((len(v) for v in values), np.float64, len(values))
+                bins = np.searchsorted(np.array(feature.edges), x, side="right")
+                sums[i] += x.sum()
+                squares[i] += (x * x).sum()
+            counts += np.bincount(bins + offset, minlength=self.size)
+        return counts, sums, squares, -(-rows // step)
+
+
+class DriftCounter:
+    """A replica's counts of its rows on its version's profile. Idle (nothing counted,
+    nothing kept) until the server first asks (:meth:`configure`): a server with drift
+    off never does. Without a profile it keeps its first ``reference_rows`` rows and
+    builds one from them, which it reports until the server hands a profile back (that
+    one, or the version's own if another replica's came first). Batches are counted on
+    the replica's compute thread while reports are read on its event loop: a lock keeps
+    the counts and the row count one consistent pair."""
+
+    def __init__(self, signature: Signature, metadata: dict[str, Any]) -> None:
+        self.signature = signature
+        self.metadata = metadata
+        self.active = False
+        """Count what :meth:`observe` is given (set by the server's first question)."""
+        self.profile: Profile | None = None
+        self.acknowledged = False
+        """The server handed the profile counted on (else: this replica built it)."""
+        self.reference_rows = 1000
+        self.max_categories = 50
+        self._lock = threading.Lock()
+        self._collected: list[Columns] = []
+        self._collected_rows = 0
+        self._binner: Binner | None = None
+        self.counts = np.zeros(0, np.int64)
+        self.sums = np.zeros(0)
+        self.squares = np.zeros(0)
+        self.rows = 0
+        self.since = time.time()
+        """When counting on the profile began (wall clock; monotonic: ``_began``)."""
+        self._began = time.monotonic()
+
+    def configure(
+        self, reference: Profile | None, reference_rows: int, max_categories: int
+    ) -> None:
+        """Start counting; ``reference``: the version's profile (counted on from now)."""
+        with self._lock:
+            self.active = True
+            self.reference_rows, self.max_categories = reference_rows, max_categories
+            if reference is not None:
+                self.acknowledged = True
+                if self.profile is None or reference.digest != self.profile.digest:
+                    self._count_on(reference)
+
+    def _count_on(self, profile: Profile) -> None:
+        self.profile = profile
+        self._binner = Binner(profile.features)
+        self.counts = np.zeros(self._binner.size, np.int64)
+        self.sums = np.zeros(len(profile.features))
+        self.squares = np.zeros(len(profile.features))
+        self.rows = 0
+        self.since, self._began = time.time(), time.monotonic()
+        self._collected, self._collected_rows = [], 0
+
+    def observe(self, columns: Columns) -> None:
+        """Count one batch (or request) of input columns."""
+        if not self.active:
+            return
+        with self._lock:
+            if self._binner is None:
+                self._collect(columns)
+                return
+            counts, sums, squares, rows = self._binner.count(columns)
+            self.counts += counts
+            self.sums += sums
+            self.squares += squares
+            self.rows += rows
+
+    def _collect(self, columns: Columns) -> None:
+        wanted = self.reference_rows - self._collected_rows
+        taken = {name: array[:wanted] for name, array in columns.items()}
+        self._collected.append(taken)
+        self._collected_rows += min(wanted, _rows_of(columns))
+        if self._collected_rows < self.reference_rows:
+            return
+        names = self._collected[0].keys()
+        sample = {n: np.concatenate([part[n] for part in self._collected]) for n in names}
+        self._count_on(
+            build_profile(self.signature, sample, "requests", self.metadata, self.max_categories)
+        )
+
+    def report(self) -> dict[str, Any]:
+        """The counts since this replica started counting on its profile, as the
+        :class:`~inferd.serving.protocol.DriftCounts` frame's fields."""
+        with self._lock:
+            profile = self.profile
+            return {
+                "digest": "" if profile is None else profile.digest,
+                "since": self.since,
+                "age_s": time.monotonic() - self._began,
+                "rows": self.rows,
+                "counts": self.counts.tolist(),
+                "sums": self.sums.tolist(),
+                "squares": self.squares.tolist(),
+                "collected": self._collected_rows,
+                "profile": None if profile is None or self.acknowledged else profile.to_dict(),
+            }
+
+
+# -- a registered sample ------------------------------------------------------------------
+
+
+def read_reference_sample(folder: Path, signature: Signature) -> Columns | None:
+    """The version's registered reference rows (``drift_reference.npz`` in ``folder``:
+    numpy arrays by input name, rows first; texts as numpy str arrays, no pickles), at
+    most :data:`MAX_REFERENCE_ROWS` of them; None when there is no such file. ValueError
+    saying what does not fit the signature."""
+    path = Path(folder) / REFERENCE_FILE
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as found:
+            columns = {name: found[name] for name in found.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise ValueError(f"{REFERENCE_FILE}: not a numpy .npz of arrays ({exc})") from None
+    known = {spec.name: spec for spec in signature.inputs}
+    unknown = sorted(set(columns) - set(known))
+    if unknown or not columns:
+        raise ValueError(
+            f"{REFERENCE_FILE}: arrays must be named by the inputs {sorted(known)}; "
+            f"found {sorted(columns) or 'none'}"
+        )
+    for name, array in columns.items():
+        spec = known[name]
+        widths = zip(spec.shape[1:], array.shape[1:], strict=False)
+        if (
+            array.ndim != len(spec.shape)
+            or any(d not in (-1, n) for d, n in widths)
+            or (spec.datatype == "BYTES") != (array.dtype.kind in "US")
+        ):
+            raise ValueError(
+                f"{REFERENCE_FILE}: {name!r} is {array.dtype} of shape {list(array.shape)}; "
+                f"the input is {spec.datatype} {list(spec.shape)}"
+            )
+    rows = _rows_of(columns)
+    if rows < MIN_REFERENCE_ROWS:
+        raise ValueError(f"{REFERENCE_FILE}: {rows} rows; a reference needs {MIN_REFERENCE_ROWS}+")
+    if rows > MAX_REFERENCE_ROWS:
+        keep = np.sort(np.random.default_rng(0).choice(rows, MAX_REFERENCE_ROWS, replace=False))
+        columns = {name: array[keep] for name, array in columns.items()}
+    return {n: a.astype(object) if a.dtype.kind in "US" else a for n, a in columns.items()}

@@ -1,0 +1,131 @@
+"""Label-free input drift against the real server: a scikit-learn model registered with
+a reference sample (``drift_reference.npz``) takes an unshifted stream, then one whose
+third feature moved by 2 sigma; the drift view and ``/metrics`` flag that feature, and
+only it, within the window. A version with no sample takes its first requests as its
+reference, written to the registry. Requests go to 127.0.0.1 only."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import joblib
+import numpy as np
+import pytest
+
+from inferd.observability.drift import REFERENCE_FILE
+from tests.conftest import InferdServer, local_registry, push_folder, served
+
+pytestmark = pytest.mark.slow
+
+WINDOW_ROWS = 500
+REFERENCE_ROWS = 200
+ENV = {
+    "INFERD_DRIFT__INTERVAL_S": "0.3",
+    "INFERD_DRIFT__WINDOW_ROWS": str(WINDOW_ROWS),
+    "INFERD_DRIFT__MIN_WINDOW_ROWS": "200",
+    "INFERD_DRIFT__REFERENCE_ROWS": str(REFERENCE_ROWS),
+}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferdServer]:
+    from sklearn.linear_model import LinearRegression
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2000, 4)).astype(np.float32)
+    model = LinearRegression().fit(x, x @ np.array([1.0, -2.0, 0.5, 3.0]))
+    data = tmp_path_factory.mktemp("drift")
+    for name, sample in (("credit", True), ("plain", False)):
+        folder = data / f"src-{name}"
+        folder.mkdir()
+        joblib.dump(model, folder / "model.joblib")
+        if sample:
+            np.savez(folder / REFERENCE_FILE, features=x)
+        push_folder(data, name, folder)
+    with served(data, workers=1, env=ENV) as running:
+        yield running
+
+
+def send(client: httpx.Client, model: str, rows: int, shift: float = 0.0, seed: int = 1) -> None:
+    """``rows`` rows of four standard normal features (the third moved by ``shift``),
+    50 to a request."""
+    rng = np.random.default_rng(seed)
+    for start in range(0, rows, 50):
+        x = rng.normal(size=(min(50, rows - start), 4))
+        x[:, 2] += shift
+        body = {"inputs": [{"features": row} for row in x.round(5).tolist()]}
+        answer = client.post(f"/api/v1/models/{model}/predict", json=body)
+        assert answer.status_code == 200, answer.text
+
+
+def drift(server: InferdServer, model: str, until: str) -> dict:
+    """The model's drift view once its status is ``until``."""
+    found: dict = {}
+
+    def reached() -> bool:
+        nonlocal found
+        found = server.client.get(f"/api/v1/models/{model}/drift").json()
+        return found.get("status") == until
+
+    server.wait_for(reached, timeout_s=30, what=f"{model}'s drift status {until}: {found}")
+    return found
+
+
+def psi_metrics(server: InferdServer, model: str) -> dict[str, float]:
+    text = server.client.get("/metrics").text
+    pattern = rf'inferd_drift_psi\{{model="{model}",version="v1",feature="([^"]+)"\}} (\S+)'
+    return {feature: float(value) for feature, value in re.findall(pattern, text)}
+
+
+def test_a_2_sigma_shift_of_one_feature_is_flagged_within_the_window(server: InferdServer) -> None:
+    client = server.client
+    waiting = drift(server, "credit", "warming")  # the registered sample is its reference
+    assert waiting["reference"]["source"] == "sample" and waiting["reference"]["rows"] == 2000
+    assert waiting["threshold"] == {"psi": 0.2}
+
+    send(client, "credit", 600)
+    calm = drift(server, "credit", "ok")
+    assert calm["drifted"] == [] and calm["window"]["rows"] >= 200
+    assert all(not f["drifted"] and f["psi"] < 0.2 for f in calm["features"])
+    metrics = psi_metrics(server, "credit")
+    assert set(metrics) == {f"features[{j}]" for j in range(4)}
+    assert max(metrics.values()) < 0.2
+
+    send(client, "credit", WINDOW_ROWS, shift=2.0, seed=2)  # at most one window's rows
+    moved = drift(server, "credit", "drifted")
+    assert moved["drifted"] == ["features[2]"]
+    top = moved["features"][0]
+    assert top["name"] == "features[2]" and top["psi"] >= 0.2 and top["mean_shift_sigma"] > 1
+    metrics = psi_metrics(server, "credit")
+    assert metrics["features[2]"] >= 0.2
+    assert max(v for k, v in metrics.items() if k != "features[2]") < 0.2
+    text = client.get("/metrics").text
+    assert 'inferd_drift_features_drifted{model="credit",version="v1"} 1' in text
+    line = 'inferd_drift_psi_threshold{model="credit",version="v1",feature="features[2]"} 0.2'
+    assert line in text
+
+
+def test_without_a_sample_the_first_requests_are_the_reference(
+    server: InferdServer, tmp_path: Path
+) -> None:
+    collecting = drift(server, "plain", "collecting")
+    assert collecting["reference"] is None
+    send(server.client, "plain", REFERENCE_ROWS + 100, seed=3)
+    found = drift(server, "plain", "warming")
+    assert found["reference"]["source"] == "requests"
+    assert found["reference"]["rows"] == REFERENCE_ROWS
+    with local_registry(server.data_dir) as registry:  # kept: a restart reads it back
+        kept = registry.drift_references.get("plain", "v1")
+    assert kept is not None and kept["digest"] == found["reference"]["digest"]
+
+
+def test_unknown_models_and_versions_are_404(server: InferdServer) -> None:
+    for path in ("/api/v1/models/nope/drift", "/api/v1/models/credit/versions/v9/drift"):
+        answer = server.client.get(path)
+        assert answer.status_code == 404, answer.text
+        assert answer.json()["error"]["code"] == "model_not_found"
+    shown = server.client.get("/api/v1/models/credit/versions/v1/drift").json()
+    assert shown["model"] == "credit" and shown["version"] == "v1"
