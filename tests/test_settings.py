@@ -41,6 +41,20 @@ def test_an_unknown_group_key_lists_the_group(monkeypatch: pytest.MonkeyPatch) -
         Settings()
 
 
+def test_the_drift_group_lists_its_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INFERD_DRIFT__WINDOW_ROW", "500")
+    with pytest.raises(UnknownSetting) as caught:
+        Settings()
+    assert str(caught.value) == (
+        "unknown setting INFERD_DRIFT__WINDOW_ROW: drift has no 'window_row'; valid: enabled, "
+        "interval_s, max_categories, min_window_rows, psi_threshold, reference_rows, "
+        "window_rows, window_s"
+    )
+    monkeypatch.delenv("INFERD_DRIFT__WINDOW_ROW")
+    monkeypatch.setenv("INFERD_DRIFT__PSI_THRESHOLD", "0.1")
+    assert Settings().drift.psi_threshold == 0.1
+
+
 def test_variables_that_are_settings_or_not_settings_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("INFERD_BATCHING__MAX_BATCH_SIZE", "64")
     monkeypatch.setenv("inferd_replicas", "3")  # names are not case-sensitive
