@@ -84,6 +84,8 @@ def create_app(
     if dataplane is None:
         ttl_s = settings.cache.ttl_s
         dataplane = DataPlane(router, settings.request_timeout_s, result_cache, ttl_s)
+    if inference_log is not None:  # a graph's node calls are log rows of their own
+        dataplane.graphs.log = inference_log.record
     # Shared with the gRPC service when given, so both protocols draw from one budget.
     limits = rate_limits if rate_limits is not None else rate_limits_for(settings)
     app.inferd_gateway = GatewayState(  # type: ignore[attr-defined]
@@ -120,6 +122,7 @@ def create_app(
         {
             ("POST", "/api/v1/models/{model}/predict"): (v1.predict, "v1"),
             ("POST", "/api/v1/predict"): (v1.predict_one, "v1"),
+            ("POST", "/api/v1/graphs/{model}/predict"): (v1.predict_graph, "v1"),
             ("POST", "/v2/models/{model}/infer"): (v2.infer, "v2"),
             ("POST", "/v2/models/{model}/versions/{version}/infer"): (v2.infer, "v2"),
         },

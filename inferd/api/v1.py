@@ -26,6 +26,7 @@ from inferd.api.http import (
 )
 from inferd.api.state import gateway_of
 from inferd.errors import BadRequest, InvalidInput, ModelNotFound, PayloadTooLarge
+from inferd.graphs.spec import GRAPH_FRAMEWORK
 from inferd.observability.logging import request_id_var
 from inferd.priority import priority_code
 from inferd.protocols.codec import columns_to_rows, rows_to_columns
@@ -130,10 +131,40 @@ def _answered_by(outcome: InferOutcome, model: str) -> dict[str, Any]:
 @router.post("/models/{model}/predict", openapi_extra=docs.PREDICT)
 async def predict(model: str, request: Request) -> Response:
     """Predict a batch of rows with a model (default version unless ``params.version``)."""
+    return await _predict(model, request)
+
+
+def _graph_check(target: Target, rows: list[Any]) -> None:
+    if target.framework != GRAPH_FRAMEWORK:
+        raise ModelNotFound(f"{target.model!r} is a model, not a graph", model=target.model)
+
+
+@router.post("/graphs/{model}/predict", openapi_extra=docs.PREDICT, tags=["graphs"])
+async def predict_graph(model: str, request: Request) -> Response:
+    """Predict a batch of rows with an inference graph (a model whose framework is
+    ``graph``): the same body and reply as ``/api/v1/models/{model}/predict``."""
+    return await _predict(model, request, _graph_check)
+
+
+@router.get("/graphs", tags=["graphs"])
+async def list_graphs(request: Request) -> Response:
+    """The inference graphs served now (their serving version), from the routing table."""
+    table, visible = gateway_of(request).router.table, visible_models(request.scope)
+    graphs = [
+        {"name": name, "version": route.default_version, "versions": sorted(route.versions)}
+        for name, route in sorted(table.models.items())
+        if visible(name) and any(v.framework == GRAPH_FRAMEWORK for v in route.versions.values())
+    ]
+    return json_response({"graphs": graphs})
+
+
+async def _predict(
+    model: str, request: Request, check: Callable[[Target, list[Any]], None] | None = None
+) -> Response:
     body = await read_json(request, gateway_of(request).settings.max_body_bytes, non_finite=True)
     if isinstance(body, dict) and "inputs" not in body:
         raise InvalidInput("missing 'inputs': a list of rows, e.g. [{\"features\": [...]}]")
-    outcome, rid = await _run(request, model, body, "inputs")
+    outcome, rid = await _run(request, model, body, "inputs", check)
     return json_response(
         {
             **_answered_by(outcome, model),

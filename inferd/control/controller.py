@@ -38,6 +38,7 @@ from inferd.control.rollouts import Steps, policy, route
 from inferd.control.routes import routing_table
 from inferd.control.scaling import Scaling
 from inferd.control.state import ModelState, VersionSet, deployed, status_changes
+from inferd.graphs.spec import GRAPH_FRAMEWORK
 from inferd.registry import ModelRecord, Registry, VersionRecord
 from inferd.registry.deployments import DeploymentRecord
 from inferd.registry.rollout import DeploymentStatus
@@ -197,7 +198,10 @@ class Controller:
         self._spawn(self.scaling.keep(key, decision))
 
     def _count(self, record: VersionRecord) -> int:
-        """The replicas a version runs when nothing else says: its own, else the default."""
+        """The replicas a version runs when nothing else says: its own, else the default
+        (a graph: none, the gateways run it)."""
+        if record.framework == GRAPH_FRAMEWORK:
+            return 0
         return int((record.batching or {}).get("replicas") or self.settings.replicas)
 
     async def _scale(self, vset: VersionSet) -> None:
@@ -246,6 +250,7 @@ class Controller:
             return  # an unload is still stopping it; _retire asks for a new pass
         if vset is None:
             on_demand = self.on_demand is not None and not pinned(target)
+            on_demand = on_demand and target.framework != GRAPH_FRAMEWORK
             desired = 0 if on_demand else self._count(target)
             vset = model.versions[target.version] = VersionSet(target, desired, on_demand=on_demand)
             logger.info("deploying %s with %d replica(s)", vset.name, desired)

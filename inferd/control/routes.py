@@ -44,6 +44,7 @@ def _version(model: str, state: ModelState, vset: VersionSet) -> VersionRoute:
         allow_non_finite=record.metadata.get("allow_non_finite") is True,
         scale_from_zero=vset.on_demand
         or (vset.autoscaler is not None and vset.autoscaler.policy.min_replicas == 0),
+        graph=record.metadata.get("graph") if vset.replicaless else None,
     )
 
 

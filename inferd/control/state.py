@@ -12,6 +12,7 @@ from typing import Any
 
 from inferd.control.autoscaler import Autoscaler
 from inferd.control.replica import Replica, ReplicaState
+from inferd.graphs.spec import GRAPH_FRAMEWORK
 from inferd.registry import VersionRecord
 from inferd.registry.deployments import DeploymentRecord
 from inferd.registry.rollout import DeploymentStatus
@@ -47,6 +48,12 @@ class VersionSet:
     on_demand: bool = False
     """Loaded on demand under the memory budget (:mod:`inferd.control.on_demand`):
     ``desired`` is 1 while it is loaded, 0 while not."""
+
+    @property
+    def replicaless(self) -> bool:
+        """An inference graph: no replica runs it (the gateways do), so it is ready as
+        soon as it is deployed."""
+        return self.record.framework == GRAPH_FRAMEWORK
 
     @property
     def name(self) -> str:
@@ -102,7 +109,9 @@ class ModelState:
         ready = [
             v
             for v, s in self.versions.items()
-            if not s.retiring and (s.ready_count() > 0 or s.on_demand) and (v in self.traffic)
+            if not s.retiring
+            and (s.ready_count() > 0 or s.on_demand or s.replicaless)
+            and (v in self.traffic)
         ]
         order = list(self.traffic)  # newest first: the older version wins a tie
         return max(
@@ -155,6 +164,7 @@ def deployed(
     vset = model.versions.get(row.version)
     if vset is None:
         first = 0 if on_demand and row.autoscaling is None and not row.replicas else desired
+        first = 0 if record.framework == GRAPH_FRAMEWORK else first
         vset = VersionSet(record, first, batching=row.batching, status=row.status)
         model.versions[row.version] = vset
         logger.info("deploying %s with %d replica(s)", vset.name, desired)
@@ -168,8 +178,11 @@ def deployed(
     if vset.autoscaler is not None:
         desired = vset.autoscaler.desired
     vset.on_demand = on_demand and vset.autoscaler is None and not row.replicas
+    vset.on_demand = vset.on_demand and record.framework != GRAPH_FRAMEWORK
     if vset.on_demand:  # loaded while used (its desired is the on-demand loads' call)
         desired = min(vset.desired, 1)
+    if vset.replicaless:
+        vset.autoscaler, desired = None, 0
     vset.desired, vset.fallback = desired, row.fallback
     vset.status = row.status  # what the registry says now: status_changes compares
     if row.gpu_type != vset.gpu_type:

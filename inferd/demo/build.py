@@ -75,10 +75,10 @@ def _metadata(dataset: str, **metrics: Any) -> dict[str, Any]:
     return {**metrics, "dataset": dataset, "training_date": trained}
 
 
-def _build_fraud(folder: Path) -> DemoModel:
-    import xgboost
+def fraud_data() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The fraud demo's synthetic transactions: x_train, x_test, y_train, y_test (the
+    fraud graph's screening model learns from the same ones)."""
     from sklearn.datasets import make_classification
-    from sklearn.metrics import roc_auc_score
     from sklearn.model_selection import train_test_split
 
     x, y = make_classification(
@@ -88,6 +88,14 @@ def _build_fraud(folder: Path) -> DemoModel:
     x_train, x_test, y_train, y_test = train_test_split(
         x.astype(np.float32), y, test_size=0.25, stratify=y, random_state=SEED
     )
+    return x_train, x_test, y_train, y_test
+
+
+def _build_fraud(folder: Path) -> DemoModel:
+    import xgboost
+    from sklearn.metrics import roc_auc_score
+
+    x_train, x_test, y_train, y_test = fraud_data()
     train = xgboost.DMatrix(x_train, label=y_train, feature_names=list(FRAUD_FEATURES))
     params = {"objective": "binary:logistic", "max_depth": 6, "eta": 0.2, "seed": SEED}
     booster = xgboost.train({**params, "nthread": 2, "tree_method": "hist"}, train, 100)

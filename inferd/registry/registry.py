@@ -32,6 +32,9 @@ from sqlalchemy.orm import Session, selectinload
 
 from inferd.config import Settings
 from inferd.errors import InvalidInput, ModelNotFound, VersionExists
+from inferd.graphs.spec import GRAPH_FRAMEWORK, SPEC_FILE
+from inferd.graphs.spec import parse as parse_graph
+from inferd.graphs.spec import signature_of as graph_signature
 from inferd.observability.drift import build_profile, read_reference_sample
 from inferd.registry import deployment_rows as rows_
 from inferd.registry import schema
@@ -175,6 +178,8 @@ class Registry(CatalogEdits):
         if not isinstance(metadata.get("allow_non_finite", False), bool):
             raise InvalidInput("metadata allow_non_finite must be true or false")
         batching = check_batching(batching)
+        if framework == GRAPH_FRAMEWORK:
+            signature, metadata = self._graph(source, metadata)
         reference = self._drift_reference(source, signature, metadata)
         self.refuse_existing(name, version)
         manifest = {
@@ -290,6 +295,37 @@ class Registry(CatalogEdits):
         except ValueError as exc:
             raise InvalidInput(str(exc)) from None
         return profile.to_dict()
+
+    def _graph(self, source: Path, metadata: dict[str, Any]) -> tuple[Signature, dict[str, Any]]:
+        """An inference graph's signature, from the versions of the models it calls,
+        and its metadata with the spec (``graph``: the routing table carries it to the
+        gateways that run it); 422 naming what is wrong, or the models not registered."""
+        try:
+            spec = json.loads((Path(source) / SPEC_FILE).read_text())
+            graph = parse_graph(spec)
+        except (OSError, ValueError) as exc:
+            raise InvalidInput(f"not a valid graph: {exc}") from None
+        signatures, missing = {}, []
+        for node in graph.nodes.values():
+            if node.kind != "model":
+                continue
+            try:
+                record = (
+                    self.get_version(node.model, node.version)
+                    if node.version is not None
+                    else self.latest_version(node.model)
+                )
+            except ModelNotFound:
+                missing.append(node.model + (f":{node.version}" if node.version else ""))
+                continue
+            signatures[node.name] = record.signature
+        if missing:
+            raise InvalidInput(f"the graph calls models that are not registered: {missing}")
+        try:
+            signature = graph_signature(graph, signatures)
+        except ValueError as exc:
+            raise InvalidInput(f"not a valid graph: {exc}") from None
+        return signature, {**metadata, "graph": spec}
 
     def set_loaded(self, name: str, loaded: bool) -> None:
         """Set whether ``name`` should be served; the controller acts on its next pass.

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from inferd.errors import ModelError, ModelNotFound, ModelNotReady, Overloaded, RequestTimeout
+from inferd.graphs.runner import Graphs
+from inferd.graphs.spec import GRAPH_FRAMEWORK as GRAPH
 from inferd.observability.log_rows import COUNTERS
 from inferd.routing.cache import ResultCache, cache_key, version_ttl
 from inferd.routing.router import COLD_START, Router, Shadow, Target
@@ -126,6 +128,8 @@ class DataPlane:
         """Requests not mirrored because ``MAX_SHADOW_INFLIGHT`` were in flight."""
         self.overflowed = 0
         """Requests a saturated model's overflow model answered."""
+        self.graphs = Graphs(self)
+        """The inference graphs this gateway runs (a target whose framework is ``graph``)."""
 
     def target(self, model: str, version: str | None, user: str | None = None) -> Target:
         """``version`` if pinned, else the model's traffic split decides (sticky per
@@ -175,6 +179,8 @@ class DataPlane:
             raise RequestTimeout(
                 f"the request's deadline ({request.timeout_s:g}s) passed before it ran"
             )
+        if target.framework == GRAPH:  # no replica: its nodes come back through here
+            return await self.graphs.run(target, inputs, rows, request)
         tensors = {name: p.to_tensor(array) for name, array in inputs.items()}
         key, ttl, cache_ms = None, 0.0, 0.0
         if self.cache is not None:

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from inferd.errors import InferdError, ModelNotFound, ModelNotReady
+from inferd.graphs.spec import GRAPH_FRAMEWORK as GRAPH
 from inferd.observability.log_rows import COUNTERS
 from inferd.routing.prefix import PrefixIndex, prompt_bytes, prompt_keys
 from inferd.routing.server_link import ServerLink
@@ -109,7 +110,9 @@ def _split(
     shares = [
         (pct, targets[(route.name, version)])
         for version, pct in route.traffic.items()
-        if pct > 0 and ready.get((route.name, version)) and (route.name, version) in targets
+        if pct > 0
+        and (route.name, version) in targets
+        and (ready.get((route.name, version)) or targets[(route.name, version)].framework == GRAPH)
     ]
     if len(shares) < 2:
         return None

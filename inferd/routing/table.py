@@ -66,6 +66,9 @@ class VersionRoute(msgspec.Struct, frozen=True, kw_only=True):
     scale_from_zero: bool = False
     """Autoscaled with ``min_replicas`` 0: at zero replicas, a request is held and the
     gateway asks the controller for one (:class:`Demand`)."""
+    graph: dict[str, Any] | None = None
+    """An inference graph's spec (framework ``graph``, :mod:`inferd.graphs.spec`): it has
+    no replica, the gateway runs it."""
 
 
 class ModelRoute(msgspec.Struct, frozen=True):

@@ -34,13 +34,15 @@ RUNTIMES: dict[str, str] = {
     "llm": "inferd.runtimes.decoder:DecoderRuntime",
     "transformers": "inferd.runtimes.transformers:TransformersRuntime",
     "tensorflow": "inferd.runtimes.tensorflow:TensorFlowRuntime",
+    "graph": "inferd.runtimes.graph:GraphRuntime",
 }
 GENERATIVE = ("gpt2", "llm")
 """Frameworks whose replicas run an LLM engine and generate text (the others predict):
 GPT-2 checkpoints (inferd's own engine, or vLLM) and other decoders (vLLM)."""
 # framework -> the frameworks it overrules when both detect the same folder
 _OVERRULES: dict[str, set[str]] = {
-    "python": set(RUNTIMES) - {"python"},
+    "python": set(RUNTIMES) - {"python", "graph"},
+    "graph": set(RUNTIMES) - {"graph"},  # its graph.json says so, whatever lies beside it
     "xgboost": {"sklearn"},
     "lightgbm": {"sklearn"},
 }

@@ -1,0 +1,224 @@
+"""Running a graph in the gateway, over the data plane.
+
+A graph version has no replica: the gateway that received the request walks the graph
+and sends each model node through :meth:`DataPlane.infer`, so every node gets what a
+request to that model gets (its traffic split, batching in its replicas, the result
+cache, holds for a replica that is starting) and the graph adds only its own row
+arithmetic (:mod:`inferd.graphs.rows`) on the event loop. Model code never runs here:
+a "small Python step" is a registered Python model, a node like any other.
+
+Each node call is an inference-log row (``api`` ``graph``) under the graph request's
+id and, while tracing is on, a span; a node's failure names it and keeps its status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from inferd.errors import InferdError, InvalidInput, ModelError
+from inferd.graphs import rows as r
+from inferd.graphs.spec import Graph, GraphSpecError, Node, parse
+from inferd.observability import tracing
+from inferd.observability.log_rows import LogRow
+from inferd.serving.protocol import Columns, InferRequest
+
+if TYPE_CHECKING:
+    from inferd.routing.dataplane import DataPlane, InferOutcome
+    from inferd.routing.router import Target
+
+
+@dataclass(slots=True)
+class Scope:
+    """What a node sees: the request's columns and the current ones (a sequence's
+    previous outputs over them) for ``rows`` rows, and the outputs of the nodes already
+    computed on those rows."""
+
+    request: Columns
+    current: Columns
+    rows: int
+    done: dict[str, Columns] = field(default_factory=dict)
+
+    def subset(self, index: np.ndarray) -> Scope:
+        done = {name: r.take(out, index) for name, out in self.done.items()}
+        return Scope(r.take(self.request, index), r.take(self.current, index), len(index), done)
+
+    def source(self, source: str) -> np.ndarray:
+        node, _, output = source.partition(".")
+        columns = self.request if node == "request" else self.done.get(node, {})
+        if output not in columns:
+            raise InvalidInput(f"{source} is not available here (compute {node!r} first)")
+        return columns[output]
+
+
+class GraphRun:
+    """One request through one graph version."""
+
+    def __init__(
+        self,
+        plane: DataPlane,
+        target: Target,
+        graph: Graph,
+        request: InferRequest,
+        log: Callable[[LogRow], None] | None,
+    ) -> None:
+        self.plane, self.target, self.graph, self.request = plane, target, graph, request
+        self.log = log
+
+    async def node(self, name: str, scope: Scope) -> Columns:
+        if name in scope.done:  # a node runs once per row: a switch's default reuses it
+            return scope.done[name]
+        node = self.graph.nodes[name]
+        if node.kind == "model":
+            out = await self.model(node, scope)
+        elif node.kind == "sequence":
+            out = await self.sequence(node, scope)
+        elif node.kind == "switch":
+            out = await self.switch(node, scope)
+        elif node.kind == "ensemble":
+            outs = await asyncio.gather(*(self.node(c, scope) for c in node.children))
+            try:
+                out = {node.output: r.combine([o[node.output] for o in outs], node.combine)}
+            except (KeyError, ValueError) as exc:
+                raise self.failed(node, InvalidInput(f"cannot combine: {exc}")) from None
+        else:
+            seed = f"{self.request.request_id}\0{name}" if self.request.request_id else None
+            chosen = random.Random(seed).choices(node.children, node.weights)[0]
+            out = await self.node(chosen, scope)
+        scope.done[name] = out
+        return out
+
+    async def sequence(self, node: Node, scope: Scope) -> Columns:
+        out: Columns = {}
+        for step in node.children:
+            out = await self.node(step, scope)
+            scope.current = {**scope.current, **out}
+        return out
+
+    async def switch(self, node: Node, scope: Scope) -> Columns:
+        for condition in node.conditions:  # the nodes the conditions read, first
+            source = condition.source.partition(".")[0]
+            if source != "request":
+                await self.node(source, scope)
+        try:
+            masks = [r.holds(c, scope.source(c.source)) for c in node.conditions]
+        except ValueError as exc:
+            raise self.failed(node, InvalidInput(str(exc))) from None
+        branch = r.branch_of(masks, scope.rows)
+        assert node.default is not None
+        names = (*node.children, node.default)
+        taken = [(name, np.flatnonzero(branch == i)) for i, name in enumerate(names)]
+        taken = [(name, index) for name, index in taken if len(index)]
+        outs = await asyncio.gather(*(self.node(n, scope.subset(i)) for n, i in taken))
+        parts = [index for _, index in taken]
+        try:
+            return r.merge(list(zip(parts, outs, strict=True)), scope.rows)
+        except ValueError as exc:
+            raise self.failed(node, InvalidInput(str(exc))) from None
+
+    async def model(self, node: Node, scope: Scope) -> Columns:
+        plane, began = self.plane, time.perf_counter()
+        described = f"model {node.model}" + (f":{node.version}" if node.version else "")
+        try:
+            target = plane.target(node.model, node.version)
+            if node.inputs:
+                inputs = {name: scope.source(source) for name, source in node.inputs}
+            else:
+                wanted = [spec.name for spec in target.signature.inputs]
+                missing = [n for n in wanted if n not in scope.current]
+                if missing:
+                    raise InvalidInput(f"no column for its input(s) {missing}")
+                inputs = {n: scope.current[n] for n in wanted}
+            request = plane.request(
+                self.request.request_id, self.request.started, self.request.timeout_s,
+                self.request.priority, pinned=node.version is not None,
+            )  # fmt: skip
+            outcome = await self._traced(node, target, inputs, scope.rows, request)
+        except InferdError as exc:
+            self._log(node.model, node.version, getattr(exc, "status_code", 500), began)
+            raise self.failed(node, exc, described) from None
+        except Exception as exc:  # a bug here is still the node's: say which
+            self._log(node.model, node.version, 500, began)
+            raise self.failed(node, ModelError(str(exc)), described) from exc
+        self._log(node.model, outcome.target.version, 200, began, outcome)
+        return outcome.outputs
+
+    async def _traced(
+        self, node: Node, target: Target, inputs: Columns, rows: int, request: InferRequest
+    ) -> InferOutcome:
+        if tracing.tracer is None:
+            return await self.plane.infer(target, inputs, rows, request)
+        attributes = {"inferd.graph": self.target.model, "inferd.node": node.name,
+                      "inferd.model": target.model, "inferd.version": target.version}  # fmt: skip
+        with tracing.tracer.start_as_current_span(
+            f"inferd.graph node {node.name}", attributes=attributes
+        ):
+            return await self.plane.infer(target, inputs, rows, request)
+
+    def failed(self, node: Node, exc: InferdError, described: str = "") -> InferdError:
+        """``exc`` (its class and status kept) with a message naming the node."""
+        named = copy.copy(exc)
+        where = f"node {node.name!r}" + (f" ({described})" if described else "")
+        named.message = f"graph {self.target.model}: {where}: {exc.message}"
+        named.args = (named.message,)
+        named.details = {**exc.details, "node": node.name}
+        return named
+
+    def _log(
+        self,
+        model: str,
+        version: str | None,
+        status: int,
+        began: float,
+        outcome: InferOutcome | None = None,
+    ) -> None:
+        if self.log is None:
+            return
+        from inferd.routing.context import RequestContext  # it imports the data plane
+
+        ms = (time.perf_counter() - began) * 1000
+        context = RequestContext(request_id=self.request.request_id, outcome=outcome)
+        self.log(context.log_row("graph", model, status, ms, version))
+
+
+class Graphs:
+    """The graph versions a gateway runs, parsed once per version (and artifact)."""
+
+    def __init__(self, plane: DataPlane) -> None:
+        self.plane = plane
+        self.log: Callable[[LogRow], None] | None = None
+        """Where node calls are logged (the gateway's inference log); None: not logged."""
+        self._parsed: dict[tuple[str, str, str], Graph] = {}
+
+    def graph(self, target: Target) -> Graph:
+        route = self.plane.router.version_route(target.model, target.version)
+        if route is None or route.graph is None:
+            raise ModelError(f"graph {target.model}:{target.version} has no spec in the table")
+        key = (target.model, target.version, route.digest)
+        graph = self._parsed.get(key)
+        if graph is None:
+            try:
+                graph = self._parsed[key] = parse(route.graph)
+            except GraphSpecError as exc:  # checked at push: only a corrupt table
+                raise ModelError(f"graph {target.model}:{target.version}: {exc}") from None
+        return graph
+
+    async def run(
+        self, target: Target, inputs: Columns, rows: int, request: InferRequest
+    ) -> InferOutcome:
+        from inferd.routing.dataplane import InferOutcome
+
+        graph = self.graph(target)
+        run = GraphRun(self.plane, target, graph, request, self.log)
+        out = await run.node(graph.root, Scope(inputs, inputs, rows))
+        if graph.outputs is not None:
+            out = {name: out[name] for name in graph.outputs if name in out}
+        elapsed = (time.perf_counter() - request.started) * 1000
+        return InferOutcome(target, out, elapsed)
