@@ -442,4 +442,5 @@ def test_every_builtin_runtime_is_listed() -> None:
         "gpt2",
         "transformers",
         "tensorflow",
+        "graph",
     }
