@@ -162,6 +162,8 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _graph(data, "all-a", _pick("a", "b", weights=[100, 0]))
     _graph(data, "all-b", _pick("a", "b", weights=[0, 100]))
     _graph(data, "half", _pick("a", "b", weights=[50, 50]))
+    push_source(data, "plus", arithmetic_model("x + 1"), version="v2")  # registered only
+    _graph(data, "pinned", {"root": "p", "nodes": {"p": {"model": "plus", "version": "v2"}}})
     _graph(data, "broken", {"root": "s", "nodes": {
         "s": {"sequence": ["first", "second"]}, "first": {"model": "plus"},
         "second": {"model": "boom", "inputs": {"x": "first.y"}}}})  # fmt: skip
@@ -260,6 +262,9 @@ def test_a_failing_node_is_named(server):
     assert reply.status_code == 500, reply.text
     message = reply.json()["error"]["message"]
     assert message.startswith("graph broken: node 'second' (model boom): "), message
+    pinned = server.client.post("/api/v1/graphs/pinned/predict", json={"inputs": [{"x": 1.0}]})
+    assert pinned.status_code == 404, pinned.text  # plus:v2 is registered, not deployed
+    assert "graph pinned: node 'p' (model plus:v2): " in pinned.json()["error"]["message"]
     bad = server.client.post("/api/v1/graphs/chain/predict", json={"inputs": [{"z": 1}]})
     assert bad.status_code == 422  # the graph's own signature (plus's inputs) refuses it
     ok = server.client.post("/api/v1/graphs/broken/predict", json={"inputs": [{"x": 2.0}]})

@@ -254,7 +254,8 @@ class Controller:
             desired = 0 if on_demand else self._count(target)
             vset = model.versions[target.version] = VersionSet(target, desired, on_demand=on_demand)
             logger.info("deploying %s with %d replica(s)", vset.name, desired)
-        self.orchestrator.scale(vset, shrink=False)
+        if not vset.replicaless:  # a graph: no orchestrator object of its own (no pods)
+            self.orchestrator.scale(vset, shrink=False)
         self._switch_when_ready(model)
 
     def _reconcile_deployments(
@@ -281,7 +282,8 @@ class Controller:
                 self.orchestrator.gpus,
                 self.on_demand is not None and not pinned(registered[row.version]),
             )  # fmt: skip
-            self.orchestrator.scale(vset)
+            if not vset.replicaless:
+                self.orchestrator.scale(vset)
             step = policy(row).next_step(row, vset, now)
             if step is not None:
                 self.steps.once(model, row, step)

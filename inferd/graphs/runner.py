@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from inferd.errors import InferdError, InvalidInput, ModelError
+from inferd.errors import InferdError, InvalidInput, ModelError, ModelNotFound
 from inferd.graphs import rows as r
 from inferd.graphs.spec import Graph, GraphSpecError, Node, parse
 from inferd.observability import tracing
@@ -127,15 +127,8 @@ class GraphRun:
         plane, began = self.plane, time.perf_counter()
         described = f"model {node.model}" + (f":{node.version}" if node.version else "")
         try:
-            target = plane.target(node.model, node.version)
-            if node.inputs:
-                inputs = {name: scope.source(source) for name, source in node.inputs}
-            else:
-                wanted = [spec.name for spec in target.signature.inputs]
-                missing = [n for n in wanted if n not in scope.current]
-                if missing:
-                    raise InvalidInput(f"no column for its input(s) {missing}")
-                inputs = {n: scope.current[n] for n in wanted}
+            target = await self._target(node)
+            inputs = _inputs(node, target, scope)
             request = plane.request(
                 self.request.request_id, self.request.started, self.request.timeout_s,
                 self.request.priority, pinned=node.version is not None,
@@ -149,6 +142,13 @@ class GraphRun:
             raise self.failed(node, ModelError(str(exc)), described) from exc
         self._log(node.model, outcome.target.version, 200, began, outcome)
         return outcome.outputs
+
+    async def _target(self, node: Node) -> Target:
+        try:
+            return self.plane.target(node.model, node.version)
+        except ModelNotFound as missing:  # deployed a moment ago (else 404 at once)
+            started, timeout_s = self.request.started, self.request.timeout_s
+            return await self.plane.arriving(node.model, node.version, started, timeout_s, missing)
 
     async def _traced(
         self, node: Node, target: Target, inputs: Columns, rows: int, request: InferRequest
@@ -186,6 +186,18 @@ class GraphRun:
         ms = (time.perf_counter() - began) * 1000
         context = RequestContext(request_id=self.request.request_id, outcome=outcome)
         self.log(context.log_row("graph", model, status, ms, version))
+
+
+def _inputs(node: Node, target: Target, scope: Scope) -> Columns:
+    """A model node's columns: its ``inputs`` mapping, else the current columns its
+    signature names."""
+    if node.inputs:
+        return {name: scope.source(source) for name, source in node.inputs}
+    wanted = [spec.name for spec in target.signature.inputs]
+    missing = [n for n in wanted if n not in scope.current]
+    if missing:
+        raise InvalidInput(f"no column for its input(s) {missing}")
+    return {n: scope.current[n] for n in wanted}
 
 
 class Graphs:
