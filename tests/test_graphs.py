@@ -162,6 +162,8 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _graph(data, "all-a", _pick("a", "b", weights=[100, 0]))
     _graph(data, "all-b", _pick("a", "b", weights=[0, 100]))
     _graph(data, "half", _pick("a", "b", weights=[50, 50]))
+    _graph(data, "selfie", {"root": "a", "nodes": {"a": {"model": "plus"}}})
+    _graph(data, "selfie", {"root": "a", "nodes": {"a": {"model": "selfie"}}}, "v2", deploy=True)
     push_source(data, "plus", arithmetic_model("x + 1"), version="v2")  # registered only
     _graph(data, "pinned", {"root": "p", "nodes": {"p": {"model": "plus", "version": "v2"}}})
     _graph(data, "broken", {"root": "s", "nodes": {
@@ -265,6 +267,8 @@ def test_a_failing_node_is_named(server):
     pinned = server.client.post("/api/v1/graphs/pinned/predict", json={"inputs": [{"x": 1.0}]})
     assert pinned.status_code == 404, pinned.text  # plus:v2 is registered, not deployed
     assert "graph pinned: node 'p' (model plus:v2): " in pinned.json()["error"]["message"]
+    loop = server.client.post("/api/v1/graphs/selfie/predict", json={"inputs": [{"x": 1.0}]})
+    assert loop.status_code == 422 and "nest deeper than 8" in loop.text, loop.text
     bad = server.client.post("/api/v1/graphs/chain/predict", json={"inputs": [{"z": 1}]})
     assert bad.status_code == 422  # the graph's own signature (plus's inputs) refuses it
     ok = server.client.post("/api/v1/graphs/broken/predict", json={"inputs": [{"x": 2.0}]})

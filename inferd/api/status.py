@@ -21,6 +21,8 @@ class StatusView:
             return "registered"
         if route is not None and route.default_version == version:
             return "serving"
+        if vroute.graph is not None:  # no replica: the gateways run it
+            return "ready"
         states = {r.state for r in vroute.replicas}
         return "ready" if "ready" in states else (states.pop() if len(states) == 1 else "loading")
 

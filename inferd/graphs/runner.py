@@ -14,6 +14,7 @@ id and, while tracing is on, a span; a node's failure names it and keeps its sta
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import copy
 import random
 import time
@@ -33,6 +34,11 @@ from inferd.serving.protocol import Columns, InferRequest
 if TYPE_CHECKING:
     from inferd.routing.dataplane import DataPlane, InferOutcome
     from inferd.routing.router import Target
+
+
+MAX_DEPTH = 8
+"""Graphs a request may go through nested (a node of a graph may be a graph)."""
+_DEPTH: contextvars.ContextVar[int] = contextvars.ContextVar("inferd_graph_depth", default=0)
 
 
 @dataclass(slots=True)
@@ -228,8 +234,15 @@ class Graphs:
         from inferd.routing.dataplane import InferOutcome
 
         graph = self.graph(target)
-        run = GraphRun(self.plane, target, graph, request, self.log)
-        out = await run.node(graph.root, Scope(inputs, inputs, rows))
+        depth = _DEPTH.get()
+        if depth >= MAX_DEPTH:  # graphs may call graphs: a loop of them must end
+            raise InvalidInput(f"graphs nest deeper than {MAX_DEPTH} (a graph calling itself?)")
+        token = _DEPTH.set(depth + 1)
+        try:
+            run = GraphRun(self.plane, target, graph, request, self.log)
+            out = await run.node(graph.root, Scope(inputs, inputs, rows))
+        finally:
+            _DEPTH.reset(token)
         if graph.outputs is not None:
             out = {name: out[name] for name in graph.outputs if name in out}
         elapsed = (time.perf_counter() - request.started) * 1000
