@@ -280,6 +280,14 @@ def test_a_failing_node_is_named(server):
         return found.status_code == 200 and len(found.json().get("logs", [])) >= 3
 
     server.wait_for(logged, 10, "the graph's log rows")
+    rows = server.client.get("/api/v1/logs", params={"request_id": rid}).json()["logs"]
+    assert Counter((r["model_name"], r["api"]) for r in rows) == {
+        ("broken", "v1"): 1, ("plus", "graph"): 1, ("boom", "graph"): 1,
+    }  # fmt: skip
+    metrics = server.client.get("/metrics").text
+    for counted in ('{model="boom",version="",api="graph",code="500"} 1',  # its failure
+                    '{model="boom",version="v1",api="graph",code="200"} 1'):  # fmt: skip
+        assert f"inferd_requests_total{counted}" in metrics
 
 
 def _upload(client: httpx.Client, model: str, spec: object) -> httpx.Response:
