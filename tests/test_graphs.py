@@ -336,3 +336,36 @@ def test_a_deployment_splits_traffic_between_graph_versions(server, data):
     assert set(seen) == {4.0, 12.0}, seen  # v1: (x + 1) * 2, v2: (x + 1) + 10
     pinned = _predict(server.client, "/api/v1/graphs/chain/predict", [{"x": 1.0}], version="v2")
     assert pinned["version"] == "v2" and pinned["outputs"][0]["y"] == 12.0
+
+
+def test_each_node_call_is_a_span_of_the_request(tmp_path: Path):
+    from tests.test_tracing import Collector
+
+    collector = Collector()
+    push_source(tmp_path, "plus", arithmetic_model("x + 1"))
+    push_source(tmp_path, "double", arithmetic_model("x * 2"))
+    _graph(tmp_path, "chain", CHAIN)
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.url, "OTEL_BSP_SCHEDULE_DELAY": "100"}
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    try:
+        with served(tmp_path, workers=1, env=env) as server:
+            reply = server.client.post(
+                "/api/v1/graphs/chain/predict", json={"inputs": [{"x": 1.0}]},
+                headers={"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"},
+            )  # fmt: skip
+            assert reply.status_code == 200, reply.text
+            # the request's span, and per node its span, the call to its replica and the
+            # replica's two
+            spans = collector.trace(trace_id, 9)
+    finally:
+        collector.server.shutdown()
+        collector.server.server_close()
+    (request,) = [s for s in spans if s.name == "POST /api/v1/graphs/{model}/predict"]
+    nodes = {s.attributes["inferd.node"]: s for s in spans if s.name.startswith("inferd.graph")}
+    assert set(nodes) == {"a", "b"}
+    assert all(n.parent == request.span_id for n in nodes.values())
+    assert (nodes["b"].attributes["inferd.graph"], nodes["b"].attributes["inferd.model"]) == (
+        "chain", "double",
+    )  # fmt: skip
+    calls = [s for s in spans if s.name == "inferd.replica infer" and s.kind == 3]  # CLIENT
+    assert sorted(c.parent for c in calls) == sorted(n.span_id for n in nodes.values())
