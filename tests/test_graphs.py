@@ -159,6 +159,13 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _graph(data, "avg", {"root": "e", "nodes": {
         "e": {"ensemble": ["a", "b"], "combine": "mean", "output": "y"},
         "a": {"model": "plus"}, "b": {"model": "double"}}})  # fmt: skip
+    _graph(data, "mix", {"root": "e", "nodes": {
+        "e": {"ensemble": ["s1", "s2"], "combine": "max", "output": "y"},
+        "s1": {"sequence": ["a", "b"]}, "s2": {"sequence": ["c", "d"]},
+        "a": {"model": "plus"}, "b": {"model": "double", "inputs": {"x": "a.y"}},
+        "c": {"model": "ten"}, "d": {"model": "double", "inputs": {"x": "c.y"}}}})  # fmt: skip
+    lazy = {"root": "b", "nodes": {"a": {"model": "plus"}, "b": CHAIN["nodes"]["b"]}}
+    _graph(data, "lazy", lazy)  # b reads a.y: a is computed first
     _graph(data, "all-a", _pick("a", "b", weights=[100, 0]))
     _graph(data, "all-b", _pick("a", "b", weights=[0, 100]))
     _graph(data, "half", _pick("a", "b", weights=[50, 50]))
@@ -245,6 +252,10 @@ def test_sequence_ensemble_and_splitters(server):
     assert same["outputs"] == chain["outputs"]
     avg = _predict(client, "/api/v1/graphs/avg/predict", xs)
     assert [o["y"] for o in avg["outputs"]] == [2.0, 4.25]  # mean of x + 1 and x * 2
+    mix = _predict(client, "/api/v1/graphs/mix/predict", xs)
+    assert [o["y"] for o in mix["outputs"]] == [22.0, 25.0]  # max((x + 1) * 2, (x + 10) * 2)
+    lazy = _predict(client, "/api/v1/graphs/lazy/predict", xs)
+    assert lazy["outputs"] == chain["outputs"]
     for graph, y in (("all-a", 3.0), ("all-b", 4.0)):
         ys = {_predict(client, f"/api/v1/graphs/{graph}/predict", [{"x": 2.0}])["outputs"][0]["y"]
               for _ in range(20)}  # fmt: skip

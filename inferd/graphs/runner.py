@@ -102,21 +102,30 @@ class GraphRun:
         return out
 
     async def sequence(self, node: Node, scope: Scope) -> Columns:
+        # Its own current columns (an ensemble may run several sequences at once); the
+        # outputs computed are shared, so later nodes may read them.
+        inner = Scope(scope.request, dict(scope.current), scope.rows, scope.done)
         out: Columns = {}
         for step in node.children:
-            out = await self.node(step, scope)
-            scope.current = {**scope.current, **out}
+            out = await self.node(step, inner)
+            inner.current = {**inner.current, **out}
         return out
 
+    async def sources(self, sources: list[str], scope: Scope) -> None:
+        """Compute the nodes ``sources`` read (``NODE.OUTPUT``), before reading them."""
+        for source in sources:
+            name = source.partition(".")[0]
+            if name != "request":
+                await self.node(name, scope)
+
     async def switch(self, node: Node, scope: Scope) -> Columns:
-        for condition in node.conditions:  # the nodes the conditions read, first
-            source = condition.source.partition(".")[0]
-            if source != "request":
-                await self.node(source, scope)
+        await self.sources([c.source for c in node.conditions], scope)
         try:
             masks = [r.holds(c, scope.source(c.source)) for c in node.conditions]
         except ValueError as exc:
             raise self.failed(node, InvalidInput(str(exc))) from None
+        except InferdError as exc:
+            raise self.failed(node, exc) from None
         branch = r.branch_of(masks, scope.rows)
         assert node.default is not None
         names = (*node.children, node.default)
@@ -132,6 +141,7 @@ class GraphRun:
     async def model(self, node: Node, scope: Scope) -> Columns:
         plane, began = self.plane, time.perf_counter()
         described = f"model {node.model}" + (f":{node.version}" if node.version else "")
+        await self.sources([source for _, source in node.inputs], scope)
         try:
             target = await self._target(node)
             inputs = _inputs(node, target, scope)
