@@ -290,7 +290,12 @@ def _record(
     if model is None:
         return  # refused before it named a model: not an inference on one
     ms = (time.perf_counter() - started) * 1000
-    log.record(context.log_row(api, model, response.status_code, ms, None, log.keep_predictions))
+    # Payload logging off (the default): one attribute read, no bodies touched.
+    payload = None
+    if log.payload_rate:
+        payload = log.payload(context.body, getattr(response, "body", None))
+    keep = log.keep_predictions
+    log.record(context.log_row(api, model, response.status_code, ms, None, keep, payload=payload))
 
 
 def error_response(request: Request, exc: Exception) -> Response:
