@@ -251,6 +251,9 @@ class DriftConfig(Group):
     max_categories: int = Field(50, ge=2, le=1000)
     """A text input with at most this many distinct values in the reference is
     categorical, else it is followed by its length."""
+    max_rows_per_s: int = Field(5000, ge=10, le=10_000_000)
+    """Rows a replica counts a second at most; past that, one row in K (counting costs
+    ~0.03 us per row and feature: 5,000 rows of 30 features, under 1 % of a core)."""
 
 
 class ClusterConfig(Group):

@@ -47,8 +47,8 @@ def test_the_drift_group_lists_its_keys(monkeypatch: pytest.MonkeyPatch) -> None
         Settings()
     assert str(caught.value) == (
         "unknown setting INFERD_DRIFT__WINDOW_ROW: drift has no 'window_row'; valid: enabled, "
-        "interval_s, max_categories, min_window_rows, psi_threshold, reference_rows, "
-        "window_rows, window_s"
+        "interval_s, max_categories, max_rows_per_s, min_window_rows, psi_threshold, "
+        "reference_rows, window_rows, window_s"
     )
     monkeypatch.delenv("INFERD_DRIFT__WINDOW_ROW")
     monkeypatch.setenv("INFERD_DRIFT__PSI_THRESHOLD", "0.1")

@@ -235,6 +235,8 @@ class DriftQuery(msgspec.Struct, tag="drift?", array_like=True):
     reference_rows: int = 1000
     """With no profile: the replica builds one from this many of its first rows."""
     max_categories: int = 50
+    max_rows_per_s: int = 5000
+    """Past this many rows a second, the replica counts one row in K."""
 
 
 class DriftCounts(msgspec.Struct, tag="drift", array_like=True):
@@ -250,6 +252,7 @@ class DriftCounts(msgspec.Struct, tag="drift", array_like=True):
     age_s: float
     """Seconds it has counted (monotonic: no clock skew between hosts)."""
     rows: int
+    """Rows counted (all, or one in K past ``max_rows_per_s``)."""
     counts: list[int]
     """Per bin, each feature's bins in profile order."""
     sums: list[float]
@@ -257,6 +260,8 @@ class DriftCounts(msgspec.Struct, tag="drift", array_like=True):
     """Per feature: the sum and the sum of squares of its finite values."""
     collected: int = 0
     """Rows kept towards a profile of its own, while it has none."""
+    seen: int = 0
+    """Rows it was given since it began counting (counted or not)."""
     profile: dict[str, Any] | None = None
     """The profile it built from its first rows, until the server hands it one."""
 

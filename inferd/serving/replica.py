@@ -257,7 +257,9 @@ class ReplicaCore:
         if self.drift is None:
             raise ModelNotReady(f"replica is {self.state}")
         reference = None if query.reference is None else Profile.from_dict(query.reference)
-        self.drift.configure(reference, query.reference_rows, query.max_categories)
+        self.drift.configure(
+            reference, query.reference_rows, query.max_categories, query.max_rows_per_s
+        )
         return DriftCounts(query.id, **self.drift.report())
 
     def idle(self) -> bool:
