@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
 import orjson
 
 from inferd.observability.log_rows import NOT_COLUMNS, LogRow, Payload, user_hash
@@ -32,7 +33,8 @@ BATCH_CONTENT_TYPE = "application/cloudevents-batch+json"
 """The HTTP binding's batched mode: a JSON array of structured events."""
 REDACTED = "[REDACTED]"
 
-_FIELDS = tuple(name for name in LogRow.__struct_fields__ if name not in NOT_COLUMNS)
+_FIELDS = LogRow.__struct_fields__[: -len(NOT_COLUMNS)]
+assert LogRow.__struct_fields__[-len(NOT_COLUMNS) :] == NOT_COLUMNS  # data() zips the rest
 
 
 class EventEncoder:
@@ -42,6 +44,7 @@ class EventEncoder:
     def __init__(self, redact: Iterable[str] = (), host: str | None = None) -> None:
         self.host = host or socket.gethostname()
         self.redact = frozenset(redact)
+        self._quoted = [orjson.dumps(name) for name in self.redact]
 
     def attributes(self, row: LogRow) -> dict[str, str]:
         """The event's context attributes (all of them strings)."""
@@ -56,7 +59,7 @@ class EventEncoder:
 
     def data(self, row: LogRow) -> dict[str, Any]:
         """The row's fields as the database keeps them, then ``payload`` when sampled."""
-        out = {name: getattr(row, name) for name in _FIELDS}
+        out = dict(zip(_FIELDS, msgspec.structs.astuple(row), strict=False))  # payload left out
         user = out.pop("user")
         out["user_hash"] = None if user is None else user_hash(user)
         if row.payload is not None:
@@ -86,8 +89,15 @@ class EventEncoder:
                 if not self.redact:  # else: not JSON, so it cannot be redacted: left out
                     out[f"{key}_base64"] = base64.b64encode(body).decode()
                 continue
-            out[key] = redacted(value, self.redact) if self.redact else value
+            out[key] = redacted(value, self.redact) if self._may_name(body) else value
         return out
+
+    def _may_name(self, body: bytes) -> bool:
+        """Whether ``body`` may hold a redacted name: spelt as a JSON string, or written
+        with escapes (then every body is walked). A byte scan, cheaper than the walk."""
+        if not self.redact:
+            return False
+        return b"\\" in body or any(name in body for name in self._quoted)
 
 
 def redacted(value: Any, names: frozenset[str]) -> Any:
@@ -97,14 +107,28 @@ def redacted(value: Any, names: frozenset[str]) -> Any:
     if isinstance(value, dict):
         tensor = "data" in value and value.get("name") in names
         return {
-            key: REDACTED if key in names or (tensor and key == "data") else redacted(v, names)
+            key: REDACTED
+            if key in names or (tensor and key == "data")
+            else redacted(v, names)
+            if isinstance(v, dict | list)
+            else v
             for key, v in value.items()
         }
-    if isinstance(value, list):
-        return [redacted(v, names) for v in value]
+    if isinstance(value, list):  # no call per number of a long row
+        return [redacted(v, names) if isinstance(v, dict | list) else v for v in value]
     return value
 
 
+_second: list[tuple[int, str]] = [(-1, "")]
+"""The last second formatted, as one tuple (sink threads share it: a swap, never a torn
+pair)."""
+
+
 def rfc3339(ts: float) -> str:
-    """``ts`` (Unix seconds) as RFC 3339 in UTC with microseconds: ``…T12:00:00.000001Z``."""
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="microseconds")[:-6] + "Z"
+    """``ts`` (Unix seconds) as RFC 3339 in UTC with microseconds: ``…T12:00:00.000001Z``;
+    the formatted second is reused for every row within it."""
+    sec = int(ts)
+    cached = _second[0]
+    if cached[0] != sec:
+        cached = _second[0] = (sec, datetime.fromtimestamp(sec, UTC).strftime("%Y-%m-%dT%H:%M:%S"))
+    return f"{cached[1]}.{int((ts - sec) * 1_000_000):06d}Z"
