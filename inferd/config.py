@@ -26,7 +26,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from inferd.replica_config import BatchingConfig, Group, LLMConfig
+from inferd.replica_config import BatchingConfig, Group, ImagesConfig, LLMConfig
 
 
 class AuthConfig(Group):
@@ -476,6 +476,8 @@ class Settings(BaseSettings):
     """Intra-op threads of each replica's runtime (torch, onnxruntime, xgboost, lightgbm)."""
     batching: BatchingConfig = Field(default_factory=lambda: BatchingConfig())
     """Default dynamic batching for versions that do not set their own."""
+    images: ImagesConfig = Field(default_factory=lambda: ImagesConfig())
+    """Image inputs: allowed buckets, pixel and size limits, decoding threads."""
     llm: LLMConfig = Field(default_factory=lambda: LLMConfig())
     """Engine settings for generative (GPT-2-family) models."""
     inference_log: InferenceLogConfig = Field(default_factory=lambda: InferenceLogConfig())

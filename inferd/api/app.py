@@ -28,6 +28,7 @@ from inferd.api import (
     console,
     deployments,
     drift,
+    explain,
     generate,
     health,
     keys,
@@ -101,6 +102,7 @@ def create_app(
     app.include_router(console.router)
     app.include_router(drift.router)
     app.include_router(v1.router)
+    app.include_router(explain.router)
     app.include_router(generate.router)
     app.include_router(openai.router)
     app.include_router(rerank.router)
@@ -120,6 +122,12 @@ def create_app(
         {
             ("POST", "/api/v1/models/{model}/predict"): (v1.predict, "v1"),
             ("POST", "/api/v1/predict"): (v1.predict_one, "v1"),
+            ("POST", "/api/v1/models/{model}/explain"): (explain.explain, "explain"),
+            ("POST", "/api/v1/models/{model}/versions/{version}/explain"): (
+                explain.explain,
+                "explain",
+            ),
+            ("POST", "/v1/models/{model}:explain"): (explain.explain_v1, "explain"),
             ("POST", "/v2/models/{model}/infer"): (v2.infer, "v2"),
             ("POST", "/v2/models/{model}/versions/{version}/infer"): (v2.infer, "v2"),
         },

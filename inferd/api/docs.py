@@ -164,3 +164,49 @@ TRAFFIC = {
         },
     }
 }
+
+
+EXPLAIN = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["inputs"],
+                    "properties": {
+                        "inputs": {
+                            "type": "array",
+                            "description": "Rows, as for predict.",
+                            "items": {},
+                        },
+                        "params": {
+                            "type": "object",
+                            "properties": {
+                                "version": {"type": "string"},
+                                "timeout_ms": {"type": "number"},
+                            },
+                        },
+                    },
+                },
+                "example": {"inputs": [{"features": [5.1, 3.5, 1.4, 0.2]}]},
+            }
+        },
+    }
+}
+
+EXPLAIN_V1 = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["instances"],
+                    "properties": {"instances": {"type": "array", "items": {}}},
+                },
+                "example": {"instances": [{"features": [5.1, 3.5, 1.4, 0.2]}]},
+            }
+        },
+    }
+}

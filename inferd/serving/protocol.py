@@ -122,6 +122,34 @@ class Answer:
     batch_rows: int = 0
 
 
+class Explain(msgspec.Struct, tag="explain", array_like=True):
+    """Each feature's share of each row's prediction (answered by :class:`Explained`):
+    computed off the batcher, at most ``inferd.runtimes.explain.MAX_ROWS`` rows."""
+
+    id: int
+    inputs: dict[str, Tensor]
+    rows: int
+    timeout_ms: float
+    request_id: str = ""
+
+
+class Explained(msgspec.Struct, tag="explained", array_like=True):
+    """An :class:`~inferd.runtimes.explain.Explanation` on the wire."""
+
+    id: int
+    attributions: Tensor
+    """(rows, features, outputs)"""
+    values: Tensor
+    """(rows, outputs)"""
+    expected: Tensor
+    """(outputs,)"""
+    features: list[str]
+    outputs: list[str]
+    method: str
+    space: str
+    compute_ms: float = 0.0
+
+
 class Error(msgspec.Struct, tag="error", array_like=True):
     id: int
     code: str
@@ -280,6 +308,8 @@ Message = (
     | TokenChunk
     | Adapter
     | Load
+    | Explain
+    | Explained
 )
 
 _encoder = msgspec.msgpack.Encoder()
