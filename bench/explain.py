@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 import numpy as np
-from servers import free_port, start, stop, wait_ready
+from servers import inferd_serving
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -74,41 +74,29 @@ def main() -> None:
     args = parser.parse_args()
     results: dict[str, list[dict[str, float]]] = {}
     rng = np.random.default_rng(0)
-    with tempfile.TemporaryDirectory(prefix="bench-explain-") as tmp:
-        work = Path(tmp)
-        port = free_port()
-        env = {
-            "INFERD_REGISTRY__IMPORT_ROOTS": json.dumps(["/"]),
-            "INFERD_DATA_DIR": str(work / "data"),
-        }
-        log = work / "server.log"
-        cmd = [sys.executable, "-m", "inferd", "serve", "--port", str(port), "--workers", "1",
-               "--grpc-port", str(free_port())]  # fmt: skip
-        server = start(cmd, env, log)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            wait_ready(url + "/health/ready", process=server, log=log)
-            client = httpx.Client(base_url=url, timeout=120)
-            register(client, work / "models")
-            for r in range(args.rounds):
-                for model, width in WIDTH.items():
-                    for rows in (1, 10):
-                        x = rng.normal(size=(rows, width)) + (5.0 if model == "iris" else 0.0)
-                        body = {"inputs": [{"features": v} for v in x.round(3).tolist()]}
-                        order = ["explain", "predict"] if r % 2 == 0 else ["predict", "explain"]
-                        got: dict[str, float] = {}
-                        for kind in order:
-                            path = f"/api/v1/models/{model}/{kind}"
-                            timed(client, path, body, 3)  # its first calls: imports, threads
-                            took = timed(client, path, body, args.requests)
-                            got[f"{kind}_p50"] = statistics.median(took)
-                            got[f"{kind}_p99"] = p99(took)
-                        results.setdefault(f"{model} x{rows}", []).append(got)
-                        print(f"round {r} {model:5} {rows:2} rows: explain p50 "
-                              f"{got['explain_p50']:7.2f} ms p99 {got['explain_p99']:7.2f} | "
-                              f"predict p50 {got['predict_p50']:6.2f} ms", flush=True)  # fmt: skip
-        finally:
-            stop(server)
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-explain-") as tmp,
+        inferd_serving(Path(tmp)) as url,
+    ):
+        client = httpx.Client(base_url=url, timeout=120)
+        register(client, Path(tmp) / "models")
+        for r in range(args.rounds):
+            for model, width in WIDTH.items():
+                for rows in (1, 10):
+                    x = rng.normal(size=(rows, width)) + (5.0 if model == "iris" else 0.0)
+                    body = {"inputs": [{"features": v} for v in x.round(3).tolist()]}
+                    order = ["explain", "predict"] if r % 2 == 0 else ["predict", "explain"]
+                    got: dict[str, float] = {}
+                    for kind in order:
+                        path = f"/api/v1/models/{model}/{kind}"
+                        timed(client, path, body, 3)  # its first calls: imports, threads
+                        took = timed(client, path, body, args.requests)
+                        got[f"{kind}_p50"] = statistics.median(took)
+                        got[f"{kind}_p99"] = p99(took)
+                    results.setdefault(f"{model} x{rows}", []).append(got)
+                    print(f"round {r} {model:5} {rows:2} rows: explain p50 "
+                          f"{got['explain_p50']:7.2f} ms p99 {got['explain_p99']:7.2f} | "
+                          f"predict p50 {got['predict_p50']:6.2f} ms", flush=True)  # fmt: skip
     summary = {
         case: {
             key: round(statistics.median(run[key] for run in runs), 2)

@@ -31,7 +31,7 @@ from typing import Any
 
 import httpx
 import numpy as np
-from servers import free_port, start, stop, wait_ready
+from servers import inferd_serving
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -142,33 +142,21 @@ def main() -> None:
     decoded = decoding(args.side)
     print("decoding:", decoded, flush=True)
     runs: dict[str, list[float]] = {"image-classifier": [], "image-tensors": []}
-    with tempfile.TemporaryDirectory(prefix="bench-images-") as tmp:
-        work = Path(tmp)
-        port = free_port()
-        env = {
-            "INFERD_REGISTRY__IMPORT_ROOTS": json.dumps(["/"]),
-            "INFERD_DATA_DIR": str(work / "data"),
-        }
-        log = work / "server.log"
-        cmd = [sys.executable, "-m", "inferd", "serve", "--port", str(port), "--workers", "1",
-               "--grpc-port", str(free_port())]  # fmt: skip
-        server = start(cmd, env, log)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            wait_ready(url + "/health/ready", process=server, log=log)
-            with httpx.Client(base_url=url, timeout=120) as client:
-                register(client, work / "models")
-            requests = bodies(args.side)
-            for r in range(args.rounds):
-                order = list(runs) if r % 2 == 0 else list(reversed(runs))
-                for model in order:
-                    body, headers = requests[model]
-                    drive(url, model, body, headers, args.clients, 1.0)  # warm
-                    rate = drive(url, model, body, headers, args.clients, args.duration)
-                    runs[model].append(rate)
-                    print(f"round {r} {model:16} {rate:8.1f} images/s", flush=True)
-        finally:
-            stop(server)
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-images-") as tmp,
+        inferd_serving(Path(tmp)) as url,
+    ):
+        with httpx.Client(base_url=url, timeout=120) as client:
+            register(client, Path(tmp) / "models")
+        requests = bodies(args.side)
+        for r in range(args.rounds):
+            order = list(runs) if r % 2 == 0 else list(reversed(runs))
+            for model in order:
+                body, headers = requests[model]
+                drive(url, model, body, headers, args.clients, 1.0)  # warm
+                rate = drive(url, model, body, headers, args.clients, args.duration)
+                runs[model].append(rate)
+                print(f"round {r} {model:16} {rate:8.1f} images/s", flush=True)
     summary = {m: round(statistics.median(v), 1) for m, v in runs.items()}
     ratio = round(summary["image-classifier"] / summary["image-tensors"], 2)
     RESULTS.mkdir(exist_ok=True)

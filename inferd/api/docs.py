@@ -171,24 +171,7 @@ EXPLAIN = {
         "required": True,
         "content": {
             "application/json": {
-                "schema": {
-                    "type": "object",
-                    "required": ["inputs"],
-                    "properties": {
-                        "inputs": {
-                            "type": "array",
-                            "description": "Rows, as for predict.",
-                            "items": {},
-                        },
-                        "params": {
-                            "type": "object",
-                            "properties": {
-                                "version": {"type": "string"},
-                                "timeout_ms": {"type": "number"},
-                            },
-                        },
-                    },
-                },
+                "schema": PREDICT["requestBody"]["content"]["application/json"]["schema"],  # type: ignore[index]
                 "example": {"inputs": [{"features": [5.1, 3.5, 1.4, 0.2]}]},
             }
         },
