@@ -156,6 +156,28 @@ def wait_ready(
     raise RuntimeError(f"{url} not ready in {timeout_s:.0f}s")
 
 
+@contextlib.contextmanager
+def inferd_serving(work: Path, env: dict[str, str] | None = None) -> Iterator[str]:
+    """One ``inferd serve`` of this checkout (one gateway, its data in ``work/data``,
+    ``file://`` imports from anywhere, its log ``work/server.log``) for the length of
+    the block: its URL."""
+    port = free_port()
+    log = work / "server.log"
+    cmd = [sys.executable, "-m", "inferd", "serve", "--port", str(port), "--workers", "1",
+           "--grpc-port", str(free_port())]  # fmt: skip
+    base = {
+        "INFERD_REGISTRY__IMPORT_ROOTS": json.dumps(["/"]),
+        "INFERD_DATA_DIR": str(work / "data"),
+    }
+    server = start(cmd, {**base, **(env or {})}, log)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_ready(url + "/health/ready", process=server, log=log)
+        yield url
+    finally:
+        stop(server)
+
+
 def process_tree(pid: int) -> list[int]:
     """A process and all its descendants (a server with its gateways and replicas)."""
     out = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True)

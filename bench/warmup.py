@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -34,7 +33,7 @@ from typing import Any
 
 import httpx
 import numpy as np
-from servers import free_port, start, stop, wait_ready
+from servers import inferd_serving
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -116,18 +115,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-warmup-") as tmp:
         work = Path(tmp)
         bodies = models(work / "models")
-        port = free_port()
-        env = {
-            "INFERD_REGISTRY__IMPORT_ROOTS": json.dumps(["/"]),
-            "INFERD_DATA_DIR": str(work / "data"),
-        }
-        log = work / "server.log"
-        cmd = [sys.executable, "-m", "inferd", "serve", "--port", str(port), "--workers", "1",
-               "--grpc-port", str(free_port())]  # fmt: skip
-        server = start(cmd, env, log)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            wait_ready(url + "/health/ready", process=server, log=log)
+        with inferd_serving(work) as url:
             client = httpx.Client(base_url=url, timeout=120)
             for r in range(args.rounds):
                 order = list(VARIANTS) if r % 2 == 0 else list(reversed(VARIANTS))
@@ -141,8 +129,6 @@ def main() -> None:
                         print(f"round {r} {model:9} {variant:8} first {got['first_ms']:7.1f} ms"
                               f"  median {got['median_ms']:6.2f} ms  warm-up "
                               f"{got['warmup_s']:.3f} s", flush=True)  # fmt: skip
-        finally:
-            stop(server)
     summary = summarise(results)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "warmup.json").write_text(

@@ -1,6 +1,6 @@
 """The settings groups a replica reads: dynamic batching and the generation engines.
 
-Part of :class:`inferd.config.Settings` (``batching``, ``llm``; also importable from
+Part of :class:`inferd.config.Settings` (``batching``, ``images``, ``llm``; also importable from
 :mod:`inferd.config`), kept in a module of their own so that a replica process, which
 receives them in its :class:`~inferd.serving.spec.ReplicaSpec`, imports pydantic's models
 without pydantic-settings and the server's other settings. :class:`Group` is the base of
@@ -88,6 +88,25 @@ class BatchingConfig(Group):
                 f"{self.priority_levels}"
             )
         return self
+
+
+class ImagesConfig(Group):
+    """Image inputs: versions whose metadata declares ``image`` preprocessing take encoded
+    images (:mod:`inferd.runtimes.images`)."""
+
+    allowed_buckets: list[str] = Field(default_factory=list)
+    """``bucket`` or ``bucket/prefix`` entries whose ``s3://`` URIs an image input may
+    name (fetched with the ``AWS_*`` endpoint and credentials, as the artifact store);
+    none: a URI is refused (422). No other URL is ever fetched."""
+    max_pixels: int = Field(40_000_000, ge=1)
+    """Largest image (width x height) decoded; a larger one is refused (422) from its
+    header, before decoding: a decompression bomb costs nothing."""
+    max_object_bytes: int = Field(32 * 1024 * 1024, ge=1024)
+    """Largest object an ``s3://`` URI may name (422 beyond)."""
+    decode_threads: int = Field(2, ge=1, le=64)
+    """Threads of a replica that fetch and decode images, a request at a time each (the
+    decoders release the GIL): requests decode in parallel and apart, so a corrupt
+    image fails its own request only, then their tensors batch together."""
 
 
 class LLMConfig(Group):

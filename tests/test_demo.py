@@ -32,6 +32,7 @@ def test_demo_models_are_complete(demo: dict[str, DemoModel]) -> None:
         "sentiment": "sklearn",
         "iris": "onnx",
         "digits": "torch",
+        "image-classifier": "onnx",
     }
     for model in demo.values():
         assert [p.name for p in model.path.iterdir()] == [f"model.{_SUFFIX[model.framework]}"]
@@ -73,7 +74,14 @@ def test_demo_signatures(demo: dict[str, DemoModel]) -> None:
             "label": ("INT64", (-1,)),
             "probabilities": ("FP32", (-1, 10)),
         },
+        "image-classifier": {
+            "image": ("BYTES", (-1,)),
+            "label": ("INT64", (-1,)),
+            "probabilities": ("FP32", (-1, 3)),
+        },
     }
+    assert signatures["image-classifier"].inputs[0].media == "image"
+    assert signatures["image-classifier"].labels == ("circle", "square", "triangle")
     assert signatures["fraud"].labels == ("legit", "fraud")
     assert signatures["sentiment"].labels == ("negative", "positive")
     assert signatures["iris"].labels == ("setosa", "versicolor", "virginica")

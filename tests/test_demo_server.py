@@ -19,14 +19,15 @@ def test_health_and_model_listing(demo_server: InferdServer):
     ready = c.get("/health/ready").json()
     assert ready["status"] == "ready"
     assert set(ready["models"]) == {
-        "fraud", "sentiment", "iris", "digits", "all-minilm-l6-v2", "sentiment-minilm",
-        "rerank-minilm",
+        "fraud", "sentiment", "iris", "digits", "image-classifier", "all-minilm-l6-v2",
+        "sentiment-minilm", "rerank-minilm",
     }  # fmt: skip
     models = {m["name"]: m for m in c.get("/api/v1/models").json()["models"]}
     assert models["fraud"]["framework"] == "xgboost"
     assert models["sentiment"]["framework"] == "sklearn"
     assert models["iris"]["framework"] == "onnx"
     assert models["digits"]["framework"] == "torch"
+    assert models["image-classifier"]["framework"] == "onnx"
     assert all(m["serving_version"] == "v1" and m["ready"] for m in models.values())
 
 

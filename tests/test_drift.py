@@ -14,6 +14,7 @@ import pytest
 import scipy.special
 import scipy.stats
 
+from inferd.config import DriftConfig
 from inferd.control.drift import VersionDrift, write_drift
 from inferd.errors import InvalidInput, ModelNotFound
 from inferd.observability.drift import (
@@ -234,6 +235,24 @@ def test_a_replica_counts_nothing_until_asked_then_builds_and_hands_over_a_profi
     assert counter.since >= since and report["profile"] is None
 
 
+def test_past_its_rate_a_replica_counts_one_row_in_k_and_in_bulk() -> None:
+    rng = np.random.default_rng(10)
+    now = [0.0]
+    counter = DriftCounter(TABULAR, {}, clock=lambda: now[0])
+    profile = build_profile(TABULAR, rows(rng, REFERENCE), "sample")
+    counter.configure(profile, 1000, 50, max_rows_per_s=100)
+    for _ in range(100):  # 1,000 rows in the first second: all counted
+        counter.observe(rows(rng, 10))
+    assert counter.report()["rows"] == 1000
+    now[0] = 1.0  # that second's rate: 1,000 rows/s, ten times the cap
+    for _ in range(500):  # one-row batches: every tenth row, across batches
+        counter.observe(rows(rng, 1))
+    assert counter._pending_rows == 50  # kept, not counted yet: counted in bulk
+    report = counter.report()
+    assert report["rows"] == 1050 and report["seen"] == 1500
+    assert sum(report["counts"][: bins_of(profile.features[0])]) == 1050
+
+
 # -- windows and the server's differencing ------------------------------------------------
 
 
@@ -273,8 +292,9 @@ def test_replicas_counters_are_differenced_and_a_new_one_counts_only_if_it_is_ne
     # another profile: nothing
     assert state.take("r1", reply(1012.0, 3.0, 10, digest), 1015.0).rows == 10  # type: ignore[union-attr]
     assert state.take("r2", reply(1005.0, 1.0, 10, "other"), 1010.0) is None
-    assert state.query("r2", 1000, 50).reference == state.reference.to_dict()
-    assert state.query("r0", 1000, 50).reference is None  # it counts on it already
+    config = DriftConfig()
+    assert state.query("r2", config).reference == state.reference.to_dict()
+    assert state.query("r0", config).reference is None  # it counts on it already
 
 
 # -- detection ----------------------------------------------------------------------------

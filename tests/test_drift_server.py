@@ -112,8 +112,17 @@ def test_without_a_sample_the_first_requests_are_the_reference(
     server: InferdServer, tmp_path: Path
 ) -> None:
     collecting = drift(server, "plain", "collecting")
-    assert collecting["reference"] is None
-    send(server.client, "plain", REFERENCE_ROWS + 100, seed=3)
+    assert collecting["reference"] is None and collecting["collected_rows"] == 0
+    server.wait_for(  # its replica counts from the server's first question on
+        lambda: server.client.get("/api/v1/models/plain/drift").json()["replicas"] == 1,
+        timeout_s=30, what="plain's replica asked for its counts",
+    )  # fmt: skip
+    send(server.client, "plain", 100, seed=3)
+    server.wait_for(
+        lambda: server.client.get("/api/v1/models/plain/drift").json()["collected_rows"] == 100,
+        timeout_s=30, what="100 rows collected towards plain's reference",
+    )  # fmt: skip
+    send(server.client, "plain", REFERENCE_ROWS, seed=4)
     found = drift(server, "plain", "warming")
     assert found["reference"]["source"] == "requests"
     assert found["reference"]["rows"] == REFERENCE_ROWS

@@ -47,12 +47,29 @@ def test_the_drift_group_lists_its_keys(monkeypatch: pytest.MonkeyPatch) -> None
         Settings()
     assert str(caught.value) == (
         "unknown setting INFERD_DRIFT__WINDOW_ROW: drift has no 'window_row'; valid: enabled, "
-        "interval_s, max_categories, min_window_rows, psi_threshold, reference_rows, "
-        "window_rows, window_s"
+        "interval_s, max_categories, max_rows_per_s, min_window_rows, psi_threshold, "
+        "reference_rows, window_rows, window_s"
     )
     monkeypatch.delenv("INFERD_DRIFT__WINDOW_ROW")
     monkeypatch.setenv("INFERD_DRIFT__PSI_THRESHOLD", "0.1")
     assert Settings().drift.psi_threshold == 0.1
+
+
+def test_the_payload_log_group_lists_its_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INFERD_PAYLOAD_LOG__SINK", "[]")
+    with pytest.raises(UnknownSetting) as caught:
+        Settings()
+    assert str(caught.value) == (
+        "unknown setting INFERD_PAYLOAD_LOG__SINK: payload_log has no 'sink'; valid: attempts, "
+        "batch_rows, flush_interval_s, http_headers, max_buffer_mb, max_buffer_rows, "
+        "max_payload_bytes, payloads, redact, sample_rate, sinks, timeout_s"
+    )
+    monkeypatch.delenv("INFERD_PAYLOAD_LOG__SINK")
+    monkeypatch.setenv("INFERD_PAYLOAD_LOG__SINKS", '["http://127.0.0.1:9/e", "s3://b/p"]')
+    monkeypatch.setenv("INFERD_PAYLOAD_LOG__REDACT", '["ssn"]')
+    cfg = Settings().payload_log
+    assert cfg.sinks == ["http://127.0.0.1:9/e", "s3://b/p"]
+    assert (cfg.redact, cfg.payloads) == (["ssn"], False)
 
 
 def test_variables_that_are_settings_or_not_settings_pass(monkeypatch: pytest.MonkeyPatch) -> None:

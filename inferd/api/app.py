@@ -28,6 +28,7 @@ from inferd.api import (
     console,
     deployments,
     drift,
+    explain,
     generate,
     health,
     keys,
@@ -103,6 +104,7 @@ def create_app(
     app.include_router(console.router)
     app.include_router(drift.router)
     app.include_router(v1.router)
+    app.include_router(explain.router)
     app.include_router(generate.router)
     app.include_router(openai.router)
     app.include_router(rerank.router)
@@ -123,6 +125,12 @@ def create_app(
             ("POST", "/api/v1/models/{model}/predict"): (v1.predict, "v1"),
             ("POST", "/api/v1/predict"): (v1.predict_one, "v1"),
             ("POST", "/api/v1/graphs/{model}/predict"): (v1.predict_graph, "v1"),
+            ("POST", "/api/v1/models/{model}/explain"): (explain.explain, "explain"),
+            ("POST", "/api/v1/models/{model}/versions/{version}/explain"): (
+                explain.explain,
+                "explain",
+            ),
+            ("POST", "/v1/models/{model}:explain"): (explain.explain_v1, "explain"),
             ("POST", "/v2/models/{model}/infer"): (v2.infer, "v2"),
             ("POST", "/v2/models/{model}/versions/{version}/infer"): (v2.infer, "v2"),
         },
@@ -293,7 +301,12 @@ def _record(
     if model is None:
         return  # refused before it named a model: not an inference on one
     ms = (time.perf_counter() - started) * 1000
-    log.record(context.log_row(api, model, response.status_code, ms, None, log.keep_predictions))
+    # Payload logging off (the default): one attribute read, no bodies touched.
+    payload = None
+    if log.payload_rate:
+        payload = log.payload(context.body, getattr(response, "body", None))
+    keep = log.keep_predictions
+    log.record(context.log_row(api, model, response.status_code, ms, None, keep, payload=payload))
 
 
 def error_response(request: Request, exc: Exception) -> Response:

@@ -164,3 +164,32 @@ TRAFFIC = {
         },
     }
 }
+
+
+EXPLAIN = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": PREDICT["requestBody"]["content"]["application/json"]["schema"],  # type: ignore[index]
+                "example": {"inputs": [{"features": [5.1, 3.5, 1.4, 0.2]}]},
+            }
+        },
+    }
+}
+
+EXPLAIN_V1 = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["instances"],
+                    "properties": {"instances": {"type": "array", "items": {}}},
+                },
+                "example": {"instances": [{"features": [5.1, 3.5, 1.4, 0.2]}]},
+            }
+        },
+    }
+}

@@ -86,7 +86,8 @@ async def start(
         )
     except InferdError as exc:
         ms = (time.perf_counter() - began) * 1000
-        log.record(context.log_row(api, name, exc.status_code, ms, version))
+        payload = log.payload(context.body, None) if log.payload_rate else None
+        log.record(context.log_row(api, name, exc.status_code, ms, version, payload=payload))
         raise
     context.cache_hit, context.routed = hit, ROUTED.get()
     return _logged(chunks, log, context, api, target, began), target, rid, started
@@ -112,7 +113,11 @@ async def _logged(
         ms = (time.perf_counter() - began) * 1000
         if last is not None and last.finished:  # a reader may stop at the last chunk
             status = 200
-        log.record(context.log_row(api, target.model, status, ms, target.version, last=last))
+        # The request's body only: the answer streamed away chunk by chunk.
+        payload = log.payload(context.body, None) if log.payload_rate else None
+        version = target.version
+        row = context.log_row(api, target.model, status, ms, version, last=last, payload=payload)
+        log.record(row)
 
 
 def cache_header(request: Request) -> dict[str, str]:

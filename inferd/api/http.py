@@ -252,7 +252,9 @@ async def read_body(request: Request, limit: int) -> bytes:
                     f"request body exceeds the limit of {limit} bytes", limit_bytes=limit
                 )
         body = bytes(chunks)
-    context_of(request.scope).body_read = True  # a DisconnectWatch may listen now
+    context = context_of(request.scope)
+    context.body_read = True  # a DisconnectWatch may listen now
+    context.body = body  # a reference: payload logging may ship it as it came
     return body
 
 

@@ -6,6 +6,7 @@ import asyncio
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,7 @@ from inferd.api.http import (
     request_id_of,
     request_timeout,
 )
+from inferd.api.multipart import form_body, is_multipart
 from inferd.api.state import gateway_of
 from inferd.errors import BadRequest, InvalidInput, ModelNotFound, PayloadTooLarge
 from inferd.graphs.spec import GRAPH_FRAMEWORK
@@ -32,6 +34,8 @@ from inferd.priority import priority_code
 from inferd.protocols.codec import columns_to_rows, rows_to_columns
 from inferd.routing.dataplane import DataPlane, InferOutcome
 from inferd.routing.router import Target
+from inferd.runtimes.base import Signature
+from inferd.serving.protocol import InferRequest
 
 router = APIRouter(prefix="/api/v1", tags=["inference"])
 
@@ -73,22 +77,35 @@ def _params(
     return version, timeout_ms / 1000 if timeout_ms else None, user, priority
 
 
-async def _run(
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A predict-shaped request, routed, authorised and checked, not run yet."""
+
+    target: Target
+    columns: dict[str, np.ndarray]
+    rows: int
+    infer: InferRequest
+    request_id: str
+
+
+async def prepare(
     request: Request,
     model: str,
     body: Any,
     rows_key: str,
     check: Callable[[Target, list[Any]], None] | None = None,
-) -> tuple[InferOutcome, str]:
-    """Route, authorise, check and run one predict-shaped request; ``check`` sees the
-    target version and the rows before they are sent (to refuse what this route cannot
-    serve)."""
+    version: str | None = None,
+) -> Prepared:
+    """Route, authorise and check one predict-shaped request; ``check`` sees the target
+    version and the rows before they are sent (to refuse what this route cannot serve);
+    ``version``: pinned by the path (else ``params.version`` may pin it)."""
     started = time.perf_counter()
     rid = request_id_of(request)
     request_id_var.set(rid)
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
-    version, timeout_s, user, priority = _params(request, body)
+    asked, timeout_s, user, priority = _params(request, body)
+    version = version or asked
     timeout_s = request_timeout(request, timeout_s)
     plane = _plane(request)
     user = user or header(request, b"x-user-id")
@@ -111,9 +128,21 @@ async def _run(
         check(target, rows if isinstance(rows, list) else [])
     columns, n = rows_to_columns(rows, target.signature, target.allow_non_finite)
     infer = plane.request(rid, started, timeout_s, priority, pinned=version is not None)
-    outcome = await plane.infer(target, columns, n, infer)
-    context.outcome = outcome  # for the inference log and the trace
-    return outcome, rid
+    return Prepared(target, columns, n, infer, rid)
+
+
+async def _run(
+    request: Request,
+    model: str,
+    body: Any,
+    rows_key: str,
+    check: Callable[[Target, list[Any]], None] | None = None,
+) -> tuple[InferOutcome, str]:
+    """:func:`prepare` and run one predict-shaped request."""
+    ready = await prepare(request, model, body, rows_key, check)
+    outcome = await _plane(request).infer(ready.target, ready.columns, ready.rows, ready.infer)
+    context_of(request.scope).outcome = outcome  # for the inference log and the trace
+    return outcome, ready.request_id
 
 
 def _answered_by(outcome: InferOutcome, model: str) -> dict[str, Any]:
@@ -130,7 +159,8 @@ def _answered_by(outcome: InferOutcome, model: str) -> dict[str, Any]:
 
 @router.post("/models/{model}/predict", openapi_extra=docs.PREDICT)
 async def predict(model: str, request: Request) -> Response:
-    """Predict a batch of rows with a model (default version unless ``params.version``)."""
+    """Predict a batch of rows with a model (default version unless ``params.version``);
+    a JSON body, or a multipart form whose fields are the inputs (images as files)."""
     return await _predict(model, request)
 
 
@@ -161,7 +191,17 @@ async def list_graphs(request: Request) -> Response:
 async def _predict(
     model: str, request: Request, check: Callable[[Target, list[Any]], None] | None = None
 ) -> Response:
-    body = await read_json(request, gateway_of(request).settings.max_body_bytes, non_finite=True)
+    """Read a JSON body, or a multipart form whose fields are the inputs (images as
+    files); run it on ``model``, after ``check``; the reply."""
+    limit = gateway_of(request).settings.max_body_bytes
+    if is_multipart(request):
+
+        def signature() -> Signature:
+            return _plane(request).target(model, None).signature
+
+        body = await form_body(request, limit, signature)
+    else:
+        body = await read_json(request, limit, non_finite=True)
     if isinstance(body, dict) and "inputs" not in body:
         raise InvalidInput("missing 'inputs': a list of rows, e.g. [{\"features\": [...]}]")
     outcome, rid = await _run(request, model, body, "inputs", check)

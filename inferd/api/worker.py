@@ -120,6 +120,11 @@ async def build_gateway(settings: Settings, control: str | Path) -> Gateway:
     inference_log = LogShipper(
         router.server.send_log_rows, cfg.flush_interval_s, cfg.max_buffer_rows, cfg.enabled
     )
+    payloads = settings.payload_log
+    if payloads.sinks and payloads.payloads:  # bodies ride with sampled rows to the sinks
+        inference_log.payload_rate = payloads.sample_rate
+        inference_log.max_payload_bytes = payloads.max_payload_bytes
+        inference_log.max_payload_buffer_bytes = int(payloads.max_buffer_mb * 1024 * 1024)
     inference_log.start()
     cache = cache_for(settings) if settings.cache.enabled else None
     limits = rate_limits_for(settings)  # one per process: HTTP and gRPC share the budgets

@@ -87,6 +87,8 @@ class _Seen:
     digest: str
     provisional: bool
     """It reported a profile of its own (not handed one yet)."""
+    collected: int
+    """Rows it keeps towards a profile of its own (it has none yet)."""
     counts: Counts
 
 
@@ -104,6 +106,8 @@ class VersionDrift:
         self.looked_at = time.time()
         self.collected = 0
         """Rows its replicas keep towards a reference of their own (none yet)."""
+        self.answered = 0
+        """Replicas whose counts the last look got."""
         self.unsupported: str | None = None
         """Why its replicas count nothing (a generative model)."""
         self.current: Counts | None = None
@@ -116,14 +120,16 @@ class VersionDrift:
             return 0 if self.reference is None else self.reference.rows
         return sum(entry["drifted"] for entry in self.scores)
 
-    def query(self, replica: str, rows: int, categories: int) -> DriftQuery:
+    def query(self, replica: str, config: DriftConfig) -> DriftQuery:
         """What to ask ``replica``: with the reference when it does not count on it."""
         seen, reference = self.seen.get(replica), self.reference
         handing = reference is not None and (
             seen is None or seen.digest != reference.digest or seen.provisional
         )
         profile = reference.to_dict() if handing and reference is not None else None
-        return DriftQuery(0, profile, rows, categories)
+        return DriftQuery(
+            0, profile, config.reference_rows, config.max_categories, config.max_rows_per_s
+        )
 
     def take(self, replica: str, reply: DriftCounts, now: float) -> Counts | None:
         """What ``replica`` counted on the reference since the last look (None: nothing
@@ -133,7 +139,8 @@ class VersionDrift:
             reply.since, now, reply.rows, np.asarray(reply.counts, np.int64),
             np.asarray(reply.sums), np.asarray(reply.squares),
         )  # fmt: skip
-        self.seen[replica] = _Seen(reply.since, reply.digest, reply.profile is not None, mine)
+        provisional = reply.profile is not None
+        self.seen[replica] = _Seen(reply.since, reply.digest, provisional, reply.collected, mine)
         if self.reference is None or reply.digest != self.reference.digest:
             return None
         if before is None or before.since != reply.since or before.digest != reply.digest:
@@ -199,9 +206,12 @@ class DriftMonitor:
         replies = await self.clients(asked, min(self.config.interval_s, 5.0), self._ask)
         now = time.time()
         added: dict[tuple[str, str], list[Counts]] = {key: [] for key in self.versions}
+        for state in self.versions.values():
+            state.answered = 0
         for labels, reply in replies:
             key = (labels["model"], labels["version"])
             state = self.versions[key]
+            state.answered += 1
             if isinstance(reply, InferdError):
                 state.unsupported = reply.message
                 continue
@@ -209,8 +219,11 @@ class DriftMonitor:
                 await self._adopt(state, reply.profile)
             if (taken := state.take(labels["replica"], reply, now)) is not None:
                 added[key].append(taken)
+        present = {(lab["model"], lab["version"], lab["replica"]) for lab, _ in asked}
         for key, counted in added.items():
-            self._advance(self.versions[key], counted, now)
+            state = self.versions[key]
+            state.seen = {r: s for r, s in state.seen.items() if (*key, r) in present}
+            self._advance(state, counted, now)
 
     async def _follow(self, running: dict[tuple[str, str], float]) -> None:
         """Versions as they run now: gone ones forgotten, new ones' references read."""
@@ -220,14 +233,16 @@ class DriftMonitor:
             state = self.versions.setdefault(key, VersionDrift(*key, threshold))
             state.threshold = threshold
             if not state.read:
-                found = await asyncio.to_thread(self.registry.drift_references.get, *key)
+                try:
+                    found = await asyncio.to_thread(self.registry.drift_references.get, *key)
+                except ModelNotFound:  # deleted since the controller's last pass
+                    found = None
                 state.reference = None if found is None else Profile.from_dict(found)
                 state.read = True
 
     async def _ask(self, client: ReplicaClient, labels: dict[str, str], timeout_s: float) -> Any:
         state = self.versions[(labels["model"], labels["version"])]
-        config = self.config
-        query = state.query(labels["replica"], config.reference_rows, config.max_categories)
+        query = state.query(labels["replica"], self.config)
         try:
             return await client.drift(query, timeout_s)
         except InvalidInput as exc:  # a replica that counts nothing: asked no more
@@ -249,9 +264,7 @@ class DriftMonitor:
         )  # fmt: skip
 
     def _advance(self, state: VersionDrift, added: list[Counts], now: float) -> None:
-        state.collected = max(
-            (s.counts.rows for s in state.seen.values() if s.digest == ""), default=0
-        )
+        state.collected = max((s.collected for s in state.seen.values()), default=0)
         if added:
             total = added[0]
             for counts in added[1:]:
@@ -312,6 +325,7 @@ class DriftMonitor:
             "threshold": {"psi": state.threshold},
             "reference": None if reference is None else _reference_view(reference),
             "collected_rows": state.collected if reference is None else None,
+            "replicas": state.answered,
             "window": {
                 "rows": 0 if current is None else current.rows,
                 "since": None if current is None else current.since,

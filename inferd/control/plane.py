@@ -39,6 +39,7 @@ from inferd.observability.exposition import (
     write_scaling,
 )
 from inferd.observability.inference_log import InferenceLog, log_engine, maintain
+from inferd.observability.sinks import SinkRunner, open_sinks, write_sinks
 from inferd.registry import Registry
 from inferd.registry.uploads import UPLOADS
 from inferd.routing.table import LogRows
@@ -73,6 +74,8 @@ class ControlPlane:
         """Input drift: the replicas' counts, windows and scores."""
         self.console.drift = self.drift.answer
         self.writer: InferenceLog | None = None
+        self.sinks: list[SinkRunner] = []
+        """The payload sinks (``payload_log.sinks``), each with its buffer and thread."""
         self.jobs: JobService | None = None
         """The job service, once the server started one (its figures join /metrics)."""
         self.gateway_pids: Callable[[], list[int]] = list
@@ -90,6 +93,7 @@ class ControlPlane:
         await asyncio.to_thread(
             shutil.rmtree, Path(self.settings.data_dir) / UPLOADS, ignore_errors=True
         )
+        self.sinks = open_sinks(self.settings.payload_log)  # a bad URI fails the start here
         await self.publisher.start()
         self.publisher.on_reconcile = self.controller.reconcile  # a gateway changed a model
         self.publisher.on_log_rows = self._take_rows
@@ -119,13 +123,15 @@ class ControlPlane:
         self.statuses.close()
         await self.controller.stop()
         await self.publisher.close()
+        # The gateways' last rows are in: each sink sends what it holds, within its timeout.
+        await asyncio.gather(*(asyncio.to_thread(sink.close) for sink in self.sinks))
         if self.writer is not None:
             await asyncio.to_thread(self.writer.close)  # the last rows the gateways sent
             self.writer.engine.dispose()
 
     def _take_rows(self, message: LogRows) -> None:
         """What gateways ship: request rows and counters feed ``/metrics`` and, when the
-        inference log is on, the writer."""
+        inference log is on, the writer; and the payload sinks, when there are any."""
         self.requests.observe(message.rows)
         self.controller.used(message.rows)
         self.console.figures.observe(message.rows, self.controller.models)
@@ -133,6 +139,8 @@ class ControlPlane:
             self.requests.add_counters(message.counters)
         if self.writer is not None:
             self.writer.extend(message.rows)
+        for sink in self.sinks:  # a bounded buffer each: never waits on the sink
+            sink.offer(message.rows)
 
     async def render_metrics(self) -> str:
         """``/metrics``: requests from every gateway, then every replica and process,
@@ -148,6 +156,8 @@ class ControlPlane:
     async def _exposition(self, keep: Container[str] | None = None) -> Text:
         out = Text(keep)
         write_requests(out, self.requests, 0 if self.writer is None else self.writer.dropped)
+        if self.sinks:
+            write_sinks(out, self.sinks, self.requests.counters.get("payload_skipped", 0))
         states = []
         processes = [({"process": "server", "id": "server"}, os.getpid())]
         for i, pid in enumerate(self.gateway_pids()):

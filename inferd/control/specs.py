@@ -41,6 +41,7 @@ def replica_spec(
         log_level=settings.log_level,
         log_json=settings.log_json,
         llm=settings.llm,
+        images=settings.images,
         adapters=adapters(vset.record),
         gpus=gpus,
     )

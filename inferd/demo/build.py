@@ -58,7 +58,8 @@ def build_demo_models(
 def build_demo_model(
     name: str, out_dir: Path, progress: Callable[[str], None] | None = None
 ) -> DemoModel:
-    """Build one demo model (fraud, sentiment, iris or digits) into ``out_dir/<name>/``."""
+    """Build one demo model (fraud, sentiment, iris, digits or image-classifier) into
+    ``out_dir/<name>/``."""
     folder = Path(out_dir) / name
     if folder.exists():
         shutil.rmtree(folder)
@@ -189,6 +190,10 @@ def _build_iris(folder: Path) -> DemoModel:
         {
             "labels": list(labels),
             "features": ["sepal_length", "sepal_width", "petal_length", "petal_width"],
+            # what explanations compare against: every third training row
+            "background_samples": [
+                {"features": [round(float(v), 2) for v in row]} for row in x_train[::3]
+            ],
             **_metadata("iris (scikit-learn load_iris)", accuracy=accuracy),
         },
         signature,
@@ -253,9 +258,23 @@ def _train_digits(torch: Any, x: Any, y: Any) -> Any:
     return DigitsClassifier().eval()
 
 
+def _build_images(folder: Path) -> DemoModel:
+    from inferd.demo.images import build
+
+    metadata = build(folder)
+    accuracy = metadata.pop("accuracy")
+    return DemoModel(
+        "image-classifier", "v1", folder, "onnx",
+        "Circles, squares and triangles in JPEG/PNG images (a small CNN, ONNX); "
+        "send the image itself, base64 or an s3:// URI.",
+        {**metadata, **_metadata("pictures drawn here (inferd/demo/images.py)", accuracy=accuracy)},
+    )  # fmt: skip
+
+
 _BUILDERS: dict[str, Callable[[Path], DemoModel]] = {
     "fraud": _build_fraud,
     "sentiment": _build_sentiment,
     "iris": _build_iris,
     "digits": _build_digits,
+    "image-classifier": _build_images,
 }

@@ -66,7 +66,10 @@ def install_demo(
 
     torch = importlib.util.find_spec("torch") is not None
     if not torch:
-        progress("demo models needing PyTorch skipped (digits, tinygpt): pip install 'inferd[llm]'")
+        progress(
+            "demo models needing PyTorch skipped (digits, image-classifier, tinygpt): "
+            "pip install 'inferd[llm]'"
+        )
     if llm and torch:
         install_llm_demo(registry, work_dir, progress)
     if text:
@@ -87,8 +90,10 @@ def install_demo(
     return [f"{n}:{v}" for n, v in versions.items()]
 
 
-DEMO_VERSIONS = {"fraud": "v1", "sentiment": "v1", "iris": "v1", "digits": "v1"}
-_NEED_TORCH = ("digits",)
+DEMO_VERSIONS = {
+    "fraud": "v1", "sentiment": "v1", "iris": "v1", "digits": "v1", "image-classifier": "v1",
+}  # fmt: skip
+_NEED_TORCH = ("digits", "image-classifier")  # trained with PyTorch
 
 
 LLM_DEMO = ("tinygpt", "v1")

@@ -15,6 +15,7 @@ import orjson
 
 from inferd.errors import InvalidInput
 from inferd.protocols import v2
+from inferd.protocols.media import media_column
 from inferd.protocols.numbers import check_array
 from inferd.routing.router import Target
 from inferd.runtimes.base import TensorSpec
@@ -94,7 +95,9 @@ def from_contents(
             "raw_input_contents"
         )
     values = getattr(contents, field)
-    if spec.datatype == "BYTES":
+    if spec.datatype == "BYTES" and spec.media is not None:
+        flat = media_column(list(values), spec.name)
+    elif spec.datatype == "BYTES":
         try:
             texts = [v.decode() for v in values]
         except UnicodeDecodeError:

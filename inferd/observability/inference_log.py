@@ -20,7 +20,6 @@ drops those past ``retention_days``; on SQLite it deletes old rows in chunks.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import threading
@@ -31,7 +30,7 @@ from typing import Any
 
 from sqlalchemy import Engine, delete, event, select, text
 
-from inferd.observability.log_rows import LogRow, RowBuffer
+from inferd.observability.log_rows import NOT_COLUMNS, LogRow, RowBuffer, user_hash
 from inferd.registry.engine import create_registry_engine
 from inferd.registry.tables import inference_logs
 
@@ -41,14 +40,13 @@ logger = logging.getLogger(__name__)
 CHUNK_ROWS = 1800
 """Rows per INSERT statement: 18 parameters each, under SQLite's 32766 and
 PostgreSQL's 65535 parameters per statement."""
-_FIELDS = (*LogRow.__struct_fields__[:7], "user_hash", *LogRow.__struct_fields__[8:])
-"""The ``inference_logs`` columns a row fills, in :class:`LogRow`'s order."""
-
-
-def user_hash(user: str) -> str:
-    """A user key as stored: 16 hex digits of its BLAKE2b hash (the same key always gives
-    the same hash, so rows of one user group together without storing who it is)."""
-    return hashlib.blake2b(user.encode(), digest_size=8).hexdigest()
+_FIELDS = tuple(
+    "user_hash" if name == "user" else name
+    for name in LogRow.__struct_fields__
+    if name not in NOT_COLUMNS
+)
+"""The ``inference_logs`` columns a row fills, in :class:`LogRow`'s order (its payload
+is the sinks' alone)."""
 
 
 class InferenceLog(RowBuffer):
@@ -72,7 +70,7 @@ class InferenceLog(RowBuffer):
         self._thread.start()
 
     def _run(self) -> None:
-        _lower_priority()
+        lower_priority()
         while not self._stopping:
             self._wake.wait(self.flush_interval_s)
             self._wake.clear()
@@ -158,8 +156,9 @@ gateways and replicas, and logging takes what is left (its buffer absorbs the de
 past ``max_buffer_rows`` rows are dropped and counted, never requests slowed)."""
 
 
-def _lower_priority() -> None:
-    """Lower this thread's scheduling priority (Linux: nice applies per thread id)."""
+def lower_priority() -> None:
+    """Lower this thread's scheduling priority (Linux: nice applies per thread id); the
+    payload sinks' threads too."""
     with contextlib.suppress(AttributeError, OSError):  # elsewhere: normal priority
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICE)
 

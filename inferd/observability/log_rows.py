@@ -10,6 +10,8 @@ import the database layer for its rows.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import random
 import time
 from collections import Counter, deque
 from collections.abc import Callable
@@ -17,10 +19,22 @@ from collections.abc import Callable
 import msgspec
 
 
+class Payload(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """A sampled request's bodies, as they went over the wire (never re-encoded here),
+    for the payload sinks (:mod:`inferd.observability.sinks`); never a database column.
+    A body over ``payload_log.max_payload_bytes`` is None, its size kept."""
+
+    request: bytes | None
+    response: bytes | None
+    request_bytes: int
+    response_bytes: int
+
+
 class LogRow(msgspec.Struct, array_like=True, frozen=True, kw_only=True, gc=False):
     """One inference request as the log keeps it. Encoded as a msgpack array (gateways
     ship rows to the server in :class:`~inferd.routing.table.LogRows`); its fields are the
-    ``inference_logs`` columns, in their order, except ``user``, stored as its hash."""
+    ``inference_logs`` columns, in their order, except ``user``, stored as its hash, and
+    those of :data:`NOT_COLUMNS`."""
 
     timestamp: float = msgspec.field(default_factory=time.time)
     request_id: str
@@ -53,6 +67,20 @@ class LogRow(msgspec.Struct, array_like=True, frozen=True, kw_only=True, gc=Fals
     ``new``: :class:`inferd.routing.router.Routed`); None: one replica, or a predict."""
     expected_cached: float | None = None
     """The share of the prompt that choice expected in the replica's prefix cache."""
+    payload: Payload | None = None
+    """The request's bodies, when payload logging sampled it (sinks only, never stored)."""
+
+
+NOT_COLUMNS = ("payload",)
+""":class:`LogRow` fields that are not ``inference_logs`` columns (the payload sinks'
+alone: bodies stay out of the database)."""
+
+
+def user_hash(user: str) -> str:
+    """A user key as stored: 16 hex digits of its BLAKE2b hash (the same key always gives
+    the same hash, so rows of one user group together without storing who it is). The
+    database log and the payload sinks store this, never the key."""
+    return hashlib.blake2b(user.encode(), digest_size=8).hexdigest()
 
 
 class RowBuffer:
@@ -62,12 +90,43 @@ class RowBuffer:
     keep_predictions = True
     """Rows carry what single-row requests predicted (for feedback); off when the rows
     only feed /metrics (the log itself is off)."""
+    payload_rate = 0.0
+    """Share of requests whose bodies ride with their rows (``payload_log``; 0: off, and
+    handlers then skip :meth:`payload` altogether)."""
+    max_payload_bytes = 64 * 1024
+    max_payload_buffer_bytes = 64 * 1024 * 1024
+    """Bodies held between two drains; past it, sampled requests' bodies are left out."""
 
     def __init__(self, max_buffer_rows: int = 100_000) -> None:
         self.max_buffer_rows = max_buffer_rows
         self.dropped = 0
         """Rows not kept: the buffer was full, or the database refused a batch."""
         self._rows: deque[LogRow] = deque()
+        self._payload_bytes = 0
+
+    def payload(self, request: bytes | None, response: bytes | None) -> Payload | None:
+        """A request's bodies for its row when it is sampled (None: not sampled). The
+        bytes are the ones received and sent, not copies; a body over
+        ``max_payload_bytes``, or past the bodies' buffer, is left out (and counted in
+        ``payload_skipped``): redaction and encoding happen in the server's sinks."""
+        rate = self.payload_rate
+        if not rate or (rate < 1 and random.random() >= rate):
+            return None
+        request_n = 0 if request is None else len(request)
+        response_n = 0 if response is None else len(response)
+        if request_n > self.max_payload_bytes:
+            request = None
+        if response_n > self.max_payload_bytes:
+            response = None
+        held = (request is not None and request_n) + (response is not None and response_n)
+        if self._payload_bytes + held > self.max_payload_buffer_bytes:
+            request = response = None
+            held = 0
+        self._payload_bytes += held
+        left_out = (request is None and request_n > 0) + (response is None and response_n > 0)
+        if left_out:
+            COUNTERS["payload_skipped"] += left_out
+        return Payload(request, response, request_n, response_n)
 
     def record(self, row: LogRow) -> None:
         if len(self._rows) >= self.max_buffer_rows:
@@ -82,6 +141,7 @@ class RowBuffer:
         self.dropped += max(0, len(rows) - room)
 
     def drain(self) -> list[LogRow]:
+        self._payload_bytes = 0
         pending = self._rows
         return [pending.popleft() for _ in range(len(pending))]
 

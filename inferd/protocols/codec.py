@@ -12,6 +12,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from inferd.errors import InvalidInput
+from inferd.protocols.media import media_column
 from inferd.protocols.numbers import json_array
 from inferd.runtimes.base import Signature, TensorSpec
 
@@ -24,8 +25,11 @@ def rows_to_columns(
     if not isinstance(rows, list) or not rows:
         raise InvalidInput("'inputs' must be a non-empty list of rows")
     specs = signature.inputs
-    if len(specs) == 1 and not isinstance(rows[0], dict):
-        # A single-input model also takes bare rows: {"inputs": [[0.5, 1.2, ...]]}.
+    if len(specs) == 1 and (
+        not isinstance(rows[0], dict) or (specs[0].media and rows[0].keys() == {"b64"})
+    ):
+        # A single-input model also takes bare rows: {"inputs": [[0.5, 1.2, ...]]}; an
+        # image model {"inputs": [{"b64": "..."}]} too.
         return {specs[0].name: _column(rows, specs[0], allow_non_finite)}, len(rows)
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
@@ -61,7 +65,7 @@ def _report_fields(i: int, row: dict[str, Any], specs: tuple[TensorSpec, ...]) -
 
 def _column(values: list[Any], spec: TensorSpec, allow_non_finite: bool) -> np.ndarray:
     if spec.datatype == "BYTES":
-        return _text_column(values, spec)
+        return media_column(values, spec.name) if spec.media else _text_column(values, spec)
     try:
         array = json_array(values, spec, len(spec.shape), allow_non_finite, by_row=True)
     except ValueError:  # nested other than the spec's shape, or ragged

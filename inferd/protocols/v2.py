@@ -18,6 +18,7 @@ import numpy as np
 
 from inferd.errors import InvalidInput
 from inferd.priority import priority_code
+from inferd.protocols.media import media_column
 from inferd.protocols.numbers import check_array, json_array
 from inferd.routing.router import Router
 from inferd.runtimes.base import DATATYPES, Signature, TensorSpec, datatype_of
@@ -174,7 +175,7 @@ def from_bytes(
     ``allow_non_finite``, BOOL bytes 0 or 1)."""
     count = math.prod(shape)
     if spec.datatype == "BYTES":
-        flat = from_length_prefixed(data, spec.name)
+        flat = from_length_prefixed(data, spec.name, binary=spec.media is not None)
     else:
         dtype = spec.numpy_dtype.newbyteorder("<")
         if len(data) != count * dtype.itemsize:
@@ -191,20 +192,25 @@ def from_bytes(
     return flat.reshape(shape)
 
 
-def from_length_prefixed(data: memoryview | bytes, name: str) -> np.ndarray:
-    """BYTES in the binary extension: each element a 4-byte little-endian length + bytes."""
-    values, pos, raw = [], 0, bytes(data)
+def from_length_prefixed(data: memoryview | bytes, name: str, binary: bool = False) -> np.ndarray:
+    """BYTES in the binary extension: each element a 4-byte little-endian length + bytes
+    (UTF-8 text, unless ``binary``: an image's input)."""
+    values: list[Any] = []
+    pos, raw = 0, bytes(data)
     while pos < len(raw):
         if pos + 4 > len(raw):
             raise InvalidInput(f"input {name!r}: truncated BYTES element length")
         n = int.from_bytes(raw[pos : pos + 4], "little")
         if pos + 4 + n > len(raw):
             raise InvalidInput(f"input {name!r}: BYTES element runs past binary_data_size")
+        element = raw[pos + 4 : pos + 4 + n]
         try:
-            values.append(raw[pos + 4 : pos + 4 + n].decode())
+            values.append(element if binary else element.decode())
         except UnicodeDecodeError:
             raise InvalidInput(f"input {name!r}: BYTES elements must be UTF-8 text") from None
         pos += 4 + n
+    if binary:
+        return media_column(values, name)
     array = np.empty(len(values), dtype=object)
     array[:] = values
     return array
@@ -270,7 +276,7 @@ def _tensor(tensor: dict[str, Any], spec: TensorSpec, allow_non_finite: bool) ->
         raise InvalidInput(f"input {name!r}: no 'data'")
     data = tensor["data"]
     if datatype == "BYTES":
-        flat = _flat_text(data, name)
+        flat = _flat_text(data, name, spec.media is not None)
     else:
         data = data if isinstance(data, list) else [data]
         try:
@@ -296,19 +302,21 @@ def _depth(data: list[Any]) -> int:
     return depth
 
 
-def _flat_text(data: Any, name: str) -> np.ndarray:
+def _flat_text(data: Any, name: str, media: bool = False) -> np.ndarray:
     values: list[Any] = []
 
     def walk(item: Any) -> None:
         if isinstance(item, list):
             for x in item:
                 walk(x)
-        elif isinstance(item, str):
+        elif isinstance(item, str) or (media and isinstance(item, dict)):
             values.append(item)
         else:
             raise InvalidInput(f"input {name!r}: BYTES data must be strings")
 
     walk(data)
+    if media:  # an image each: base64, {"b64": ...}, a data: URL or an s3:// URI
+        return media_column(values, name)
     array = np.empty(len(values), dtype=object)
     array[:] = values
     return array

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from inferd.observability.log_rows import LogRow
+from inferd.observability.log_rows import LogRow, Payload
 from inferd.routing.dataplane import InferOutcome, Timing, prediction_of
 
 if TYPE_CHECKING:
@@ -52,6 +52,8 @@ class RequestContext:
     """How a generation's replica was chosen among several (None: it had one)."""
     body_read: bool = False
     """The whole body was read: the client's connection may be watched now."""
+    body: bytes | None = None
+    """The body as received (a reference, not a copy), for payload logging."""
     started: float = 0.0
     """When a hot route's handler started (``time.perf_counter``), for its log row."""
 
@@ -64,11 +66,12 @@ class RequestContext:
         version: str | None = None,
         keep_prediction: bool = False,
         last: TokenChunk | None = None,
+        payload: Payload | None = None,
     ) -> LogRow:
         """The request's inference log row. ``model`` and ``version``: as asked (the
         outcome, when there is one, says which version answered); ``keep_prediction``:
         keep what a single-row request predicted; ``last``: a generation's last chunk
-        (its token counts, once finished)."""
+        (its token counts, once finished); ``payload``: its bodies, when sampled."""
         outcome, routed = self.outcome, self.routed
         fallback_from = prediction = None
         cache_hit = self.cache_hit
@@ -104,6 +107,7 @@ class RequestContext:
             cached_tokens=last.cached_tokens if finished and last else None,
             routed_by=None if routed is None else routed.decision,
             expected_cached=None if routed is None else routed.expected,
+            payload=payload,
         )
 
 

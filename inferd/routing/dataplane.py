@@ -223,6 +223,29 @@ class DataPlane:
             timing=_timing(answer, cache_ms),
         )
 
+    async def explain(
+        self, target: Target, inputs: dict[str, np.ndarray], rows: int, request: InferRequest
+    ) -> tuple[p.Explained, InferOutcome]:
+        """Attributions of one request's predictions by ``target`` (never from the result
+        cache, never mirrored or sent to a fallback: an explanation is of one version),
+        and an outcome (no outputs) for the inference log."""
+        if request.left_s() <= 0:
+            raise RequestTimeout(
+                f"the request's deadline ({request.timeout_s:g}s) passed before it ran"
+            )
+        tensors = {name: p.to_tensor(array) for name, array in inputs.items()}
+        COLD_START.set(None)
+        sent = time.perf_counter()
+        explained = await self.router.explain(target, tensors, rows, request)
+        now = time.perf_counter()
+        cold = COLD_START.get()
+        timing = Timing(0.0, (now - sent) * 1000, 0.0, explained.compute_ms, rows)
+        outcome = InferOutcome(
+            target, {}, (now - request.started) * 1000,
+            cold_start_ms=None if cold is None else (now - cold) * 1000, timing=timing,
+        )  # fmt: skip
+        return explained, outcome
+
     async def _fall_back(
         self,
         exc: Exception,

@@ -23,7 +23,7 @@ import hashlib
 import logging
 import random
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -556,6 +556,23 @@ class Router:
         """One predict on the least busy ready replica of ``target``; one whose
         connection drops is retried once on another (predict is idempotent), and with
         none ready the request is held while one is coming."""
+        return await self._on_replica(
+            target, request, lambda c: c.infer(inputs, rows, request, reference, tolerance)
+        )
+
+    async def explain(
+        self, target: Target, inputs: dict[str, p.Tensor], rows: int, request: p.InferRequest
+    ) -> p.Explained:
+        """Attributions of one request's predictions, from a replica of ``target`` chosen
+        (held for, retried) as a predict's."""
+        return await self._on_replica(target, request, lambda c: c.explain(inputs, rows, request))
+
+    async def _on_replica(
+        self,
+        target: Target,
+        request: p.InferRequest,
+        call: Callable[[ReplicaClient], Awaitable[T]],
+    ) -> T:
         tried: set[ReplicaClient] = set()
         until: float | None = None
         while True:
@@ -567,7 +584,7 @@ class Router:
                     continue
                 raise self._not_ready(target)
             try:
-                return await client.infer(inputs, rows, request, reference, tolerance)
+                return await call(client)
             except ReplicaGone:
                 tried.add(client)  # a restarted replica is a new client: not excluded
                 if len(tried) >= 2:

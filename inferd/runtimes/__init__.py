@@ -19,7 +19,15 @@ from typing import Any
 
 import numpy as np
 
-from inferd.runtimes.base import Runtime, RuntimeConfig, Signature, TensorSpec, datatype_of
+from inferd.replica_config import ImagesConfig
+from inferd.runtimes.base import (
+    Runtime,
+    RuntimeConfig,
+    Signature,
+    TensorSpec,
+    datatype_of,
+    sample_columns,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +60,7 @@ OUTPUT_METADATA = frozenset(
     {
         "labels", "dtype", "device", "max_length", "normalize", "pooling", "task",
         "quantization", "python_class", "python_module", "allow_non_finite", "adapters",
-        "engine", "vllm_args",
+        "engine", "vllm_args", "image",
     }
 )  # fmt: skip
 """Metadata keys that change what a version computes or accepts: the registry writes them
@@ -79,9 +87,21 @@ def resolve_runtime(framework: str) -> type[Runtime]:
 def load_runtime(
     framework: str, artifact_dir: Path, config: RuntimeConfig | None = None
 ) -> Runtime:
-    runtime = resolve_runtime(framework)(Path(artifact_dir), config)
-    runtime.load()
-    return runtime
+    """The framework's runtime, loaded; served from encoded images when the version's
+    metadata declares ``image`` preprocessing (:mod:`inferd.runtimes.images`)."""
+    config = config or RuntimeConfig()
+    if config.metadata.get("image") is None:
+        runtime = resolve_runtime(framework)(Path(artifact_dir), config)
+        runtime.load()
+        return runtime
+    from inferd.runtimes.images import ImageInput, ImageSpec, inner_config
+
+    spec = ImageSpec.parse(config.metadata["image"])
+    inner = resolve_runtime(framework)(Path(artifact_dir), inner_config(config))
+    inner.load()
+    wrapped = ImageInput(inner, spec, config.images or ImagesConfig())
+    wrapped.load()
+    return wrapped
 
 
 def detect_framework(artifact_dir: Path) -> str:
@@ -157,9 +177,22 @@ def inspect_artifact(
             shapes = {name: array.shape for name, array in batch.items()}
             raise ValueError(f"{framework} model failed its warm-up on {shapes}: {exc}") from exc
         _check_outputs(outputs, resolved, rows)
+        if "background_samples" in meta:
+            _check_background(runtime, resolved, meta["background_samples"])
     finally:
         runtime.unload()
     return framework, resolved
+
+
+def _check_background(runtime: Runtime, signature: Signature, rows: Any) -> None:
+    """An explanation's background rows (metadata ``background_samples``) fit the
+    signature and the model runs on them: checked once here, not at the first explain."""
+    count = len(rows) if isinstance(rows, list) else 1
+    batch = sample_columns(signature, rows, count, field="background_samples")
+    try:
+        runtime.run(batch)
+    except Exception as exc:
+        raise ValueError(f"the model failed on its background_samples: {exc}") from exc
 
 
 def _require_dir(path: Path) -> Path:

@@ -18,9 +18,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from inferd.replica_config import ImagesConfig
+    from inferd.runtimes.explain import Explanation
 
 MAX_WARMUP_SAMPLES = 1000
 """Most rows a version's ``warmup_samples`` may hold (a push runs them all at once)."""
@@ -42,6 +46,8 @@ DATATYPES: dict[str, np.dtype[Any]] = {
     "BYTES": np.dtype(object),
 }
 _BY_NUMPY = {v.str: k for k, v in DATATYPES.items() if k != "BYTES"}
+MEDIA = ("image",)
+"""What a BYTES input may hold besides UTF-8 text (``TensorSpec.media``)."""
 
 
 def datatype_of(array: np.ndarray) -> str:
@@ -61,23 +67,36 @@ class TensorSpec:
     name: str
     datatype: str
     shape: tuple[int, ...] = (-1,)
+    media: str | None = None
+    """What a BYTES input's elements are when not UTF-8 text: ``image`` (encoded JPEG,
+    PNG, …, or an ``s3://`` URI of one; :mod:`inferd.runtimes.images`)."""
 
     def __post_init__(self) -> None:
         if self.datatype not in DATATYPES:
             raise ValueError(f"unknown datatype {self.datatype!r}; one of {sorted(DATATYPES)}")
         if not self.shape or self.shape[0] != -1:
             raise ValueError(f"{self.name}: shape must start with the batch dimension -1")
+        if self.media is not None and (self.media not in MEDIA or self.datatype != "BYTES"):
+            raise ValueError(f"{self.name}: media {self.media!r} needs BYTES and one of {MEDIA}")
 
     @property
     def numpy_dtype(self) -> np.dtype[Any]:
         return DATATYPES[self.datatype]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+        d: dict[str, Any] = {
+            "name": self.name,
+            "datatype": self.datatype,
+            "shape": list(self.shape),
+        }
+        if self.media is not None:
+            d["media"] = self.media
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TensorSpec:
-        return cls(name=d["name"], datatype=d["datatype"], shape=tuple(d.get("shape", (-1,))))
+        shape = tuple(d.get("shape", (-1,)))
+        return cls(name=d["name"], datatype=d["datatype"], shape=shape, media=d.get("media"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +139,8 @@ class RuntimeConfig:
     metadata: dict[str, Any] = field(default_factory=dict)
     signature: Signature | None = None
     """A signature declared at push time; overrides what the runtime infers."""
+    images: ImagesConfig | None = None
+    """Limits of image inputs (the replica's ``images`` settings; None: the defaults)."""
 
 
 class Runtime(ABC):
@@ -127,6 +148,13 @@ class Runtime(ABC):
     """Registry name of the framework, e.g. ``"sklearn"``."""
     file_suffixes: ClassVar[tuple[str, ...]] = ()
     """Artifact file suffixes this runtime recognises, used by framework detection."""
+    prepares_off_loop: ClassVar[bool] = False
+    """:meth:`prepare` is heavy (decoding images): the replica runs it on its decoding
+    threads, a request at a time each, instead of on its event loop."""
+    explains_beside_batches: ClassVar[bool] = True
+    """An explanation may compute on a thread of its own while batches compute (the
+    model is safe to call from two threads); False for user code, which then explains
+    on the model's own thread, between batches."""
     warm_up_at_push: ClassVar[bool] = True
     """A push runs the loaded model on :meth:`warmup_inputs`; False for runtimes whose
     :meth:`load` is the whole check (LLMs served by an engine in their replica)."""
@@ -171,6 +199,14 @@ class Runtime(ABC):
         """:meth:`prepare` then :meth:`predict_batch`: a whole inference, off the batcher."""
         return self.predict_batch(self.prepare(inputs)[0])
 
+    def explain(self, inputs: dict[str, np.ndarray], deadline: float) -> Explanation:
+        """Each feature's share of each row's prediction (:mod:`inferd.runtimes.explain`):
+        KernelSHAP over :meth:`predict_batch` against the version's background rows; tree
+        runtimes override it with exact TreeSHAP. ``deadline`` is ``time.monotonic()``'s."""
+        from inferd.runtimes.explain import kernel_explain
+
+        return kernel_explain(self, inputs, deadline)
+
     def unload(self) -> None:  # noqa: B027 -- optional hook
         """Release what ``load`` took beyond what process exit frees."""
 
@@ -213,15 +249,14 @@ class Runtime(ABC):
 
 
 def sample_columns(
-    signature: Signature, samples: Any, rows: int, first: int = 0
+    signature: Signature, samples: Any, rows: int, first: int = 0, field: str = "warmup_samples"
 ) -> dict[str, np.ndarray]:
     """Columns of ``rows`` rows taken from ``samples`` (cycled from the ``first``-th):
     a list of rows, each an object by input name or, for a model of one input, that
-    input's value. ValueError naming what does not fit the signature."""
+    input's value. ValueError naming what does not fit the signature (and the metadata
+    ``field`` the rows came from)."""
     if not isinstance(samples, list) or not 0 < len(samples) <= MAX_WARMUP_SAMPLES:
-        raise ValueError(
-            f"metadata warmup_samples must be a list of 1 to {MAX_WARMUP_SAMPLES} rows"
-        )
+        raise ValueError(f"metadata {field} must be a list of 1 to {MAX_WARMUP_SAMPLES} rows")
     picked = [samples[(first + i) % len(samples)] for i in range(rows)]
     columns: dict[str, np.ndarray] = {}
     for spec in signature.inputs:
@@ -229,27 +264,27 @@ def sample_columns(
         for row in picked:
             if isinstance(row, dict):
                 if spec.name not in row:
-                    raise ValueError(f"metadata warmup_samples: a row has no input {spec.name!r}")
+                    raise ValueError(f"metadata {field}: a row has no input {spec.name!r}")
                 values.append(row[spec.name])
             elif len(signature.inputs) == 1:
                 values.append(row)
             else:
                 names = ", ".join(repr(s.name) for s in signature.inputs)
                 raise ValueError(
-                    f"metadata warmup_samples: each row must be an object naming the inputs {names}"
+                    f"metadata {field}: each row must be an object naming the inputs {names}"
                 )
         try:
             dtype = object if spec.datatype == "BYTES" else spec.numpy_dtype
             array = np.array(values, dtype=dtype)
         except (TypeError, ValueError) as exc:
             raise ValueError(
-                f"metadata warmup_samples: input {spec.name!r} is not {spec.datatype}: {exc}"
+                f"metadata {field}: input {spec.name!r} is not {spec.datatype}: {exc}"
             ) from None
         if array.ndim != len(spec.shape) or any(
             d not in (-1, n) for d, n in zip(spec.shape[1:], array.shape[1:], strict=True)
         ):
             raise ValueError(
-                f"metadata warmup_samples: input {spec.name!r} has rows of shape "
+                f"metadata {field}: input {spec.name!r} has rows of shape "
                 f"{list(array.shape[1:])}, the signature says {list(spec.shape[1:])}"
             )
         columns[spec.name] = array

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from inferd.runtimes.base import Runtime, Signature, TensorSpec
+from inferd.runtimes.explain import Explanation, Features, tree_explanation
 from inferd.runtimes.sklearn import (
     classifier_outputs,
     classifier_signature,
@@ -83,6 +84,24 @@ class LightGBMRuntime(Runtime):
         if self._binary:
             out = np.stack([1.0 - out, out], axis=1)
         return classifier_outputs(out, self._values)
+
+    def explain(self, inputs: dict[str, np.ndarray], deadline: float) -> Explanation:
+        """Exact TreeSHAP in raw-score space (LightGBM's ``pred_contrib``): log-odds of
+        the positive class for ``binary``, a raw score per class for multiclass."""
+        features = Features.of(self.signature, self.config.metadata)
+        x = np.asarray(inputs["features"], dtype=np.float32)
+        contributions = np.asarray(
+            self.booster.predict(x, pred_contrib=True, num_threads=self.config.threads)
+        )
+        per_class = self.booster.num_model_per_iteration()
+        contributions = contributions.reshape(len(x), per_class, -1)
+        if self._values is None:
+            outputs: tuple[str, ...] = ("prediction",)
+        elif self._binary:
+            outputs = (str(self._values[1]),)
+        else:
+            outputs = tuple(str(v) for v in self._values)
+        return tree_explanation(contributions, features, outputs, "margin")
 
     def unload(self) -> None:
         del self.booster

@@ -32,6 +32,7 @@ logger = logging.getLogger(__name__)
 
 class PythonRuntime(Runtime):
     framework = "python"
+    explains_beside_batches = False  # user code: one thread at a time
     file_suffixes = (".py",)
 
     @classmethod

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from inferd.runtimes.base import Runtime, Signature, TensorSpec, datatype_of
+from inferd.runtimes.explain import Explanation, Features
 
 logger = logging.getLogger(__name__)
 
@@ -165,6 +166,57 @@ class SklearnRuntime(Runtime):
             index = np.searchsorted(self.model.classes_, self.model.predict(x))
             return {"label": self._values[index]}
         return {"prediction": np.asarray(self.model.predict(x), dtype=np.float32)}
+
+    def explain(self, inputs: dict[str, np.ndarray], deadline: float) -> Explanation:
+        """Exact TreeSHAP (the ``shap`` package) for a forest or boosted trees taking the
+        features as they come; KernelSHAP for the rest, and where ``shap`` is missing or
+        does not take the model."""
+        explainer = self._tree_explainer()
+        if explainer is None:
+            return super().explain(inputs, deadline)
+        x = np.asarray(inputs["features"], dtype=np.float64)
+        values = np.asarray(explainer.shap_values(x, check_additivity=False), dtype=np.float64)
+        attributions = values if values.ndim == 3 else values[:, :, None]
+        expected = np.atleast_1d(np.asarray(explainer.expected_value, dtype=np.float64))
+        k = attributions.shape[2]
+        labels = [str(v) for v in self._values] if self._values is not None else []
+        if len(labels) == k:
+            outputs = tuple(labels)
+        elif labels and k == 1:
+            outputs = (labels[-1],)  # a binary boosted classifier: the positive class
+        else:
+            outputs = ("prediction",) if k == 1 else tuple(f"prediction[{i}]" for i in range(k))
+        space = "prediction" if not labels else "probability"
+        if labels and type(self.model).__name__.startswith("GradientBoosting"):
+            space = "margin"
+        features = Features.of(self.signature, self.config.metadata, self._feature_names())
+        return Explanation(
+            attributions, expected + attributions.sum(axis=1), expected, features.names,
+            outputs, "tree_shap", space,
+        )  # fmt: skip
+
+    def _tree_explainer(self) -> Any:
+        """shap's TreeExplainer of the model (made once), or None: not a tree ensemble of
+        scikit-learn's own taking raw features, ``shap`` not installed, or refused."""
+        if not hasattr(self, "_explainer"):
+            self._explainer: Any = None
+            module = type(self.model).__module__
+            if self._input == "features" and module.startswith(
+                ("sklearn.ensemble", "sklearn.tree")
+            ):
+                try:
+                    import shap
+
+                    self._explainer = shap.TreeExplainer(self.model)
+                except ImportError:
+                    logger.info("shap is not installed (inferd[explain]): KernelSHAP instead")
+                except Exception as exc:  # shap's InvalidModelError: not a model it takes
+                    logger.info("TreeSHAP does not take %s (%s): KernelSHAP instead", module, exc)
+        return self._explainer
+
+    def _feature_names(self) -> list[str] | None:
+        names = getattr(self.model, "feature_names_in_", None)
+        return None if names is None else [str(n) for n in names]
 
     def unload(self) -> None:
         self._limits.restore_original_limits()

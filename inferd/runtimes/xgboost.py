@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from inferd.runtimes.base import Runtime, Signature, TensorSpec
+from inferd.runtimes.explain import Explanation, Features, tree_explanation
 from inferd.runtimes.sklearn import (
     classifier_outputs,
     classifier_signature,
@@ -101,6 +102,29 @@ class XGBoostRuntime(Runtime):
             out = np.exp(out - out.max(axis=1, keepdims=True))
             out /= out.sum(axis=1, keepdims=True)
         return classifier_outputs(out, self._values)
+
+    def explain(self, inputs: dict[str, np.ndarray], deadline: float) -> Explanation:
+        """Exact TreeSHAP in margin space (XGBoost's ``pred_contribs``): log-odds of the
+        positive class for ``binary:logistic``, a margin per class for ``multi:*``."""
+        import xgboost
+
+        known = self.booster.feature_names
+        features = Features.of(self.signature, self.config.metadata, list(known) if known else None)
+        data = xgboost.DMatrix(np.asarray(inputs["features"], dtype=np.float32), nthread=1)
+        contributions = self.booster.predict(
+            data, pred_contribs=True, iteration_range=self._iterations, validate_features=False
+        )
+        if self._values is None:
+            outputs = (
+                ("prediction",)
+                if self._targets == 1
+                else tuple(f"prediction[{i}]" for i in range(self._targets))
+            )
+        elif self._objective == "binary:logistic":
+            outputs = (str(self._values[1]),)
+        else:
+            outputs = tuple(str(v) for v in self._values)
+        return tree_explanation(contributions, features, outputs, "margin")
 
     def unload(self) -> None:
         del self.booster

@@ -192,6 +192,21 @@ class ReplicaClient:
             return await self._traced_infer(tracing.tracer, message, timeout_s)
         return await self._send_infer(message, timeout_s)
 
+    async def explain(
+        self, inputs: dict[str, p.Tensor], rows: int, request: p.InferRequest
+    ) -> p.Explained:
+        """Attributions of one request's predictions, within its deadline."""
+        timeout_s = max(request.left_s(), MIN_TIMEOUT_S)
+        message = p.Explain(next(self._ids), inputs, rows, timeout_s * 1000, request.request_id)
+        self.outstanding += 1
+        try:
+            reply = await self._call(message, timeout_s)
+        finally:
+            self.outstanding -= 1
+        if isinstance(reply, p.Explained):
+            return reply
+        raise _as_error(reply)
+
     async def _send_infer(self, message: p.Infer, timeout_s: float) -> p.Answer:
         self.outstanding += 1
         sent = time.perf_counter()

@@ -61,6 +61,10 @@ class Core(Protocol):
     ) -> asyncio.Future[Any]:
         """A prediction: the future of its output columns."""
 
+    def explain(self, inputs: Any, rows: int, timeout_s: float) -> asyncio.Future[Any]:
+        """Attributions of a prediction: the future of its
+        :class:`~inferd.runtimes.explain.Explanation`."""
+
     def generate(
         self,
         request_id: str,

@@ -177,6 +177,9 @@ class GenerationCore:
     def submit(self, *args: Any, **kwargs: Any) -> Any:
         raise InvalidInput(f"model {self.spec.model!r} generates text; use generate")
 
+    def explain(self, *args: Any, **kwargs: Any) -> Any:
+        raise InvalidInput(f"model {self.spec.model!r} generates text; it has no explanations")
+
     def cancel(self, request_id: str) -> None:
         if self._sinks.pop(request_id, None) is not None:
             self._commands.put(_Abort(request_id))

@@ -122,6 +122,34 @@ class Answer:
     batch_rows: int = 0
 
 
+class Explain(msgspec.Struct, tag="explain", array_like=True):
+    """Each feature's share of each row's prediction (answered by :class:`Explained`):
+    computed off the batcher, at most ``inferd.runtimes.explain.MAX_ROWS`` rows."""
+
+    id: int
+    inputs: dict[str, Tensor]
+    rows: int
+    timeout_ms: float
+    request_id: str = ""
+
+
+class Explained(msgspec.Struct, tag="explained", array_like=True):
+    """An :class:`~inferd.runtimes.explain.Explanation` on the wire."""
+
+    id: int
+    attributions: Tensor
+    """(rows, features, outputs)"""
+    values: Tensor
+    """(rows, outputs)"""
+    expected: Tensor
+    """(outputs,)"""
+    features: list[str]
+    outputs: list[str]
+    method: str
+    space: str
+    compute_ms: float = 0.0
+
+
 class Error(msgspec.Struct, tag="error", array_like=True):
     id: int
     code: str
@@ -235,6 +263,8 @@ class DriftQuery(msgspec.Struct, tag="drift?", array_like=True):
     reference_rows: int = 1000
     """With no profile: the replica builds one from this many of its first rows."""
     max_categories: int = 50
+    max_rows_per_s: int = 5000
+    """Past this many rows a second, the replica counts one row in K."""
 
 
 class DriftCounts(msgspec.Struct, tag="drift", array_like=True):
@@ -250,6 +280,7 @@ class DriftCounts(msgspec.Struct, tag="drift", array_like=True):
     age_s: float
     """Seconds it has counted (monotonic: no clock skew between hosts)."""
     rows: int
+    """Rows counted (all, or one in K past ``max_rows_per_s``)."""
     counts: list[int]
     """Per bin, each feature's bins in profile order."""
     sums: list[float]
@@ -257,6 +288,8 @@ class DriftCounts(msgspec.Struct, tag="drift", array_like=True):
     """Per feature: the sum and the sum of squares of its finite values."""
     collected: int = 0
     """Rows kept towards a profile of its own, while it has none."""
+    seen: int = 0
+    """Rows it was given since it began counting (counted or not)."""
     profile: dict[str, Any] | None = None
     """The profile it built from its first rows, until the server hands it one."""
 
@@ -275,6 +308,8 @@ Message = (
     | TokenChunk
     | Adapter
     | Load
+    | Explain
+    | Explained
 )
 
 _encoder = msgspec.msgpack.Encoder()

@@ -26,11 +26,12 @@ from typing import Any
 
 import numpy as np
 
-from inferd.errors import InferdError, InvalidInput, ModelError, ModelNotReady
+from inferd.errors import InferdError, InvalidInput, ModelError, ModelNotReady, RequestTimeout
 from inferd.observability.drift import DriftCounter, Profile
 from inferd.observability.metrics import REQUEST_BUCKETS_S, Histogram, Sketch
 from inferd.runtimes import load_runtime
 from inferd.runtimes.base import Runtime, RuntimeConfig, Signature
+from inferd.runtimes.explain import Explanation, check_rows
 from inferd.serving.batcher import BatchTrace, Columns, DynamicBatcher
 from inferd.serving.core import EngineLoad, load_off_loop, mark_ready, rss_bytes
 from inferd.serving.protocol import DriftCounts, DriftQuery, from_tensor
@@ -54,6 +55,9 @@ class ReplicaCore:
         self.runtime: Runtime | None = None
         self.signature: Signature | None = None
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="predict")
+        self._explainer: ThreadPoolExecutor | None = None
+        self._preparer: ThreadPoolExecutor | None = None
+        """Decoding threads, for a runtime whose ``prepare`` is heavy (images)."""
         self.batcher: DynamicBatcher | None = None
         self.started = time.monotonic()
         self.inflight = 0
@@ -87,6 +91,9 @@ class ReplicaCore:
         self.runtime = runtime
         self.signature = runtime.signature
         self._prepares = type(runtime).prepare is not Runtime.prepare
+        if runtime.prepares_off_loop:
+            threads = self.spec.images.decode_threads
+            self._preparer = ThreadPoolExecutor(threads, thread_name_prefix="decode")
         config = self.spec.batching
         if config.queue_timeout_ms is not None:
             self._queue_timeout_s = config.queue_timeout_ms / 1000
@@ -117,7 +124,9 @@ class ReplicaCore:
 
     def _load(self) -> Runtime:
         declared = Signature.from_dict(self.spec.signature) if self.spec.signature else None
-        config = RuntimeConfig(self.spec.threads, dict(self.spec.metadata), declared)
+        config = RuntimeConfig(
+            self.spec.threads, dict(self.spec.metadata), declared, self.spec.images
+        )
         return load_runtime(self.spec.framework, Path(self.spec.artifact_dir), config)
 
     async def _warm_up(self, runtime: Runtime, batcher: DynamicBatcher) -> None:
@@ -164,16 +173,57 @@ class ReplicaCore:
         future.add_done_callback(functools.partial(self._done, time.perf_counter()))
         return future
 
+    def explain(self, inputs: Columns, rows: int, timeout_s: float) -> asyncio.Future[Explanation]:
+        """Attributions of ``inputs``' predictions (``Runtime.explain``), computed off the
+        batcher: on a thread of their own beside the batches, or on the model's thread
+        between them where the runtime's model takes one thread at a time."""
+        if self.runtime is None or self.state not in ("ready", "draining"):
+            raise ModelNotReady(f"replica is {self.state}")
+        self._check_inputs(inputs, rows)
+        check_rows(rows)
+        runtime = self.runtime
+        executor = self._executor
+        if runtime.explains_beside_batches:
+            if self._explainer is None:
+                self._explainer = ThreadPoolExecutor(1, thread_name_prefix="explain")
+            executor = self._explainer
+        deadline = time.monotonic() + timeout_s
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(executor, runtime.explain, inputs, deadline)
+        self.inflight += 1
+        future.add_done_callback(self._explained)
+        return future
+
+    def _explained(self, future: asyncio.Future[Explanation]) -> None:
+        self.inflight -= 1
+
     def _queue(
         self, inputs: Columns, rows: int, timeout_s: float, priority: int, trace: BatchTrace | None
     ) -> asyncio.Future[Columns]:
         assert self.batcher is not None
         if self._prepares:
             assert self.runtime is not None and self.drift is not None
+            if self._preparer is not None:  # heavy (decoding images): off the loop
+                work = self._prepared(inputs, rows, timeout_s, priority, trace)
+                return asyncio.ensure_future(work)
             self.drift.observe(inputs)  # the texts, before they become token ids
             inputs, lengths = self.runtime.prepare(inputs)
             return self.batcher.submit(inputs, rows, timeout_s, priority, trace, lengths)
         return self.batcher.submit(inputs, rows, timeout_s, priority, trace)
+
+    async def _prepared(
+        self, inputs: Columns, rows: int, timeout_s: float, priority: int, trace: BatchTrace | None
+    ) -> Columns:
+        """A request prepared on the decoding threads (``Runtime.prepares_off_loop``),
+        then batched: its failure is its own, and requests prepare in parallel."""
+        assert self.runtime is not None and self.batcher is not None
+        began = time.monotonic()
+        loop = asyncio.get_running_loop()
+        inputs, lengths = await loop.run_in_executor(self._preparer, self.runtime.prepare, inputs)
+        left = timeout_s - (time.monotonic() - began)
+        if left <= 0:
+            raise RequestTimeout(f"preparing the request took its {timeout_s:g}s")
+        return await self.batcher.submit(inputs, rows, left, priority, trace, lengths)
 
     def _done(self, started: float, future: asyncio.Future[Columns]) -> None:
         self.inflight -= 1
@@ -257,7 +307,9 @@ class ReplicaCore:
         if self.drift is None:
             raise ModelNotReady(f"replica is {self.state}")
         reference = None if query.reference is None else Profile.from_dict(query.reference)
-        self.drift.configure(reference, query.reference_rows, query.max_categories)
+        self.drift.configure(
+            reference, query.reference_rows, query.max_categories, query.max_rows_per_s
+        )
         return DriftCounts(query.id, **self.drift.report())
 
     def idle(self) -> bool:
@@ -269,6 +321,9 @@ class ReplicaCore:
         if self.runtime is not None:
             self.runtime.unload()
         self._executor.shutdown(wait=False, cancel_futures=True)
+        for pool in (self._explainer, self._preparer):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
 
 
 def agrees(outputs: Columns, reference: dict[str, Any], tolerance: float) -> bool:

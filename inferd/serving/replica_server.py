@@ -37,6 +37,7 @@ from inferd.serving.spec import ReplicaSpec
 if TYPE_CHECKING:
     from inferd.llm.engine import TokenOutput
     from inferd.registry.artifact_cache import Opened
+    from inferd.runtimes.explain import Explanation
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +119,8 @@ class ReplicaProtocol(asyncio.Protocol):
                 self._infer(message)
             elif isinstance(message, p.Generate):
                 self._generate(message)
+            elif isinstance(message, p.Explain):
+                self._explain(message)
             elif isinstance(message, p.Cancel):
                 self._cancel(message.id)
             elif isinstance(message, p.Adapter):
@@ -167,6 +170,33 @@ class ReplicaProtocol(asyncio.Protocol):
             return
         self.pending[message.id] = future
         future.add_done_callback(functools.partial(self._reply, message.id, message, trace))
+
+    def _explain(self, message: p.Explain) -> None:
+        started = time.perf_counter()
+        try:
+            inputs = {name: p.from_tensor(t) for name, t in message.inputs.items()}
+            future = self.core.explain(inputs, message.rows, message.timeout_ms / 1000)
+        except Exception as exc:
+            self._send(p.Error(message.id, *error_status(exc)))
+            return
+        self.pending[message.id] = future
+
+        def reply(future: asyncio.Future[Explanation]) -> None:
+            if self.pending.pop(message.id, None) is None or future.cancelled():
+                return
+            if (exc := future.exception()) is not None:
+                if not isinstance(exc, Exception) or error_status(exc)[2] >= 500:
+                    logger.error("explain failed", exc_info=exc)
+                self._send(p.Error(message.id, *error_status(exc)))
+                return
+            e = future.result()
+            self._send(p.Explained(
+                message.id, p.to_tensor(e.attributions), p.to_tensor(e.values),
+                p.to_tensor(e.expected), list(e.features), list(e.outputs), e.method,
+                e.space, (time.perf_counter() - started) * 1000,
+            ))  # fmt: skip
+
+        future.add_done_callback(reply)
 
     def _reply(
         self,

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 from pydantic import BaseModel
 
-from inferd.replica_config import BatchingConfig, LLMConfig
+from inferd.replica_config import BatchingConfig, ImagesConfig, LLMConfig
 
 
 class ReplicaSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -34,6 +34,7 @@ class ReplicaSpec(msgspec.Struct, frozen=True, kw_only=True):
     log_level: str = "INFO"
     log_json: bool = False
     llm: LLMConfig = msgspec.field(default_factory=LLMConfig)
+    images: ImagesConfig = msgspec.field(default_factory=ImagesConfig)
     """Engine settings of generative models."""
     adapters: dict[str, str] = {}
     """LoRA adapters loaded with a generative base model: name -> folder inside the

@@ -208,6 +208,9 @@ class VLLMCore:
     def submit(self, *args: Any, **kwargs: Any) -> Any:
         raise InvalidInput(f"model {self.spec.model!r} generates text; use generate")
 
+    def explain(self, *args: Any, **kwargs: Any) -> Any:
+        raise InvalidInput(f"model {self.spec.model!r} generates text; it has no explanations")
+
     def cancel(self, request_id: str) -> None:
         task = self._tasks.pop(request_id, None)
         if task is not None:

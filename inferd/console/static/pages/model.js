@@ -1,6 +1,6 @@
 // A model: live charts per version, its deployment (traffic split to edit, rollback,
-// promote, rollout progress with each canary analysis), versions, replicas, scaling
-// events and the history of its traffic.
+// promote, rollout progress with each canary analysis), versions, the serving version's
+// input drift, replicas, scaling events and the history of its traffic.
 
 import { ApiError, api, every, get } from '../api.js';
 import { LiveChart, SeriesFeed } from '../charts.js';
@@ -29,6 +29,7 @@ export async function render(main, { me, params }) {
   const head = h('div');
   const deployment = h('div');
   const versions = h('div');
+  const drift = h('div');
   const replicas = h('div');
   const events = h('div');
   const history = h('div');
@@ -38,6 +39,7 @@ export async function render(main, { me, params }) {
     h('section', { class: 'charts spaced', 'aria-label': 'Live charts' }, Object.values(charts).map((c) => c.node)),
     me.admin ? panel('Deployment', deployment) : null,
     panel('Versions', versions),
+    generative ? null : panel('Input drift', drift),
     panel('Replicas', replicas),
     me.admin ? panel('Scaling events', events) : null,
     me.admin ? panel('Traffic history', history) : null,
@@ -53,6 +55,9 @@ export async function render(main, { me, params }) {
       const deployed = me.admin ? await get('/api/v1/deployments/' + encodeURIComponent(name)) : null;
       drawHead(head, model, me);
       drawVersions(versions, model);
+      if (!generative) { // asked only of a serving version (a 404 is a browser error)
+        drawDrift(drift, model.serving_version ? await get(path + '/drift').catch(() => null) : null);
+      }
       drawReplicas(replicas, model, deployed);
       if (deployed) {
         editor.update(deployed, model, refresh);
@@ -396,6 +401,29 @@ function drawReplicas(node, model, deployed) {
     { title: 'Memory', num: true, cell: (r) => bytes(r.stats?.rss_bytes) },
     { title: 'Why not ready', cell: (r) => r.message || '' },
   ], rows, { caption: 'Replicas', empty: 'No replica runs (not deployed, unloaded, or scaled to zero).' }));
+}
+
+function drawDrift(node, view) {
+  if (!view) {
+    replace(node, h('p', { class: 'muted' }, 'No serving version.'));
+    return;
+  }
+  const ref = view.reference;
+  const source = ref ? ref.rows + ' rows, ' + (ref.source === 'sample' ? 'the registered sample' : 'its first requests') : 'none yet (' + num(view.collected_rows, 0) + ' rows collected)';
+  replace(node, h('div', null, kv([
+    ['Version', view.version],
+    ['Status', stateLabel(view.status)],
+    ['Reference', source],
+    ['Window', num(view.window.rows, 0) + ' rows'],
+    ['Flag at', 'PSI ≥ ' + view.threshold.psi],
+  ]), table([
+    { title: 'Feature', cell: (f) => h('code', null, f.name) },
+    { title: 'PSI', num: true, cell: (f) => num(f.psi, 3) },
+    { title: 'KS / chi²', num: true, cell: (f) => num(f.ks ?? f.chi2, 3) },
+    { title: 'p-value', num: true, cell: (f) => (f.ks_p_value ?? f.chi2_p_value).toExponential(1) },
+    { title: 'Mean moved (std)', num: true, cell: (f) => num(f.mean_shift_sigma, 2) },
+    { title: 'Drifted', cell: (f) => (f.drifted ? stateLabel('drifted') : '') },
+  ], view.features, { caption: 'Input drift by feature', empty: 'No scores yet: too few rows in the window.' })));
 }
 
 function drawEvents(node, events) {

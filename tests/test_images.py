@@ -1,0 +1,271 @@
+"""Image inputs: the demo image classifier served from JPEG/PNG bytes (multipart, base64,
+V2's binary extension, gRPC) and from s3:// URIs of an allowed bucket (a moto server), the
+design documents' batch example, and what is refused."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from inferd.demo.build import build_demo_model
+from inferd.demo.images import LABELS, jpeg, picture
+from inferd.errors import InvalidInput
+from inferd.replica_config import ImagesConfig
+from inferd.runtimes.images import ImageSpec, decode
+from tests.conftest import InferdServer, moto_s3, push_folder
+from tests.test_jobs import Receiver
+
+MODEL = "image-classifier-v1"  # as the design documents' batch example names it
+BUCKET = "images"
+
+
+def _png(image) -> bytes:
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    return out.getvalue()
+
+
+# -- decoding, no sockets ------------------------------------------------------------
+
+
+def test_the_image_spec_is_checked_by_name():
+    assert ImageSpec.parse({"size": 224, "resize": 256}).shape == (3, 224, 224)
+    spec = ImageSpec.parse({"size": [32, 48], "channels": "L", "layout": "NHWC"})
+    assert spec.shape == (32, 48, 1)
+    for bad, says in [
+        ({"size": [0, 3]}, "size"),
+        ({"size": 8, "colour": "RGB"}, "unknown key"),
+        ({"size": 8, "layout": "CHW"}, "layout"),
+        ({"size": 8, "mean": [0.1, 0.2]}, "mean"),
+        ({"size": 8, "std": [0.0]}, "std"),
+    ]:
+        with pytest.raises(ValueError, match=says):
+            ImageSpec.parse(bad)
+
+
+def test_decoding_resizes_crops_and_normalises_any_image():
+    spec = ImageSpec.parse({"size": 32, "resize": 32, "mean": [0.5], "std": [0.5]})
+    rng = np.random.default_rng(0)
+    wide = picture("square", rng, size=64).resize((96, 64))  # 3:2, cropped to the centre
+    for data in (jpeg(wide), _png(wide), jpeg(wide.convert("L"))):
+        x = decode(data, spec, 10**6, "an image")
+        assert x.shape == (3, 32, 32) and x.dtype == np.float32
+        assert x.min() >= -1.0 and x.max() <= 1.0
+    small = picture("circle", np.random.default_rng(5), size=64)
+    big = jpeg(small.resize((2048, 2048)))  # decoded at an eighth of its size (scaled DCT)
+    gap = decode(big, spec, 10**7, "big") - decode(jpeg(small), spec, 10**7, "small")
+    assert float(np.abs(gap).mean()) < 0.05
+
+
+def test_corrupt_images_and_decompression_bombs_are_refused_before_decoding():
+    from PIL import Image
+
+    spec = ImageSpec.parse({"size": 32})
+    good = jpeg(picture("triangle", np.random.default_rng(1)))
+    with pytest.raises(InvalidInput, match="row 3 is not an image"):
+        decode(b"GIF89a not really" + good[:50], spec, 10**6, "image of row 3")
+    with pytest.raises(InvalidInput, match="is corrupt"):
+        decode(good[: len(good) // 3], spec, 10**6, "image of row 0")
+    bomb = io.BytesIO()  # 20,000 x 20,000 pixels in a 60 kB PNG
+    Image.new("1", (20_000, 20_000)).save(bomb, format="PNG")
+    assert len(bomb.getvalue()) < 100_000
+    began = time.perf_counter()
+    with pytest.raises(InvalidInput, match="20000 x 20000 pixels, over the limit of 40,000,000"):
+        decode(bomb.getvalue(), spec, ImagesConfig().max_pixels, "image of row 0")
+    assert time.perf_counter() - began < 0.05  # the header only
+
+
+# -- the server ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def s3_env(tmp_path_factory):
+    with moto_s3(BUCKET) as env:
+        import s3fs
+
+        fs = s3fs.S3FileSystem(key="test", secret="test", endpoint_url=env["AWS_ENDPOINT_URL"])
+        fs.mkdir("private")
+        yield env, fs
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, s3_env):
+    env, _ = s3_env
+    data = tmp_path_factory.mktemp("images")
+    demo = build_demo_model("image-classifier", tmp_path_factory.mktemp("demo"))
+    push_folder(data, MODEL, demo.path, framework="onnx", **demo.metadata)
+    server_env = {
+        **env,
+        "INFERD_IMAGES__ALLOWED_BUCKETS": json.dumps([BUCKET]),
+        "INFERD_IMAGES__MAX_PIXELS": "4000000",
+        "INFERD_JOBS__CALLBACK_FIRST_DELAY_S": "0.2",
+    }
+    srv = InferdServer(data, env=server_env)
+    try:
+        srv.wait_ready()
+        srv.wait_for(
+            lambda: srv.client.get(f"/v2/models/{MODEL}/ready").status_code == 200,
+            what="the image classifier ready",
+        )
+        yield srv
+    finally:
+        assert srv.stop() == 0
+
+
+def _pictures(n: int, seed: int) -> list[tuple[str, bytes]]:
+    rng = np.random.default_rng(seed)
+    return [(LABELS[i % 3], jpeg(picture(LABELS[i % 3], rng))) for i in range(n)]
+
+
+def test_an_image_sent_every_way_gets_the_same_answer(server):
+    from PIL import Image
+
+    (label, data), *_ = _pictures(1, 10)
+    client = server.client
+    b64 = base64.b64encode(data).decode()
+
+    def v1(value) -> dict:
+        reply = client.post(f"/api/v1/models/{MODEL}/predict", json={"inputs": [value]})
+        assert reply.status_code == 200, reply.text
+        return reply.json()["outputs"][0]
+
+    answers = [
+        v1({"image": {"b64": b64}}),
+        v1({"b64": b64}),
+        v1(f"data:image/jpeg;base64,{b64}"),
+        v1(b64),
+    ]
+    multipart = client.post(f"/api/v1/models/{MODEL}/predict", files={"image": ("a.jpg", data)})
+    assert multipart.status_code == 200, multipart.text
+    answers.append(multipart.json()["outputs"][0])
+
+    length = len(data).to_bytes(4, "little") + data
+    header = json.dumps({
+        "inputs": [{"name": "image", "datatype": "BYTES", "shape": [1],
+                    "parameters": {"binary_data_size": len(length)}}],
+    }).encode()  # fmt: skip
+    reply = client.post(
+        f"/v2/models/{MODEL}/infer",
+        content=header + length,
+        headers={"Inference-Header-Content-Length": str(len(header))},
+    )
+    assert reply.status_code == 200, reply.text
+    outputs = {o["name"]: o["data"] for o in reply.json()["outputs"]}
+    answers.append({"label": label, "probabilities": outputs["probabilities"]})
+    v2_json = client.post(f"/v2/models/{MODEL}/infer", json={"inputs": [
+        {"name": "image", "datatype": "BYTES", "shape": [1], "data": [b64]}]})  # fmt: skip
+    assert v2_json.status_code == 200, v2_json.text
+    assert v2_json.json()["outputs"][0]["data"] == [LABELS.index(label)]
+
+    import tritonclient.grpc as grpcclient
+
+    triton = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    tensor = grpcclient.InferInput("image", [1], "BYTES")
+    tensor.set_data_from_numpy(np.array([data], dtype=object))
+    result = triton.infer(MODEL, [tensor])
+    assert result.as_numpy("label").tolist() == [LABELS.index(label)]
+    probabilities = result.as_numpy("probabilities")[0].tolist()
+    answers.append({"label": label, "probabilities": probabilities})
+
+    for answer in answers:
+        assert answer["label"] == label
+        assert answer["probabilities"] == pytest.approx(answers[0]["probabilities"], abs=1e-6)
+    png = io.BytesIO()
+    Image.open(io.BytesIO(data)).save(png, format="PNG")  # another format, the same picture
+    assert v1({"b64": base64.b64encode(png.getvalue()).decode()})["label"] == label
+
+
+def test_the_design_documents_batch_over_s3_uris_calls_back_with_labels(server, s3_env):
+    _, fs = s3_env
+    pictures = _pictures(24, 20)
+    for i, (_, data) in enumerate(pictures):
+        fs.pipe(f"{BUCKET}/batch/img{i}.jpg", data)
+    receiver = Receiver(fail_first=0)
+    try:
+        reply = server.client.post("/api/v1/batch", json={
+            "model": MODEL,
+            "inputs": [f"s3://{BUCKET}/batch/img{i}.jpg" for i in range(len(pictures))],
+            "callback_url": receiver.url,
+        })  # fmt: skip
+        assert reply.status_code == 202, reply.text
+        job = reply.json()
+        assert job["status"] == "queued"
+        done = server.wait_job(job["batch_id"])
+        assert done["status"] == "succeeded", done
+        deadline = time.monotonic() + 20
+        while not receiver.calls:
+            assert time.monotonic() < deadline, "no callback"
+            time.sleep(0.05)
+        assert json.loads(receiver.calls[0][1])["succeeded"] == len(pictures)
+    finally:
+        receiver.close()
+    lines = server.client.get(f"/api/v1/batch/{job['batch_id']}/results").text.splitlines()
+    labels = [json.loads(line)["output"]["label"] for line in lines]
+    right = sum(a == b for a, (b, _) in zip(labels, pictures, strict=True))
+    assert right >= len(pictures) - 1, (labels, [b for b, _ in pictures])
+
+
+@pytest.mark.parametrize(
+    ("value", "status", "says"),
+    [
+        ("s3://private/secret.jpg", 422, "outside the buckets image inputs may name"),
+        (f"s3://{BUCKET}/missing.jpg", 422, "does not exist"),
+        ("https://169.254.169.254/latest/meta-data", 422, "https:// URLs are not fetched"),
+        ("file:///etc/passwd", 422, "file:// URLs are not fetched"),
+        ("bm90IGFuIGltYWdl", 422, "is not an image"),
+        ("not base64 !", 422, "not valid base64"),
+        ({"b64": 3}, 422, "must be an image"),
+    ],
+)
+def test_what_is_not_an_allowed_image_is_a_4xx_naming_it(server, value, status, says):
+    reply = server.client.post(f"/api/v1/models/{MODEL}/predict", json={"inputs": [value]})
+    assert reply.status_code == status, reply.text
+    assert says in reply.json()["error"]["message"]
+
+
+def test_a_bomb_or_a_corrupt_image_fails_only_its_own_request(server):
+    from PIL import Image
+
+    bomb = io.BytesIO()
+    Image.new("1", (3000, 3000)).save(bomb, format="PNG")  # over this server's 4 Mpx
+    good = _pictures(16, 30)
+    client = httpx.Client(base_url=server.url, timeout=30)
+
+    def send(data: bytes) -> httpx.Response:
+        body = {"inputs": [{"b64": base64.b64encode(data).decode()}]}
+        return client.post(f"/api/v1/models/{MODEL}/predict", json=body)
+
+    bad = [bomb.getvalue(), good[0][1][:200]] * 4
+    with ThreadPoolExecutor(8) as pool:
+        replies = list(pool.map(send, [d for _, d in good] + bad))
+    client.close()
+    ok, refused = replies[: len(good)], replies[len(good) :]
+    assert all(r.status_code == 200 for r in ok), [r.text for r in ok if r.status_code != 200]
+    assert sum(r.json()["outputs"][0]["label"] == g[0] for r, g in zip(ok, good, strict=True)) >= 15
+    assert all(r.status_code == 422 for r in refused), [r.text for r in refused]
+    assert "3000 x 3000 pixels, over the limit of 4,000,000" in refused[0].text
+    assert "corrupt" in refused[1].text or "not an image" in refused[1].text
+
+
+def test_a_multipart_form_of_several_images_is_several_rows(server, tmp_path: Path):
+    pictures = _pictures(3, 40)
+    files = [("image", (f"{i}.jpg", d, "image/jpeg")) for i, (_, d) in enumerate(pictures)]
+    reply = server.client.post(
+        f"/api/v1/models/{MODEL}/predict",
+        files=files,
+        data={"params": json.dumps({"version": "v1"})},
+    )
+    assert reply.status_code == 200, reply.text
+    assert [o["label"] for o in reply.json()["outputs"]] == [label for label, _ in pictures]
+    reply = server.client.post(
+        f"/api/v1/models/{MODEL}/predict", files={"picture": ("a.jpg", pictures[0][1])}
+    )
+    assert reply.status_code == 422 and "form field 'picture'" in reply.text
