@@ -72,7 +72,7 @@ def test_a_row_is_a_cloudevent_with_its_bodies_redacted() -> None:
                                    "data": ["123"]}]})  # fmt: skip
     encoder = EventEncoder(["ssn", "user"], host="h1")
     row = _row(3, Payload(request, v2, len(request), len(v2)), user="alice")
-    event = encoder.event(row)
+    event = orjson.loads(encoder.batch([row]))[0]
     assert {k: v for k, v in event.items() if k != "data"} == {
         "specversion": "1.0", "id": "r3", "source": "inferd/h1/calc",
         "type": "io.inferd.inference.log", "time": "2023-11-14T22:13:23.250000Z",
@@ -97,12 +97,27 @@ def test_a_row_is_a_cloudevent_with_its_bodies_redacted() -> None:
 def test_a_body_that_is_not_json_is_base64_unless_redaction_is_on() -> None:
     binary = b"\x00\x01binary tensor"
     row = _row(payload=Payload(binary, None, len(binary), 0))
-    plain = EventEncoder(host="h").data(row)["payload"]
+
+    def payload(encoder: EventEncoder) -> dict[str, Any]:
+        return dict(orjson.loads(encoder.batch([row]))[0]["data"]["payload"])
+
+    plain = payload(EventEncoder(host="h"))
     assert base64.b64decode(plain["request_base64"]) == binary and plain["request"] is None
-    redacting = EventEncoder(["x"], host="h").data(row)["payload"]
+    redacting = payload(EventEncoder(["x"], host="h"))
     assert "request_base64" not in redacting and redacting["request"] is None  # left out
     assert redacting["request_bytes"] == len(binary)
     assert EventEncoder(host="h").attributes(_row(request_id=""))["id"]  # never empty
+
+
+def test_a_json_body_goes_as_it_came_when_nothing_in_it_is_redacted() -> None:
+    body = b'{"inputs": [{"x": 1.50, "note": "as written"}]}'
+    row = _row(payload=Payload(body, None, len(body), 0))
+    for encoder in (EventEncoder(host="h"), EventEncoder(["ssn"], host="h")):
+        assert body in encoder.batch([row])  # its bytes, not a re-encoding
+    walked = EventEncoder(["note"], host="h").batch([row])
+    assert body not in walked and orjson.loads(walked)[0]["data"]["payload"]["request"] == {
+        "inputs": [{"x": 1.5, "note": REDACTED}]
+    }
 
 
 def test_kafka_records_are_binary_mode_cloudevents() -> None:

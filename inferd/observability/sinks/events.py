@@ -4,9 +4,9 @@ request and response bodies. Pure functions of a row; every sink encodes with th
 An event's ``id`` is the request id, its ``source`` ``inferd/<host>/<model>``, its
 ``type`` :data:`EVENT_TYPE`, its ``time`` the row's (RFC 3339, UTC), and its ``data``
 (``application/json``) the row as the database keeps it (the user key as its hash) plus,
-for a sampled request, ``payload``: the bodies (a JSON body as its JSON value, redacted;
-another one as ``request_base64`` / ``response_base64``, unless redaction is on, since
-what cannot be parsed cannot be redacted) and their sizes.
+for a sampled request, ``payload``: the bodies (a JSON body as it came, or as its value
+redacted; another one as ``request_base64`` / ``response_base64``, unless redaction is
+on, since what cannot be parsed cannot be redacted) and their sizes.
 
 Bodies are parsed here, in a sink's thread of the server process, never in the gateway:
 the request path only keeps a reference to the bytes it received and sent.
@@ -32,72 +32,117 @@ CONTENT_TYPE = "application/json"
 BATCH_CONTENT_TYPE = "application/cloudevents-batch+json"
 """The HTTP binding's batched mode: a JSON array of structured events."""
 REDACTED = "[REDACTED]"
+ATTRIBUTES = ("specversion", "id", "source", "type", "time", "datacontenttype")
 
-_FIELDS = LogRow.__struct_fields__[: -len(NOT_COLUMNS)]
-assert LogRow.__struct_fields__[-len(NOT_COLUMNS) :] == NOT_COLUMNS  # data() zips the rest
+_COLUMNS = LogRow.__struct_fields__[: -len(NOT_COLUMNS)]
+assert LogRow.__struct_fields__[-len(NOT_COLUMNS) :] == NOT_COLUMNS  # data() takes the rest
+_USER = _COLUMNS.index("user")
+
+
+class Bodies(msgspec.Struct, omit_defaults=True):
+    """A sampled request's bodies in an event: a JSON body as it came (``msgspec.Raw``)
+    or redacted (its value); None when left out; base64 for a body that is not JSON."""
+
+    request_bytes: int
+    response_bytes: int
+    request: Any
+    response: Any
+    request_base64: str | None = None
+    response_base64: str | None = None
+
+
+Data = msgspec.defstruct(
+    "Data",
+    [("user_hash" if name == "user" else name, Any) for name in _COLUMNS]
+    + [("payload", Bodies | None, None)],
+    omit_defaults=True,  # only ``payload`` has a default: absent when not sampled
+)
+"""An event's ``data``: the row's columns as the database keeps them, then ``payload``."""
+
+
+class Event(msgspec.Struct):
+    """A structured CloudEvent."""
+
+    specversion: str
+    id: str
+    source: str
+    type: str
+    time: str
+    datacontenttype: str
+    data: Any
 
 
 class EventEncoder:
     """Rows to CloudEvents for one server: ``host`` names it in each event's source;
-    ``redact``: field names whose values are replaced in bodies."""
+    ``redact``: field names whose values are replaced in bodies. Events are msgspec
+    structs encoded in one call per batch (dicts cost twice the time a row)."""
 
     def __init__(self, redact: Iterable[str] = (), host: str | None = None) -> None:
         self.host = host or socket.gethostname()
         self.redact = frozenset(redact)
-        self._quoted = [orjson.dumps(name) for name in self.redact]
+        self._quoted = [orjson.dumps(name) for name in sorted(self.redact)]
+        self._json = msgspec.json.Encoder()
+
+    def _attributes(self, row: LogRow) -> tuple[str, str, str, str, str, str]:
+        return (
+            SPEC_VERSION,
+            row.request_id or uuid.uuid4().hex,  # a CloudEvent's id is never empty
+            f"inferd/{self.host}/{row.model_name}",
+            EVENT_TYPE,
+            rfc3339(row.timestamp),
+            CONTENT_TYPE,
+        )
 
     def attributes(self, row: LogRow) -> dict[str, str]:
         """The event's context attributes (all of them strings)."""
-        return {
-            "specversion": SPEC_VERSION,
-            "id": row.request_id or uuid.uuid4().hex,  # a CloudEvent's id is never empty
-            "source": f"inferd/{self.host}/{row.model_name}",
-            "type": EVENT_TYPE,
-            "time": rfc3339(row.timestamp),
-            "datacontenttype": CONTENT_TYPE,
-        }
+        return dict(zip(ATTRIBUTES, self._attributes(row), strict=True))
 
-    def data(self, row: LogRow) -> dict[str, Any]:
-        """The row's fields as the database keeps them, then ``payload`` when sampled."""
-        out = dict(zip(_FIELDS, msgspec.structs.astuple(row), strict=False))  # payload left out
-        user = out.pop("user")
-        out["user_hash"] = None if user is None else user_hash(user)
-        if row.payload is not None:
-            out["payload"] = self.payload(row.payload)
-        return out
+    def data(self, row: LogRow) -> Any:
+        """The event's data (a :data:`Data`): the row's columns, the user key as its hash,
+        and ``payload`` when sampled."""
+        values = list(msgspec.structs.astuple(row)[: len(_COLUMNS)])
+        if values[_USER] is not None:
+            values[_USER] = user_hash(values[_USER])
+        bodies = None if row.payload is None else self.bodies(row.payload)
+        return Data(*values, bodies)
 
-    def event(self, row: LogRow) -> dict[str, Any]:
-        """The structured event: attributes and ``data``."""
-        return {**self.attributes(row), "data": self.data(row)}
+    def event(self, row: LogRow) -> Event:
+        return Event(*self._attributes(row), self.data(row))
 
     def batch(self, rows: Sequence[LogRow]) -> bytes:
         """``application/cloudevents-batch+json``: a JSON array of structured events."""
-        return orjson.dumps([self.event(row) for row in rows])
+        return self._json.encode([self.event(row) for row in rows])
 
-    def payload(self, payload: Payload) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "request_bytes": payload.request_bytes,
-            "response_bytes": payload.response_bytes,
-        }
+    def encode(self, value: Any) -> bytes:
+        """JSON of an event, its data or its bodies."""
+        return self._json.encode(value)
+
+    def bodies(self, payload: Payload) -> Bodies:
+        out = Bodies(payload.request_bytes, payload.response_bytes, None, None)
         for key, body in (("request", payload.request), ("response", payload.response)):
-            out[key] = None
             if body is None:
                 continue
             try:
-                value = orjson.loads(body)
+                value = orjson.loads(body)  # parsed: JSON, so it may go as it came
             except orjson.JSONDecodeError:
                 if not self.redact:  # else: not JSON, so it cannot be redacted: left out
-                    out[f"{key}_base64"] = base64.b64encode(body).decode()
+                    setattr(out, f"{key}_base64", base64.b64encode(body).decode())
                 continue
-            out[key] = redacted(value, self.redact) if self._may_name(body) else value
+            if self._may_name(body):
+                setattr(out, key, redacted(value, self.redact))
+            else:  # the client's bytes, not a re-encoding of them (numbers as written)
+                setattr(out, key, msgspec.Raw(body))
         return out
 
     def _may_name(self, body: bytes) -> bool:
         """Whether ``body`` may hold a redacted name: spelt as a JSON string, or written
-        with escapes (then every body is walked). A byte scan, cheaper than the walk."""
-        if not self.redact:
+        with escapes (then every body is walked). Byte searches, far cheaper than a walk
+        (or a regular expression's alternation)."""
+        if not self._quoted:
             return False
-        return b"\\" in body or any(name in body for name in self._quoted)
+        if b"\\" in body:
+            return True
+        return any(map(body.__contains__, self._quoted))
 
 
 def redacted(value: Any, names: frozenset[str]) -> Any:

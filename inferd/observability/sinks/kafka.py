@@ -17,8 +17,6 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-import orjson
-
 from inferd.config import PayloadLogConfig
 from inferd.observability.log_rows import LogRow
 from inferd.observability.sinks import display_name
@@ -35,7 +33,7 @@ def record(encoder: EventEncoder, row: LogRow) -> Record:
         ("content-type" if name == "datacontenttype" else f"ce_{name}", value.encode())
         for name, value in encoder.attributes(row).items()
     ]
-    return orjson.dumps(encoder.data(row)), headers
+    return encoder.encode(encoder.data(row)), headers
 
 
 class KafkaSink:

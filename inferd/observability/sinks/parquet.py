@@ -25,7 +25,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import msgspec.inspect as mi
-import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -62,18 +61,21 @@ def schema() -> pa.Schema:
 
 
 SCHEMA = schema()
+_PLAIN = frozenset(SCHEMA.names) - {"timestamp", "payload"}
+"""Columns that are the event data's fields as they are."""
 
 
 def table(encoder: EventEncoder, rows: Sequence[LogRow]) -> pa.Table:
     """``rows`` as one Arrow table of :data:`SCHEMA`."""
     columns: dict[str, list[Any]] = {name: [] for name in SCHEMA.names}
+    fields = [(name, values) for name, values in columns.items() if name in _PLAIN]
     for row in rows:
         data = encoder.data(row)
-        payload = data.pop("payload", None)
-        data["timestamp"] = int(row.timestamp * 1_000_000)
-        data["payload"] = None if payload is None else orjson.dumps(payload).decode()
-        for name, values in columns.items():
-            values.append(data[name])
+        for name, values in fields:
+            values.append(getattr(data, name))
+        columns["timestamp"].append(int(row.timestamp * 1_000_000))
+        payload = data.payload
+        columns["payload"].append(None if payload is None else encoder.encode(payload).decode())
     return pa.table(
         [pa.array(values, type=SCHEMA.field(name).type) for name, values in columns.items()],
         schema=SCHEMA,

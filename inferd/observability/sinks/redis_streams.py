@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-import orjson
 import redis
 from redis.typing import EncodableT, FieldT
 
@@ -44,7 +43,7 @@ class RedisStreamSink:
         """A row's stream entry: the event's attributes and its JSON ``data``."""
         fields: dict[FieldT, EncodableT] = {}
         fields.update(self.encoder.attributes(row))
-        fields["data"] = orjson.dumps(self.encoder.data(row))
+        fields["data"] = self.encoder.encode(self.encoder.data(row))
         return fields
 
     def send(self, rows: Sequence[LogRow]) -> None:
