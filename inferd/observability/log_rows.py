@@ -43,7 +43,8 @@ class LogRow(msgspec.Struct, array_like=True, frozen=True, kw_only=True, gc=Fals
     """The version that answered (``model:version`` when an overflow model did); None
     when none did."""
     api: str
-    """v1 | v2 | openai | grpc"""
+    """v1 | v2 | openai | grpc; explain (an explanation); graph (a node of an
+    inference graph, under the graph request's id)"""
     status_code: int
     latency_ms: float
     user: str | None = None
