@@ -200,12 +200,16 @@ class PayloadLogConfig(Group):
     @model_validator(mode="after")
     def _known_schemes(self) -> PayloadLogConfig:
         for uri in self.sinks:
-            scheme = uri.partition("://")[0].lower()
-            if "://" not in uri or scheme not in SINK_SCHEMES:
+            scheme, _, rest = uri.partition("://")
+            if not rest or scheme.lower() not in SINK_SCHEMES:
                 raise ValueError(
                     f"payload_log.sinks: {uri!r} names no known sink; "
                     f"use one of {', '.join(s + '://' for s in SINK_SCHEMES)}"
                 )
+            if not rest.split("/", 1)[0]:  # the host, bucket or brokers
+                raise ValueError(f"payload_log.sinks: {uri!r} names no host (or bucket)")
+        if len(set(self.sinks)) != len(self.sinks):
+            raise ValueError("payload_log.sinks lists a sink twice")
         return self
 
 

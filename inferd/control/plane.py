@@ -93,7 +93,10 @@ class ControlPlane:
         await asyncio.to_thread(
             shutil.rmtree, Path(self.settings.data_dir) / UPLOADS, ignore_errors=True
         )
-        self.sinks = open_sinks(self.settings.payload_log)  # a bad URI fails the start here
+        try:  # before anything starts: a sink the settings cannot make stops the server
+            self.sinks = open_sinks(self.settings.payload_log)
+        except ValueError as exc:
+            raise SystemExit(f"error: {exc}") from None
         await self.publisher.start()
         self.publisher.on_reconcile = self.controller.reconcile  # a gateway changed a model
         self.publisher.on_log_rows = self._take_rows
