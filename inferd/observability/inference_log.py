@@ -37,9 +37,6 @@ from inferd.registry.tables import inference_logs
 logger = logging.getLogger(__name__)
 
 
-CHUNK_ROWS = 1800
-"""Rows per INSERT statement: 18 parameters each, under SQLite's 32766 and
-PostgreSQL's 65535 parameters per statement."""
 _FIELDS = tuple(
     "user_hash" if name == "user" else name
     for name in LogRow.__struct_fields__
@@ -47,6 +44,9 @@ _FIELDS = tuple(
 )
 """The ``inference_logs`` columns a row fills, in :class:`LogRow`'s order (its payload
 is the sinks' alone)."""
+CHUNK_ROWS = 32766 // len(_FIELDS)
+"""Rows per INSERT statement: a parameter per column each, within SQLite's default
+limit of 32766 parameters per statement (PostgreSQL's is 65535)."""
 
 
 class InferenceLog(RowBuffer):
