@@ -144,7 +144,12 @@ class ImageInput(Runtime):
         )
 
     def load(self) -> None:
-        pass  # the inner runtime is loaded
+        """The inner runtime is loaded; Pillow's format plugins are registered now, once:
+        its first open of an image no early plugin claims registers them all, and two
+        decoding threads doing that at once could see a half-filled registry."""
+        from PIL import Image
+
+        Image.init()
 
     def infer_signature(self) -> Signature:
         return self._signature
