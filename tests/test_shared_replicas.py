@@ -151,9 +151,11 @@ def test_a_shared_process_busy_computing_takes_no_new_replica(tmp_path) -> None:
         assert timed(client, "hot", 1.0)[0] == 200
         assert pids(client, "hot") == pids(client, "first")  # room: beside it
         deadline = time.monotonic() + 6.0
-        with ThreadPoolExecutor(3) as pool:  # keep "hot" computing all the time
+        # keep "hot" computing all the time: 4 clients, so that one is always queued
+        # behind the batch computing even when a loaded machine slows the round trips
+        with ThreadPoolExecutor(4) as pool:
             list(pool.map(lambda _: [timed(client, "hot", 1.0) for _ in iter(
-                lambda: time.monotonic() < deadline, False)], range(2)))  # fmt: skip
+                lambda: time.monotonic() < deadline, False)], range(4)))  # fmt: skip
         assert timed(client, "calm", 1.0)[0] == 200
         assert pids(client, "calm") != pids(client, "hot")  # that process is busy
     finally:
