@@ -404,6 +404,11 @@ def postgres_url() -> Iterator[str]:
 def redis_url() -> str:
     """The machine's Redis (``INFERD_TEST_REDIS_URL``), checked reachable; skipped only
     with ``INFERD_SKIP_REDIS=1``."""
+    return reachable_redis_url()
+
+
+def reachable_redis_url() -> str:
+    """:func:`redis_url`'s check, for fixtures of a wider scope."""
     import redis
 
     url = os.environ.get("INFERD_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")

@@ -46,6 +46,7 @@ from tests.conftest import (
     free_port,
     moto_s3,
     push_source,
+    reachable_redis_url,
     served,
 )
 
@@ -368,19 +369,6 @@ def black_hole() -> Iterator[str]:
             conn.close()
 
 
-def _redis_url() -> str:
-    import redis
-
-    url = os.environ.get("INFERD_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-    try:
-        redis.from_url(url).ping()
-    except redis.ConnectionError:
-        if os.environ.get("INFERD_SKIP_REDIS") == "1":
-            pytest.skip("Redis not reachable and INFERD_SKIP_REDIS=1")
-        pytest.fail(f"Redis not reachable at {url}; start it or set INFERD_SKIP_REDIS=1")
-    return url
-
-
 def _predicts(server: InferdServer, prefix: str, n: int) -> list[str]:
     """``n`` predicts with known request ids (and a user and a secret to redact)."""
     ids = [f"{prefix}-{i}" for i in range(n)]
@@ -414,7 +402,7 @@ def sinks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """One server shipping rows with bodies to an HTTP receiver, a Redis stream and S3."""
     import redis
 
-    url = _redis_url()
+    url = reachable_redis_url()
     stream = f"inferd-test-payloads-{uuid.uuid4().hex[:8]}"
     receiver = Receiver()
     try:
