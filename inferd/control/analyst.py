@@ -44,10 +44,13 @@ class CanaryAnalyst:
         rollouts: RolloutProgress,
         clock: Clock = SYSTEM,
         sample: Sampler = canary.sample,
+        graphs: canary.GraphFigures | None = None,
     ) -> None:
         self.rollouts = rollouts
         self.clock = clock
         self.sample = sample
+        self.graphs = graphs or canary.GraphFigures()
+        """Inference graph versions' figures (no replica to sample: the gateways' rows)."""
         self._windows: dict[tuple[str, str], Window] = {}
 
     def keep_only(self, model: str, canaries: set[str]) -> None:
@@ -74,7 +77,7 @@ class CanaryAnalyst:
                 await self._open(model, version, stable, plan)
             return False
         now_canary, now_stable = await asyncio.gather(
-            self.sample(_addresses(model, [version])), self.sample(_addresses(model, stable))
+            self._sample(model, [version]), self._sample(model, stable)
         )
         mine = canary.window(window.canary_before, now_canary)
         theirs = canary.window(window.stable_before, now_stable)
@@ -110,7 +113,7 @@ class CanaryAnalyst:
         self, model: ModelState, version: str, stable: list[str], plan: CanaryRollout
     ) -> None:
         before_canary, before_stable = await asyncio.gather(
-            self.sample(_addresses(model, [version])), self.sample(_addresses(model, stable))
+            self._sample(model, [version]), self._sample(model, stable)
         )
         restarts = sum(r.restarts for r in model.versions[version].replicas)
         self._windows[(model.name, version)] = Window(
@@ -120,6 +123,17 @@ class CanaryAnalyst:
             "%s: canary %s at %d %%; analysis window of %.0fs starts",
             model.name, version, plan.steps[plan.step], plan.step_s,
         )  # fmt: skip
+
+    async def _sample(
+        self, model: ModelState, versions: list[str]
+    ) -> dict[canary.Key, canary.ReplicaSample]:
+        """The replicas' samples of ``versions``, and the gateways' of those that are
+        inference graphs."""
+        found = await self.sample(_addresses(model, versions))
+        graphs = [v for v in versions if (s := model.versions.get(v)) and s.replicaless]
+        if graphs:
+            found.update(self.graphs.samples(model.name, graphs))
+        return found
 
     async def _conclude(
         self,

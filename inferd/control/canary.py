@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,6 +116,54 @@ async def sample(replicas: list[tuple[str, int, str]]) -> dict[Key, ReplicaSampl
     return {
         (rid, pid): s for (rid, pid, _), s in zip(replicas, found, strict=True) if s is not None
     }
+
+
+class GraphFigures:
+    """What the gateways answered for inference graph versions (which have no replica
+    to sample), from the request rows they ship: per ``(model, version)``, its requests
+    answered and failed and their latency, as a replica's cumulative sample. A request
+    a graph version failed that its fallback (the serving version) answered is logged
+    as the fallback's, with ``fallback_from``: a failure of the graph version here, as a
+    failed predict is its replica's. Node calls (``api`` ``graph``) are their models'."""
+
+    def __init__(self) -> None:
+        self._samples: dict[tuple[str, str], ReplicaSample] = {}
+
+    def observe(self, rows: Any, is_graph: Callable[[str, str], bool]) -> None:
+        for row in rows:
+            if row.api == "graph":
+                continue
+            model = row.model_name
+            if row.fallback_from is not None and is_graph(model, row.fallback_from):
+                self._sample(model, row.fallback_from).failed += 1
+            version = row.version
+            if version is None or not is_graph(model, version):
+                continue
+            sample = self._sample(model, version)
+            if row.status_code >= 500:
+                sample.failed += 1
+            elif row.status_code < 400:
+                sample.answered += 1
+                sample.latency.observe(row.latency_ms / 1000)
+
+    def _sample(self, model: str, version: str) -> ReplicaSample:
+        found = self._samples.get((model, version))
+        if found is None:
+            found = self._samples[(model, version)] = ReplicaSample(0, 0, Sketch(), Sketch())
+        return found
+
+    def samples(self, model: str, versions: list[str]) -> dict[Key, ReplicaSample]:
+        """Copies of the graph ``versions``' samples now (their latency as their compute
+        too: a graph's compute is its nodes' calls), keyed as a replica's would be."""
+        out = {}
+        for version in versions:
+            found = self._samples.get((model, version))
+            if found is not None:
+                latency = Sketch.of(found.latency.snapshot())
+                out[(f"{model}:{version}@gateways", 0)] = ReplicaSample(
+                    found.answered, found.failed, latency, latency
+                )
+        return out
 
 
 def window(start: dict[Key, ReplicaSample], now: dict[Key, ReplicaSample]) -> Figures:

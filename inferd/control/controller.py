@@ -147,9 +147,22 @@ class Controller:
             self.publish()
 
     def used(self, rows: Any) -> None:
-        """Requests were answered (the gateways' log rows): on-demand versions' last use."""
+        """Requests were answered (the gateways' log rows): on-demand versions' last use,
+        and inference graph versions' figures (for their canary analysis)."""
         if self.on_demand is not None:
             self.on_demand.used(rows, self.clock.monotonic())
+        if self._graphs:
+            self.analyst.graphs.observe(rows, self._is_graph)
+
+    @property
+    def _graphs(self) -> bool:
+        """Is any inference graph version deployed?"""
+        return any(v.replicaless for m in self.models.values() for v in m.versions.values())
+
+    def _is_graph(self, model: str, version: str) -> bool:
+        state = self.models.get(model)
+        vset = None if state is None else state.versions.get(version)
+        return vset is not None and vset.replicaless
 
     async def _load_on_demand(self, vset: VersionSet) -> None:
         """Start an on-demand version's replicas, after unloading the least recently used

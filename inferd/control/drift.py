@@ -32,7 +32,7 @@ import numpy as np
 from inferd.control.state import reachable
 from inferd.errors import InferdError, InvalidInput, ModelNotFound
 from inferd.observability.drift import Profile
-from inferd.observability.drift_stats import Counts, DriftWindow, scores
+from inferd.observability.drift_stats import Counts, DriftWindow, embedding_distances, scores
 from inferd.observability.exposition import ReplicaStatuses, Text
 from inferd.runtimes import GENERATIVE
 from inferd.serving.client import ReplicaClient
@@ -112,6 +112,8 @@ class VersionDrift:
         """Why its replicas count nothing (a generative model)."""
         self.current: Counts | None = None
         self.scores: list[dict[str, Any]] = []
+        self.embeddings: list[dict[str, Any]] = []
+        """Its embeddings' distances (:func:`embedding_distances`) in the last scores."""
 
     def figure(self, key: str) -> float:
         if key == "window_rows":
@@ -276,8 +278,9 @@ class DriftMonitor:
         ready = state.reference is not None and state.current is not None
         if ready and state.current.rows >= config.min_window_rows:  # type: ignore[union-attr]
             state.scores = scores(state.reference, state.current, state.threshold)  # type: ignore[arg-type]
+            state.embeddings = embedding_distances(state.reference, state.scores)  # type: ignore[arg-type]
         else:
-            state.scores = []
+            state.scores, state.embeddings = [], []
 
     # -- the API's answer ---------------------------------------------------------------
 
@@ -335,6 +338,7 @@ class DriftMonitor:
                 "max_age_s": config.window_s,
             },
             "features": state.scores,
+            "embeddings": state.embeddings,
             "drifted": [e["name"] for e in state.scores if e["drifted"]],
         }
 
@@ -361,6 +365,15 @@ def _reference_view(reference: Profile) -> dict[str, Any]:
             }
             for f in reference.features
         ],
+        "embeddings": [
+            {
+                "name": p.tensor,
+                "output": p.output,
+                "dimensions": len(p.center),
+                "directions": len(p.directions),
+            }
+            for p in reference.projections
+        ],
     }
 
 
@@ -381,6 +394,7 @@ def write_drift(out: Text, versions: list[VersionDrift]) -> None:
                     feature = entry["name"]
                     labels = {"model": state.model, "version": state.version, "feature": feature}
                     out.sample(name, labels, value)
+    _write_embeddings(out, versions)
     out.family(
         "inferd_drift_p_value",
         "gauge",
@@ -395,3 +409,20 @@ def write_drift(out: Text, versions: list[VersionDrift]) -> None:
                 "test": test,
             }  # fmt: skip
             out.sample("inferd_drift_p_value", labels, entry[f"{test}_p_value"])
+
+
+def _write_embeddings(out: Text, versions: list[VersionDrift]) -> None:
+    if not any(state.embeddings for state in versions):
+        return
+    out.family(
+        "inferd_drift_embedding_distance",
+        "gauge",
+        "How far the window's mean embedding moved from the reference's over its principal "
+        "directions, in reference standard deviations (Mahalanobis), by embedding.",
+    )
+    for state in versions:
+        for entry in state.embeddings:
+            if entry["distance"] is not None:
+                labels = {"model": state.model, "version": state.version,
+                          "embedding": entry["name"]}  # fmt: skip
+                out.sample("inferd_drift_embedding_distance", labels, entry["distance"])

@@ -16,6 +16,24 @@ categorical when the reference holds at most ``max_categories`` distinct values 
 bin each, and one for any other value), else a text, followed by its length in
 characters (``input.length``). Other inputs (images, sequences) are not profiled.
 
+Embeddings (a :class:`Projection`): a float input of shape ``[-1, D]`` wider than
+:data:`MAX_FEATURES`, and a float output of shape ``[-1, D]`` named ``embedding`` (or
+``embeddings``, or listed in the version's ``drift_embeddings`` metadata) -- what a text
+embedding model says of its texts, where a text's length says little. The reference's
+mean and its top :data:`DIRECTIONS` principal directions summarise its distribution;
+each row is counted as numeric features: its coordinate on each direction
+(``embedding.pc1`` …, centred on the mean), the length of the rest of it (what the
+directions do not reconstruct: ``embedding.residual``) and its cosine to the mean
+(``embedding.cosine``). A topic the reference did not have moves them (mostly the
+residual and the cosine: a new topic's direction lies mostly outside the reference's
+top ones), and their PSI and KS flag it as any feature's; the window's mean over them,
+in reference standard deviations, is the embedding's distance
+(:func:`~inferd.observability.drift_stats.embedding_distances`). The directions are
+fitted to half of the reference's rows, the features' bins to the other half. A
+version's outputs are counted after its batch computed them (its inputs before);
+a registered sample holds the outputs' embeddings too (as an array named by the
+output), else the embedding is profiled only from requests.
+
 A numeric feature's bins are the reference's deciles (:data:`BINS`; each distinct value
 its own bin when there are fewer), plus a bin for NaN. Counting a batch
 (:class:`Binner`) is a comparison with each feature's edges and one ``bincount``: tens
@@ -50,6 +68,12 @@ MAX_REFERENCE_ROWS = 100_000
 """Rows of a registered sample the profile is built from at most (a random subset)."""
 MAX_FEATURES = 256
 """An input of more columns than this (an image, a sequence) is not profiled."""
+DIRECTIONS = 8
+"""Principal directions of an embedding's reference it is counted on."""
+EMBEDDING_OUTPUTS = ("embedding", "embeddings")
+"""Outputs profiled as embeddings (float, ``[-1, D]``), with the ``drift_embeddings``
+metadata's."""
+FLOATS = ("FP16", "BF16", "FP32", "FP64")
 MAX_ROWS_COUNTED = 1024
 """Rows of one batch counted at most; a larger batch is counted by a stride of its rows."""
 PENDING_ROWS = 1024
@@ -81,6 +105,41 @@ class FeatureProfile(msgspec.Struct, frozen=True, kw_only=True):
     """numeric: of the reference's finite values."""
 
 
+class Projection(msgspec.Struct, frozen=True, kw_only=True):
+    """How rows of an embedding become numeric features: their coordinates on the
+    reference's principal directions (centred on its mean), then their cosine to it."""
+
+    tensor: str
+    output: bool
+    """An output of the model (counted after its batch), else an input."""
+    center: list[float]
+    directions: list[list[float]]
+    """Unit vectors, the most spread first."""
+
+    def matrices(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(the centre (D), the directions as columns (D, K), the unit centre)."""
+        center = np.asarray(self.center, np.float64)
+        w = np.asarray(self.directions, np.float64).T.reshape(len(center), -1)
+        norm = np.linalg.norm(center)
+        return center, w, center / norm if norm else center
+
+    def apply(
+        self, rows: np.ndarray, mats: tuple[np.ndarray, np.ndarray, np.ndarray]
+    ) -> np.ndarray:
+        """``rows`` (n, D) as their features (n, K + 2): their coordinates on the K
+        directions, the length of what the directions leave out of them (their
+        reconstruction error: what a new topic mostly moves), their cosine to the mean."""
+        center, w, unit = mats
+        x = np.asarray(rows, np.float64).reshape(len(rows), -1)
+        centred = x - center
+        coordinates = centred @ w
+        rest = np.einsum("ij,ij->i", centred, centred)
+        rest -= np.einsum("ij,ij->i", coordinates, coordinates)
+        norms = np.linalg.norm(x, axis=1)
+        cosine = np.divide(x @ unit, norms, out=np.zeros(len(x)), where=norms > 0)
+        return np.column_stack([coordinates, np.sqrt(np.maximum(rest, 0.0)), cosine])
+
+
 class Profile(msgspec.Struct, frozen=True, kw_only=True):
     """A version's reference: what its inputs looked like, feature by feature."""
 
@@ -90,6 +149,8 @@ class Profile(msgspec.Struct, frozen=True, kw_only=True):
     """``sample`` (registered with the version) or ``requests`` (its first rows)."""
     digest: str = ""
     """Names the bins (not the counts): replicas counting on the same digest add up."""
+    projections: list[Projection] = []
+    """The embeddings among the features' tensors (see the module)."""
 
     def to_dict(self) -> dict[str, Any]:
         return msgspec.to_builtins(self)  # type: ignore[no-any-return]
@@ -106,9 +167,20 @@ def bins_of(feature: FeatureProfile) -> int:
     return len(feature.edges) + 2
 
 
-def _digest(features: list[FeatureProfile]) -> str:
+def _digest(features: list[FeatureProfile], projections: list[Projection]) -> str:
     layout = [(f.name, f.input, f.column, f.length, f.edges, f.categories) for f in features]
-    return hashlib.sha256(msgspec.json.encode(layout)).hexdigest()[:16]
+    return hashlib.sha256(msgspec.json.encode([layout, projections])).hexdigest()[:16]
+
+
+def embedding_outputs(signature: Signature, metadata: dict[str, Any]) -> list[str]:
+    """The outputs profiled as embeddings (see the module)."""
+    listed = metadata.get("drift_embeddings")
+    named = set(listed) if isinstance(listed, list) else set(EMBEDDING_OUTPUTS)
+    return [
+        spec.name
+        for spec in signature.outputs
+        if spec.name in named and spec.datatype in FLOATS and len(spec.shape) == 2
+    ]
 
 
 # -- building a profile -------------------------------------------------------------------
@@ -125,9 +197,10 @@ def build_profile(
     the inputs found there (see the module), their bins and counts."""
     rows = _rows_of(columns)
     layout: list[FeatureProfile] = []
+    projections: list[Projection] = []
     for spec in signature.inputs:
         array = columns.get(spec.name)
-        if array is None:
+        if array is None or spec.media is not None:
             continue
         if spec.datatype == "BYTES":
             if array.ndim == 1:
@@ -139,14 +212,51 @@ def build_profile(
             layout.extend(
                 _numeric_feature(name, spec.name, j, array[:, j]) for j, name in enumerate(names)
             )
+        elif array.ndim == 2 and spec.datatype in FLOATS:
+            projections.append(_projection(spec.name, False, array[0::2]))
+    for name in embedding_outputs(signature, metadata or {}):
+        if (array := columns.get(name)) is not None and array.ndim == 2:
+            projections.append(_projection(name, True, array[0::2]))
+    for projection in projections:  # on the rows the directions were not fitted to
+        tensor = projection.tensor
+        values = projection.apply(columns[tensor][1::2], projection.matrices())
+        names = [f"{tensor}.pc{k + 1}" for k in range(values.shape[1] - 2)]
+        layout.extend(
+            _numeric_feature(name, tensor, k, values[:, k])
+            for k, name in enumerate([*names, f"{tensor}.residual", f"{tensor}.cosine"])
+        )
     features = [msgspec.structs.replace(f, counts=[0] * bins_of(f)) for f in layout]
-    counts = Binner(features).count(columns, most=None)[0]
+    binner = Binner(features, projections)
+    projected = {p.tensor for p in projections}
+    counts = binner.count({n: a for n, a in columns.items() if n not in projected}, most=None)[0]
+    if projected:
+        counts += binner.count({n: columns[n][1::2] for n in projected}, most=None)[0]
     out, start = [], 0
     for feature in features:
         end = start + bins_of(feature)
         out.append(msgspec.structs.replace(feature, counts=counts[start:end].tolist()))
         start = end
-    return Profile(features=out, rows=rows, source=source, digest=_digest(out))
+    return Profile(
+        features=out, rows=rows, source=source, digest=_digest(out, projections),
+        projections=projections,
+    )  # fmt: skip
+
+
+def _projection(tensor: str, output: bool, array: np.ndarray) -> Projection:
+    """The mean and principal directions of an embedding's reference rows (SVD of at
+    most 10,000 of them, centred). Fitted to half of the reference: the features' bins
+    and moments come from the other half, as directions fitted to rows spread those
+    rows more along them (and leave them less residual) than they will spread new rows."""
+    x = np.asarray(array, np.float64)
+    x = x[np.isfinite(x).all(axis=1)][:10_000]
+    if len(x) < 2:
+        raise ValueError(f"{tensor}: an embedding's reference needs finite rows")
+    center = x.mean(axis=0)
+    _, spread, vt = np.linalg.svd(x - center, full_matrices=False)
+    keep = vt[: min(DIRECTIONS, int((spread > 1e-9 * max(spread[0], 1e-300)).sum()))]
+    return Projection(
+        tensor=tensor, output=output, center=center.tolist(), directions=keep.tolist()
+    )
 
 
 def _rows_of(columns: Columns) -> int:
@@ -213,11 +323,16 @@ class Binner:
     profile order), and per feature the sum and the sum of squares of its finite values
     (a window's mean and spread without keeping its rows)."""
 
-    def __init__(self, features: list[FeatureProfile]) -> None:
+    def __init__(
+        self, features: list[FeatureProfile], projections: list[Projection] | None = None
+    ) -> None:
         self.features = features
         sizes = [bins_of(f) for f in features]
         self.size = sum(sizes)
-        self.inputs = {f.input for f in features}
+        self._projections = {p.tensor: (p, p.matrices()) for p in projections or ()}
+        self.outputs = {p.tensor for p in projections or () if p.output}
+        """The model's outputs it reads."""
+        self.inputs = {f.input for f in features} - self.outputs
         """The inputs it reads."""
         offsets = np.cumsum([0, *sizes[:-1]]).astype(np.int64)
         self._matrices: dict[str, tuple[np.ndarray, ...]] = {}
@@ -246,8 +361,9 @@ class Binner:
     def count(
         self, columns: Columns, most: int | None = MAX_ROWS_COUNTED
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-        """(counts, sums, squares, rows counted) of ``columns``, a batch by input name:
-        every row, or a stride of them when there are more than ``most``."""
+        """(counts, sums, squares, rows counted) of ``columns``, a batch by input name
+        (the features of tensors it lacks are not counted): every row, or a stride of
+        them when there are more than ``most``."""
         rows = _rows_of(columns) if columns else 0
         counts = np.zeros(self.size, np.int64)
         sums = np.zeros(len(self.features))
@@ -256,7 +372,12 @@ class Binner:
             return counts, sums, squares, 0
         step = 1 if most is None else -(-rows // most)
         for input_name, (members, cols, edges, nan_bin, offsets) in self._matrices.items():
+            if input_name not in columns:
+                continue
             x = np.asarray(columns[input_name][::step], dtype=np.float64)
+            if input_name in self._projections:
+                projection, mats = self._projections[input_name]
+                x = projection.apply(x, mats)
             x = x.reshape(len(x), 1) if x.ndim == 1 else x[:, cols]
             # edges first: one comparison, then a sum over the leading axis (a sum over
             # a short last axis is several times slower); fewer than 256 edges: uint8
@@ -269,6 +390,8 @@ class Binner:
             sums[members] += x.sum(axis=0)
             squares[members] += np.einsum("ij,ij->j", x, x)
         for i, feature, offset, index in self._others:
+            if feature.input not in columns:
+                continue
             values = columns[feature.input][::step].tolist()
             if feature.kind == "categorical":
                 other = len(feature.categories)
@@ -299,6 +422,8 @@ class DriftCounter:
     ) -> None:
         self.signature = signature
         self.metadata = metadata
+        self.outputs = embedding_outputs(signature, metadata)
+        """The outputs a profile of its own is built of too (its embeddings)."""
         self._clock = clock
         self.active = False
         """Count what :meth:`observe` is given (set by the server's first question)."""
@@ -317,9 +442,14 @@ class DriftCounter:
         self._lock = threading.Lock()
         self._collected: list[Columns] = []
         self._collected_rows = 0
+        self._collected_out: list[Columns] = []
+        self._collected_out_rows = 0
         self._binner: Binner | None = None
         self._pending: list[Columns] = []
         self._pending_rows = 0
+        self._pending_out: list[Columns] = []
+        self._pending_out_rows = 0
+        self._seen_out = 0
         self.counts = np.zeros(0, np.int64)
         self.sums = np.zeros(0)
         self.squares = np.zeros(0)
@@ -347,15 +477,17 @@ class DriftCounter:
 
     def _count_on(self, profile: Profile) -> None:
         self.profile = profile
-        self._binner = Binner(profile.features)
+        self._binner = Binner(profile.features, profile.projections)
         self.counts = np.zeros(self._binner.size, np.int64)
         self.sums = np.zeros(len(profile.features))
         self.squares = np.zeros(len(profile.features))
         self.rows = 0
         self.since, self._began = time.time(), self._clock()
         self._collected, self._collected_rows = [], 0
+        self._collected_out, self._collected_out_rows = [], 0
         self._pending, self._pending_rows = [], 0
-        self.seen = 0
+        self._pending_out, self._pending_out_rows = [], 0
+        self.seen = self._seen_out = 0
 
     def observe(self, columns: Columns) -> None:
         """Count one batch (or request) of input columns (kept until
@@ -378,6 +510,33 @@ class DriftCounter:
             if self._pending_rows >= PENDING_ROWS:
                 self._count_pending(binner)
 
+    def observe_outputs(self, columns: Columns) -> None:
+        """Count one batch's outputs (its embeddings; see the module), by the stride
+        its inputs were counted at. Its rows were counted with its inputs."""
+        if not self.active or not self.outputs:
+            return
+        with self._lock:
+            binner = self._binner
+            if binner is None:
+                self._collect_outputs(columns)
+                return
+            if not binner.outputs:
+                return
+            kept = {name: columns[name] for name in binner.outputs if name in columns}
+            if not kept:
+                return
+            rows = _rows_of(kept)
+            stride = self._stride if binner.inputs else self._sampling(rows)
+            step = max(stride, -(-rows // MAX_ROWS_COUNTED))
+            first = (-self._seen_out) % step
+            self._seen_out += rows
+            if first >= rows:
+                return
+            self._pending_out.append({name: array[first::step] for name, array in kept.items()})
+            self._pending_out_rows += -(-(rows - first) // step)
+            if self._pending_out_rows >= PENDING_ROWS:
+                self._count_pending(binner)
+
     def _sampling(self, rows: int) -> int:
         """One row in how many to count: the arrival rate of the last second over
         ``max_rows_per_s`` (1 below it)."""
@@ -391,27 +550,56 @@ class DriftCounter:
 
     def _count_pending(self, binner: Binner) -> None:
         pending, self._pending, self._pending_rows = self._pending, [], 0
-        if not pending:
-            return
-        joined = {n: np.concatenate([part[n] for part in pending]) for n in binner.inputs}
-        counts, sums, squares, rows = binner.count(joined, most=None)
-        self.counts += counts
-        self.sums += sums
-        self.squares += squares
-        self.rows += rows
+        if pending:
+            joined = {n: np.concatenate([part[n] for part in pending]) for n in binner.inputs}
+            counts, sums, squares, rows = binner.count(joined, most=None)
+            self.counts += counts
+            self.sums += sums
+            self.squares += squares
+            self.rows += rows
+        pending, self._pending_out, self._pending_out_rows = self._pending_out, [], 0
+        if pending:
+            joined = {n: np.concatenate([part[n] for part in pending]) for n in binner.outputs}
+            counts, sums, squares, rows = binner.count(joined, most=None)
+            self.counts += counts
+            self.sums += sums
+            self.squares += squares
+            if not binner.inputs:  # only outputs profiled (an image embedding model)
+                self.rows += rows
 
     def _collect(self, columns: Columns) -> None:
         wanted = self.reference_rows - self._collected_rows
-        taken = {name: array[:wanted] for name, array in columns.items()}
-        self._collected.append(taken)
-        self._collected_rows += min(wanted, _rows_of(columns))
-        if self._collected_rows < self.reference_rows:
+        if wanted > 0:
+            self._collected.append({name: array[:wanted] for name, array in columns.items()})
+            self._collected_rows += min(wanted, _rows_of(columns))
+        self._build_when_collected()
+
+    def _collect_outputs(self, columns: Columns) -> None:
+        wanted = self.reference_rows - self._collected_out_rows
+        kept = {name: columns[name][:wanted] for name in self.outputs if name in columns}
+        if wanted > 0 and kept:
+            self._collected_out.append(kept)
+            self._collected_out_rows += min(wanted, _rows_of(kept))
+        self._build_when_collected()
+
+    def _build_when_collected(self) -> None:
+        """A profile of its own once it has its first ``reference_rows`` rows' inputs
+        (and, with embedding outputs, their outputs)."""
+        want = self.reference_rows
+        inputs = self._collected_rows >= want or (self.outputs and not self._profiled_inputs())
+        if not inputs or (self.outputs and self._collected_out_rows < want):
             return
-        names = self._collected[0].keys()
-        sample = {n: np.concatenate([part[n] for part in self._collected]) for n in names}
+        sample: Columns = {}
+        for parts in (self._collected, self._collected_out):
+            for name in parts[0] if parts else ():
+                sample[name] = np.concatenate([part[name] for part in parts])[:want]
         self._count_on(
             build_profile(self.signature, sample, "requests", self.metadata, self.max_categories)
         )
+
+    def _profiled_inputs(self) -> bool:
+        """Does the signature have inputs a profile would count (not images)?"""
+        return any(spec.media is None for spec in self.signature.inputs)
 
     def report(self) -> dict[str, Any]:
         """The counts since this replica started counting on its profile, as the
@@ -437,10 +625,13 @@ class DriftCounter:
 # -- a registered sample ------------------------------------------------------------------
 
 
-def read_reference_sample(folder: Path, signature: Signature) -> Columns | None:
+def read_reference_sample(
+    folder: Path, signature: Signature, metadata: dict[str, Any] | None = None
+) -> Columns | None:
     """The version's registered reference rows (``drift_reference.npz`` in ``folder``:
-    numpy arrays by input name, rows first; texts as numpy str arrays, no pickles), at
-    most :data:`MAX_REFERENCE_ROWS` of them; None when there is no such file. ValueError
+    numpy arrays by input name, and by embedding output name (:func:`embedding_outputs`),
+    rows first; texts as numpy str arrays, no pickles), at most
+    :data:`MAX_REFERENCE_ROWS` of them; None when there is no such file. ValueError
     saying what does not fit the signature."""
     path = Path(folder) / REFERENCE_FILE
     if not path.is_file():
@@ -451,10 +642,13 @@ def read_reference_sample(folder: Path, signature: Signature) -> Columns | None:
     except (OSError, ValueError, zipfile.BadZipFile) as exc:
         raise ValueError(f"{REFERENCE_FILE}: not a numpy .npz of arrays ({exc})") from None
     known = {spec.name: spec for spec in signature.inputs}
+    outputs = embedding_outputs(signature, metadata or {})
+    known.update((spec.name, spec) for spec in signature.outputs if spec.name in outputs)
     unknown = sorted(set(columns) - set(known))
     if unknown or not columns:
+        what = "inputs" + (" (and embedding outputs)" if outputs else "")
         raise ValueError(
-            f"{REFERENCE_FILE}: arrays must be named by the inputs {sorted(known)}; "
+            f"{REFERENCE_FILE}: arrays must be named by the {what} {sorted(known)}; "
             f"found {sorted(columns) or 'none'}"
         )
     for name, array in columns.items():

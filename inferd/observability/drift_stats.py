@@ -239,3 +239,33 @@ def _shares(feature: FeatureProfile, ref: np.ndarray, mine: np.ndarray) -> list[
         for i in order
         if r[i] or w[i]
     ]
+
+
+def embedding_distances(profile: Profile, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per embedding of ``profile`` (its projections), from its features' ``entries``:
+    how far the window's mean moved over its directions and its residual (in reference
+    standard deviations, the root of the sum of their squared mean shifts: the
+    Mahalanobis distance, as the directions are uncorrelated in the reference), its
+    cosine feature's shift, and which of its features are flagged. Both means are
+    estimates: a window of the reference's own distribution (1,000 rows against a
+    reference of 1,000) is at 0.1 to 0.3; 20 % of a new topic moves it to ~0.7
+    (``bench/embedding_drift.py``)."""
+    by_name = {entry["name"]: entry for entry in entries}
+    out = []
+    for projection in profile.projections:
+        prefix = f"{projection.tensor}."
+        names = [f"{prefix}pc{k + 1}" for k in range(len(projection.directions))]
+        names.append(f"{prefix}residual")
+        shifts = [by_name.get(name, {}).get("mean_shift_sigma") for name in names]
+        known = [shift for shift in shifts if shift is not None]
+        cosine = by_name.get(f"{prefix}cosine", {})
+        out.append({
+            "name": projection.tensor,
+            "output": projection.output,
+            "directions": len(projection.directions),
+            "distance": math.sqrt(sum(x * x for x in known)) if known else None,
+            "cosine_shift_sigma": cosine.get("mean_shift_sigma"),
+            "drifted": [e["name"] for e in entries
+                        if e["drifted"] and e["name"].startswith(prefix)],
+        })  # fmt: skip
+    return out

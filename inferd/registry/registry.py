@@ -288,7 +288,7 @@ class Registry(CatalogEdits):
         if not source.is_dir():
             return None
         try:
-            sample = read_reference_sample(source, signature)
+            sample = read_reference_sample(source, signature, metadata)
             if sample is None:
                 return None
             profile = build_profile(signature, sample, "sample", metadata, self.drift_categories)

@@ -180,7 +180,12 @@ class DataPlane:
                 f"the request's deadline ({request.timeout_s:g}s) passed before it ran"
             )
         if target.framework == GRAPH:  # no replica: its nodes come back through here
-            return await self.graphs.run(target, inputs, rows, request)
+            try:
+                return await self.graphs.run(target, inputs, rows, request)
+            except FALLBACK_ON as exc:
+                if request.pinned:
+                    raise
+                return await self._fall_back(exc, target, inputs, None, rows, request)
         tensors = {name: p.to_tensor(array) for name, array in inputs.items()}
         key, ttl, cache_ms = None, 0.0, 0.0
         if self.cache is not None:
@@ -203,7 +208,7 @@ class DataPlane:
         except FALLBACK_ON as exc:
             if request.pinned:
                 raise
-            return await self._fall_back(exc, target, tensors, rows, request)
+            return await self._fall_back(exc, target, inputs, tensors, rows, request)
         outputs = answer.outputs
         cold = COLD_START.get()
         if key is not None and self.cache is not None:  # a copy: not a view of a batch
@@ -250,13 +255,14 @@ class DataPlane:
         self,
         exc: Exception,
         target: Target,
-        tensors: dict[str, p.Tensor],
+        inputs: dict[str, np.ndarray],
+        tensors: dict[str, p.Tensor] | None,
         rows: int,
         request: InferRequest,
     ) -> InferOutcome:
         """After ``target`` failed with ``exc``: its deployment's fallback (the serving
-        version) answers; or, when the model is saturated, its overflow model; or the
-        error stands."""
+        version, an inference graph or not) answers; or, when the model is saturated,
+        its overflow model; or the error stands."""
         fallback = self.router.fallback_for(target)
         if fallback is not None and request.left_s() > 0:
             logger.info(
@@ -264,18 +270,26 @@ class DataPlane:
                 getattr(exc, "code", exc), fallback.version,
             )  # fmt: skip
             try:
-                answer = await self.router.infer(fallback, tensors, rows, request)
+                if fallback.framework == GRAPH:
+                    ran = await self.graphs.run(fallback, inputs, rows, request)
+                    outputs, timing = ran.outputs, None
+                else:
+                    if tensors is None:
+                        tensors = {name: p.to_tensor(a) for name, a in inputs.items()}
+                    answer = await self.router.infer(fallback, tensors, rows, request)
+                    outputs, timing = answer.outputs, _timing(answer)
+                elapsed = (time.perf_counter() - request.started) * 1000
             except OVERFLOW_ON as again:
                 exc = again
             else:
-                elapsed = (time.perf_counter() - request.started) * 1000
                 return InferOutcome(
-                    fallback, answer.outputs, elapsed, fallback_from=target.version,
-                    timing=_timing(answer),
-                )  # fmt: skip
+                    fallback, outputs, elapsed, fallback_from=target.version, timing=timing
+                )
         overflow = self.router.overflow_for(target) if isinstance(exc, OVERFLOW_ON) else None
         if overflow is None or request.left_s() <= 0:
             raise exc
+        if tensors is None:
+            tensors = {name: p.to_tensor(a) for name, a in inputs.items()}
         self.overflowed += 1
         answer = await self.router.infer(overflow, tensors, rows, request)
         elapsed = (time.perf_counter() - request.started) * 1000

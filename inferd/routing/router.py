@@ -492,7 +492,9 @@ class Router:
         if failed is None or not failed.fallback:
             return None
         key = (target.model, route.default_version)
-        return self._targets.get(key) if self._ready.get(key) else None
+        found = self._targets.get(key)
+        ready = self._ready.get(key) or (found is not None and found.framework == GRAPH)
+        return found if ready else None
 
     def overflow_for(self, target: Target) -> Target | None:
         """Where a request goes while ``target`` is saturated: its version's overflow

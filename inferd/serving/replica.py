@@ -103,6 +103,8 @@ class ReplicaCore:
         self.drift = DriftCounter(runtime.signature, dict(self.spec.metadata))
         if not self._prepares:  # a batch at a time; a text model's raw texts in _queue
             predict = functools.partial(counted, self.drift, predict)
+        elif self.drift.outputs:  # a text embedding model's embeddings
+            predict = functools.partial(counted_outputs, self.drift, predict)
         self.batcher = DynamicBatcher(predict, config, self._executor)
         self.batcher.start()
         self.load_s = time.monotonic() - self.started
@@ -352,6 +354,17 @@ def counted(drift: DriftCounter, predict: Callable[[Columns], Columns], inputs: 
     (a failed one is computed again request by request, each counted once then)."""
     outputs = predict(inputs)
     drift.observe(inputs)
+    drift.observe_outputs(outputs)
+    return outputs
+
+
+def counted_outputs(
+    drift: DriftCounter, predict: Callable[[Columns], Columns], inputs: Columns
+) -> Columns:
+    """``predict(inputs)``, its outputs then counted for drift (a model whose inputs are
+    counted before they are prepared: :meth:`DriftCounter.observe_outputs`)."""
+    outputs = predict(inputs)
+    drift.observe_outputs(outputs)
     return outputs
 
 
