@@ -170,7 +170,8 @@ async def workload(
         )
         wall = time.perf_counter() - began
         routed = [line for line in (await http.get("/metrics")).text.splitlines()
-                  if line.startswith("inferd_generation_routed_total{")]  # fmt: skip
+                  if line.startswith(("inferd_generation_routed_total{",
+                                      "inferd_generations_total{"))]  # fmt: skip
     ttfts = sorted(r["ttft_s"] for r in out)
     prompt = sum(r["prompt_tokens"] for r in out)
     return {
@@ -222,8 +223,7 @@ def main() -> None:
                 runs[name].append(asyncio.run(result))
             finally:
                 stop(proc)
-            print(name, round_ + 1, {k: v for k, v in runs[name][-1].items() if k != "routed"},
-                  flush=True)  # fmt: skip
+            print(name, round_ + 1, runs[name][-1], flush=True)
     if set(variants) == set(VARIANTS) and args.answer_tokens == ANSWER_TOKENS:
         report(runs, args)  # the committed figure; other runs are printed only
 

@@ -369,10 +369,20 @@ def test_vllms_own_benchmark_client_runs_unchanged(served: InferdServer, model: 
     assert failed is None or int(failed.group(1)) == 0, out[-3000:]
 
 
-def test_a_generation_resumes_after_the_tokens_of_a_lost_replica(served: InferdServer):
+@pytest.mark.parametrize(
+    "sampling",
+    [{"temperature": 0.0}, {"temperature": 1.0, "seed": 7}, {"temperature": 0.8, "top_p": 0.9,
+                                                           "seed": 11}],
+    ids=["greedy", "seeded", "seeded-top-p"],
+)  # fmt: skip
+def test_a_generation_resumes_after_the_tokens_of_a_lost_replica(
+    served: InferdServer, sampling: dict
+):
     """What the gateway sends another replica when the one streaming a generation is
     lost: the tokens so far; vLLM goes on after them with the tokens and text an
-    uninterrupted greedy run has (its first chunk replays nothing)."""
+    uninterrupted run has (its first chunk replays nothing): greedy, and seeded (inferd's
+    vLLM plugin draws the resumed tokens' noise from the new request's generator
+    first; without it the seeded cases go another way)."""
     import asyncio
 
     from inferd.serving import protocol as p
@@ -387,7 +397,7 @@ def test_a_generation_resumes_after_the_tokens_of_a_lost_replica(served: InferdS
             client.close()
         else:
             raise AssertionError("no llama replica")
-        params = {"max_tokens": 12, "temperature": 0.0, "ignore_eos": True}
+        params = {"max_tokens": 12, "ignore_eos": True, **sampling}
         whole = p.GenerateRequest(prompt=PROMPTS[0], params=params, idle_timeout_s=60)
         full = [c async for c in client.generate(whole)]
         sent = [t for c in full[:5] for t in c.token_ids]

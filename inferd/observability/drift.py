@@ -196,24 +196,7 @@ def build_profile(
     """The profile of ``columns`` (the reference rows, by input name): the features of
     the inputs found there (see the module), their bins and counts."""
     rows = _rows_of(columns)
-    layout: list[FeatureProfile] = []
-    projections: list[Projection] = []
-    for spec in signature.inputs:
-        array = columns.get(spec.name)
-        if array is None or spec.media is not None:
-            continue
-        if spec.datatype == "BYTES":
-            if array.ndim == 1:
-                layout.append(_text_feature(spec.name, array, max_categories))
-        elif array.ndim == 1:
-            layout.append(_numeric_feature(spec.name, spec.name, None, array))
-        elif array.ndim == 2 and array.shape[1] <= MAX_FEATURES:
-            names = _feature_names(spec.name, array.shape[1], metadata or {})
-            layout.extend(
-                _numeric_feature(name, spec.name, j, array[:, j]) for j, name in enumerate(names)
-            )
-        elif array.ndim == 2 and spec.datatype in FLOATS:
-            projections.append(_projection(spec.name, False, array[0::2]))
+    layout, projections = _input_features(signature, columns, metadata or {}, max_categories)
     for name in embedding_outputs(signature, metadata or {}):
         if (array := columns.get(name)) is not None and array.ndim == 2:
             projections.append(_projection(name, True, array[0::2]))
@@ -240,6 +223,32 @@ def build_profile(
         features=out, rows=rows, source=source, digest=_digest(out, projections),
         projections=projections,
     )  # fmt: skip
+
+
+def _input_features(
+    signature: Signature, columns: Columns, metadata: dict[str, Any], max_categories: int
+) -> tuple[list[FeatureProfile], list[Projection]]:
+    """The features of the inputs found in ``columns`` (their bins, not their counts yet),
+    and the projections of those that are embeddings."""
+    layout: list[FeatureProfile] = []
+    projections: list[Projection] = []
+    for spec in signature.inputs:
+        array = columns.get(spec.name)
+        if array is None or spec.media is not None:
+            continue
+        if spec.datatype == "BYTES":
+            if array.ndim == 1:
+                layout.append(_text_feature(spec.name, array, max_categories))
+        elif array.ndim == 1:
+            layout.append(_numeric_feature(spec.name, spec.name, None, array))
+        elif array.ndim == 2 and array.shape[1] <= MAX_FEATURES:
+            names = _feature_names(spec.name, array.shape[1], metadata)
+            layout.extend(
+                _numeric_feature(name, spec.name, j, array[:, j]) for j, name in enumerate(names)
+            )
+        elif array.ndim == 2 and spec.datatype in FLOATS:
+            projections.append(_projection(spec.name, False, array[0::2]))
+    return layout, projections
 
 
 def _projection(tensor: str, output: bool, array: np.ndarray) -> Projection:
@@ -549,23 +558,23 @@ class DriftCounter:
         return self._stride
 
     def _count_pending(self, binner: Binner) -> None:
+        """Count the kept inputs, then the kept outputs (whose rows were counted with
+        their inputs, unless only outputs are profiled: an image embedding model)."""
         pending, self._pending, self._pending_rows = self._pending, [], 0
-        if pending:
-            joined = {n: np.concatenate([part[n] for part in pending]) for n in binner.inputs}
-            counts, sums, squares, rows = binner.count(joined, most=None)
-            self.counts += counts
-            self.sums += sums
-            self.squares += squares
-            self.rows += rows
+        self._count(binner, pending, binner.inputs, rows=True)
         pending, self._pending_out, self._pending_out_rows = self._pending_out, [], 0
-        if pending:
-            joined = {n: np.concatenate([part[n] for part in pending]) for n in binner.outputs}
-            counts, sums, squares, rows = binner.count(joined, most=None)
-            self.counts += counts
-            self.sums += sums
-            self.squares += squares
-            if not binner.inputs:  # only outputs profiled (an image embedding model)
-                self.rows += rows
+        self._count(binner, pending, binner.outputs, rows=not binner.inputs)
+
+    def _count(self, binner: Binner, pending: list[Columns], names: set[str], rows: bool) -> None:
+        if not pending:
+            return
+        joined = {n: np.concatenate([part[n] for part in pending]) for n in names}
+        counts, sums, squares, counted = binner.count(joined, most=None)
+        self.counts += counts
+        self.sums += sums
+        self.squares += squares
+        if rows:
+            self.rows += counted
 
     def _collect(self, columns: Columns) -> None:
         wanted = self.reference_rows - self._collected_rows

@@ -44,6 +44,7 @@ from inferd.llm.sequence import SamplingParams
 from inferd.serving.core import EngineLoad, Sink, load_off_loop, mark_ready, rss_bytes
 from inferd.serving.generation import checked
 from inferd.serving.spec import ReplicaSpec
+from inferd.serving.vllm_plugin import RESUMED_DRAWS
 
 logger = logging.getLogger(__name__)
 CPU_KV_MIN_GIB = 1
@@ -184,9 +185,10 @@ class VLLMCore:
     ) -> tuple[list[int], SamplingParams]:
         """A generation to go on after ``resume`` (the tokens another replica generated
         before it was lost): vLLM takes them as the end of the prompt and generates the
-        rest. Greedy output goes on exactly; a sampled one draws afresh (vLLM's seeded
-        generator cannot be set to a position), and output-only penalties do not count
-        the resumed tokens. Its text is the new tokens' only (``replayed`` 0)."""
+        rest. Greedy output goes on exactly, and so does a seeded one (its generator
+        draws past the resumed tokens' draws first: :mod:`inferd.serving.vllm_plugin`);
+        an unseeded one draws afresh, and output-only penalties (presence, frequency) do
+        not count the resumed tokens. Its text is the new tokens' only (``replayed`` 0)."""
         if len(resume) >= sampling.max_tokens:
             raise InvalidInput("the tokens to resume from end the generation")
         if isinstance(prompt, str):
@@ -256,7 +258,10 @@ class VLLMCore:
             await self.engine.remove_lora(previous.lora_int_id)
         return {"loaded": name, "path": path}
 
-    def _sampling(self, params: SamplingParams) -> Any:
+    def _sampling(self, params: SamplingParams, resumed: int = 0) -> Any:
+        """vLLM's sampling parameters for ``params``; ``resumed``: tokens another replica
+        sampled before this request (a seeded one's generator draws past them:
+        :mod:`inferd.serving.vllm_plugin`)."""
         from vllm import SamplingParams as VSampling
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
@@ -288,6 +293,11 @@ class VLLMCore:
             logprobs=0 if params.logprobs else None,
             output_kind=RequestOutputKind.DELTA,
             structured_outputs=structured,
+            extra_args=(
+                {RESUMED_DRAWS: resumed}
+                if resumed and params.seed is not None and params.temperature > 0
+                else None
+            ),
         )
 
     async def _run(
@@ -311,7 +321,7 @@ class VLLMCore:
             self._touch(adapter)
             self._running_adapters[request_id] = adapter
         try:
-            sampling = self._sampling(params)
+            sampling = self._sampling(params, resumed)
         except ValueError as exc:
             accepted.set_exception(InvalidInput(str(exc)))
             return
