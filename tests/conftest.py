@@ -535,3 +535,22 @@ def gpt2_vocab128(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, obj
     folder = tmp_path_factory.mktemp("gpt2-vocab128")
     hf.save_pretrained(folder, safe_serialization=True)
     return hf, GPT2.load(folder)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """Under ``--dist loadfile``: the test files that use :func:`demo_server` go to one
+    worker as one unit, so that the demo models are built and served once, not once
+    per worker (a build and a start: ~2.5 min of a core on this machine)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    here = Path(__file__).parent
+    demo = {p.name for p in here.glob("test_*.py") if "demo_server" in p.read_text()}
+
+    class DemoTogether(LoadFileScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return "demo_server" if Path(scope).name in demo else scope
+
+    return DemoTogether(config, log)
