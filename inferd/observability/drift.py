@@ -107,7 +107,8 @@ class FeatureProfile(msgspec.Struct, frozen=True, kw_only=True):
 
 class Projection(msgspec.Struct, frozen=True, kw_only=True):
     """How rows of an embedding become numeric features: their coordinates on the
-    reference's principal directions (centred on its mean), then their cosine to it."""
+    reference's principal directions (centred on its mean), the length of what those
+    leave out, then their cosine to the mean."""
 
     tensor: str
     output: bool

@@ -74,6 +74,11 @@ class InferOutcome:
     timing: Timing | None = None
 
 
+def to_tensors(columns: dict[str, np.ndarray]) -> dict[str, p.Tensor]:
+    """Arrays by name as the frames to a replica carry them (bytes, not lists)."""
+    return {name: p.to_tensor(array) for name, array in columns.items()}
+
+
 def prediction_of(outcome: InferOutcome) -> str | None:
     """What a single-row answer predicted, as the inference log keeps it for accuracy
     feedback: its ``label`` (a class name when the signature has them), else its
@@ -186,7 +191,7 @@ class DataPlane:
                 if request.pinned:
                     raise
                 return await self._fall_back(exc, target, inputs, None, rows, request)
-        tensors = {name: p.to_tensor(array) for name, array in inputs.items()}
+        tensors = to_tensors(inputs)
         key, ttl, cache_ms = None, 0.0, 0.0
         if self.cache is not None:
             route = self.router.version_route(target.model, target.version)
@@ -238,7 +243,7 @@ class DataPlane:
             raise RequestTimeout(
                 f"the request's deadline ({request.timeout_s:g}s) passed before it ran"
             )
-        tensors = {name: p.to_tensor(array) for name, array in inputs.items()}
+        tensors = to_tensors(inputs)
         COLD_START.set(None)
         sent = time.perf_counter()
         explained = await self.router.explain(target, tensors, rows, request)
@@ -275,7 +280,7 @@ class DataPlane:
                     outputs, timing = ran.outputs, None
                 else:
                     if tensors is None:
-                        tensors = {name: p.to_tensor(a) for name, a in inputs.items()}
+                        tensors = to_tensors(inputs)
                     answer = await self.router.infer(fallback, tensors, rows, request)
                     outputs, timing = answer.outputs, _timing(answer)
                 elapsed = (time.perf_counter() - request.started) * 1000
@@ -289,7 +294,7 @@ class DataPlane:
         if overflow is None or request.left_s() <= 0:
             raise exc
         if tensors is None:
-            tensors = {name: p.to_tensor(a) for name, a in inputs.items()}
+            tensors = to_tensors(inputs)
         self.overflowed += 1
         answer = await self.router.infer(overflow, tensors, rows, request)
         elapsed = (time.perf_counter() - request.started) * 1000
@@ -319,7 +324,7 @@ class DataPlane:
         mirrored = self.request(request.request_id, timeout_s=request.timeout_s, pinned=True)
 
         async def send() -> None:
-            reference = {name: p.to_tensor(array) for name, array in outputs.items()}
+            reference = to_tensors(outputs)
             try:
                 await self.router.infer(
                     shadow.target, tensors, rows, mirrored, reference, shadow.tolerance

@@ -7,19 +7,21 @@ streamed (:meth:`~inferd.routing.router.Router.generate`); vLLM takes them as th
 the prompt. A seeded request gets a fresh ``torch.Generator`` seeded with its seed, and
 each sampled token draws from it (a row of exponential noise the width of the
 vocabulary for the Gumbel-max trick; on a CPU, one integer seeding that token's noise:
-see :func:`advance`). So a request
-resumed after ``k`` sampled tokens would draw its first token with the noise of the
-lost request's first, and go another way. :mod:`inferd.serving.vllm_core` marks such a
-request with ``extra_args[RESUMED_DRAWS] = k``; this plugin, once the model runner has
-made the request's generator, draws from it what ``k`` sampled tokens drew and throws
-it away: the generator is then where the lost one's was, and the rest of the generation
-is the uninterrupted one's token for token (replaying the same draws advances a GPU's
-Philox counter as it advances a CPU's Mersenne twister).
+see :func:`advance`). So a request resumed after ``k`` sampled tokens would draw its
+first token with the noise of the lost request's first, and go another way.
+:mod:`inferd.serving.vllm_core` marks such a request with ``extra_args[RESUMED_DRAWS] =
+k``; this plugin, once the model runner has made the request's generator, draws from
+it what ``k`` sampled tokens drew and throws it away: the generator is then where the
+lost one's was, and the rest of the generation is the uninterrupted one's token for
+token (replaying the same draws advances a GPU's Philox counter as it advances a CPU's
+Mersenne twister).
 
 What it cannot give back: presence and frequency penalties, which count output tokens
 only (the resumed tokens are prompt tokens to vLLM), and speculative decoding, which
 draws differently. Without this plugin (vLLM imported from an environment without
-inferd's entry points), a resumed sampled generation draws afresh, as before.
+inferd's entry points), a resumed sampled generation draws afresh, as before. Its cost:
+importing vLLM's model runner in each vLLM process (~1 s on this machine in the
+replica's own process, which would not import it otherwise), once, at start.
 """
 
 from __future__ import annotations
