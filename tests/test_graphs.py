@@ -383,8 +383,12 @@ def test_a_failing_graph_canary_falls_back_and_is_rolled_back(server, data):
     canary = rollout["analysis"]["canary"]
     assert canary["errors"] >= 10 and canary["requests"] == canary["errors"]
     assert set(answers) == {("v1", 201.0)}, answers  # every one answered, by v1
-    fell_back = server.client.get("/api/v1/logs", params={"model": "guard", "limit": 200})
-    assert any(r["fallback_from"] == "v2" for r in fell_back.json()["logs"])
+
+    def fell_back() -> bool:  # the log is written every 0.2 s: the rows may come after
+        found = server.client.get("/api/v1/logs", params={"model": "guard", "limit": 200})
+        return any(r["fallback_from"] == "v2" for r in found.json()["logs"])
+
+    server.wait_for(fell_back, 10, "a row answered by v1 after v2 failed")
 
 
 def test_a_graph_canary_as_good_as_stable_is_promoted(server, data):
