@@ -386,17 +386,9 @@ def test_a_generation_resumes_after_the_tokens_of_a_lost_replica(
     import asyncio
 
     from inferd.serving import protocol as p
-    from inferd.serving.client import ReplicaClient
 
     async def run() -> tuple[list[p.TokenChunk], list[p.TokenChunk]]:
-        for sock in sorted((served.data_dir / "run").glob("r*.sock")):
-            client = ReplicaClient(f"unix:{sock}")
-            await client.connect()
-            if (await client.status(timeout_s=10)).model == "llama":
-                break
-            client.close()
-        else:
-            raise AssertionError("no llama replica")
+        client = await _llama_replica(served)
         params = {"max_tokens": 12, "ignore_eos": True, **sampling}
         whole = p.GenerateRequest(prompt=PROMPTS[0], params=params, idle_timeout_s=60)
         full = [c async for c in client.generate(whole)]
@@ -415,6 +407,62 @@ def test_a_generation_resumes_after_the_tokens_of_a_lost_replica(
     assert "".join(c.text for c in full[:5]) + "".join(c.text for c in rest) == text
     assert rest[0].replayed == 0 and rest[-1].completion_tokens == 12
     assert rest[-1].prompt_tokens == full[-1].prompt_tokens
+
+
+@pytest.mark.parametrize("cut", [1, 2])
+def test_a_generation_resumed_inside_a_character_streams_only_the_new_text(
+    served: InferdServer, cut: int
+):
+    """Tokens so far that end inside a character (its first bytes sent, the rest to
+    come): vLLM's detokenizer, primed with such a prompt, once streamed the whole
+    prompt's text and the text so far again before the new text; inferd's vLLM plugin
+    primes it with the prompt up to its last whole character (vllm_plugin.prime). The
+    stream then goes on as an uninterrupted one's: the character's text and after."""
+    import asyncio
+
+    from tokenizers import Tokenizer
+    from tokenizers.decoders import DecodeStream
+
+    from inferd.serving import protocol as p
+
+    tokenizer = Tokenizer.from_file(str(served.data_dir / "src" / "llama-random" /
+                                        "tokenizer.json"))  # fmt: skip
+    word = tokenizer.encode(" 日本", add_special_tokens=False).ids
+    bytes_of = [i for i, t in enumerate(word) if tokenizer.decode(word[: i + 1]).endswith("\ufffd")]
+    assert len(bytes_of) >= 2, word  # 日 is 3 byte tokens here
+    resume = word[: bytes_of[cut - 1] + 1]  # ends inside a character
+
+    async def run() -> list[p.TokenChunk]:
+        client = await _llama_replica(served)
+        params = {"max_tokens": 8, "ignore_eos": True, "temperature": 0.0}
+        again = p.GenerateRequest(prompt=PROMPTS[1], params=params, idle_timeout_s=60,
+                                  resume=resume)  # fmt: skip
+        rest = [c async for c in client.generate(again)]
+        client.close()
+        return rest
+
+    rest = asyncio.run(run())
+    prompt = tokenizer.encode(PROMPTS[1]).ids
+    uninterrupted = DecodeStream(ids=prompt, skip_special_tokens=True)
+    had = [uninterrupted.step(tokenizer, t) for t in resume]
+    assert had[-1] is None  # the client has the text before the character only
+    after = [t for c in rest for t in c.token_ids]
+    expected = "".join(uninterrupted.step(tokenizer, t) or "" for t in after)
+    text = "".join(c.text for c in rest)
+    assert text == expected and PROMPTS[1] not in text
+    assert rest[-1].completion_tokens == 8
+
+
+async def _llama_replica(served: InferdServer) -> Any:
+    from inferd.serving.client import ReplicaClient
+
+    for sock in sorted((served.data_dir / "run").glob("r*.sock")):
+        client = ReplicaClient(f"unix:{sock}")
+        await client.connect()
+        if (await client.status(timeout_s=10)).model == "llama":
+            return client
+        client.close()
+    raise AssertionError("no llama replica")
 
 
 def test_vllm_replicas_keep_their_openmp_threads_spinning(served: InferdServer):

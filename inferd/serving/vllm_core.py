@@ -188,7 +188,9 @@ class VLLMCore:
         rest. Greedy output goes on exactly, and so does a seeded one (its generator
         draws past the resumed tokens' draws first: :mod:`inferd.serving.vllm_plugin`);
         an unseeded one draws afresh, and output-only penalties (presence, frequency) do
-        not count the resumed tokens. Its text is the new tokens' only (``replayed`` 0)."""
+        not count the resumed tokens. Its text is the new tokens' only (``replayed`` 0; the
+        plugin's :func:`~inferd.serving.vllm_plugin.prime` sees to it where the resumed
+        tokens end inside a character)."""
         if len(resume) >= sampling.max_tokens:
             raise InvalidInput("the tokens to resume from end the generation")
         if isinstance(prompt, str):

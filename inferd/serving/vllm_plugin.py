@@ -1,7 +1,10 @@
 """inferd's vLLM plugin (entry point ``vllm.general_plugins``: vLLM calls
 :func:`register` in each of its processes, the model runner's included).
 
-It makes a resumed seeded generation draw what the lost one would have. When a replica
+It makes a resumed generation go on as the lost one would have: its seeded draws (below)
+and its text (:func:`prime`).
+
+A resumed seeded generation draws what the lost one would have. When a replica
 dies mid-stream, the gateway sends another one the prompt and the tokens already
 streamed (:meth:`~inferd.routing.router.Router.generate`); vLLM takes them as the end of
 the prompt. A seeded request gets a fresh ``torch.Generator`` seeded with its seed, and
@@ -38,7 +41,9 @@ draws before its first token (the lost request's sampled tokens)."""
 
 def register() -> None:
     """Wrap vLLM's model runner's ``_update_states`` (where new requests' generators are
-    made) once per process; nothing when this vLLM has no such runner."""
+    made) and its fast detokenizer's start (:func:`prime`) once per process; nothing
+    where this vLLM has no such class."""
+    _wrap_detokenizer()
     try:
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner
     except ImportError:  # another vLLM layout: resumed sampled generations draw afresh
@@ -81,3 +86,65 @@ def advance(generator: Any, draws: int, vocab_size: int, sampler: Any) -> None:
                       device=generator.device)  # fmt: skip
     for _ in range(draws):
         row.exponential_(generator=generator)
+
+
+UNFINISHED = "\ufffd"  # what a decode ends with when its last character is incomplete
+TAIL = 8  # tokens: an incomplete last character is in the last 4 bytes' tokens
+
+
+def _wrap_detokenizer() -> None:
+    try:
+        from vllm.v1.engine.detokenizer import FastIncrementalDetokenizer
+    except ImportError:
+        logger.warning("inferd's vLLM plugin found no FastIncrementalDetokenizer")
+        return
+    if getattr(FastIncrementalDetokenizer, "_inferd_primed", False):
+        return
+    init = FastIncrementalDetokenizer.__init__
+
+    def __init__(self: Any, tokenizer: Any, request: Any) -> None:
+        init(self, tokenizer, request)
+        ids = request.prompt_token_ids
+        if ids:
+            stream = prime(self.tokenizer, ids, self.skip_special_tokens)
+            if stream is not None:
+                self.stream = stream
+
+    FastIncrementalDetokenizer.__init__ = __init__
+    FastIncrementalDetokenizer._inferd_primed = True
+
+
+def prime(tokenizer: Any, ids: list[int], skip_special_tokens: bool) -> Any:
+    """A ``DecodeStream`` primed with prompt ``ids`` that end inside a character (a
+    resumed generation whose tokens so far stop mid-character), else None.
+
+    vLLM primes its stream with the whole prompt. Where the prompt's text ends with an
+    incomplete character, the stream keeps no prefix, and its first step returns the
+    text of the whole prompt and what follows: the client would get the prompt and the
+    text so far again, and stop strings would be matched in the prompt's text. This
+    stream is primed with the prompt up to its last complete character, then steps
+    through the rest (what that returns is prompt text: dropped), so it returns the
+    new text only. Costs one decode of the prompt's last tokens per request; a prompt
+    that ends inside a character (rare but for resumes) a few more."""
+    from tokenizers.decoders import DecodeStream
+
+    def unfinished(end: int) -> bool:
+        tail = ids[max(0, end - TAIL) : end]
+        return tokenizer.decode(tail, skip_special_tokens=skip_special_tokens).endswith(UNFINISHED)
+
+    if not unfinished(len(ids)):
+        return None
+    # the longest prefix that decodes to whole characters (a run of stray bytes,
+    # which a random model writes, ends none: then vLLM's stream is kept)
+    for end in range(len(ids) - 1, max(0, len(ids) - 4 * TAIL), -1):
+        if not unfinished(end):
+            break
+    else:
+        return None
+    stream = DecodeStream(ids=ids[:end], skip_special_tokens=skip_special_tokens)
+    for token in ids[end:]:
+        try:
+            stream.step(tokenizer, token)
+        except Exception:  # tokenizers' "Invalid prefix": vLLM's stream then
+            return None
+    return stream
