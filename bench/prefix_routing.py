@@ -120,6 +120,7 @@ async def chat(
     answer_tokens: int = ANSWER_TOKENS,
 ) -> None:
     messages = [{"role": "system", "content": system}]
+    previous = 0  # the last turn's prompt tokens
     for turn, question in enumerate(questions):
         await asyncio.sleep(rng.uniform(*THINK_S))
         messages.append({"role": "user", "content": question})
@@ -148,7 +149,10 @@ async def chat(
             "ttft_s": first - sent,
             "prompt_tokens": usage["prompt_tokens"],
             "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"],
+            # its replica held the whole previous turn (prompt and answer were computed there)
+            "found_previous": usage["prompt_tokens_details"]["cached_tokens"] >= previous,
         })  # fmt: skip
+        previous = usage["prompt_tokens"]
         messages.append({"role": "assistant", "content": "".join(text)})
 
 
@@ -180,6 +184,14 @@ async def workload(
         "ttft_p50_ms": round(1000 * statistics.median(ttfts), 1),
         "ttft_p99_ms": round(1000 * ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))], 1),
         "wall_s": round(wall, 2),
+        "previous_turn_found": round(
+            statistics.mean(r["found_previous"] for r in out if r["turn"] > 0), 3
+        ),
+        # later turns' TTFT p50, split by whether their replica held the previous turn
+        "ttft_p50_found_ms": _p50_ms([r for r in out if r["turn"] > 0 and r["found_previous"]]),
+        "ttft_p50_missed_ms": _p50_ms(
+            [r for r in out if r["turn"] > 0 and not r["found_previous"]]
+        ),
         "ttft_p50_by_turn_ms": [
             round(1000 * statistics.median(r["ttft_s"] for r in out if r["turn"] == t), 1)
             for t in range(turns)
@@ -187,6 +199,10 @@ async def workload(
         "prompt_tokens": prompt,
         "routed": routed,
     }
+
+
+def _p50_ms(rows: list[dict[str, Any]]) -> float | None:
+    return round(1000 * statistics.median(r["ttft_s"] for r in rows), 1) if rows else None
 
 
 def main() -> None:
@@ -275,12 +291,13 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> N
         f"replica: {2 * kv} MiB); medians of {len(runs['prefix'])} rounds "
         f"(`bench/prefix_routing.py --kv-cache-mb {kv}`).",
         "",
-        "| routing | replicas | hit rate | TTFT p50 | TTFT p99 | wall |",
-        "|---|---|---|---|---|---|",
+        "| routing | replicas | hit rate | previous turn cached | TTFT p50 | TTFT p99 | wall |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name in VARIANTS:
         lines.append(
             f"| {name} | {1 if name == 'one-replica' else 2} | {med(name, 'hit_rate'):.3f} | "
+            f"{med(name, 'previous_turn_found'):.2f} | "
             f"{med(name, 'ttft_p50_ms'):.0f} ms | {med(name, 'ttft_p99_ms'):.0f} ms | "
             f"{med(name, 'wall_s'):.1f} s |"
         )
@@ -291,6 +308,18 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> N
         f"replica: {statistics.median(hit_vs_one):.3f} "
         f"(rounds {', '.join(f'{r:.3f}' for r in hit_vs_one)}).",
     ]
+    split = []
+    for name in ("prefix", "least-loaded"):
+        found = [r["ttft_p50_found_ms"] for r in runs[name] if r["ttft_p50_found_ms"]]
+        missed = [r["ttft_p50_missed_ms"] for r in runs[name] if r["ttft_p50_missed_ms"]]
+        split.append(
+            f"{name} {statistics.median(found):.0f} ms / "
+            + (f"{statistics.median(missed):.0f} ms" if missed else "none missed")
+        )
+    lines.append(
+        "Later turns' TTFT p50 where the replica held the previous turn / where it did "
+        f"not: {'; '.join(split)}."
+    )
     (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

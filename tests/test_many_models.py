@@ -73,14 +73,18 @@ def test_random_requests_over_200_versions_under_a_budget_for_30(server: InferdS
     rng = random.Random(0)
     work = [rng.randrange(VERSIONS) for _ in range(400)]
 
-    def call(i: int) -> tuple[int, float | None]:
+    def call(i: int) -> tuple[int, float | str]:
         reply = client.post(
             f"/api/v1/models/{name(i)}/predict", json={"inputs": [{"x": 2}]}, timeout=60
         )
-        return reply.status_code, reply.json()["outputs"][0]["y"] if reply.is_success else None
+        return reply.status_code, reply.json()["outputs"][0][
+            "y"
+        ] if reply.is_success else reply.text
 
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(call, work))
+    failed = [(name(i), a) for i, a in zip(work, answers, strict=True) if a[0] != 200]
+    assert not failed, failed
     assert answers == [(200, 2.0 * i) for i in work]  # every request answered, by its version
 
     text = client.get("/metrics").text
