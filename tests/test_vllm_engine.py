@@ -428,7 +428,7 @@ def test_a_generation_resumed_inside_a_character_streams_only_the_new_text(
     tokenizer = Tokenizer.from_file(str(served.data_dir / "src" / "llama-random" /
                                         "tokenizer.json"))  # fmt: skip
     word = tokenizer.encode(" 日本", add_special_tokens=False).ids
-    bytes_of = [i for i, t in enumerate(word) if tokenizer.decode(word[: i + 1]).endswith("\ufffd")]
+    bytes_of = [i for i in range(len(word)) if tokenizer.decode(word[: i + 1]).endswith("\ufffd")]
     assert len(bytes_of) >= 2, word  # 日 is 3 byte tokens here
     resume = word[: bytes_of[cut - 1] + 1]  # ends inside a character
 
