@@ -214,7 +214,7 @@ def main() -> None:
     parser.add_argument("--kv-cache-mb", type=int, default=KV_CACHE_MB,
                         help="per replica of two (one-replica: twice it)")  # fmt: skip
     parser.add_argument("--variants", default=",".join(VARIANTS),
-                        help="a subset, in order (and prefix@M: margin M)")  # fmt: skip
+                        help="a subset, in order (prefix@M, prefix~T: variant_env)")  # fmt: skip
     args = parser.parse_args()
     variants = tuple(args.variants.split(","))
     work = Path(tempfile.mkdtemp(prefix="prefix-routing-"))
@@ -240,17 +240,20 @@ def main() -> None:
             finally:
                 stop(proc)
             print(name, round_ + 1, runs[name][-1], flush=True)
-    if set(variants) == set(VARIANTS) and args.answer_tokens == ANSWER_TOKENS:
-        report(runs, args)  # the committed figure; other runs are printed only
+    if set(VARIANTS) <= set(variants) and args.answer_tokens == ANSWER_TOKENS:
+        report(runs, args)  # the committed figure (and extra variants); others are printed only
 
 
 def variant_env(name: str) -> dict[str, str]:
-    """A variant's settings; ``prefix@M``: prefix-aware with ``llm.prefix_routing_margin``
-    M (an extra variant, to compare margins in one run)."""
+    """A variant's settings; extra variants, to compare settings in one run:
+    ``prefix@M``, prefix-aware with ``llm.prefix_routing_margin`` M; ``prefix~T``, with
+    ``llm.prefix_routing_move_tokens`` T."""
     if name == "least-loaded":
         return {"INFERD_LLM__PREFIX_ROUTING": "false"}
     if name.startswith("prefix@"):
         return {"INFERD_LLM__PREFIX_ROUTING_MARGIN": name.partition("@")[2]}
+    if name.startswith("prefix~"):
+        return {"INFERD_LLM__PREFIX_ROUTING_MOVE_TOKENS": name.partition("~")[2]}
     return {}
 
 
@@ -283,18 +286,20 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> N
     }  # fmt: skip
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{stem}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    extra = f" --variants {','.join(runs)}" if len(runs) > len(VARIANTS) else ""
     lines = [
         f"# Prefix-aware routing, {summary['date']}",
         "",
         f"{args.users} chats x {args.turns} turns, {SYSTEM_TOKENS}-token shared system prompt, "
         f"{ANSWER_TOKENS}-token answers, {kv} MiB of KV cache per replica of two (one "
         f"replica: {2 * kv} MiB); medians of {len(runs['prefix'])} rounds "
-        f"(`bench/prefix_routing.py --kv-cache-mb {kv}`).",
+        f"(`bench/prefix_routing.py --kv-cache-mb {kv}{extra}`).",
         "",
         "| routing | replicas | hit rate | previous turn cached | TTFT p50 | TTFT p99 | wall |",
         "|---|---|---|---|---|---|---|",
     ]
-    for name in VARIANTS:
+    names = [*VARIANTS, *(v for v in runs if v not in VARIANTS)]
+    for name in names:
         lines.append(
             f"| {name} | {1 if name == 'one-replica' else 2} | {med(name, 'hit_rate'):.3f} | "
             f"{med(name, 'previous_turn_found'):.2f} | "
@@ -308,8 +313,15 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> N
         f"replica: {statistics.median(hit_vs_one):.3f} "
         f"(rounds {', '.join(f'{r:.3f}' for r in hit_vs_one)}).",
     ]
+    for name in names[len(VARIANTS) :]:
+        ratio = [runs["least-loaded"][i]["ttft_p50_ms"] / runs[name][i]["ttft_p50_ms"]
+                 for i in rounds]  # fmt: skip
+        lines.append(
+            f"TTFT p50, least-loaded / {name}: {statistics.median(ratio):.2f}x "
+            f"(rounds {', '.join(f'{r:.2f}' for r in ratio)})."
+        )
     split = []
-    for name in ("prefix", "least-loaded"):
+    for name in (n for n in names if n != "one-replica"):
         found = [r["ttft_p50_found_ms"] for r in runs[name] if r["ttft_p50_found_ms"]]
         missed = [r["ttft_p50_missed_ms"] for r in runs[name] if r["ttft_p50_missed_ms"]]
         split.append(

@@ -106,6 +106,46 @@ def test_a_known_prefix_wins_until_its_replica_is_over_its_share():
     assert _choose(router, [a, b, c], fresh) == "c"
 
 
+def test_a_less_loaded_replica_takes_a_chat_while_it_lacks_little_of_it():
+    """``llm.prefix_routing_move_tokens``: a chat whose holder is busier goes where less
+    is running while the other replica lacks at most that much more of its prompt (its
+    first turns: the load evens out cheaply); a long history stays where it is cached."""
+    router = Router(prefix_block_bytes=64, prefix_margin=0.5, prefix_move_tokens=64)
+    assert router.prefix_move_blocks == 4  # 64 tokens of ~4 bytes, in 64-byte blocks
+    a, b = _client("a", running=1), _client("b", running=1)
+
+    def keys(request: p.GenerateRequest) -> list[int]:
+        return prompt_keys(prompt_bytes(request.prompt, None), 64)
+
+    def later(question: str) -> p.GenerateRequest:
+        asked = {"role": "user", "content": question}
+        answer = {"role": "assistant", "content": "8000."}
+        return _chat(asked, answer, {"role": "user", "content": "And gRPC?"})
+
+    short, long = "Which port?", "Which port does the gateway listen on, and why? " * 12
+    router.prefix.add(keys(_chat({"role": "user", "content": short})), "a")
+    router.prefix.add(keys(_chat({"role": "user", "content": long})), "a")
+    router.prefix.add(keys(_chat({"role": "user", "content": "Another chat."})), "b")
+    shared = len(keys(_chat()))  # the system prompt's blocks: both were sent them
+    assert len(keys(later(short))) - shared <= 4 < len(keys(later(long))) - shared
+    # as loaded as the other: where its prefix went
+    assert _choose(router, [a, b], later(short)) == "a"
+    assert ROUTED.get().decision == "prefix"  # type: ignore[union-attr]
+    # one sequence busier: the other replica lacks 4 blocks at most more of it
+    a.engine = p.Load(0, running=2, waiting=0, kv_used=0.1)
+    assert _choose(router, [a, b], later(short)) == "b"
+    routed = ROUTED.get()
+    assert routed is not None and routed.decision == "balance" and 0 < routed.expected < 1
+    # at the same loads, a long history stays where it is cached
+    assert _choose(router, [a, b], later(long)) == "a"
+    assert ROUTED.get().decision == "prefix"  # type: ignore[union-attr]
+    # 0 tokens: only the margin moves a chat
+    still = Router(prefix_block_bytes=64, prefix_margin=0.5, prefix_move_tokens=0)
+    still.prefix.add(keys(later(short)), "a")
+    still.prefix.add(keys(_chat({"role": "user", "content": "Another chat."})), "b")
+    assert _choose(still, [a, b], later(short)) == "a"
+
+
 def test_one_replica_or_the_setting_off_computes_no_keys():
     request = _chat({"role": "user", "content": "A question of some length, asked twice. " * 3})
     router = Router(prefix_block_bytes=64)

@@ -99,6 +99,7 @@ async def build_gateway(settings: Settings, control: str | Path) -> Gateway:
         settings.hold_max_requests,
         prefix_block_bytes=4 * llm.block_size if llm.prefix_routing else 0,
         prefix_margin=llm.prefix_routing_margin,
+        prefix_move_tokens=llm.prefix_routing_move_tokens,
     )
     address = control if isinstance(control, Path) else _address(control)
     router.server.reconnect = isinstance(address, str) and transport.split(address)[0] == "tcp"

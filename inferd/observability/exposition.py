@@ -172,8 +172,9 @@ def write_requests(out: Text, metrics: RequestMetrics, log_dropped: int = 0) -> 
         "inferd_generation_routed_total",
         "counter",
         "Generations whose replica was chosen among several: by prefix (where the prompt's "
-        "longest known prefix went), overloaded (that replica was over its share) or new "
-        "(no replica had been sent any of it).",
+        "longest known prefix went), balance (a less loaded replica that lacked little more "
+        "of it), overloaded (that replica was over its share), new (no replica had been "
+        "sent any of it), adapter or adapter-load.",
     )
     for (model, decision), n in sorted(metrics.routed.items()):
         out.sample("inferd_generation_routed_total", {"model": model, "decision": decision}, n)

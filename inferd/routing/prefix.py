@@ -19,7 +19,9 @@ travel in the ``Generate`` frame and come back in the replica's ``Load`` frames)
 gateway processes and hosts choose alike. A preferred replica loses the preference when
 its engine holds more than its fair share of the version's load by a margin
 (``llm.prefix_routing_margin``), or its KV cache is nearly full: a cached prefix is not
-worth a long queue.
+worth a long queue. And a replica running fewer sequences takes the generation while it
+lacks little more of the prompt (``llm.prefix_routing_move_tokens``): a chat's first
+turns even the load out, where moving a long history would cost more than it saves.
 """
 
 from __future__ import annotations

@@ -54,11 +54,12 @@ class Routed:
     """How a generation's replica was chosen among several (its inference log row)."""
 
     decision: str
-    """``prefix``: where its longest known prefix went; ``overloaded``: that replica (or
-    every one holding a prefix of it) was over its share, so the least loaded; ``new``:
-    no replica was sent any of it, so the least loaded; ``adapter``: one with its LoRA
-    adapter loaded; ``adapter-load``: none had it (within the margin), so one with room
-    to load it."""
+    """``prefix``: where its longest known prefix went; ``balance``: a less loaded
+    replica that lacks little more of it (``llm.prefix_routing_move_tokens``);
+    ``overloaded``: that replica (or every one holding a prefix of it) was over its
+    share, so the least loaded; ``new``: no replica was sent any of it, so the least
+    loaded; ``adapter``: one with its LoRA adapter loaded; ``adapter-load``: none had it
+    (within the margin), so one with room to load it."""
     expected: float
     """The share of the prompt expected in the chosen replica's prefix cache (0 to 1)."""
 
@@ -186,6 +187,7 @@ class Router:
         hold_max_requests: int = 0,
         prefix_block_bytes: int = 0,
         prefix_margin: float = 0.5,
+        prefix_move_tokens: int = 0,
     ) -> None:
         self.hold_timeout_s = hold_timeout_s
         self.hold_max_requests = hold_max_requests
@@ -193,6 +195,11 @@ class Router:
         """Bytes of a prompt block for prefix-aware choice (0: off; see
         :mod:`inferd.routing.prefix`)."""
         self.prefix_margin = prefix_margin
+        self.prefix_move_blocks = (
+            prefix_move_tokens * 4 // prefix_block_bytes if prefix_block_bytes else 0
+        )
+        """Blocks of prompt a less loaded replica may lack beyond the preferred one's and
+        still be chosen instead (``llm.prefix_routing_move_tokens``, ~4 bytes a token)."""
         self.prefix = PrefixIndex()
         """Where each prompt key went, as this gateway sent it and replicas report it."""
         self.holding = 0
@@ -700,25 +707,40 @@ class Router:
         self, candidates: list[ReplicaClient], keys: list[int], fits: set[ReplicaClient]
     ) -> tuple[ReplicaClient, int, str]:
         """Among ``candidates``: the least loaded of those sent the prompt's longest
-        known prefix that ``fits``; else the least loaded. With how many of ``keys`` it
-        was sent, and why it was chosen (:class:`Routed`)."""
-        by_id = {c.replica_id: c for c in candidates}
-        decision = "new"
-        for depth in range(len(keys), 0, -1):
-            holders = [by_id[r] for r in self.prefix.holders(keys[depth - 1]) if r in by_id]
-            if not holders:
-                continue
-            fit = [c for c in holders if c in fits]
-            if fit:
-                return min(fit, key=generation_load), depth, "prefix"
-            decision = "overloaded"
+        known prefix that ``fits`` -- or a less loaded one that fits and lacks at most
+        ``prefix_move_blocks`` more of it; else the least loaded. With how many of
+        ``keys`` it was sent, and why it was chosen (:class:`Routed`)."""
+        depth = self._depths(candidates, keys)
+        fit = [c for c in candidates if c in fits]
+        if fit:
+            best = min(fit, key=lambda c: (-depth[c], generation_load(c)))
+            if depth[best]:
+                lightest = min(fit, key=generation_load)
+                if (
+                    depth[best] - depth[lightest] <= self.prefix_move_blocks
+                    and engine_load(lightest)[1] < engine_load(best)[1]
+                ):
+                    return lightest, depth[lightest], "balance"
+                return best, depth[best], "prefix"
         best = min(candidates, key=generation_load)
-        depth = next(
-            (d for d in range(len(keys), 0, -1)
-             if best.replica_id in self.prefix.holders(keys[d - 1])),
-            0,
-        )  # fmt: skip
-        return best, depth, decision
+        decision = "overloaded" if any(depth.values()) else "new"
+        return best, depth[best], decision
+
+    def _depths(self, candidates: list[ReplicaClient], keys: list[int]) -> dict[ReplicaClient, int]:
+        """How many of ``keys`` (from the first) each candidate was sent, as far as the
+        index knows: the deepest key that lists it."""
+        by_id = {c.replica_id: c for c in candidates}
+        depth = dict.fromkeys(candidates, 0)
+        left = len(candidates)
+        for at in range(len(keys), 0, -1):
+            for replica in self.prefix.holders(keys[at - 1]):
+                client = by_id.get(replica)
+                if client is not None and not depth[client]:
+                    depth[client] = at
+                    left -= 1
+            if not left:
+                break
+        return depth
 
     def _pick(
         self,
