@@ -84,15 +84,6 @@ def test_a_replica_logs_a_failed_request_with_its_id(server: InferdServer):
     assert "[replica sum:v1]" in line and "[req req-666-abc]" in line
 
 
-def test_health_when_ready(demo_server: InferdServer):
-    reply = demo_server.client.get("/health")
-    assert reply.status_code == 200, reply.text
-    body = reply.json()
-    assert (body["status"], body["live"], body["ready"]) == ("ready", True, True)
-    assert body["models"]["iris"] == "v1" and "waiting_for" not in body
-    assert body["models"] == demo_server.client.get("/health/ready").json()["models"]
-
-
 def test_a_replica_told_to_stop_while_it_loads_leaves_at_once(server: InferdServer):
     """Its load (a minute long) cannot be interrupted: on SIGTERM (what a server shutdown
     sends) the replica process leaves without waiting for it, not after the drain grace
@@ -113,3 +104,14 @@ def test_a_replica_told_to_stop_while_it_loads_leaves_at_once(server: InferdServ
         return False
 
     server.wait_for(gone, timeout_s=5, what=f"replica {replica['pid']} to exit")
+
+
+def test_health_when_ready(demo_server: InferdServer):
+    """Last in this file: the first use of the demo server builds its models (a minute
+    or more), past the load the test above must catch in progress."""
+    reply = demo_server.client.get("/health")
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert (body["status"], body["live"], body["ready"]) == ("ready", True, True)
+    assert body["models"]["iris"] == "v1" and "waiting_for" not in body
+    assert body["models"] == demo_server.client.get("/health/ready").json()["models"]
