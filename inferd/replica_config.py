@@ -144,10 +144,11 @@ class LLMConfig(Group):
     its fair share of the version's sequences (this one included) by more than this
     fraction of that share, or more than one sequence, whichever is more."""
     prefix_routing_move_tokens: int = Field(256, ge=0)
-    """A generation goes to a less loaded replica than the one its prefix prefers when
-    that replica lacks at most this many more of its prompt's tokens (about 4 bytes of
-    prompt each): a chat's first turns even the load out, cheaply, where a long history
-    stays on the replica that holds it. 0: only the margin moves a generation."""
+    """A generation goes to a replica running fewer sequences than the one its prefix
+    prefers (when that one runs two or more) if it lacks at most this many more of the
+    prompt's tokens (about 4 bytes of prompt each): a chat's first turns even the load
+    out, cheaply, where a long history stays on the replica that holds it. 0: only the
+    margin moves a generation."""
     max_num_seqs: int = Field(128, ge=1)
     """Sequences decoding together in one step. On a 2-core CPU, GPT-2 small's output
     tokens/s was flat from 64 to 128 and fell at 256 (233, 237, 148 tok/s for 500

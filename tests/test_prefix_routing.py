@@ -131,7 +131,12 @@ def test_a_less_loaded_replica_takes_a_chat_while_it_lacks_little_of_it():
     # as loaded as the other: where its prefix went
     assert _choose(router, [a, b], later(short)) == "a"
     assert ROUTED.get().decision == "prefix"  # type: ignore[union-attr]
-    # one sequence busier: the other replica lacks 4 blocks at most more of it
+    # one sequence against none is not busy (it may be this chat's last turn, just ended)
+    b.engine = p.Load(0, running=0, waiting=0, kv_used=0.1)
+    assert _choose(router, [a, b], later(short)) == "a"
+    assert ROUTED.get().decision == "prefix"  # type: ignore[union-attr]
+    # two against one: the other replica lacks 4 blocks at most more of it
+    b.engine = p.Load(0, running=1, waiting=0, kv_used=0.1)
     a.engine = p.Load(0, running=2, waiting=0, kv_used=0.1)
     assert _choose(router, [a, b], later(short)) == "b"
     routed = ROUTED.get()

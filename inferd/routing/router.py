@@ -716,9 +716,13 @@ class Router:
             best = min(fit, key=lambda c: (-depth[c], generation_load(c)))
             if depth[best]:
                 lightest = min(fit, key=generation_load)
+                busy = engine_load(best)[1]
+                # one sequence or none is not busy, and may be a report 20 ms old of one
+                # that just ended (this chat's previous turn): no reason to move
                 if (
-                    depth[best] - depth[lightest] <= self.prefix_move_blocks
-                    and engine_load(lightest)[1] < engine_load(best)[1]
+                    busy >= 2
+                    and engine_load(lightest)[1] < busy
+                    and depth[best] - depth[lightest] <= self.prefix_move_blocks
                 ):
                     return lightest, depth[lightest], "balance"
                 return best, depth[best], "prefix"
