@@ -67,6 +67,12 @@ def _finished(server: Any) -> dict[int, float]:
     }
 
 
+def _unix_entries(sock: Path) -> int:
+    """Sockets bound to ``sock``'s path: its listener and every connection it accepted."""
+    with open("/proc/net/unix") as table:
+        return sum(line.rstrip("\n").endswith(f" {sock}") for line in table)
+
+
 @pytest.mark.slow
 def test_gateways_send_generations_where_the_engines_hold_least(tmp_path: Path) -> None:
     folder = build_tiny_gpt2(tmp_path / "src" / "tiny")
@@ -78,10 +84,17 @@ def test_gateways_send_generations_where_the_engines_hold_least(tmp_path: Path) 
         while len([r for r in _finished(server)]) < 2:
             assert time.monotonic() < deadline
             time.sleep(0.2)
+        # every gateway process connected to both replicas (one that has a single replica
+        # yet sends there whatever its load): on each replica's socket, the listener,
+        # the controller's connection and the two gateways'
+        socks = sorted(run.glob("r*.sock"))
+        while min(_unix_entries(s) for s in socks) < 4:
+            assert time.monotonic() < deadline, [_unix_entries(s) for s in socks]
+            time.sleep(0.05)
         before = _finished(server)
 
         async def scenario() -> tuple[int, list[int]]:
-            direct = [ReplicaClient(f"unix:{s}") for s in sorted(run.glob("r*.sock"))]
+            direct = [ReplicaClient(f"unix:{s}") for s in socks]
             for client in direct:
                 await client.connect()
             busy = direct[0]
