@@ -42,6 +42,7 @@ from inferd.observability.logging import configure_logging
 from inferd.process import die_with_parent, freeze_heap
 from inferd.routing.cache import cache_for
 from inferd.routing.dataplane import DataPlane
+from inferd.routing.prefix import BYTES_PER_TOKEN
 from inferd.routing.router import Router
 
 if TYPE_CHECKING:
@@ -97,7 +98,7 @@ async def build_gateway(settings: Settings, control: str | Path) -> Gateway:
     router = Router(
         settings.hold_timeout_s,
         settings.hold_max_requests,
-        prefix_block_bytes=4 * llm.block_size if llm.prefix_routing else 0,
+        prefix_block_bytes=BYTES_PER_TOKEN * llm.block_size if llm.prefix_routing else 0,
         prefix_margin=llm.prefix_routing_margin,
         prefix_move_tokens=llm.prefix_routing_move_tokens,
     )

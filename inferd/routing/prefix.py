@@ -8,8 +8,8 @@ than one replica, a generation should go where its longest prefix was sent befor
 The gateway holds no tokenizer, so it cannot key blocks of tokens as the engines do; it
 keys the prompt as the chat template will see it instead -- the tools, then each
 message, each encoded the same way every time, or the text, or the token ids -- in
-blocks of ``4 x llm.block_size`` bytes (about an engine block of English text), each key
-a hash chained to the one before (:func:`prompt_keys`). Equal keys mean equal prompt
+blocks of ``BYTES_PER_TOKEN x llm.block_size`` bytes (about an engine block of English
+text), each key a hash chained to the one before (:func:`prompt_keys`). Equal keys mean equal prompt
 beginnings, which the template renders and the tokenizer encodes to equal token
 beginnings, which the engine's cache holds as long as it did not evict them.
 
@@ -33,6 +33,9 @@ from typing import Any
 
 import msgspec
 
+BYTES_PER_TOKEN = 4
+"""What the gateway, which holds no tokenizer, takes a token to be in prompt bytes:
+about right for English text. Its blocks are ``BYTES_PER_TOKEN x llm.block_size``."""
 MAX_KEYS = 256
 """Keys of a prompt's first blocks at most (16 KiB of prompt at 64-byte blocks): the
 beginnings are what is shared; the cost stays bounded for long prompts."""

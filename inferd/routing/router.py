@@ -33,7 +33,7 @@ import msgspec
 from inferd.errors import InferdError, ModelNotFound, ModelNotReady
 from inferd.graphs.spec import GRAPH_FRAMEWORK as GRAPH
 from inferd.observability.log_rows import COUNTERS
-from inferd.routing.prefix import PrefixIndex, prompt_bytes, prompt_keys
+from inferd.routing.prefix import BYTES_PER_TOKEN, PrefixIndex, prompt_bytes, prompt_keys
 from inferd.routing.server_link import ServerLink
 from inferd.routing.table import ModelRoute, ReplicaRoute, RoutingTable, VersionRoute
 from inferd.runtimes.base import Signature
@@ -196,10 +196,10 @@ class Router:
         :mod:`inferd.routing.prefix`)."""
         self.prefix_margin = prefix_margin
         self.prefix_move_blocks = (
-            prefix_move_tokens * 4 // prefix_block_bytes if prefix_block_bytes else 0
+            prefix_move_tokens * BYTES_PER_TOKEN // prefix_block_bytes if prefix_block_bytes else 0
         )
         """Blocks of prompt a less loaded replica may lack beyond the preferred one's and
-        still be chosen instead (``llm.prefix_routing_move_tokens``, ~4 bytes a token)."""
+        still be chosen instead (``llm.prefix_routing_move_tokens``)."""
         self.prefix = PrefixIndex()
         """Where each prompt key went, as this gateway sent it and replicas report it."""
         self.holding = 0
