@@ -358,8 +358,15 @@ def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferdServ
         tmp_path_factory.mktemp("demo"),
         demo=True,
         workers=2,
-        # the demo LLM trains for ~2 min; generation has its own tests (tiny model)
-        env={"INFERD_MAX_BODY_BYTES": str(1 << 20), "INFERD_DEMO_LLM": "0"},
+        # the demo LLM trains for ~2 min; generation has its own tests (tiny model).
+        # Passive OpenMP threads for the demo build, as replicas have: with the other
+        # test worker holding a core, spinning ones took the cross-encoder's training
+        # from ~60 s to ~90 s and ~115 CPU-seconds (on an idle machine they are faster).
+        env={
+            "INFERD_MAX_BODY_BYTES": str(1 << 20),
+            "INFERD_DEMO_LLM": "0",
+            "OMP_WAIT_POLICY": "PASSIVE",
+        },
     )
     try:
         server.wait_ready(timeout_s=240)

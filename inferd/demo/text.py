@@ -248,14 +248,24 @@ def build_reranker(
         )
         model.eval()
         inputs = batch(train)
-        with torch.inference_mode():  # what the last layer sees, once
-            below = torch.cat([
-                model.bert(**{k: v[i : i + 256] for k, v in inputs.items()},
-                           output_hidden_states=True).hidden_states[-2]
-                for i in range(0, len(train), 256)
-            ])  # fmt: skip
+        lengths = inputs["attention_mask"].sum(dim=1)
         blocked = (1 - inputs["attention_mask"][:, None, None, :].float()) * -1e9
-        last, pooler = model.bert.encoder.layer[-1], cast(Any, model.bert.pooler)
+        *frozen, last = model.bert.encoder.layer
+        # What the last layer sees, once: the frozen layers only, over rows of about
+        # one length at a time (padding costs as much as text: a pair is 19 tokens on
+        # average, 30 at most). Rows and positions past a row's length are masked.
+        below = torch.zeros(len(train), int(lengths.max()), model.config.hidden_size)
+        with torch.inference_mode():
+            for chunk in lengths.argsort().split(256):
+                n = int(lengths[chunk].max())
+                hidden = model.bert.embeddings(
+                    input_ids=inputs["input_ids"][chunk, :n],
+                    token_type_ids=inputs["token_type_ids"][chunk, :n],
+                )
+                for layer in frozen:
+                    hidden = layer(hidden, attention_mask=blocked[chunk, ..., :n])
+                below[chunk, :n] = hidden
+        pooler = cast(Any, model.bert.pooler)
         trained = torch.nn.ModuleList([last, pooler, model.classifier])
         trained.train()
         optimizer = torch.optim.AdamW(trained.parameters(), lr=5e-4)
@@ -263,17 +273,20 @@ def build_reranker(
         order = torch.Generator().manual_seed(SEED)
         for _ in range(epochs):
             for rows in torch.randperm(len(train), generator=order).split(32):
-                hidden = last(below[rows].clone(), attention_mask=blocked[rows])
+                n = int(lengths[rows].max())  # the batch's longest: the rest is padding
+                hidden = last(below[rows, :n], attention_mask=blocked[rows, ..., :n])
                 logits = model.classifier(model.dropout(pooler(hidden)))[:, 0]
                 loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels[rows])
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
-    model.eval()
+    model.eval()  # scored by length too, each score put back at its row
+    pairs = tokenizer.encode_batch([(q, d) for q, d, _, _ in test])
+    by_length = np.argsort([len(e.ids) for e in pairs], kind="stable")
+    scores = np.empty(len(test), dtype=np.float32)
     with torch.inference_mode():
-        scores = torch.cat([
-            model(**batch(test[i : i + 64])).logits[:, 0] for i in range(0, len(test), 64)
-        ]).numpy()  # fmt: skip
+        for chunk in np.array_split(by_length, -(-len(test) // 64)):
+            scores[chunk] = model(**batch([test[i] for i in chunk])).logits[:, 0].numpy()
     groups = np.asarray([group for _, _, _, group in test])
     relevant = np.asarray([label for _, _, label, _ in test]) == 1
     firsts = [
