@@ -9,9 +9,9 @@ The gateway holds no tokenizer, so it cannot key blocks of tokens as the engines
 keys the prompt as the chat template will see it instead -- the tools, then each
 message, each encoded the same way every time, or the text, or the token ids -- in
 blocks of ``BYTES_PER_TOKEN x llm.block_size`` bytes (about an engine block of English
-text), each key a hash chained to the one before (:func:`prompt_keys`). Equal keys mean equal prompt
-beginnings, which the template renders and the tokenizer encodes to equal token
-beginnings, which the engine's cache holds as long as it did not evict them.
+text), each key a hash chained to the one before (:func:`prompt_keys`). Equal keys mean
+equal prompt beginnings, which the template renders and the tokenizer encodes to equal
+token beginnings, which the engine's cache holds as long as it did not evict them.
 
 Where each key went is a :class:`PrefixIndex` every gateway process keeps: filled by
 what it sends, and by what every replica reports it was sent by any gateway (the keys
