@@ -127,6 +127,39 @@ class ModelsConfig(Group):
     requests fail, its neighbours go on) and its version moves to a process of its own."""
 
 
+class ConnectionsConfig(Group):
+    """What one client connection may hold of a gateway process, on the HTTP port
+    (HTTP/1.1) and the gRPC port (HTTP/2); per gateway process. Each limit, and what a
+    client sees at it, is listed in the security guide (docs/guides/security.md)."""
+
+    max_per_process: int = Field(4096, ge=1, le=1_000_000)
+    """Open connections one gateway process keeps on each port; a connection beyond it is
+    closed at once (gRPC: after a GOAWAY)."""
+    header_timeout_s: float = Field(15.0, gt=0, le=3600)
+    """A request's head must arrive within this: HTTP, from the connection's first byte
+    or the end of the previous answer to the end of the headers (408); gRPC, the
+    connection preface and each header block (HEADERS + CONTINUATION) from its first
+    byte (GOAWAY)."""
+    body_timeout_s: float = Field(60.0, gt=0, le=3600)
+    """Longest gap between two reads of a request body (HTTP: 408) or of a gRPC request
+    message (the call ends DEADLINE_EXCEEDED), while the server waits for more of it."""
+    idle_timeout_s: float = Field(30.0, gt=0, le=86400)
+    """A connection with nothing in progress is closed after this (gRPC: GOAWAY first;
+    HTTP keep-alive)."""
+    max_header_bytes: int = Field(64 * 1024, ge=1024, le=16 * 1024 * 1024)
+    """Largest request head: HTTP's request line and headers (431), gRPC's header list
+    (its calls refused, the connection closed past it)."""
+    grpc_max_streams: int = Field(100, ge=1, le=10_000)
+    """Concurrent calls on one gRPC connection (SETTINGS_MAX_CONCURRENT_STREAMS); a call
+    beyond it is refused (REFUSED_STREAM)."""
+    grpc_buffer_mb: float = Field(256.0, gt=0)
+    """Request bytes one gateway process holds for all its gRPC calls (messages being
+    received and those being answered): past it, uploads wait under HTTP/2 flow
+    control until calls end. At least twice ``max_body_bytes`` is used."""
+    grpc_connection_buffer_mb: float = Field(64.0, gt=0)
+    """The same, for one gRPC connection. At least ``max_body_bytes`` is used."""
+
+
 class CacheConfig(Group):
     """The result cache of predict and deterministic generation answers (see
     :mod:`inferd.routing.cache`); off by default. Embedded, one SQLite file per machine
@@ -490,6 +523,7 @@ class Settings(BaseSettings):
     rate_limits: RateLimitConfig = Field(default_factory=lambda: RateLimitConfig())
     cache: CacheConfig = Field(default_factory=lambda: CacheConfig())
     models: ModelsConfig = Field(default_factory=lambda: ModelsConfig())
+    connections: ConnectionsConfig = Field(default_factory=lambda: ConnectionsConfig())
     redis_url: str | None = None
     """Redis for what gateway processes share (rate limit budgets); None: in process."""
     queue_url: str | None = None

@@ -23,6 +23,7 @@ import uvloop
 
 from inferd.grpc import grpc_service_pb2 as pb
 from inferd.grpc import grpc_service_pb2_grpc as pb_grpc
+from inferd.grpc.bounds import Bounds
 from inferd.grpc.frames import literal
 from inferd.grpc.http2 import Abort, Call, Connection, GrpcServer, StatusCode
 from inferd.grpc.service import SERVICE, methods
@@ -78,9 +79,9 @@ class Service:
 
 
 class Running:
-    def __init__(self) -> None:
-        self.service = Service()
-        self.server = GrpcServer(self.service, methods(), LIMIT)
+    def __init__(self, service: Service | None = None, bounds: Bounds | None = None) -> None:
+        self.service = service or Service()
+        self.server = GrpcServer(self.service, methods(), LIMIT, bounds)
         self.loop = uvloop.new_event_loop()
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))

@@ -154,6 +154,22 @@ class Authenticator:
         self._jwt_keys = _load_jwt_keys(config)
 
     async def authenticate(self, credential: str | None) -> Principal:
+        principal = self.known(credential)
+        if principal is not None:
+            return principal
+        parsed = parse_key(credential or "")
+        assert parsed is not None  # known() returns None for a well-formed key only
+        key_id, secret = parsed
+        record = await asyncio.to_thread(self.keys.get, key_id)
+        if len(self._cache) > 10_000:
+            self._cache.clear()  # bounded: bogus ids cannot grow it without end
+        self._cache[key_id] = (time.monotonic() + self.config.cache_s, record)
+        return _key_principal(key_id, secret, record)
+
+    def known(self, credential: str | None) -> Principal | None:
+        """The caller, when that takes no lookup (the internal token, a JWT, an API key
+        read within ``auth.cache_s``); None when its key must be read from the registry
+        (:meth:`authenticate` does). Raises :class:`Unauthorized` refusing it."""
         if credential and is_internal_token(credential, self.config.internal_token):
             return INTERNAL
         if not credential:
@@ -162,30 +178,16 @@ class Authenticator:
                 "or X-API-Key: <API key>"
             )
         if credential.startswith("ik_"):
-            return await self._key(credential)
+            parsed = parse_key(credential)
+            if parsed is None:
+                raise Unauthorized("malformed API key")
+            cached = self._cache.get(parsed[0])
+            if cached is None or cached[0] < time.monotonic():
+                return None
+            return _key_principal(parsed[0], parsed[1], cached[1])
         if credential.count(".") == 2:
             return self._jwt(credential)
         raise Unauthorized("malformed credential: expected an inferd API key (ik_...) or a JWT")
-
-    async def _key(self, key: str) -> Principal:
-        parsed = parse_key(key)
-        if parsed is None:
-            raise Unauthorized("malformed API key")
-        key_id, secret = parsed
-        now = time.monotonic()
-        cached = self._cache.get(key_id)
-        if cached is None or cached[0] < now:
-            record = await asyncio.to_thread(self.keys.get, key_id)
-            if len(self._cache) > 10_000:
-                self._cache.clear()  # bounded: bogus ids cannot grow it without end
-            self._cache[key_id] = (now + self.config.cache_s, record)
-        else:
-            record = cached[1]
-        if record is None or not secret_matches(record, secret):
-            raise Unauthorized("unknown API key")
-        if record.revoked_at is not None:
-            raise Unauthorized(f"API key {key_id} was revoked")
-        return Principal("API key", key_id, frozenset(record.scopes), _models(record.models))
 
     def _jwt(self, token: str) -> Principal:
         import jwt
@@ -234,6 +236,14 @@ class Authenticator:
             frozenset(scopes),
             _models(models if isinstance(models, list) else None),
         )
+
+
+def _key_principal(key_id: str, secret: str, record: KeyRecord | None) -> Principal:
+    if record is None or not secret_matches(record, secret):
+        raise Unauthorized("unknown API key")
+    if record.revoked_at is not None:
+        raise Unauthorized(f"API key {key_id} was revoked")
+    return Principal("API key", key_id, frozenset(record.scopes), _models(record.models))
 
 
 def _models(models: Any) -> frozenset[str] | None:

@@ -1,20 +1,30 @@
 """Authentication for the gRPC service, with the same credentials and scopes as HTTP
 (:mod:`inferd.api.auth`): metadata ``authorization: Bearer <key or JWT>`` or
 ``x-api-key``. ServerLive/ServerReady are public; the repository RPCs need admin; the
-rest infer. The caller's :class:`Principal` rides in a context variable (each call runs
-in its own task), so RPCs check the model a request names (``allowed``)."""
+rest infer.
+
+A call is admitted at its HEADERS (:func:`admit`, the HTTP/2 server's ``Service.admit``),
+before any of its message is kept: a missing, unknown or revoked credential ends it
+UNAUTHENTICATED, one without the scope PERMISSION_DENIED, at once. Its principal stays on
+the call (``call.user``) and rides in a context variable while its handler runs, so RPCs
+check the model a request names (:func:`allowed`)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
+from collections.abc import Awaitable, Callable
 
 from inferd.api.auth import Authenticator, Principal, credential_of
-from inferd.grpc.http2 import Call
+from inferd.errors import InferdError, Unauthorized
+from inferd.grpc.http2 import Abort, Call
 
 PRINCIPAL: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
     "grpc_principal", default=None
 )
 PUBLIC = frozenset({"ServerLive", "ServerReady"})
+LOOKUP_TIMEOUT_S = 10.0
+"""Longest an API key's lookup may hold a connection's reading (the registry is slow)."""
 
 
 def allowed(model: str) -> None:
@@ -24,9 +34,41 @@ def allowed(model: str) -> None:
         principal.allow_model(model)
 
 
-async def authenticate(auth: Authenticator, call: Call) -> None:
-    """The caller's principal, from the call's metadata, into :data:`PRINCIPAL`; raises
-    the :class:`~inferd.errors.InferdError` refusing it."""
-    principal = await auth.authenticate(credential_of(call.metadata))
+def admit(
+    auth: Authenticator, call: Call, abort: Callable[[InferdError], Abort]
+) -> Awaitable[None] | None:
+    """Admit ``call`` now (None), refuse it (raises the :class:`Abort` ``abort`` makes of
+    the refusal), or decide once its API key is read (the awaitable)."""
+    if call.method.name in PUBLIC:
+        return None
+    try:
+        credential = credential_of(call.metadata)
+        principal = auth.known(credential)
+        if principal is None:
+            return _look_up(auth, call, credential, abort)
+        _require(call, principal)
+    except InferdError as exc:
+        raise abort(exc) from None
+    return None
+
+
+async def _look_up(
+    auth: Authenticator, call: Call, credential: str | None, abort: Callable[[InferdError], Abort]
+) -> None:
+    try:
+        async with asyncio.timeout(LOOKUP_TIMEOUT_S):
+            _require(call, await auth.authenticate(credential))
+    except InferdError as exc:
+        raise abort(exc) from None
+
+
+def _require(call: Call, principal: Principal) -> None:
     principal.require("admin" if call.method.name.startswith("Repository") else "infer")
-    PRINCIPAL.set(principal)
+    call.user = principal
+
+
+def principal_of(call: Call) -> Principal:
+    """The admitted caller of a call that needs one (fails closed when there is none)."""
+    if not isinstance(call.user, Principal):
+        raise Unauthorized("this call was not admitted")
+    return call.user

@@ -10,16 +10,29 @@ What it implements (RFC 9113 as a gRPC server uses it, and the gRPC over HTTP/2
 protocol): the connection preface and SETTINGS; header blocks decoded by :mod:`hpack`
 (with CONTINUATION, padding and priority fields), a block the client sends again
 byte for byte decoded once while the dynamic table is unchanged; flow control both ways
-(receive windows credited as data arrives, sends held back by the peer's windows and
-released by its WINDOW_UPDATE); PING; RST_STREAM (the call is cancelled); GOAWAY both ways
+(receive windows opened for a message once its bytes are reserved, and the peer held to
+them; sends held back by the peer's windows and released by its WINDOW_UPDATE); PING;
+RST_STREAM (the call is cancelled); GOAWAY both ways
 (:meth:`GrpcServer.stop` lets running calls finish within a grace period); the grpc-timeout
 deadline (the call is cancelled and answers DEADLINE_EXCEEDED); length-prefixed messages,
 gzip or deflate compressed ones included; trailers-only answers for calls that fail before
 a message; TLS with ALPN ``h2``.
 
+Every door bounded (:mod:`inferd.grpc.bounds`): a call is admitted (``Service.admit``:
+authenticated) at its HEADERS, before any DATA of it is kept; its messages' bytes are
+reserved against the connection's and the process's budgets before its window opens;
+``max_streams`` calls a connection, ``max_connections`` connections; the preface and
+each header block within ``header_timeout_s``, a message's bytes no more than
+``body_timeout_s`` apart, a connection with no call closed after ``idle_timeout_s``, one
+that does not read its answers after ``body_timeout_s``; floods of resets, pings,
+settings and empty frames end the connection (GOAWAY ENHANCE_YOUR_CALM).
+
 Calls go to a :class:`Service`: ``unary(call, request)`` returns the response,
 ``stream(call, requests)`` yields them; both raise :class:`Abort` to end the call with a
-status. Messages are protobuf classes (``FromString`` / ``SerializeToString``).
+status. ``admit(call)``, when the service has it, runs at the call's HEADERS: it returns
+None (admitted), raises :class:`Abort` (refused at once), or returns an awaitable that
+decides (the connection reads nothing more meanwhile); what it learns of the caller it
+may keep in ``call.user``. Messages are protobuf classes (``FromString`` / ``SerializeToString``).
 """
 
 from __future__ import annotations
@@ -28,6 +41,7 @@ import asyncio
 import base64
 import contextlib
 import enum
+import functools
 import logging
 import socket
 import ssl
@@ -44,6 +58,7 @@ import hpack
 from google.protobuf.message import DecodeError
 
 from inferd.grpc import frames as f
+from inferd.grpc.bounds import Bounds, Buffers, Calm
 
 logger = logging.getLogger(__name__)
 
@@ -101,15 +116,18 @@ class Service(Protocol):
 _TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 ACCEPT_ENCODING = "identity,deflate,gzip"
 
-_SETTINGS_WINDOW = 1 << 22
-"""Each stream's receive window (4 MiB): a request up to that size needs no round trip."""
-_CONNECTION_WINDOW = 1 << 24
-_MAX_FRAME = 1 << 20
-"""The largest frame the client may send: a big request in few frames."""
-_MAX_HEADER_LIST = 1 << 16
-_MAX_STREAMS = 4096
-_BLOCKS = 256
-"""Header blocks kept decoded per connection."""
+_WINDOW = f.DEFAULT_WINDOW
+"""A stream's receive window before its message's bytes are reserved, and the
+connection's for bytes not reserved (HTTP/2's defaults, 64 KiB): a message that fits is
+reserved once it is here, a larger one at its prefix, its window then opened for it."""
+_CREDIT_AT = _WINDOW // 4
+"""Connection window credit for bytes not needed at once is sent in steps this large."""
+_MAX_FRAME = f.DEFAULT_MAX_FRAME
+"""The largest frame a client may send (16 KiB, the default): what a connection can
+hold of a frame still arriving."""
+_BLOCKS = 64
+_BLOCK_BYTES = 1024
+"""Header blocks kept decoded per connection, each at most this long."""
 
 
 @dataclass(frozen=True)
@@ -128,8 +146,10 @@ class Call:
     """One call (an HTTP/2 stream): what the handler may read and set."""
 
     __slots__ = (
+        "admitting",
+        "blocked_at",
         "conn",
-        "credit",
+        "covered",
         "data",
         "deadline",
         "done",
@@ -140,13 +160,21 @@ class Call:
         "message",
         "metadata",
         "method",
+        "need",
         "pending",
         "queue",
+        "read_at",
+        "recv_window",
         "remote_closed",
+        "reserved",
         "send_window",
         "task",
         "timer",
         "trailing",
+        "unreserved",
+        "user",
+        "waiting_since",
+        "wanted",
         "writable",
     )  # fmt: skip
 
@@ -159,9 +187,12 @@ class Call:
         """The client's metadata: (lower-case name, value) pairs, ``-bin`` values decoded."""
         self.deadline = None if head.deadline_s is None else time.monotonic() + head.deadline_s
         self.encoding = head.encoding
+        self.user: Any = None
+        """What the service's ``admit`` learnt of the caller (its principal)."""
+        self.admitting = False
         self.data = bytearray()  # received, not yet a whole message
         self.message: bytes | None = None  # a unary call's request
-        self.queue: asyncio.Queue[bytes | None] | None = None  # a stream's requests
+        self.queue: asyncio.Queue[tuple[bytes, int] | None] | None = None  # a stream's
         self.task: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.send_window = window
@@ -171,8 +202,17 @@ class Call:
         self.remote_closed = False
         self.done = False
         self.trailing: list[tuple[str, str]] = []
-        self.credit = 0  # bytes received and not yet given back to the stream's window
         self.writable: asyncio.Future[None] | None = None
+        self.blocked_at = 0.0  # when its answer began to wait for the client's window
+        # receiving (see inferd.grpc.bounds)
+        self.recv_window = _WINDOW  # what the client may still send on this stream
+        self.need = 0  # the length of the message arriving (prefix included), once known
+        self.reserved = 0  # bytes of the budgets this call holds
+        self.wanted = 0  # bytes it waits to reserve
+        self.covered = 0  # reserved bytes credited to the client, not yet received
+        self.unreserved = 0  # received bytes no reservation covers (the connection's own)
+        self.read_at = conn.now  # when its request last made progress
+        self.waiting_since = 0.0
 
     @property
     def peer(self) -> str | None:
@@ -221,22 +261,39 @@ class Connection(asyncio.Protocol):
 
     def __init__(self, server: GrpcServer) -> None:
         self.server = server
+        self.bounds = server.bounds
         self.transport: asyncio.Transport | None = None
         self.peer: str | None = None
         self.buf = bytearray()
         self.preface = False
         self.calls: dict[int, Call] = {}
         self.last_id = 0
-        self.decoder = hpack.Decoder(max_header_list_size=_MAX_HEADER_LIST)
+        self.decoder = hpack.Decoder(max_header_list_size=self.bounds.max_header_list)
         self.blocks: dict[bytes, _Head] = {}
         self.continuing: tuple[int, int, bytearray] | None = None
         self.send_window = f.DEFAULT_WINDOW
         self.peer_window = f.DEFAULT_WINDOW
         self.peer_frame = f.DEFAULT_MAX_FRAME
-        self.credit = 0
         self.blocked: dict[int, Call] = {}
         self.paused = False
         self.closing = False
+        self.refused = False
+        # receiving: windows, budgets, admission (see inferd.grpc.bounds)
+        self.recv_window = _WINDOW  # what the client may still send on the connection
+        self.credit = 0  # window to give back to the client (sent in steps)
+        self.urgent = False  # a client waits for the credit: send it now
+        self.advance = 0  # credited for calls that ended before their bytes came
+        self.held = 0  # this connection's share of the process's budget
+        self.admitting = 0  # calls whose admission is being decided (reading waits)
+        self.reading = True
+        # timeouts and floods
+        self.now = self.opened_at = self.active_at = time.monotonic()
+        self.partial_since: float | None = None  # a frame has been arriving since
+        self.block_since = 0.0  # a header block in CONTINUATION frames began
+        self.paused_since = 0.0
+        self.calm = Calm(self.now)
+        self.sent = False  # HEADERS or DATA written since the client's last PING
+        self.settings_seen = False
 
     # -- asyncio.Protocol ----------------------------------------------------------------
 
@@ -247,6 +304,11 @@ class Connection(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if len(self.server.connections) >= self.bounds.max_connections:
+            self.refused = True
+            self._write(self.server.opening + f.goaway(0, f.NO_ERROR, b"too many connections"))
+            self._close_now()
+            return
         self.server.connections.add(self)
         self._write(self.server.opening)
         if self.server.stopping:
@@ -261,50 +323,94 @@ class Connection(asyncio.Protocol):
         self._wake_writers()
 
     def pause_writing(self) -> None:
+        """The client does not read its answers: read no more of its requests."""
         self.paused = True
+        self.paused_since = time.monotonic()
+        self._read_or_not()
 
     def resume_writing(self) -> None:
         self.paused = False
+        self._read_or_not()
         self._wake_writers()
 
     def data_received(self, data: bytes) -> None:
+        self.buf += data
+        self._frames()
+
+    def _read_or_not(self) -> None:
+        """Read from the socket unless answers back up or an admission is being
+        decided with a read's worth already waiting."""
+        want = not self.paused and not (self.admitting and len(self.buf) >= _WINDOW)
+        if want != self.reading and self.transport is not None:
+            self.reading = want
+            if want:
+                self.transport.resume_reading()
+            else:
+                self.transport.pause_reading()
+
+    def _frames(self) -> None:
+        """Handle the whole frames received (all but while an admission is decided)."""
         buf = self.buf
-        buf += data
+        self.now = now = time.monotonic()
+        if self.admitting:
+            self._read_or_not()
+            return
         pos = 0
         if not self.preface:
             pos = self._preface()
             if pos <= 0:
                 return
-        end = len(buf)
-        unpack = f.HEAD.unpack_from
         try:
-            while end - pos >= 9:
-                high, low, kind, flags, stream = unpack(buf, pos)
-                size = (high << 16) | low
-                if size > _MAX_FRAME:
-                    raise _ConnectionError(f.FRAME_SIZE_ERROR, "frame too large")
-                if end - pos - 9 < size:
-                    break
-                payload = bytes(buf[pos + 9 : pos + 9 + size])
-                pos += 9 + size
-                stream &= 0x7FFFFFFF
-                if self.continuing is not None and kind != f.CONTINUATION:
-                    raise _ConnectionError(f.PROTOCOL_ERROR, "expected CONTINUATION")
-                if kind == f.DATA:
-                    self._on_data(flags, stream, payload)
-                elif kind == f.HEADERS:
-                    self._on_headers(flags, stream, payload)
-                else:
-                    self._on_control(kind, flags, stream, payload)
-                if self.transport is None:
-                    return
+            pos = self._each_frame(pos)
         except _ConnectionError as exc:
             self._fail(exc.code, exc.reason)
             return
-        del buf[:pos]
-        if self.credit >= _CONNECTION_WINDOW // 2:
-            self._write(f.window_update(0, self.credit))
-            self.credit = 0
+        if self.transport is None:
+            return
+        if pos:
+            del buf[:pos]
+            self.partial_since = now if buf else None
+        elif buf and self.partial_since is None:
+            self.partial_since = now
+        self._give_credit()
+        if self.admitting:
+            self._read_or_not()
+
+    def _each_frame(self, pos: int) -> int:
+        """Handle the frames from ``pos``: where the first not yet whole one begins."""
+        buf = self.buf
+        end = len(buf)
+        unpack = f.HEAD.unpack_from
+        while end - pos >= 9 and not self.admitting:
+            high, low, kind, flags, stream = unpack(buf, pos)
+            size = (high << 16) | low
+            if size > _MAX_FRAME:
+                raise _ConnectionError(f.FRAME_SIZE_ERROR, "frame too large")
+            if kind == f.DATA and size > self.recv_window:
+                raise _ConnectionError(f.FLOW_CONTROL_ERROR, "DATA beyond the window")
+            if end - pos - 9 < size:
+                break
+            payload = bytes(buf[pos + 9 : pos + 9 + size])
+            pos += 9 + size
+            stream &= 0x7FFFFFFF
+            if self.continuing is not None and kind != f.CONTINUATION:
+                raise _ConnectionError(f.PROTOCOL_ERROR, "expected CONTINUATION")
+            if kind == f.DATA:
+                self._on_data(flags, stream, payload)
+            elif kind == f.HEADERS:
+                self._on_headers(flags, stream, payload)
+            else:
+                self._on_control(kind, flags, stream, payload)
+            if self.transport is None:
+                break
+        return pos
+
+    def _give_credit(self) -> None:
+        credit = self.credit
+        if credit and (self.urgent or credit >= _CREDIT_AT):
+            self.credit, self.urgent = 0, False
+            self.recv_window += credit
+            self._write(f.window_update(0, credit))
 
     def _preface(self) -> int:
         """The client's preface read: its length; 0 until it is all here, -1 when the
@@ -319,6 +425,11 @@ class Connection(asyncio.Protocol):
         self._close_now()
         return -1
 
+    def _strike(self, what: str) -> None:
+        """One cheap-frame event; too many end the connection."""
+        if not self.calm.spend(self.now):
+            raise _ConnectionError(f.ENHANCE_YOUR_CALM, f"too many {what}")
+
     # -- frames in -----------------------------------------------------------------------
 
     def _on_headers(self, flags: int, stream: int, payload: bytes) -> None:
@@ -327,7 +438,10 @@ class Connection(asyncio.Protocol):
         if flags & f.PRIORITY_FLAG:
             payload = payload[5:]
         if not flags & f.END_HEADERS:
+            if not payload:
+                self._strike("empty header frames")
             self.continuing = (stream, flags, bytearray(payload))
+            self.block_since = self.now
             return
         self._on_block(flags, stream, payload)
 
@@ -344,22 +458,81 @@ class Connection(asyncio.Protocol):
             self._write(f.rst_stream(stream, f.STREAM_CLOSED))
             return
         self.last_id = stream
-        if self.closing or len(self.calls) >= _MAX_STREAMS:
+        if self.closing or len(self.calls) >= self.bounds.max_streams:
+            self._strike("streams over the limit")
             self._write(f.rst_stream(stream, f.REFUSED_STREAM))
             return
         if head.error is not None:
             http, code, message = head.error
-            self._write(self._trailers_only(stream, code, message, (), http))
-            if not flags & f.END_STREAM:
-                self._write(f.rst_stream(stream, f.NO_ERROR))
+            self._refuse(stream, flags, code, message, (), http)
             return
         call = Call(self, stream, head, self.peer_window)
-        self.calls[stream] = call
+        admit = self.server.admit
+        if admit is not None:
+            try:
+                deciding = admit(call)
+            except Abort as exc:
+                self._strike("refused calls")
+                self._refuse(stream, flags, exc.code, exc.message, exc.trailers)
+                return
+            if deciding is not None:
+                self._admit(call, deciding, flags)
+                return
+        self._open(call, flags)
+
+    def _refuse(
+        self,
+        stream: int,
+        flags: int,
+        code: StatusCode,
+        message: str,
+        trailers: Iterable[tuple[str, str]],
+        http: int = 200,
+    ) -> None:
+        """A call refused at its HEADERS: answered at once, its upload stopped."""
+        self._write(self._trailers_only(stream, code, message, trailers, http))
+        if not flags & f.END_STREAM:
+            self._write(f.rst_stream(stream, f.NO_ERROR))
+
+    def _open(self, call: Call, flags: int) -> None:
+        self.calls[call.id] = call
         if call.method.streaming:
             call.queue = asyncio.Queue()
             self._start(call, self.server.run_stream(call))
         if flags & f.END_STREAM:
             self._remote_end(call)
+
+    def _admit(self, call: Call, deciding: Awaitable[None], flags: int) -> None:
+        """Decide the call's admission before reading on (its DATA stays unread)."""
+        call.admitting = True
+        self.calls[call.id] = call
+        self.admitting += 1
+        task = asyncio.ensure_future(deciding)
+        task.add_done_callback(functools.partial(self._admitted, call, flags))
+
+    def _admitted(self, call: Call, flags: int, task: asyncio.Future[None]) -> None:
+        self.admitting -= 1
+        call.admitting = False
+        refusal = None if task.cancelled() else task.exception()
+        if self.transport is None or call.done:
+            return
+        if refusal is not None or task.cancelled():
+            if not self.calm.spend(time.monotonic()):
+                self._fail(f.ENHANCE_YOUR_CALM, "too many refused calls")
+                return
+            if not isinstance(refusal, Abort):
+                if refusal is not None:
+                    logger.error("admitting a gRPC call failed", exc_info=refusal)
+                refusal = Abort(StatusCode.UNAVAILABLE, "the call could not be admitted")
+            del self.calls[call.id]
+            self._refuse(call.id, flags, refusal.code, refusal.message, refusal.trailers)
+            call.done = True
+        else:
+            del self.calls[call.id]
+            self._open(call, flags)
+        if not self.admitting:
+            self._frames()
+            self._read_or_not()
 
     def _head(self, block: bytes) -> _Head:
         head = self.blocks.get(block)
@@ -375,54 +548,110 @@ class Connection(asyncio.Protocol):
         after = (len(table.dynamic_entries), table.maxsize, _first(table.dynamic_entries))
         if before != after:  # the table changed: a block kept may now decode differently
             self.blocks.clear()
-        elif len(self.blocks) < _BLOCKS:
+        elif len(self.blocks) < _BLOCKS and len(block) <= _BLOCK_BYTES:
             self.blocks[block] = head
         return head
 
     def _on_data(self, flags: int, stream: int, payload: bytes) -> None:
         size = len(payload)
-        self.credit += size
+        self.recv_window -= size
         if flags & f.PADDED:
             payload = _unpad(payload)
         call = self.calls.get(stream)
-        if call is None or call.remote_closed:
+        if call is None or call.remote_closed or call.done:
             if stream == 0 or stream > self.last_id:
                 raise _ConnectionError(f.PROTOCOL_ERROR, f"DATA on idle stream {stream}")
-            return  # a call already answered (or reset): its data is dropped
-        if call.done:
+            absorbed = min(self.advance, size)  # a call answered (or reset): dropped
+            self.advance -= absorbed
+            self.credit += size - absorbed
             return
-        call.credit += size
+        call.recv_window -= size
+        if call.recv_window < 0:
+            self.credit += size
+            self._write(f.rst_stream(stream, f.FLOW_CONTROL_ERROR))
+            self._drop(call)
+            return
+        n = len(payload)
+        self.credit += size - n  # padding is not kept
+        if not n and not flags & f.END_STREAM:
+            self._strike("empty DATA frames")
+        covered = call.covered
+        if covered >= n:
+            call.covered = covered - n
+        else:
+            call.covered = 0
+            call.unreserved += n - covered
+        call.read_at = self.now
         call.data += payload
         self._messages(call)
         if call.done:
             return
         if flags & f.END_STREAM:
             self._remote_end(call)
-        elif call.credit >= _SETTINGS_WINDOW // 2:
-            self._write(f.window_update(stream, call.credit))
-            call.credit = 0
 
     def _messages(self, call: Call) -> None:
-        """Hand on each whole message received (length-prefixed, perhaps compressed)."""
+        """Hand on each whole message received (length-prefixed, perhaps compressed),
+        once its bytes are reserved."""
         data = call.data
-        limit = self.server.max_message_bytes
-        while len(data) >= 5:
-            length = int.from_bytes(data[1:5], "big")
-            if length > limit:
-                self._refuse_large(call, length)
+        while len(data) >= 5 and not call.wanted:
+            need = call.need
+            if not need:
+                length = int.from_bytes(data[1:5], "big")
+                if length > self.server.max_message_bytes:
+                    self._refuse_large(call, length)
+                    return
+                need = call.need = length + 5
+                if not self.server.buffers.take(call, need):
+                    call.waiting_since = self.now
+                    return
+                self._cover(call, need)
+            if len(data) < need:
                 return
-            if len(data) < 5 + length:
-                return
-            message: bytes | None = bytes(data[5 : 5 + length])
+            message: bytes | None = bytes(data[5:need])
             compressed = data[0]
-            del data[: 5 + length]
+            del data[:need]
+            call.need = 0
             if compressed:
                 message = self._inflate(call, message)  # type: ignore[arg-type]
                 if message is None:
                     return
-            self._deliver(call, message)  # type: ignore[arg-type]
+            self._deliver(call, message, need)  # type: ignore[arg-type]
             if call.done:
                 return
+
+    def _cover(self, call: Call, need: int) -> None:
+        """The message's bytes are reserved: what of it is here is no longer the
+        connection's own, and the client may send the rest (its windows opened)."""
+        here = min(len(call.data), need)
+        moved = min(here, call.unreserved)
+        call.unreserved -= moved
+        rest = need - here
+        call.covered += rest
+        self.credit += moved + rest
+        if rest:  # the client waits for the window of the rest
+            self.urgent = True
+        extra = _WINDOW if call.queue is not None else 0  # a stream's next message
+        if call.recv_window < rest + extra // 2:
+            increment = rest + extra - call.recv_window
+            call.recv_window += increment
+            self._write(f.window_update(call.id, increment))
+
+    def granted(self, call: Call) -> None:
+        """A reservation the call waited for is made (by another call's end)."""
+        if call.done or self.transport is None:
+            self.server.buffers.release(call, call.reserved)
+            return
+        self.now = call.read_at = time.monotonic()  # its client may go on from now
+        self._cover(call, call.need)
+        self.urgent = True
+        self._messages(call)
+        if not call.done and call.remote_closed and not call.wanted:
+            self._ended(call)
+        self._give_credit()
+
+    def consumed(self, call: Call, size: int) -> None:
+        """A stream's handler took a message: its bytes leave the budgets."""
+        self.server.buffers.release(call, size)
 
     def _inflate(self, call: Call, message: bytes) -> bytes | None:
         """A compressed message, decompressed; None when that ended the call."""
@@ -442,9 +671,9 @@ class Connection(asyncio.Protocol):
             return None
         return out
 
-    def _deliver(self, call: Call, message: bytes) -> None:
+    def _deliver(self, call: Call, message: bytes, size: int) -> None:
         if call.queue is not None:
-            call.queue.put_nowait(message)
+            call.queue.put_nowait((message, size))
         elif call.message is not None:
             self.end(call, Abort(StatusCode.UNIMPLEMENTED, "a unary call takes one message"))
         else:
@@ -452,6 +681,11 @@ class Connection(asyncio.Protocol):
 
     def _remote_end(self, call: Call) -> None:
         call.remote_closed = True
+        if not call.wanted:  # else once its last message is reserved (granted)
+            self._ended(call)
+
+    def _ended(self, call: Call) -> None:
+        """The client's side of the call closed, its messages all handed on."""
         if call.data:
             self.end(call, Abort(StatusCode.INTERNAL, "the request ended inside a message"))
             return
@@ -475,13 +709,17 @@ class Connection(asyncio.Protocol):
 
     def _on_control(self, kind: int, flags: int, stream: int, payload: bytes) -> None:
         handle = _CONTROL.get(kind)
-        if handle is not None:  # PRIORITY and unknown frame types: nothing to do
+        if handle is not None:
             handle(self, flags, stream, payload)
+        else:  # PRIORITY and unknown frame types: nothing to do, and a cost
+            self._strike("PRIORITY or unknown frames")
 
     def _on_window_update(self, flags: int, stream: int, payload: bytes) -> None:
         if len(payload) != 4:
             raise _ConnectionError(f.FRAME_SIZE_ERROR, "WINDOW_UPDATE of a wrong size")
         increment = int.from_bytes(payload, "big") & 0x7FFFFFFF
+        if not increment:
+            raise _ConnectionError(f.PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
         if stream == 0:
             self.send_window += increment
             if self.send_window > f.MAX_WINDOW:
@@ -496,16 +734,23 @@ class Connection(asyncio.Protocol):
         if stream != 0:
             raise _ConnectionError(f.PROTOCOL_ERROR, "SETTINGS on a stream")
         if not flags & f.ACK:
+            if self.settings_seen:
+                self._strike("SETTINGS frames")
+            self.settings_seen = True
             self._on_settings(payload)
             self._write(f.frame(f.SETTINGS, f.ACK, 0))
 
     def _on_ping(self, flags: int, stream: int, payload: bytes) -> None:
         if not flags & f.ACK:
+            if not self.sent:  # pings with answers between them are the client's business
+                self._strike("PING frames")
+            self.sent = False
             self._write(f.frame(f.PING, f.ACK, 0, payload))
 
     def _on_rst_stream(self, flags: int, stream: int, payload: bytes) -> None:
         call = self.calls.get(stream)
         if call is not None:
+            self._strike("reset calls")  # the rapid-reset class: a call begun for nothing
             self._drop(call)
 
     def _on_goaway(self, flags: int, stream: int, payload: bytes) -> None:
@@ -515,8 +760,10 @@ class Connection(asyncio.Protocol):
         if self.continuing is None or self.continuing[0] != stream:
             raise _ConnectionError(f.PROTOCOL_ERROR, "CONTINUATION out of place")
         _, first, block = self.continuing
+        if not payload and not flags & f.END_HEADERS:
+            self._strike("empty header frames")
         block += payload
-        if len(block) > _MAX_HEADER_LIST:
+        if len(block) > self.bounds.max_header_list:
             raise _ConnectionError(f.ENHANCE_YOUR_CALM, "header block too large")
         if flags & f.END_HEADERS:
             self.continuing = None
@@ -543,6 +790,58 @@ class Connection(asyncio.Protocol):
                     raise _ConnectionError(f.PROTOCOL_ERROR, "MAX_FRAME_SIZE out of range")
                 self.peer_frame = value
 
+    # -- timeouts ------------------------------------------------------------------------
+
+    def sweep(self, now: float) -> None:
+        """End what waited past its time (:meth:`GrpcServer.sweep`, every ``sweep_s``)."""
+        bounds = self.bounds
+        if self.transport is None:
+            return
+        if not self.preface and now - self.opened_at > bounds.header_timeout_s:
+            self._close_now()
+        elif self.continuing is not None and now - self.block_since > bounds.header_timeout_s:
+            self._fail(f.ENHANCE_YOUR_CALM, "a header block took too long")
+        elif self.partial_since is not None and now - self.partial_since > self._frame_time():
+            self._fail(f.ENHANCE_YOUR_CALM, "a frame took too long")
+        elif self.paused and now - self.paused_since > bounds.body_timeout_s:
+            logger.info("closing a gRPC connection from %s: it reads no answers", self.peer)
+            self._close_now()
+        elif not self.calls:
+            if now - self.active_at > bounds.idle_timeout_s:
+                self.shutdown()
+        else:
+            for call in list(self.calls.values()):
+                self._sweep_call(call, now)
+
+    def _frame_time(self) -> float:
+        """How long the frame at the buffer's head may take to arrive whole."""
+        kind = self.buf[3] if len(self.buf) > 3 else f.HEADERS
+        if kind in (f.HEADERS, f.CONTINUATION):
+            return self.bounds.header_timeout_s
+        return self.bounds.body_timeout_s
+
+    def _sweep_call(self, call: Call, now: float) -> None:
+        timeout_s = self.bounds.body_timeout_s
+        if call.id in self.blocked and now - call.blocked_at > timeout_s:
+            logger.info("resetting a gRPC call from %s: it reads no answer", self.peer)
+            self._write(f.rst_stream(call.id, f.CANCEL))
+            self._drop(call)
+            return
+        if call.wanted:
+            if now - call.waiting_since > timeout_s:
+                self.end(call, _buffers_full(timeout_s))
+            return
+        receiving = call.need or call.data or (call.queue is None and call.task is None)
+        if not receiving or call.admitting or now - call.read_at <= timeout_s:
+            return
+        if self.recv_window < _CREDIT_AT and self.server.buffers.waiting:
+            self.end(call, _buffers_full(timeout_s))  # its client had no window to send
+        else:
+            why = f"the request message stopped arriving for {timeout_s:g}s"
+            self.end(call, Abort(StatusCode.DEADLINE_EXCEEDED, why + " (body_timeout_s)"))
+        if call.task is not None:
+            call.task.cancel()
+
     # -- calls ---------------------------------------------------------------------------
 
     def _start(self, call: Call, work: Awaitable[None]) -> None:
@@ -565,6 +864,7 @@ class Connection(asyncio.Protocol):
         the windows allow."""
         if call.done or self.transport is None:
             return
+        self.sent = True
         size = len(payload) + 5
         if size <= self.peer_frame and size <= self.send_window and size <= call.send_window:
             self.send_window -= size
@@ -587,6 +887,7 @@ class Connection(asyncio.Protocol):
         """One message of the call's answer (the headers first, with the first)."""
         if call.done or self.transport is None:
             return
+        self.sent = True
         if not call.headers_sent:
             call.headers_sent = True
             self._write(self.server.response_headers(call.id))
@@ -598,6 +899,7 @@ class Connection(asyncio.Protocol):
         are out, or a trailers-only answer when nothing was sent."""
         if call.done or call.end_frame is not None:
             return
+        self.sent = True
         code, message, extra = StatusCode.OK, "", call.trailing
         if outcome is not None:
             code, message = outcome.code, outcome.message
@@ -612,11 +914,15 @@ class Connection(asyncio.Protocol):
     def _flush(self, call: Call) -> None:
         """Send what the windows allow of the call's held-back DATA, then its trailers."""
         pending = call.pending
+        moved = False
         while pending and self.transport is not None:
             room = min(self.send_window, call.send_window, self.peer_frame)
             if room <= 0:
-                self.blocked[call.id] = call
+                if moved or call.id not in self.blocked:  # its wait starts (again)
+                    call.blocked_at = time.monotonic()
+                    self.blocked[call.id] = call
                 return
+            moved = True
             chunk = pending[0]
             if len(chunk) <= room:
                 piece = pending.popleft()
@@ -641,6 +947,9 @@ class Connection(asyncio.Protocol):
         self.blocked.pop(call.id, None)
         if self.calls.pop(call.id, None) is not None and not call.remote_closed:
             self._write(f.rst_stream(call.id, f.NO_ERROR))  # stop the client's upload
+        task = call.task
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            task.cancel()  # ended from outside its handler (a limit, a timeout)
         self._release(call)
 
     def _drop(self, call: Call) -> None:
@@ -658,8 +967,19 @@ class Connection(asyncio.Protocol):
         self._release(call)
 
     def _release(self, call: Call) -> None:
+        """What the ended call held goes back: its reservation, its unreserved bytes
+        (credited), what was credited for bytes it will not get (``advance``)."""
         if call.writable is not None and not call.writable.done():
             call.writable.set_result(None)
+        call.wanted = 0
+        self.advance += call.covered
+        self.credit += call.unreserved
+        call.covered = call.unreserved = 0
+        call.data.clear()
+        self.active_at = time.monotonic()
+        if call.reserved:
+            self.server.buffers.release(call, call.reserved)
+        self._give_credit()
         if self.closing and not self.calls:
             self._close_now()
 
@@ -740,6 +1060,11 @@ class _ConnectionError(Exception):
         self.reason = reason
 
 
+def _buffers_full(timeout_s: float) -> Abort:
+    why = f"the gateway's gRPC request buffers stayed full for {timeout_s:g}s"
+    return Abort(StatusCode.RESOURCE_EXHAUSTED, why + " (connections.grpc_buffer_mb)")
+
+
 def _first(entries: Any) -> Any:
     return entries[0] if entries else None
 
@@ -791,21 +1116,31 @@ class GrpcServer:
     listening socket, in the running event loop."""
 
     def __init__(
-        self, service: Service, methods: dict[str, Method], max_message_bytes: int
+        self,
+        service: Service,
+        methods: dict[str, Method],
+        max_message_bytes: int,
+        bounds: Bounds | None = None,
     ) -> None:
         self.service = service
         self.methods = methods
         self.max_message_bytes = max_message_bytes
+        self.bounds = (bounds or Bounds()).fitted(max_message_bytes)
+        self.buffers = Buffers(self.bounds.process_buffer, self.bounds.connection_buffer)
+        self.admit: Callable[[Call], Awaitable[None] | None] | None = getattr(
+            service, "admit", None
+        )
         self.connections: set[Connection] = set()
         self.stopping = False
         self._listener: asyncio.AbstractServer | None = None
+        self._sweeper: asyncio.Task[None] | None = None
         self.opening = f.settings({
             f.ENABLE_PUSH: 0,
-            f.MAX_CONCURRENT_STREAMS: _MAX_STREAMS,
-            f.INITIAL_WINDOW_SIZE: _SETTINGS_WINDOW,
+            f.MAX_CONCURRENT_STREAMS: self.bounds.max_streams,
+            f.INITIAL_WINDOW_SIZE: _WINDOW,
             f.MAX_FRAME_SIZE: _MAX_FRAME,
-            f.MAX_HEADER_LIST_SIZE: _MAX_HEADER_LIST,
-        }) + f.window_update(0, _CONNECTION_WINDOW - f.DEFAULT_WINDOW)  # fmt: skip
+            f.MAX_HEADER_LIST_SIZE: self.bounds.max_header_list,
+        })  # fmt: skip
         self.content_type = f.literal(f.CONTENT_TYPE, "application/grpc")
         self._headers = (
             f.STATUS_200 + self.content_type + f.literal("grpc-accept-encoding", ACCEPT_ENCODING)
@@ -865,7 +1200,9 @@ class GrpcServer:
 
     async def _requests(self, call: Call) -> AsyncIterator[Any]:
         assert call.queue is not None
-        while (message := await call.queue.get()) is not None:
+        while (item := await call.queue.get()) is not None:
+            message, size = item
+            call.conn.consumed(call, size)
             try:
                 request = _parse(call.method, message)
             except Abort as exc:
@@ -878,6 +1215,15 @@ class GrpcServer:
         self._listener = await loop.create_server(
             lambda: Connection(self), sock=sock, ssl=tls, backlog=4096
         )
+        self._sweeper = loop.create_task(self._sweep_forever())
+
+    async def _sweep_forever(self) -> None:
+        """Timeouts, looked at every ``bounds.sweep_s`` (no timer per request)."""
+        while True:
+            await asyncio.sleep(self.bounds.sweep_s)
+            now = time.monotonic()
+            for conn in list(self.connections):
+                conn.sweep(now)
 
     async def stop(self, grace_s: float) -> None:
         """Take no new connections or calls (GOAWAY); running calls have ``grace_s`` to
@@ -885,6 +1231,8 @@ class GrpcServer:
         self.stopping = True
         if self._listener is not None:
             self._listener.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         for conn in list(self.connections):
             conn.shutdown()
         deadline = time.monotonic() + grace_s

@@ -25,16 +25,18 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from inferd import __version__
 from inferd.api.limits import RateLimits, TokenBudget
 from inferd.config import Settings
 from inferd.errors import InferdError, InvalidInput, ModelNotFound, ModelNotReady, RateLimited
+from inferd.grpc import auth as grpc_auth
 from inferd.grpc import grpc_service_pb2 as pb
 from inferd.grpc import limits as grpc_limits
-from inferd.grpc.auth import PUBLIC, allowed, authenticate
+from inferd.grpc.auth import PRINCIPAL, PUBLIC, allowed
+from inferd.grpc.bounds import Bounds, MiB
 from inferd.grpc.http2 import Abort, Call, GrpcServer, Method, StatusCode
 from inferd.grpc.limits import grpc_client
 from inferd.grpc.tensors import decode_inputs, generation_body, parameters
@@ -69,6 +71,10 @@ _CODES = {
     503: StatusCode.UNAVAILABLE,
     504: StatusCode.DEADLINE_EXCEEDED,
 }
+
+
+STREAM_CONCURRENCY = 64
+"""Requests of one ModelStreamInfer stream in progress at once."""
 
 
 def status_code(exc: InferdError) -> StatusCode:
@@ -225,19 +231,27 @@ class InferenceService:
     async def ModelStreamInfer(
         self, requests: AsyncIterator[Any], call: Call
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """Each request runs as its own task; responses go out as they are ready (match
-        them by ``id``). A failed request answers ``error_message``; the stream goes on.
-        Each request counts against the caller's rate limits as a unary call would."""
+        """Each request runs as its own task, up to :data:`STREAM_CONCURRENCY` at once (the
+        next ones are read as they end: the client's uploads wait under flow control);
+        responses go out as they are ready (match them by ``id``). A failed request
+        answers ``error_message``; the stream goes on. Each request counts against the
+        caller's rate limits as a unary call would."""
         out: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
         tasks: set[asyncio.Task[None]] = set()
         who = grpc_client(call)
+        room = asyncio.Semaphore(STREAM_CONCURRENCY)
+
+        def done(task: asyncio.Task[None]) -> None:
+            tasks.discard(task)
+            room.release()
 
         async def read() -> None:
             try:
                 async for request in requests:
+                    await room.acquire()  # a full stream reads on as its requests end
                     task = asyncio.create_task(self._stream_one(request, out.put_nowait, who))
                     tasks.add(task)
-                    task.add_done_callback(tasks.discard)
+                    task.add_done_callback(done)
                 if tasks:
                     await asyncio.gather(*tasks, return_exceptions=True)
             finally:
@@ -357,6 +371,13 @@ class GrpcCalls:
         self.tracer = tracer
         self._handlers = {m.name: getattr(service, m.name) for m in table.values()}
 
+    def admit(self, call: Call) -> Awaitable[None] | None:
+        """At the call's HEADERS: authenticated and authorised for its method, or
+        refused before any of its message is read (see :func:`inferd.grpc.auth.admit`)."""
+        if self.auth is None:
+            return None
+        return grpc_auth.admit(self.auth, call, abort)
+
     async def unary(self, call: Call, request: Any) -> Any:
         if self.tracer is None:
             return await self._unary(call, request)
@@ -370,7 +391,7 @@ class GrpcCalls:
         try:
             if name not in PUBLIC:
                 if self.auth is not None:
-                    await authenticate(self.auth, call)
+                    PRINCIPAL.set(grpc_auth.principal_of(call))
                 if self.limits is not None:
                     await grpc_limits.take(self.limits, call, request)
             return await self._handlers[name](request, call)
@@ -391,11 +412,26 @@ class GrpcCalls:
     async def _stream(self, call: Call, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
         try:
             if self.auth is not None:
-                await authenticate(self.auth, call)
+                PRINCIPAL.set(grpc_auth.principal_of(call))
         except InferdError as exc:
             raise abort(exc) from None
         async for response in self._handlers[call.method.name](requests, call):
             yield response
+
+
+def bounds_of(settings: Settings) -> Bounds:
+    """The HTTP/2 server's limits, from ``connections.*``."""
+    c = settings.connections
+    return Bounds(
+        max_connections=c.max_per_process,
+        max_streams=c.grpc_max_streams,
+        header_timeout_s=c.header_timeout_s,
+        body_timeout_s=c.body_timeout_s,
+        idle_timeout_s=c.idle_timeout_s,
+        max_header_list=c.max_header_bytes,
+        connection_buffer=int(c.grpc_connection_buffer_mb * MiB),
+        process_buffer=int(c.grpc_buffer_mb * MiB),
+    )
 
 
 async def start_server(
@@ -422,7 +458,7 @@ async def start_server(
     per_call = limits if settings.rate_limits.limits_requests else None
     table = methods()
     calls = GrpcCalls(service, table, authenticator, per_call, tracing.tracer)
-    server = GrpcServer(calls, table, settings.max_body_bytes)
+    server = GrpcServer(calls, table, settings.max_body_bytes, bounds_of(settings))
     sock = bind_socket(settings.host, settings.grpc_port)
     sock.listen(4096)
     context = None
