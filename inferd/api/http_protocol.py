@@ -17,13 +17,25 @@ few values a handler can take from outside are checked in one pass). Profiled un
 connections, that chain and the two sends were about a tenth of a gateway process's CPU.
 Everything else about the connection (keep-alive, pipelining, flow control, graceful
 shutdown, a client going away) stays uvicorn's: the request keeps its cycle.
+
+Every door bounded (``connections.*``, :class:`HttpBounds`), where uvicorn bounds
+nothing: a request's head must arrive within ``header_timeout_s`` of its first byte (a
+new connection's first request, of the connection) and be at most ``max_header_bytes``
+(408 and 431, JSON, then the connection closes); a body may pause at most
+``body_timeout_s`` between reads while the server waits for it (408); at most
+``max_connections`` connections per process (more are closed at once). The timeouts
+are looked at by one sweep a gateway process (:func:`sweep_forever`), not a timer per
+request. A malformed request gets a JSON 400, not uvicorn's text.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, cast
+import time
+from dataclasses import dataclass
+from typing import Any, ClassVar, cast
 
+import orjson
 from starlette.responses import Response
 from uvicorn.protocols.http.httptools_impl import (
     HEADER_VALUE_RE,
@@ -110,13 +122,119 @@ class _CycleWatch:
         self.task = None
 
 
+@dataclass(frozen=True)
+class HttpBounds:
+    """The HTTP port's limits (``connections.*``)."""
+
+    max_connections: int = 4096
+    header_timeout_s: float = 15.0
+    body_timeout_s: float = 60.0
+    max_header_bytes: int = 64 * 1024
+
+    @property
+    def sweep_s(self) -> float:
+        return min(1.0, self.header_timeout_s / 4, self.body_timeout_s / 4)
+
+
+_REASONS = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+
+
+def _refusal(status: int, code: str, message: str) -> bytes:
+    body = orjson.dumps({"error": {"code": code, "message": message}})
+    return b"".join((
+        b"HTTP/1.1 %d %s\r\n" % (status, _REASONS[status]),
+        b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body),
+        b"connection: close\r\n\r\n", body,
+    ))  # fmt: skip
+
+
 class HttpProtocol(HttpToolsProtocol):
+    bounds: ClassVar[HttpBounds] = HttpBounds()
     _direct: FastPath | None = None
     _watch: _CycleWatch | None = None
+    _refused = False
+    _in_head = False
+    _head_bytes = 0
+    _since = 0.0  # the wait for a head began (the connection, or the head's first byte)
+    _read_at = 0.0  # the last bytes came
+
+    @classmethod
+    def bounded(cls, bounds: HttpBounds) -> type[HttpProtocol]:
+        """This protocol with ``bounds`` (uvicorn takes a class)."""
+        return type("HttpProtocol", (cls,), {"bounds": bounds})
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(_HeadWithBody(transport, self.loop))  # type: ignore[arg-type]
         self._direct = direct_path(self.app)
+        self._since = self._read_at = time.monotonic()
+        if len(self.connections) > self.bounds.max_connections:
+            self._refused = True
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        self._read_at = time.monotonic()
+        if not self._refused:
+            super().data_received(data)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_head, self._head_bytes, self._since = True, 0, self._read_at
+
+    def on_url(self, url: bytes) -> None:
+        self._count(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count(len(name) + len(value) + 4)
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        super().on_headers_complete()
+
+    def _count(self, size: int) -> None:
+        self._head_bytes += size
+        if self._head_bytes > self.bounds.max_header_bytes:
+            limit = self.bounds.max_header_bytes
+            why = f"the request's head is over {limit} bytes (connections.max_header_bytes)"
+            self.refuse(431, "headers_too_large", why)
+            raise _Refused  # stops the parser; data_received answers no 400 after it
+
+    def refuse(self, status: int, code: str, message: str) -> None:
+        """Answer ``status`` (JSON) and close, whatever the request was doing."""
+        if self._refused:
+            return
+        self._refused = True
+        cycle = self.cycle
+        if cycle is not None:
+            cycle.disconnected = True  # the app's receive says so; its send is dropped
+            cycle.message_event.set()
+        if cycle is None or not cycle.response_started or cycle.response_complete:
+            self.transport.write(_refusal(status, code, message))
+        self.transport.close()
+
+    def send_400_response(self, msg: str) -> None:
+        self.refuse(400, "bad_request", f"{msg.rstrip('.')}: it does not parse as HTTP/1.1")
+
+    def sweep(self, now: float) -> None:
+        """End the wait for a slow head or body (:func:`sweep_forever`)."""
+        if self._refused or self.transport.is_closing():
+            return
+        bounds, cycle = self.bounds, self.cycle
+        if self._in_head:
+            if now - self._since > bounds.header_timeout_s:
+                why = f"the request's head did not arrive within {bounds.header_timeout_s:g}s"
+                self.refuse(408, "client_too_slow", why + " (connections.header_timeout_s)")
+        elif cycle is None:  # a connection that never sent a request
+            if now - self._since > bounds.header_timeout_s:
+                self._refused = True
+                self.transport.close()
+        elif cycle.more_body and not cycle.response_complete:
+            if self.flow.read_paused:  # the app has not read what came: not the client's wait
+                self._read_at = now
+            elif now - self._read_at > bounds.body_timeout_s:
+                why = f"the request's body stopped arriving for {bounds.body_timeout_s:g}s"
+                self.refuse(408, "client_too_slow", why + " (connections.body_timeout_s)")
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         fast = self._direct
@@ -133,6 +251,20 @@ class HttpProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
         if self._watch is not None:
             self._watch.lost()
+
+
+class _Refused(Exception):
+    """Raised in a parser callback once the request was refused."""
+
+
+async def sweep_forever(connections: set[Any], bounds: HttpBounds) -> None:
+    """The HTTP port's timeouts (:meth:`HttpProtocol.sweep`), every ``bounds.sweep_s``."""
+    while True:
+        await asyncio.sleep(bounds.sweep_s)
+        now = time.monotonic()
+        for conn in list(connections):
+            if isinstance(conn, HttpProtocol):
+                conn.sweep(now)
 
 
 async def _answer(

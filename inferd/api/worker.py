@@ -184,20 +184,25 @@ def _address(control: str) -> str | Path:
 
 
 async def run_gateway(settings: Settings, control: str | Path) -> None:
-    from inferd.api.http_protocol import HttpProtocol
+    from inferd.api.http_protocol import HttpBounds, HttpProtocol, sweep_forever
 
     gateway = await build_gateway(settings, control)
     freeze_heap()
+    limits = settings.connections
+    bounds = HttpBounds(
+        limits.max_per_process, limits.header_timeout_s, limits.body_timeout_s,
+        limits.max_header_bytes,
+    )  # fmt: skip
     config = uvicorn.Config(
         gateway.app,
         loop="none",
-        http=HttpProtocol,
+        http=HttpProtocol.bounded(bounds),
         lifespan="off",
         access_log=False,
         log_config=None,
         backlog=4096,
         proxy_headers=False,
-        timeout_keep_alive=30,
+        timeout_keep_alive=limits.idle_timeout_s,  # type: ignore[arg-type]  # a float works
         timeout_graceful_shutdown=int(settings.shutdown_grace_s),
         **_tls_options(settings.tls),
     )
@@ -218,6 +223,7 @@ async def run_gateway(settings: Settings, control: str | Path) -> None:
             g.router, g.registry, settings, g.plane, g.inference_log, g.limits
         )
     loop = asyncio.get_running_loop()
+    sweeper = loop.create_task(sweep_forever(server.server_state.connections, bounds))
     loop.call_soon(_listening)
     stopping = None
     if grpc_server is not None:
@@ -225,6 +231,7 @@ async def run_gateway(settings: Settings, control: str | Path) -> None:
     try:
         await server.serve(sockets=[sock])
     finally:
+        sweeper.cancel()
         if stopping is not None:
             await stopping
         await gateway.close()
