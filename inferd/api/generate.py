@@ -20,7 +20,6 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
-from inferd.api.auth import authorize_model
 from inferd.api.http import (
     PRIORITY_HEADER,
     context_of,
@@ -30,6 +29,7 @@ from inferd.api.http import (
     request_id_of,
 )
 from inferd.api.limits import budget_of
+from inferd.api.policy import policy_of
 from inferd.api.state import gateway_of
 from inferd.errors import BadRequest, InferdError, InvalidInput
 from inferd.observability.log_rows import RowBuffer
@@ -62,10 +62,11 @@ async def start(
     if "priority" not in body and (priority := header(request, PRIORITY_HEADER)):
         body = {**body, "priority": priority}
     route = None
-    if context.principal is not None:  # auth is on: may it use this model?
+    if (policy := policy_of(request)) is not None:  # may it use this model, at this rate?
         until = time.perf_counter() + state.settings.request_timeout_s
         route = await state.router.resolve_arriving(name, version, until)
-        authorize_model(request.scope, route[0].model)
+        policy.authorize(route[0].model)
+        await policy.charge(route[0].model)
     start = GenerationStart(name, body, version, rid, budget, chat, guide, route)
     log: RowBuffer | None = state.inference_log
     cache = state.dataplane.cache

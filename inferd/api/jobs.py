@@ -24,7 +24,6 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from inferd.api.auth import authorize_model
 from inferd.api.estimates import estimate_job
 from inferd.api.http import (
     context_of,
@@ -34,6 +33,7 @@ from inferd.api.http import (
     read_body,
     request_id_of,
 )
+from inferd.api.policy import admit
 from inferd.api.state import gateway_of
 from inferd.errors import Conflict, InvalidInput, NotFound
 from inferd.jobs import TERMINAL, Jobs, describe
@@ -97,7 +97,7 @@ async def submit_batch(request: Request) -> Response:
     if version is not None and not isinstance(version, str):
         raise InvalidInput("'version' must be a string")
     target, _ = gateway_of(request).router.resolve(model, version)  # 404 now, not a failed job
-    authorize_model(request.scope, target.model)
+    await admit(request, target)  # its caller, its graph's models, its rate limit
     priority = _priority(body.get("priority"), "batch")
     callback_url = _callback(body.get("callback_url"))
     limit = settings.jobs.max_items
@@ -300,7 +300,7 @@ async def _submit_async(request: Request) -> Response:
         params.get("version") if isinstance(params, dict) else body.get("version")
     )
     target, _ = state.router.resolve(model, version if isinstance(version, str) else None)
-    authorize_model(request.scope, target.model)
+    await admit(request, target)  # its caller, its graph's models, its rate limit
     rid = request_id_of(request)
     headers = {"x-request-id": rid}
     if (user := request.headers.get("x-user-id")) is not None:

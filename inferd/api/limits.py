@@ -194,6 +194,12 @@ class RateLimits:
             checks.append((f"model:{model}:{who}", limit, "this model"))
         return await self.take(checks, 1.0, 1.0)
 
+    async def take_model(self, who: str, model: str) -> None:
+        """One request of client ``who`` from ``model``'s limit alone (a model named in
+        a body, or called by a graph: the request took from ``default`` already)."""
+        if (limit := self.config.models.get(model)) is not None:
+            await self.take([(f"model:{model}:{who}", limit, "this model")], 1.0, 1.0)
+
     def budget(self, who: str) -> TokenBudget | None:
         """Client ``who``'s generation token budgets; None when none is set."""
         return TokenBudget(self, who) if self.config.limits_tokens else None
@@ -348,6 +354,8 @@ class RateLimitGate:
         except RateLimited as exc:
             await refuse(exc, scope, receive, send)
             return
+        if model is not None:
+            context_of(scope).limited = model.partition(":")[0]
         if headers is None:
             await self.app(scope, receive, send)
             return

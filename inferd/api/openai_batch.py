@@ -32,10 +32,10 @@ from starlette.datastructures import UploadFile
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Message
 
-from inferd.api.auth import authorize_model
 from inferd.api.http import context_of, json_response, read_body, read_json
 from inferd.api.jobs import jobs_of, owner_of, visible_job
 from inferd.api.openai_schema import check_known
+from inferd.api.policy import admit
 from inferd.api.state import gateway_of
 from inferd.errors import Conflict, InvalidInput, NotFound
 from inferd.jobs import OPENAI_BATCH, TERMINAL, Jobs, output_file_id, output_of
@@ -364,7 +364,7 @@ async def create_batch(request: Request) -> Response:
     items, model = await asyncio.to_thread(batch_lines, content, endpoint, settings.jobs.max_items)
     context_of(request.scope).model = model
     target, _ = gateway_of(request).router.resolve(model, None)  # 404 now, not a failed batch
-    authorize_model(request.scope, target.model)
+    await admit(request, target)  # its caller, its graph's models, its rate limit
     job = await jobs.submit(
         OPENAI_BATCH, model, None, items,
         {"endpoint": endpoint, "input_file_id": file_id, "completion_window": window,

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from inferd.api import docs
-from inferd.api.auth import authorize_model, visible_models
+from inferd.api.auth import visible_models
 from inferd.api.http import (
     PRIORITY_HEADER,
     context_of,
@@ -26,6 +26,7 @@ from inferd.api.http import (
     request_timeout,
 )
 from inferd.api.multipart import form_body, is_multipart
+from inferd.api.policy import admit
 from inferd.api.state import gateway_of
 from inferd.errors import BadRequest, InvalidInput, ModelNotFound, PayloadTooLarge
 from inferd.graphs.spec import GRAPH_FRAMEWORK
@@ -115,7 +116,7 @@ async def prepare(
         target = plane.target(model, version, user)
     except ModelNotFound as missing:
         target = await plane.arriving(model, version, started, timeout_s, missing)
-    authorize_model(request.scope, target.model)  # a model named in the body
+    policy = await admit(request, target)  # a model named in the body, a graph's nodes
     rows = body.get(rows_key)
     if rows_key == "input":
         if rows is None:
@@ -127,7 +128,7 @@ async def prepare(
     if check is not None:
         check(target, rows if isinstance(rows, list) else [])
     columns, n = rows_to_columns(rows, target.signature, target.allow_non_finite)
-    infer = plane.request(rid, started, timeout_s, priority, pinned=version is not None)
+    infer = plane.request(rid, started, timeout_s, priority, version is not None, policy)
     return Prepared(target, columns, n, infer, rid)
 
 

@@ -27,6 +27,7 @@ from inferd.api.http import (
     request_id_of,
     request_timeout,
 )
+from inferd.api.policy import admit
 from inferd.api.state import gateway_of
 from inferd.errors import BadRequest, InferdError, InvalidInput, ModelNotFound, ModelNotReady
 from inferd.observability.logging import request_id_var
@@ -129,7 +130,8 @@ async def infer(request: Request, model: str, version: str | None = None) -> Res
     binary_default = bool(params.get("binary_data_output", False))
     priority, timeout_s = schedule_policy(params)
     timeout_s = request_timeout(request, timeout_s)
-    infer = plane.request(rid, started, timeout_s, priority, pinned=version is not None)
+    policy = await admit(request, target)  # a graph's nodes (the path's model: the gates)
+    infer = plane.request(rid, started, timeout_s, priority, version is not None, policy)
     outcome = await plane.infer(target, columns, rows, infer)
     context.outcome = outcome  # for the inference log and the trace
     target = outcome.target  # the fallback version, if the chosen one failed

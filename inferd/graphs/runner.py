@@ -9,13 +9,21 @@ a "small Python step" is a registered Python model, a node like any other.
 
 Each node call is an inference-log row (``api`` ``graph``) under the graph request's
 id and, while tracing is on, a span; a node's failure names it and keeps its status.
+
+Who may call what: a graph never widens what a caller reaches. Before any node runs, the
+caller's policy (``InferRequest.policy``) must allow every model the graph can reach
+(its model nodes, through nested graphs: :meth:`Graphs.reach`), or the request fails
+403 naming the first it may not use; each node call takes the request from its model's
+rate limit (once a request per model). KServe's InferenceGraph and Seldon's pipelines
+call their steps as the router's own identity; here the caller's credential is what
+each step is checked against, so a key limited to a graph is also listed for its
+models.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
-import copy
 import random
 import time
 from collections.abc import Callable
@@ -145,9 +153,12 @@ class GraphRun:
         try:
             target = await self._target(node)
             inputs = _inputs(node, target, scope)
+            ask = self.request
+            if ask.policy is not None:
+                await ask.policy.charge(target.model)
             request = plane.request(
-                self.request.request_id, self.request.started, self.request.timeout_s,
-                self.request.priority, pinned=node.version is not None,
+                ask.request_id, ask.started, ask.timeout_s, ask.priority,
+                pinned=node.version is not None, policy=ask.policy,
             )  # fmt: skip
             outcome = await self._traced(node, target, inputs, scope.rows, request)
         except InferdError as exc:
@@ -180,10 +191,11 @@ class GraphRun:
 
     def failed(self, node: Node, exc: InferdError, described: str = "") -> InferdError:
         """``exc`` (its class and status kept) with a message naming the node."""
-        named = copy.copy(exc)
         where = f"node {node.name!r}" + (f" ({described})" if described else "")
-        named.message = f"graph {self.target.model}: {where}: {exc.message}"
-        named.args = (named.message,)
+        message = f"graph {self.target.model}: {where}: {exc.message}"
+        named = type(exc).__new__(type(exc), message)  # not __init__: its own arguments vary
+        named.__dict__.update(exc.__dict__)
+        named.message = message
         named.details = {**exc.details, "node": node.name}
         return named
 
@@ -226,17 +238,41 @@ class Graphs:
         self._parsed: dict[tuple[str, str, str], Graph] = {}
 
     def graph(self, target: Target) -> Graph:
-        route = self.plane.router.version_route(target.model, target.version)
+        return self.spec(target.model, target.version)
+
+    def spec(self, model: str, version: str) -> Graph:
+        """Graph ``model:version`` as the routing table holds it, parsed."""
+        route = self.plane.router.version_route(model, version)
         if route is None or route.graph is None:
-            raise ModelError(f"graph {target.model}:{target.version} has no spec in the table")
-        key = (target.model, target.version, route.digest)
+            raise ModelError(f"graph {model}:{version} has no spec in the table")
+        key = (model, version, route.digest)
         graph = self._parsed.get(key)
         if graph is None:
             try:
                 graph = self._parsed[key] = parse(route.graph)
             except GraphSpecError as exc:  # checked at push: only a corrupt table
-                raise ModelError(f"graph {target.model}:{target.version}: {exc}") from None
+                raise ModelError(f"graph {model}:{version}: {exc}") from None
         return graph
+
+    def reach(self, target: Target) -> frozenset[str]:
+        """The models a graph version can call: its model nodes', and those of the
+        graphs among them (every graph version the routing table lists for a node's
+        model, or the one it pins), as deep as graphs may nest."""
+        seen: set[tuple[str, str]] = set()
+        models: set[str] = set()
+        todo = [(target.model, target.version, 0)]
+        while todo:
+            model, version, depth = todo.pop()
+            if (model, version) in seen or depth >= MAX_DEPTH:
+                continue
+            seen.add((model, version))
+            for name, pinned in self.spec(model, version).models():
+                models.add(name)
+                route = self.plane.router.table.models.get(name)
+                for v, inner in route.versions.items() if route else ():
+                    if inner.graph is not None and pinned in (None, v):
+                        todo.append((name, v, depth + 1))
+        return frozenset(models)
 
     async def run(
         self, target: Target, inputs: Columns, rows: int, request: InferRequest
@@ -247,6 +283,9 @@ class Graphs:
         depth = _DEPTH.get()
         if depth >= MAX_DEPTH:  # graphs may call graphs: a loop of them must end
             raise InvalidInput(f"graphs nest deeper than {MAX_DEPTH} (a graph calling itself?)")
+        if request.policy is not None and depth == 0:
+            for model in sorted(self.reach(target)):
+                request.policy.authorize(model)
         token = _DEPTH.set(depth + 1)
         try:
             run = GraphRun(self.plane, target, graph, request, self.log)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from inferd import __version__
 from inferd.api.limits import RateLimits, TokenBudget
+from inferd.api.policy import RequestPolicy
 from inferd.config import Settings
 from inferd.errors import InferdError, InvalidInput, ModelNotFound, ModelNotReady, RateLimited
 from inferd.grpc import auth as grpc_auth
@@ -152,11 +153,12 @@ class InferenceService:
     async def ModelInfer(self, request: Any, call: Call) -> pb.ModelInferResponse:
         deadline_s = call.time_remaining()  # the client's gRPC deadline, if it set one
         context = RequestContext()
+        who = grpc_client(call)
         if self.inference_log is None:
-            return await self._infer(request, context, deadline_s)
+            return await self._infer(request, who, context, deadline_s)
         started = time.perf_counter()
         try:
-            response = await self._infer(request, context, deadline_s)
+            response = await self._infer(request, who, context, deadline_s)
         except InferdError as exc:
             self._log(request, context, started, exc.status_code)
             raise
@@ -179,11 +181,15 @@ class InferenceService:
         self.inference_log.record(call.log_row("grpc", request.model_name, status, ms, None, keep))
 
     async def _infer(
-        self, request: Any, call: RequestContext | None = None, deadline_s: float | None = None
+        self,
+        request: Any,
+        who: str,
+        call: RequestContext | None = None,
+        deadline_s: float | None = None,
     ) -> pb.ModelInferResponse:
-        """The response; ``call`` (when given) learns the request id, the user and the
-        outcome. ``deadline_s``: the call's gRPC deadline, bounding the ``timeout``
-        parameter."""
+        """The response; ``who``: the caller's budget key; ``call`` (when given) learns
+        the request id, the user and the outcome. ``deadline_s``: the call's gRPC
+        deadline, bounding the ``timeout`` parameter."""
         started = time.perf_counter()
         call = RequestContext() if call is None else call
         rid = call.request_id = request.id or new_request_id()
@@ -213,7 +219,11 @@ class InferenceService:
             timeout_s = deadline_s if timeout_s is None else min(timeout_s, deadline_s)
         if timeout_s is not None:
             timeout_s = min(timeout_s, self.settings.max_request_timeout_s)
-        infer = self.plane.request(rid, started, timeout_s, priority, bool(request.model_version))
+        policy = self._policy(who, request.model_name)
+        if policy is not None:  # a graph's models (the named one is checked: the call's)
+            await policy.admit(target, self.plane.graphs)
+        pinned = bool(request.model_version)
+        infer = self.plane.request(rid, started, timeout_s, priority, pinned, policy)
         outcome = call.outcome = await self.plane.infer(target, columns, rows, infer)
         target = outcome.target  # the fallback version, if the chosen one failed
         response = pb.ModelInferResponse(
@@ -227,6 +237,15 @@ class InferenceService:
                 output.shape.extend(array.shape)
                 response.raw_output_contents.append(v2.to_binary(array))
         return response
+
+    def _policy(self, who: str, model: str) -> RequestPolicy | None:
+        """The caller's policy for the models a request reaches (None: nothing applies);
+        the model it named took from its rate limit with the call (or stream request)."""
+        principal = PRINCIPAL.get()
+        limits = self.limits if self.limits is not None and self.limits.config.models else None
+        if principal is None and limits is None:
+            return None
+        return RequestPolicy(principal, limits, who, {model.partition(":")[0]})
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[Any], call: Call
@@ -280,7 +299,7 @@ class InferenceService:
             if target.framework in GENERATIVE:
                 await self._generate(request, target, send, budget)
             else:
-                send(pb.ModelStreamInferResponse(infer_response=await self._infer(request)))
+                send(pb.ModelStreamInferResponse(infer_response=await self._infer(request, who)))
         except InferdError as exc:
             send(pb.ModelStreamInferResponse(error_message=exc.message))
         except Exception:

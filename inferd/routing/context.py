@@ -44,6 +44,8 @@ class RequestContext:
     """The user key sticky traffic splits hash (``params.user``, ``X-User-Id``)."""
     principal: Principal | None = None
     """Who called, when auth is on (None: auth is off, or the route is public)."""
+    limited: str | None = None
+    """The model whose rate limit the gate took (the path's), so it is taken once."""
     outcome: InferOutcome | None = None
     """What answered a predict-shaped request."""
     cache_hit: bool | None = None

@@ -21,7 +21,7 @@ from inferd.observability.log_rows import COUNTERS
 from inferd.routing.cache import ResultCache, cache_key, version_ttl
 from inferd.routing.router import COLD_START, Router, Shadow, Target
 from inferd.serving import protocol as p
-from inferd.serving.protocol import Columns, InferRequest
+from inferd.serving.protocol import Columns, InferRequest, ModelPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -162,6 +162,7 @@ class DataPlane:
         timeout_s: float | None = None,
         priority: int = 0,
         pinned: bool = False,
+        policy: ModelPolicy | None = None,
     ) -> InferRequest:
         """A request's :class:`InferRequest`: ``started`` defaults to now, ``timeout_s``
         (from ``started``) to the server's request timeout."""
@@ -171,6 +172,7 @@ class DataPlane:
             timeout_s=timeout_s or self.request_timeout_s,
             priority=priority,
             pinned=pinned,
+            policy=policy,
         )
 
     async def infer(

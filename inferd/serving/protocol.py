@@ -20,7 +20,7 @@ import asyncio
 import struct
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import numpy as np
@@ -31,6 +31,20 @@ HEADER = struct.Struct("<I")
 MAX_FRAME_BYTES = 1 << 30
 Columns = dict[str, np.ndarray]
 """A request's (or an answer's) tensors by name, each with the rows as its first axis."""
+
+
+class ModelPolicy(Protocol):
+    """The caller's per-model policy, for the models a request reaches beyond the one
+    its route checked (an inference graph's nodes): implemented where the caller is
+    known (:mod:`inferd.api.policy`, :mod:`inferd.grpc.auth`)."""
+
+    def authorize(self, model: str) -> None:
+        """Raise the error refusing the caller ``model`` (a 403)."""
+        ...
+
+    async def charge(self, model: str) -> None:
+        """Take the request from ``model``'s rate limit (once a request; raises 429)."""
+        ...
 
 
 class InferRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -47,6 +61,8 @@ class InferRequest(msgspec.Struct, frozen=True, kw_only=True):
     """Its level in the replica's queue (0: the default; see :mod:`inferd.priority`)."""
     pinned: bool = False
     """The request named its version: no fallback, overflow model or shadow copy."""
+    policy: ModelPolicy | None = None
+    """Who may reach what, for the models its graph nodes call (None: nobody checks)."""
 
     def left_s(self) -> float:
         """Seconds until the deadline (<= 0: it passed)."""
