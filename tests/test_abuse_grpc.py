@@ -228,6 +228,9 @@ def _flood_unauthenticated(port: int, streams: int, each: int, declared: int) ->
 
 
 def test_an_unauthenticated_flood_of_unfinished_messages_holds_nothing(guarded: Guarded) -> None:
+    """300 calls with no credential, each sending on with 1 MiB of a 15 MiB message: all
+    are refused at their HEADERS, nothing of what follows is kept, and the upload that
+    goes on after the refusals ends the connection within a few MiB."""
     neighbour = Neighbour(guarded)
     try:
         idle = neighbour.measure(100)
@@ -236,19 +239,15 @@ def test_an_unauthenticated_flood_of_unfinished_messages_holds_nothing(guarded: 
         during = neighbour.latencies
     finally:
         neighbour.close()
-    print(
-        "SENT", outcome[-1] / MiB, outcome[0], rss.growth / MiB, p99(idle), p99(during), len(during)
-    )
-    assert outcome.pop(0) is None  # the connection itself was never closed
-    assert outcome.pop(-1) == 300 * MiB
+    goaway, sent = outcome.pop(0), outcome.pop(-1)
     statuses = {s.status for s in outcome.values() if s is not None}
     assert statuses == {16}, statuses  # UNAUTHENTICATED, every one of the 300
-    # 300 MiB sent, nothing of it kept (the old server grew by what it was sent)
-    assert rss.growth < 32 * MiB, rss.growth / MiB
+    assert goaway is not None and goaway[0] == f.ENHANCE_YOUR_CALM, goaway
+    assert b"DATA on ended calls" in goaway[1]
+    assert sent < 4 * MiB, sent / MiB  # of 300 MiB it would have sent
+    assert rss.growth < 16 * MiB, rss.growth / MiB  # the old server kept all it was sent
     assert not neighbour.failures
-    assert len(during) >= 20
-    # the honest client's calls went on; its tail within a bound a loaded CI keeps
-    assert p99(during) < max(5 * p99(idle), 0.1), (p99(idle), p99(during))
+    assert p99(during or [0.0]) < max(5 * p99(idle), 0.1), (p99(idle), p99(during))
 
 
 def test_a_call_without_the_scope_is_refused_before_its_message(guarded: Guarded) -> None:

@@ -13,8 +13,9 @@ until it is answered; a stream's message, until the handler takes it).
 
 Cheap frames that cost the server work and the client nothing (the rapid-reset class,
 CVE-2023-44487, and the 2019 HTTP/2 denial-of-service list: pings, settings, resets,
-empty frames) each take a token from the connection's :class:`Calm` bucket; an empty
-bucket ends the connection with GOAWAY ENHANCE_YOUR_CALM.
+empty frames; and DATA sent on for calls already refused or ended) each take tokens
+from the connection's :class:`Calm` bucket; an empty bucket ends the connection with
+GOAWAY ENHANCE_YOUR_CALM.
 """
 
 from __future__ import annotations

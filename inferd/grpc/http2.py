@@ -125,6 +125,11 @@ _CREDIT_AT = _WINDOW // 4
 _MAX_FRAME = f.DEFAULT_MAX_FRAME
 """The largest frame a client may send (16 KiB, the default): what a connection can
 hold of a frame still arriving."""
+_DROPPED_BYTES_A_STRIKE = 4096
+"""DATA on a call already ended (refused at its HEADERS, reset, answered) costs a token
+of the flood bucket per this many bytes: the 64 KiB a client may have had in flight when
+the call ended cost 16; an upload that goes on regardless ends the connection within a
+few MiB (and no more than ~400 KB/s goes on after that)."""
 _BLOCKS = 64
 _BLOCK_BYTES = 1024
 """Header blocks kept decoded per connection, each at most this long."""
@@ -425,9 +430,9 @@ class Connection(asyncio.Protocol):
         self._close_now()
         return -1
 
-    def _strike(self, what: str) -> None:
-        """One cheap-frame event; too many end the connection."""
-        if not self.calm.spend(self.now):
+    def _strike(self, what: str, cost: float = 1.0) -> None:
+        """A cheap-frame event; too many end the connection."""
+        if not self.calm.spend(self.now, cost):
             raise _ConnectionError(f.ENHANCE_YOUR_CALM, f"too many {what}")
 
     # -- frames in -----------------------------------------------------------------------
@@ -564,6 +569,8 @@ class Connection(asyncio.Protocol):
             absorbed = min(self.advance, size)  # a call answered (or reset): dropped
             self.advance -= absorbed
             self.credit += size - absorbed
+            if size:  # what was in flight when it ended costs little; a stream of it, a lot
+                self._strike("DATA on ended calls", size / _DROPPED_BYTES_A_STRIKE)
             return
         call.recv_window -= size
         if call.recv_window < 0:
