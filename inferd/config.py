@@ -36,6 +36,11 @@ class AuthConfig(Group):
     cache_s: float = Field(5.0, ge=0, le=3600)
     """How long a gateway process trusts what it read about an API key (a revocation
     takes effect within this time)."""
+    lookups_per_s: float = Field(50.0, gt=0)
+    """API keys a gateway process reads from the registry per second at most (each key
+    not in its cache is one read; the burst is the same number): a flood of made-up
+    keys costs the registry no more than this, and a credential that finds the reads
+    spent gets 503 with Retry-After (the cached and JWT ones are not held up)."""
     jwt_secret_file: Path | None = None
     """A file holding the HS256 secret (32+ characters) that signs accepted JWTs."""
     jwt_public_key_file: Path | None = None

@@ -212,3 +212,32 @@ def test_connections_past_the_limit_are_closed_and_the_port_goes_on(guarded: Gua
     honest.measure(3)
     honest.client.close()
     assert not honest.failures
+
+
+def test_made_up_keys_cost_the_registry_a_bounded_number_of_reads(guarded: Guarded) -> None:
+    """200 requests with made-up (well-formed) API keys at once: the gateway reads at most
+    ``auth.lookups_per_s`` (50 a second, as many at once) of them from the registry; the
+    rest are answered 503 with Retry-After, and a known key is not held up."""
+    import secrets
+
+    def made_up() -> str:
+        return f"ik_{secrets.token_hex(6)}_{secrets.token_urlsafe(32)[:43]}"
+
+    honest = Honest(guarded)
+    honest.measure(2)  # its key is cached now
+    statuses: list[int] = []
+    with httpx.Client(base_url=guarded.server.url, timeout=30) as client:
+        started = time.monotonic()
+        for _ in range(200):
+            answer = client.get("/api/v1/models", headers={"authorization": f"Bearer {made_up()}"})
+            statuses.append(answer.status_code)
+            if answer.status_code == 503:
+                assert answer.headers["retry-after"] == "1"
+                assert "auth.lookups_per_s" in answer.json()["error"]["message"]
+        took = time.monotonic() - started
+    honest.measure(5)
+    honest.client.close()
+    read = statuses.count(401)
+    assert read <= 50 + 50 * took + 1, (read, took)  # the burst, and what refilled
+    assert statuses.count(503) >= 200 - read - 1
+    assert not honest.failures

@@ -40,7 +40,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from inferd.api.http import PUBLIC_PATHS, context_of, model_in_path, refuse
 from inferd.config import AuthConfig
-from inferd.errors import Forbidden, InferdError, Unauthorized
+from inferd.errors import Forbidden, InferdError, Overloaded, Unauthorized
 from inferd.registry.api_key import KeyRecord, parse_key, secret_matches
 
 if TYPE_CHECKING:
@@ -152,6 +152,7 @@ class Authenticator:
         self.keys = keys
         self._cache: dict[str, tuple[float, KeyRecord | None]] = {}
         self._jwt_keys = _load_jwt_keys(config)
+        self._lookups, self._lookups_at = config.lookups_per_s, time.monotonic()
 
     async def authenticate(self, credential: str | None) -> Principal:
         principal = self.known(credential)
@@ -160,11 +161,28 @@ class Authenticator:
         parsed = parse_key(credential or "")
         assert parsed is not None  # known() returns None for a well-formed key only
         key_id, secret = parsed
+        self._lookup_allowed()
         record = await asyncio.to_thread(self.keys.get, key_id)
         if len(self._cache) > 10_000:
             self._cache.clear()  # bounded: bogus ids cannot grow it without end
         self._cache[key_id] = (time.monotonic() + self.config.cache_s, record)
         return _key_principal(key_id, secret, record)
+
+    def _lookup_allowed(self) -> None:
+        """One read of the registry from the lookup budget (``auth.lookups_per_s``), or
+        a 503: what made-up keys can make the registry do is bounded."""
+        rate = self.config.lookups_per_s
+        now = time.monotonic()
+        tokens = min(rate, self._lookups + (now - self._lookups_at) * rate)
+        self._lookups_at = now
+        if tokens < 1:
+            self._lookups = tokens
+            raise Overloaded(
+                f"API keys are read from the registry at most {rate:g} a second and that "
+                "was spent (auth.lookups_per_s); retry",
+                1,
+            )
+        self._lookups = tokens - 1
 
     def known(self, credential: str | None) -> Principal | None:
         """The caller, when that takes no lookup (the internal token, a JWT, an API key
