@@ -5,6 +5,7 @@ bench/abuse.py; traffic stays on 127.0.0.1."""
 
 from __future__ import annotations
 
+import itertools
 import select
 import socket
 import struct
@@ -58,11 +59,23 @@ def message(body: bytes, length: int | None = None) -> bytes:
     return b"\x00" + struct.pack(">I", len(body) if length is None else length) + body
 
 
-class Raw:
-    """One raw HTTP/2 connection to ``port``."""
+_ADDRESSES = itertools.count(1)
 
-    def __init__(self, port: int, host: str = "127.0.0.1", preface: bool = True) -> None:
-        self.sock = socket.create_connection((host, port), timeout=10)
+
+def attacker_address() -> str:
+    """A loopback address of its own (127.66.x.y): the server keeps flood buckets per
+    client address, so each attack test comes from a new one."""
+    n = next(_ADDRESSES)
+    return f"127.66.{n // 250}.{n % 250 + 1}"
+
+
+class Raw:
+    """One raw HTTP/2 connection to ``port`` (from ``source``, a local address)."""
+
+    def __init__(
+        self, port: int, host: str = "127.0.0.1", preface: bool = True, source: str = ""
+    ) -> None:
+        self.sock = socket.create_connection((host, port), timeout=10, source_address=(source, 0))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.encoder = hpack.Encoder()
         self.decoder = hpack.Decoder()

@@ -21,7 +21,7 @@ from inferd.grpc import frames as f
 from inferd.grpc import grpc_service_pb2 as pb
 from inferd.grpc import grpc_service_pb2_grpc as pb_grpc
 from tests.conftest import InferdServer, arithmetic_model, create_key, push_source
-from tests.h2raw import INDEX, INFER, Raw, message
+from tests.h2raw import INDEX, INFER, Raw, attacker_address, message
 
 MiB = 1 << 20
 WIDE_MODEL = """
@@ -48,6 +48,12 @@ class Guarded:
         self.keys = keys
         self.port = server.grpc_port
         self.gateway = _gateway(server)
+
+    address = ""
+    """Where this test's attacker connects from (a loopback address of its own)."""
+
+    def raw(self, preface: bool = True) -> Raw:
+        return Raw(self.port, preface=preface, source=self.address)
 
     def auth(self, key: str = "echo") -> list[tuple[str, str]]:
         return [("authorization", f"Bearer {self.keys[key]}")]
@@ -106,6 +112,14 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Guarded]:
         yield Guarded(server, keys)
     finally:
         assert server.stop() == 0, server.log()[-3000:]
+
+
+@pytest.fixture(autouse=True)
+def _attacker_address(request: pytest.FixtureRequest) -> None:
+    """Each test attacks from an address of its own (the server's flood buckets are per
+    address: one test's flood must not close the next one's connections)."""
+    if "guarded" in request.fixturenames:
+        request.getfixturevalue("guarded").address = attacker_address()
 
 
 def _request(model: str = "echo", values: int = 4) -> bytes:
@@ -212,10 +226,12 @@ def _wait(condition: Callable[[], bool], timeout_s: float = 10) -> bool:
 # -- no credential ---------------------------------------------------------------------
 
 
-def _flood_unauthenticated(port: int, streams: int, each: int, declared: int) -> dict[int, Any]:
+def _flood_unauthenticated(
+    guarded: Guarded, streams: int, each: int, declared: int
+) -> dict[int, Any]:
     """``streams`` ModelInfer calls with no credential on one connection, each sending
     ``each`` bytes of a ``declared``-byte message (never finished)."""
-    with Raw(port) as raw:
+    with guarded.raw() as raw:
         ids = [raw.new_stream() for _ in range(streams)]
         raw.send(b"".join(raw.headers(s) for s in ids))
         start = message(b"", declared)
@@ -235,7 +251,7 @@ def test_an_unauthenticated_flood_of_unfinished_messages_holds_nothing(guarded: 
     try:
         idle = neighbour.measure(100)
         with PeakRss(guarded) as rss, neighbour:
-            outcome = _flood_unauthenticated(guarded.port, 300, 1 * MiB, 15 * MiB)
+            outcome = _flood_unauthenticated(guarded, 300, 1 * MiB, 15 * MiB)
         during = neighbour.latencies
     finally:
         neighbour.close()
@@ -251,7 +267,7 @@ def test_an_unauthenticated_flood_of_unfinished_messages_holds_nothing(guarded: 
 
 
 def test_a_call_without_the_scope_is_refused_before_its_message(guarded: Guarded) -> None:
-    with Raw(guarded.port) as raw:
+    with guarded.raw() as raw:
         stream = raw.new_stream()
         raw.send(raw.headers(stream, INDEX, guarded.auth()))  # no DATA at all
         assert raw.until(lambda: raw.streams.get(stream) and raw.streams[stream].status, 5)
@@ -289,7 +305,7 @@ def test_rapid_reset_closes_the_connection_within_a_second(guarded: Guarded) -> 
     cpu_before = guarded.cpu_s()
     started = time.monotonic()
     sent = 0
-    with Raw(guarded.port) as raw:
+    with guarded.raw() as raw:
         while raw.goaway is None and not raw.closed and time.monotonic() - started < 3:
             burst = []
             for _ in range(100):  # 100 every 10 ms
@@ -312,6 +328,31 @@ def test_rapid_reset_closes_the_connection_within_a_second(guarded: Guarded) -> 
     assert cpu < 0.5, cpu
 
 
+def test_an_address_that_floods_on_new_connections_is_closed_as_it_connects(
+    guarded: Guarded,
+) -> None:
+    """A flood that reconnects each time its connection is closed: once its address has
+    spent its bucket, its connections are closed before a byte of them is read, while
+    other addresses (the honest client's) are served."""
+    ping_flood = f.frame(f.PING, 0, 0, b"12345678") * 500
+    outcomes = []
+    neighbour = Neighbour(guarded)
+    try:
+        with neighbour:
+            for _ in range(12):
+                with guarded.raw() as raw:
+                    raw.send(ping_flood)
+                    raw.until(lambda r=raw: r.closed, 5)
+                    outcomes.append("settings" if raw.settings else "closed at once")
+        assert not neighbour.failures and neighbour.latencies
+    finally:
+        neighbour.close()
+    assert outcomes[0] == "settings"  # the first connections were served, then flooded
+    assert outcomes[-3:] == ["closed at once"] * 3, outcomes
+    with Raw(guarded.port, source=attacker_address()) as other:  # another address
+        assert other.until(lambda: f.MAX_CONCURRENT_STREAMS in other.settings, 5)
+
+
 @pytest.mark.parametrize(
     ("what", "frame"),
     [
@@ -327,7 +368,7 @@ def test_floods_of_cheap_frames_end_the_connection(
 ) -> None:
     guarded.settle()
     cpu_before = guarded.cpu_s()
-    with Raw(guarded.port) as raw:
+    with guarded.raw() as raw:
         one = frame(raw)
         for _ in range(20):
             if not raw.send(one * 100):
@@ -342,7 +383,7 @@ def test_floods_of_cheap_frames_end_the_connection(
 
 
 def test_empty_data_frames_on_a_call_end_the_connection(guarded: Guarded) -> None:
-    with Raw(guarded.port) as raw:
+    with guarded.raw() as raw:
         stream = raw.new_stream()
         raw.send(raw.headers(stream, INFER, guarded.auth()))
         raw.send(f.frame(f.DATA, 0, stream) * 1000)
@@ -352,7 +393,7 @@ def test_empty_data_frames_on_a_call_end_the_connection(guarded: Guarded) -> Non
 
 
 def test_calls_past_the_stream_limit_are_refused(guarded: Guarded) -> None:
-    with Raw(guarded.port) as raw:
+    with guarded.raw() as raw:
         ids = [raw.new_stream() for _ in range(101)]
         raw.send(b"".join(raw.headers(s, INFER, guarded.auth()) for s in ids))
         assert raw.until(lambda: f.MAX_CONCURRENT_STREAMS in raw.settings, 5)
@@ -370,14 +411,14 @@ def test_slow_headers_and_slow_messages_are_cut_off(guarded: Guarded) -> None:
     slow: list[Raw] = []
     try:
         for _ in range(50):  # a header block that never ends
-            raw = Raw(guarded.port)
+            raw = guarded.raw()
             raw.send(raw.headers(1, INFER, guarded.auth())[:20])
             slow.append(raw)
         for _ in range(50):  # a preface that never ends
-            raw = Raw(guarded.port, preface=False)
+            raw = guarded.raw(preface=False)
             raw.send(f.PREFACE[:10])
             slow.append(raw)
-        dribbling = Raw(guarded.port)  # an admitted call whose message stops coming
+        dribbling = guarded.raw()  # an admitted call whose message stops coming
         stream = dribbling.new_stream()
         dribbling.send(dribbling.headers(stream, INFER, guarded.auth()))
         dribbling.send(dribbling.data(stream, message(b"", 1 * MiB) + b"\x00" * 1000))
@@ -402,7 +443,7 @@ def test_slow_headers_and_slow_messages_are_cut_off(guarded: Guarded) -> None:
 
 
 def test_an_idle_connection_is_told_to_go(guarded: Guarded) -> None:
-    with Raw(guarded.port) as raw:
+    with guarded.raw() as raw:
         assert raw.until(lambda: raw.goaway is not None, 8)
         assert raw.goaway is not None and raw.goaway[0] == f.NO_ERROR
         assert raw.until(lambda: raw.closed, 2)
@@ -413,7 +454,7 @@ def test_a_client_that_reads_no_answers_is_reset(guarded: Guarded) -> None:
     holds the answers for ``body_timeout_s`` at most, then resets the calls."""
     body = message(_request("wide", 1))
     rss = guarded.rss()
-    with Raw(guarded.port) as raw:
+    with guarded.raw() as raw:
         ids = [raw.new_stream() for _ in range(10)]
         for stream in ids:
             raw.send(raw.headers(stream, INFER, guarded.auth("infer")))
@@ -433,7 +474,7 @@ def test_large_unfinished_messages_wait_within_the_connection_budget(guarded: Gu
     others end once the buffers stayed full for the body timeout; left unfinished, the
     three end at the body timeout."""
     size = 4 * MiB
-    with PeakRss(guarded) as rss, Raw(guarded.port) as raw:
+    with PeakRss(guarded) as rss, guarded.raw() as raw:
         ids = [raw.new_stream() for _ in range(10)]
         raw.send(b"".join(raw.headers(s, INFER, guarded.auth()) for s in ids))
         payload = message(b"", size) + b"\x00" * (size - 100)  # 100 bytes short
@@ -467,7 +508,7 @@ def test_connections_past_the_limit_are_closed(guarded: Guarded) -> None:
     many = []
     try:
         for _ in range(420):
-            many.append(Raw(guarded.port))
+            many.append(guarded.raw())
         for raw in many:
             raw.read(0.001)
         assert _wait(lambda: sum(1 for r in many if r.until(lambda r=r: r.closed, 0.01)) >= 20, 5)

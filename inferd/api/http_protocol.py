@@ -46,6 +46,7 @@ from uvicorn.protocols.http.httptools_impl import (
 
 from inferd.api.app import _GONE, FastPath, HotRoute, direct_path
 from inferd.api.http import context_of
+from inferd.observability.log_rows import COUNTERS
 
 _HEAD = b"HTTP/"
 
@@ -137,6 +138,8 @@ class HttpBounds:
 
 
 _REASONS = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+_WHY = {400: "protocol", 408: "timeout", 431: "too_large"}
+"""How ``inferd_connections_refused_total`` counts each refusal."""
 
 
 def _refusal(status: int, code: str, message: str) -> bytes:
@@ -169,6 +172,7 @@ class HttpProtocol(HttpToolsProtocol):
         self._since = self._read_at = time.monotonic()
         if len(self.connections) > self.bounds.max_connections:
             self._refused = True
+            COUNTERS["connections_refused:http:limit"] += 1
             self.transport.close()
 
     def data_received(self, data: bytes) -> None:
@@ -205,6 +209,7 @@ class HttpProtocol(HttpToolsProtocol):
         if self._refused:
             return
         self._refused = True
+        COUNTERS[f"connections_refused:http:{_WHY[status]}"] += 1
         cycle = self.cycle
         if cycle is not None:
             cycle.disconnected = True  # the app's receive says so; its send is dropped
@@ -228,6 +233,7 @@ class HttpProtocol(HttpToolsProtocol):
         elif cycle is None:  # a connection that never sent a request
             if now - self._since > bounds.header_timeout_s:
                 self._refused = True
+                COUNTERS["connections_refused:http:timeout"] += 1
                 self.transport.close()
         elif cycle.more_body and not cycle.response_complete:
             if self.flow.read_paused:  # the app has not read what came: not the client's wait

@@ -126,16 +126,50 @@ class Buffers:
 
 
 class Calm:
-    """A connection's token bucket of cheap-frame events (see :data:`CALM_BURST`)."""
+    """A token bucket of cheap-frame events: a connection's (:data:`CALM_BURST`), or a
+    peer address's (:data:`PEER_BURST`)."""
 
-    __slots__ = ("at", "tokens")
+    __slots__ = ("at", "burst", "per_s", "tokens")
 
-    def __init__(self, now: float) -> None:
-        self.tokens = float(CALM_BURST)
+    def __init__(self, now: float, burst: float = CALM_BURST, per_s: float = CALM_PER_S) -> None:
+        self.burst, self.per_s = burst, per_s
+        self.tokens = float(burst)
         self.at = now
 
     def spend(self, now: float, cost: float = 1.0) -> bool:
         """Take ``cost``; False once the bucket is empty (the connection must end)."""
-        tokens = min(CALM_BURST, self.tokens + (now - self.at) * CALM_PER_S) - cost
+        tokens = min(self.burst, self.tokens + (now - self.at) * self.per_s) - cost
         self.tokens, self.at = tokens, now
         return tokens >= 0
+
+    def empty(self, now: float) -> bool:
+        return self.tokens + (now - self.at) * self.per_s < 0
+
+
+PEER_BURST = 2000
+"""Cheap-frame events one client address may spend at once over all its connections: a
+flood that reconnects each time a connection is closed goes on only while its address's
+bucket holds tokens; then its new connections are closed as they are accepted."""
+PEER_PER_S = 200.0
+PEERS = 10_000
+"""Addresses whose buckets are kept (the oldest forgotten first)."""
+
+
+class Peers:
+    """The flood buckets of client addresses. Only refused or abusive frames spend
+    them, never answered calls: a proxy in front of the gateway drains its address's
+    bucket only if it forwards a flood (then bound unauthenticated traffic there)."""
+
+    def __init__(self) -> None:
+        self._buckets: dict[str, Calm] = {}
+
+    def of(self, address: str | None, now: float) -> Calm | None:
+        if address is None:  # a Unix socket: local, trusted as a whole
+            return None
+        bucket = self._buckets.pop(address, None)
+        if bucket is None:
+            bucket = Calm(now, PEER_BURST, PEER_PER_S)
+            if len(self._buckets) >= PEERS:
+                del self._buckets[next(iter(self._buckets))]
+        self._buckets[address] = bucket  # the most recent last
+        return bucket

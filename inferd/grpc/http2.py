@@ -58,7 +58,8 @@ import hpack
 from google.protobuf.message import DecodeError
 
 from inferd.grpc import frames as f
-from inferd.grpc.bounds import Bounds, Buffers, Calm
+from inferd.grpc.bounds import Bounds, Buffers, Calm, Peers
+from inferd.observability.log_rows import COUNTERS
 
 logger = logging.getLogger(__name__)
 
@@ -297,6 +298,7 @@ class Connection(asyncio.Protocol):
         self.block_since = 0.0  # a header block in CONTINUATION frames began
         self.paused_since = 0.0
         self.calm = Calm(self.now)
+        self.peer_calm: Calm | None = None  # its address's, once connected
         self.sent = False  # HEADERS or DATA written since the client's last PING
         self.settings_seen = False
 
@@ -309,8 +311,15 @@ class Connection(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.peer_calm = self.server.peers.of(self.peer, self.now)
+        if self.peer_calm is not None and self.peer_calm.empty(self.now):
+            self.refused = True  # its address floods: closed before a byte is read
+            COUNTERS["connections_refused:grpc:flood"] += 1
+            self._close_now()
+            return
         if len(self.server.connections) >= self.bounds.max_connections:
             self.refused = True
+            COUNTERS["connections_refused:grpc:limit"] += 1
             self._write(self.server.opening + f.goaway(0, f.NO_ERROR, b"too many connections"))
             self._close_now()
             return
@@ -431,8 +440,12 @@ class Connection(asyncio.Protocol):
         return -1
 
     def _strike(self, what: str, cost: float = 1.0) -> None:
-        """A cheap-frame event; too many end the connection."""
-        if not self.calm.spend(self.now, cost):
+        """A cheap-frame event; too many (on this connection, or from its address) end
+        the connection."""
+        calm, now = self.calm.spend(self.now, cost), self.now
+        if self.peer_calm is not None and not self.peer_calm.spend(now, cost):
+            raise _ConnectionError(f.ENHANCE_YOUR_CALM, f"too many {what} from {self.peer}")
+        if not calm:
             raise _ConnectionError(f.ENHANCE_YOUR_CALM, f"too many {what}")
 
     # -- frames in -----------------------------------------------------------------------
@@ -522,8 +535,11 @@ class Connection(asyncio.Protocol):
         if self.transport is None or call.done:
             return
         if refusal is not None or task.cancelled():
-            if not self.calm.spend(time.monotonic()):
-                self._fail(f.ENHANCE_YOUR_CALM, "too many refused calls")
+            try:
+                self.now = time.monotonic()
+                self._strike("refused calls")
+            except _ConnectionError as exc:
+                self._fail(exc.code, exc.reason)
                 return
             if not isinstance(refusal, Abort):
                 if refusal is not None:
@@ -805,11 +821,12 @@ class Connection(asyncio.Protocol):
         if self.transport is None:
             return
         if not self.preface and now - self.opened_at > bounds.header_timeout_s:
+            COUNTERS["connections_refused:grpc:timeout"] += 1
             self._close_now()
         elif self.continuing is not None and now - self.block_since > bounds.header_timeout_s:
-            self._fail(f.ENHANCE_YOUR_CALM, "a header block took too long")
+            self._fail(f.ENHANCE_YOUR_CALM, "a header block took too long", "timeout")
         elif self.partial_since is not None and now - self.partial_since > self._frame_time():
-            self._fail(f.ENHANCE_YOUR_CALM, "a frame took too long")
+            self._fail(f.ENHANCE_YOUR_CALM, "a frame took too long", "timeout")
         elif self.paused and now - self.paused_since > bounds.body_timeout_s:
             logger.info("closing a gRPC connection from %s: it reads no answers", self.peer)
             self._close_now()
@@ -1037,8 +1054,12 @@ class Connection(asyncio.Protocol):
                 call.task.cancel()
         self._close_now()
 
-    def _fail(self, code: int, reason: str) -> None:
-        logger.info("closing a gRPC connection from %s: %s", self.peer, reason)
+    def _fail(self, code: int, reason: str, why: str = "") -> None:
+        """End the connection with GOAWAY ``code``; ``why`` (or ``flood`` for
+        ENHANCE_YOUR_CALM, ``protocol`` for the rest) counts it."""
+        why = why or ("flood" if code == f.ENHANCE_YOUR_CALM else "protocol")
+        COUNTERS[f"connections_refused:grpc:{why}"] += 1
+        logger.debug("closing a gRPC connection from %s: %s", self.peer, reason)
         self._write(f.goaway(self.last_id, code, reason.encode()[:256]))
         for call in list(self.calls.values()):
             self._drop(call)
@@ -1134,6 +1155,7 @@ class GrpcServer:
         self.max_message_bytes = max_message_bytes
         self.bounds = (bounds or Bounds()).fitted(max_message_bytes)
         self.buffers = Buffers(self.bounds.process_buffer, self.bounds.connection_buffer)
+        self.peers = Peers()
         self.admit: Callable[[Call], Awaitable[None] | None] | None = getattr(
             service, "admit", None
         )

@@ -220,6 +220,18 @@ def write_requests(out: Text, metrics: RequestMetrics, log_dropped: int = 0) -> 
     )
     out.sample("inferd_held_expired_total", {}, metrics.counters.get("held_expired", 0))
     out.family(
+        "inferd_connections_refused_total",
+        "counter",
+        "Client connections a gateway closed to bound them, by port (http, grpc) and "
+        "why: flood (frames that cost the server and not the client, or an address that "
+        "sent them), limit (connections.max_per_process), timeout (a head, body or frame "
+        "too slow), too_large (a head over connections.max_header_bytes), protocol.",
+    )
+    refused = [(key.split(":"), n) for key, n in metrics.counters.items()
+               if key.startswith("connections_refused:")]  # fmt: skip
+    for (_, port, why), n in sorted(refused):
+        out.sample("inferd_connections_refused_total", {"port": port, "reason": why}, n)
+    out.family(
         "inferd_generations_resumed_total",
         "counter",
         "Generations whose replica was lost mid-stream and that went on on another.",
