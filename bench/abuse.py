@@ -33,22 +33,24 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import multiprocessing
+import os
 import socket
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.conftest import InferdServer, arithmetic_model, create_key, push_source  # noqa: E402
-from tests.h2raw import INFER, Raw, message  # noqa: E402
+from tests.h2raw import INFER, Raw, attacker_address, message  # noqa: E402
 from tests.test_abuse_grpc import Guarded, Neighbour, PeakRss, _request  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -64,10 +66,12 @@ def quantiles(values: list[float]) -> dict[str, float]:
 # -- gRPC flood ------------------------------------------------------------------------
 
 
-def flood_connection(port: int, streams: int, each: int, declared: int) -> dict[str, int]:
-    """One attacker connection: ``streams`` unauthenticated calls, ``each`` bytes sent
-    on each of a ``declared``-byte message. What the server answered."""
-    with Raw(port) as raw:
+def flood_connection(
+    port: int, source: str, streams: int, each: int, declared: int
+) -> dict[str, int]:
+    """One attacker connection from ``source``: ``streams`` unauthenticated calls, ``each``
+    bytes sent on each of a ``declared``-byte message. What the server answered."""
+    with Raw(port, source=source) as raw:
         ids = [raw.new_stream() for _ in range(streams)]
         raw.send(b"".join(raw.headers(s) for s in ids))
         start = message(b"", declared)
@@ -76,56 +80,94 @@ def flood_connection(port: int, streams: int, each: int, declared: int) -> dict[
         for stream in ids:
             raw.windows[stream] = 1 << 30  # an attacker ignores the stream's window
             sent += raw.upload(stream, payload, timeout_s=60)
+            if raw.closed:
+                break
         raw.until(lambda: all(raw.streams.get(s) and raw.streams[s].status for s in ids), 10)
         statuses = [raw.streams[s].status for s in ids if s in raw.streams]
         return {
             "sent_kib": sent // 1024,
             "unauthenticated": sum(1 for s in statuses if s == 16),
-            "other": sum(1 for s in statuses if s != 16),
+            "other": sum(1 for s in statuses if s not in (16, None)),
             "goaway": -1 if raw.goaway is None else raw.goaway[0],
+            "closed_at_accept": int(not raw.settings),
         }
 
 
+def _flooder(port: int, source: str, for_s: float, ready: Any, go: Any, results: Any) -> None:
+    """An attacker process: says it is ready, waits for ``go``, then floods, reconnecting
+    for ``for_s``."""
+    ready.put(source)
+    go.wait()
+    out = []
+    until = time.monotonic() + for_s
+    while True:
+        try:
+            out.append(flood_connection(port, source, 300, 3 * MiB, 15 * MiB))
+        except OSError:
+            out.append({"sent_kib": 0, "unauthenticated": 0, "other": 0, "goaway": -1,
+                        "closed_at_accept": 1})  # fmt: skip
+        if time.monotonic() >= until:
+            break
+    results.put(out)
+
+
+def pin_to(cpus: list[int], pids: list[int] | None = None) -> None:
+    for pid in pids or [0]:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(pid, cpus)
+
+
 def grpc_flood(guarded: Guarded, connections: int) -> dict[str, Any]:
-    """The flood on one connection, on ``connections`` at once, and on ``connections``
-    that reconnect as soon as they are closed, for 10 s."""
+    """The flood on one connection, on ``connections`` at once (each from its own
+    address), and on as many that reconnect for 10 s as soon as each is closed."""
     variants = [
         ("one connection", 1, 0.0),
         (f"{connections} connections", connections, 0.0),
-        (f"{connections} connections reconnecting for 10 s", connections, 10.0),
+        (f"{connections} addresses reconnecting for 10 s", connections, 10.0),
     ]
+    context = multiprocessing.get_context("spawn")
     out: dict[str, Any] = {}
     for name, count, for_s in variants:
         neighbour = Neighbour(guarded)
         try:
-            idle = neighbour.measure(200)
-            results: list[dict[str, int]] = []
-
-            def attack(into: list[dict[str, int]] = results, for_s: float = for_s) -> None:
-                until = time.monotonic() + for_s
-                while True:
-                    into.append(flood_connection(guarded.port, 300, 3 * MiB, 15 * MiB))
-                    if time.monotonic() >= until:
-                        return
-
-            threads = [threading.Thread(target=attack) for _ in range(count)]
+            idle = neighbour.measure(300)
+            ready, results_q, go = context.Queue(), context.Queue(), context.Event()
+            attackers = [
+                context.Process(
+                    target=_flooder,
+                    args=(guarded.port, attacker_address(), for_s, ready, go, results_q),
+                )
+                for _ in range(count)
+            ]
+            for attacker in attackers:  # started and settled before anything is measured
+                attacker.start()
+                if attacker.pid is not None:
+                    pin_to([(os.cpu_count() or 1) - 1], [attacker.pid])
+            for _ in attackers:
+                ready.get(timeout=300)
+            time.sleep(1.0)
             with PeakRss(guarded) as rss, neighbour:
+                cpu = guarded.cpu_s()
                 started = time.monotonic()
-                for thread in threads:
-                    thread.start()
-                for thread in threads:
-                    thread.join(600)
+                go.set()
+                results = [r for _ in attackers for r in results_q.get(timeout=600)]
+                for attacker in attackers:
+                    attacker.join(60)
                 took = time.monotonic() - started
+                cpu = guarded.cpu_s() - cpu
+                time.sleep(max(0.0, 2.0 - took))  # the neighbour measures 2 s at least
             during = neighbour.latencies
         finally:
             neighbour.close()
         out[name] = {
             "attacker_connections": len(results),
+            "closed_at_accept": sum(r["closed_at_accept"] for r in results),
             "sent_mib": round(sum(r["sent_kib"] for r in results) / 1024, 1),
             "refused_unauthenticated": sum(r["unauthenticated"] for r in results),
             "other_answers": sum(r["other"] for r in results),
             "closed_calm": sum(1 for r in results if r["goaway"] == 11),
             "seconds": round(took, 1),
+            "gateway_cpu_s": round(cpu, 2),
             "rss_growth_mib": round(rss.growth / MiB, 1),
             "neighbour_idle": quantiles(idle),
             "neighbour_during": quantiles(during),
@@ -271,6 +313,11 @@ def main() -> None:
         try:
             server.wait_ready()
             guarded = Guarded(server, keys)
+            if (os.cpu_count() or 1) > 1:  # the attackers on the last core, the rest apart
+                others = list(range((os.cpu_count() or 2) - 1))
+                tree = [p.pid for p in psutil.Process(server.process.pid).children(recursive=True)]
+                pin_to(others, [0, server.process.pid, *tree])
+                results["pinned"] = {"server_and_honest_clients": others, "attackers": "last"}
             if "grpc-flood" in attacks:
                 results["grpc_flood"] = grpc_flood(guarded, args.flood_connections)
             if "rapid-reset" in attacks:

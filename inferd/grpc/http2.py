@@ -126,6 +126,11 @@ _CREDIT_AT = _WINDOW // 4
 _MAX_FRAME = f.DEFAULT_MAX_FRAME
 """The largest frame a client may send (16 KiB, the default): what a connection can
 hold of a frame still arriving."""
+_TURN_S = 0.001
+"""A connection's frames are handled at most this long in one turn of the event loop
+(then the rest in the next, after what the other connections and calls wait to do): a
+burst of hundreds of calls, refused or not, does not hold the loop for its neighbours
+for more than that."""
 _DROPPED_BYTES_A_STRIKE = 4096
 """DATA on a call already ended (refused at its HEADERS, reset, answered) costs a token
 of the flood bucket per this many bytes: the 64 KiB a client may have had in flight when
@@ -292,6 +297,8 @@ class Connection(asyncio.Protocol):
         self.held = 0  # this connection's share of the process's budget
         self.admitting = 0  # calls whose admission is being decided (reading waits)
         self.reading = True
+        self.more = False  # frames wait for the loop's next turn
+        self.resuming: asyncio.Handle | None = None
         # timeouts and floods
         self.now = self.opened_at = self.active_at = time.monotonic()
         self.partial_since: float | None = None  # a frame has been arriving since
@@ -331,6 +338,9 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
         self.transport = None
+        if self.resuming is not None:
+            self.resuming.cancel()
+            self.resuming = None
         for call in list(self.calls.values()):
             self._drop(call)
         self.paused = False
@@ -349,12 +359,22 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
+        if self.resuming is None:
+            self._frames()
+        else:  # its turn is over: the rest after the others' (see _each_frame)
+            self._read_or_not()
+
+    def _resume(self) -> None:
+        self.resuming = None
         self._frames()
+        self._read_or_not()
 
     def _read_or_not(self) -> None:
-        """Read from the socket unless answers back up or an admission is being
-        decided with a read's worth already waiting."""
-        want = not self.paused and not (self.admitting and len(self.buf) >= _WINDOW)
+        """Read from the socket unless answers back up, or frames wait for their turn
+        (an admission being decided, or the loop's other connections) with a read's
+        worth already here."""
+        waiting = self.admitting or self.resuming is not None
+        want = not self.paused and not (waiting and len(self.buf) >= _WINDOW)
         if want != self.reading and self.transport is not None:
             self.reading = want
             if want:
@@ -387,7 +407,10 @@ class Connection(asyncio.Protocol):
         elif buf and self.partial_since is None:
             self.partial_since = now
         self._give_credit()
-        if self.admitting:
+        if self.more:
+            self.more = False
+            self.resuming = asyncio.get_running_loop().call_soon(self._resume)
+        if self.admitting or self.resuming is not None:
             self._read_or_not()
 
     def _each_frame(self, pos: int) -> int:
@@ -395,7 +418,12 @@ class Connection(asyncio.Protocol):
         buf = self.buf
         end = len(buf)
         unpack = f.HEAD.unpack_from
+        began, count = time.perf_counter(), 0
         while end - pos >= 9 and not self.admitting:
+            count += 1
+            if not count & 15 and time.perf_counter() - began > _TURN_S:
+                self.more = True  # the rest in the loop's next turn: others go first
+                break
             high, low, kind, flags, stream = unpack(buf, pos)
             size = (high << 16) | low
             if size > _MAX_FRAME:
@@ -1025,8 +1053,11 @@ class Connection(asyncio.Protocol):
         extra: Iterable[tuple[str, str]],
         http: int = 200,
     ) -> bytes:
-        first = f.STATUS_200 if http == 200 else f.literal(8, str(http))
-        block = first + self.server.content_type + _status_block(code, message, extra)
+        if extra:
+            first = f.STATUS_200 if http == 200 else f.literal(8, str(http))
+            block = first + self.server.content_type + _status_block(code, message, extra)
+        else:
+            block = self.server.refusal(code, message, http)
         return f.header_frames(block, f.END_STREAM, stream, self.peer_frame)
 
     def _write(self, data: bytes) -> None:
@@ -1175,6 +1206,20 @@ class GrpcServer:
             f.STATUS_200 + self.content_type + f.literal("grpc-accept-encoding", ACCEPT_ENCODING)
         )
         self._ok = f.literal("grpc-status", "0")
+        self._refusals: dict[tuple[StatusCode, str, int], bytes] = {}
+
+    def refusal(self, code: StatusCode, message: str, http: int) -> bytes:
+        """A trailers-only answer's header block, kept for the next identical one (a
+        flood of refused calls is answered from here)."""
+        key = (code, message, http)
+        block = self._refusals.get(key)
+        if block is None:
+            first = f.STATUS_200 if http == 200 else f.literal(8, str(http))
+            block = first + self.content_type + _status_block(code, message, ())
+            if len(self._refusals) >= _BLOCKS:
+                self._refusals.clear()
+            self._refusals[key] = block
+        return block
 
     def response_headers(self, stream: int) -> bytes:
         return f.head(len(self._headers), f.HEADERS, f.END_HEADERS, stream) + self._headers
