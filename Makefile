@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
 
-.PHONY: run test install vllm services lint docs bench-tabular bench-latency bench-ray clean
+.PHONY: run test install vllm services lint docs fuzz-h2 bench-tabular bench-latency bench-ray clean
 
 run: install  ## venv + install + build the demo models + serve them on :8000
 	$(PY) -m inferd serve --demo --port $(PORT)
@@ -36,6 +36,9 @@ lint: install
 docs: install  ## the documentation site (docs/ -> site/), its generated references checked current
 	$(PY) scripts/gen_reference.py --check
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+fuzz-h2: install  ## the HTTP/2 server fed 20,000 made-up frame sequences (the suite runs 200)
+	INFERD_FUZZ_EXAMPLES=20000 $(PY) -m pytest -q -p no:cacheprovider tests/test_h2_fuzz.py
 
 bench-tabular: install
 	$(PY) bench/tabular.py

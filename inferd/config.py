@@ -148,7 +148,7 @@ class ConnectionsConfig(Group):
     body_timeout_s: float = Field(60.0, gt=0, le=3600)
     """Longest gap between two reads of a request body (HTTP: 408) or of a gRPC request
     message (the call ends DEADLINE_EXCEEDED), while the server waits for more of it."""
-    idle_timeout_s: float = Field(30.0, gt=0, le=86400)
+    idle_s: float = Field(30.0, gt=0, le=86400)
     """A connection with nothing in progress is closed after this (gRPC: GOAWAY first;
     HTTP keep-alive)."""
     max_header_bytes: int = Field(64 * 1024, ge=1024, le=16 * 1024 * 1024)
@@ -459,6 +459,19 @@ class JobsConfig(Group):
     """Most inputs in one batch job (413 beyond)."""
     max_body_bytes: int = Field(256 * 1024 * 1024, ge=1024)
     """Largest ``POST /api/v1/batch`` body (inputs inline); larger jobs name a file."""
+    max_file_bytes: int = Field(200 * 1024 * 1024, ge=1024)
+    """Largest file ``POST /v1/files`` takes (OpenAI's limit for a batch's input): 413 as
+    soon as an upload passes it, the rest unread. Uploads stream to the file store."""
+    max_file_bytes_per_owner: int = Field(10 * 1024**3, ge=1024)
+    """Bytes of files one owner (API key or JWT subject; everyone together with auth
+    off) keeps until they expire or are deleted: 413 for an upload past it."""
+    max_files_per_owner: int = Field(1000, ge=1)
+    """Files one owner keeps until they expire or are deleted: 409 for one more."""
+    file_keep_s: float = Field(30 * 86400.0, gt=0)
+    """How long an uploaded file is kept when its upload names no ``expires_after``
+    (OpenAI's default for ``purpose=batch``); then it is gone, its bytes removed."""
+    upkeep_interval_s: float = Field(600.0, gt=0)
+    """How often the server removes expired jobs and files (with their bytes)."""
     input_roots: list[Path] = Field(default_factory=list)
     """Folders a job's local ``input_uri`` may name files in (default: <data_dir>/inputs);
     a path elsewhere is refused (403), so the API cannot read the server's other files.

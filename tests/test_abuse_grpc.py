@@ -101,7 +101,7 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Guarded]:
         "INFERD_AUTH__ENABLED": "true",
         "INFERD_CONNECTIONS__HEADER_TIMEOUT_S": str(TIMEOUT_S),
         "INFERD_CONNECTIONS__BODY_TIMEOUT_S": str(TIMEOUT_S),
-        "INFERD_CONNECTIONS__IDLE_TIMEOUT_S": "3",
+        "INFERD_CONNECTIONS__IDLE_S": "3",
         "INFERD_CONNECTIONS__GRPC_CONNECTION_BUFFER_MB": "16",
         "INFERD_CONNECTIONS__GRPC_BUFFER_MB": "48",
         "INFERD_CONNECTIONS__MAX_PER_PROCESS": "400",

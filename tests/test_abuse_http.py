@@ -33,7 +33,7 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Guarded]:
         "INFERD_AUTH__ENABLED": "true",
         "INFERD_CONNECTIONS__HEADER_TIMEOUT_S": str(TIMEOUT_S),
         "INFERD_CONNECTIONS__BODY_TIMEOUT_S": str(TIMEOUT_S),
-        "INFERD_CONNECTIONS__IDLE_TIMEOUT_S": "2",
+        "INFERD_CONNECTIONS__IDLE_S": "2",
         "INFERD_CONNECTIONS__MAX_PER_PROCESS": "600",
     }
     server = InferdServer(data, workers=1, env=env)

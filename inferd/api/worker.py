@@ -202,7 +202,7 @@ async def run_gateway(settings: Settings, control: str | Path) -> None:
         log_config=None,
         backlog=4096,
         proxy_headers=False,
-        timeout_keep_alive=limits.idle_timeout_s,  # type: ignore[arg-type]  # a float works
+        timeout_keep_alive=limits.idle_s,  # type: ignore[arg-type]  # a float works
         timeout_graceful_shutdown=int(settings.shutdown_grace_s),
         **_tls_options(settings.tls),
     )

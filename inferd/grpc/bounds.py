@@ -46,7 +46,7 @@ class Bounds:
     max_streams: int = 100
     header_timeout_s: float = 15.0
     body_timeout_s: float = 60.0
-    idle_timeout_s: float = 30.0
+    idle_s: float = 30.0
     max_header_list: int = 64 * 1024
     connection_buffer: int = 64 * MiB
     process_buffer: int = 256 * MiB
@@ -59,14 +59,14 @@ class Bounds:
         process = max(self.process_buffer, 2 * connection)
         return Bounds(
             self.max_connections, self.max_streams, self.header_timeout_s,
-            self.body_timeout_s, self.idle_timeout_s, self.max_header_list,
+            self.body_timeout_s, self.idle_s, self.max_header_list,
             connection, process,
         )  # fmt: skip
 
     @property
     def sweep_s(self) -> float:
         """How often timeouts are looked at: a quarter of the shortest, at most 1 s."""
-        return min(1.0, self.header_timeout_s / 4, self.body_timeout_s / 4, self.idle_timeout_s / 4)
+        return min(1.0, self.header_timeout_s / 4, self.body_timeout_s / 4, self.idle_s / 4)
 
 
 class Buffers:

@@ -23,7 +23,7 @@ authenticated) at its HEADERS, before any DATA of it is kept; its messages' byte
 reserved against the connection's and the process's budgets before its window opens;
 ``max_streams`` calls a connection, ``max_connections`` connections; the preface and
 each header block within ``header_timeout_s``, a message's bytes no more than
-``body_timeout_s`` apart, a connection with no call closed after ``idle_timeout_s``, one
+``body_timeout_s`` apart, a connection with no call closed after ``idle_s``, one
 that does not read its answers after ``body_timeout_s``; floods of resets, pings,
 settings and empty frames end the connection (GOAWAY ENHANCE_YOUR_CALM).
 
@@ -859,7 +859,7 @@ class Connection(asyncio.Protocol):
             logger.info("closing a gRPC connection from %s: it reads no answers", self.peer)
             self._close_now()
         elif not self.calls:
-            if now - self.active_at > bounds.idle_timeout_s:
+            if now - self.active_at > bounds.idle_s:
                 self.shutdown()
         else:
             for call in list(self.calls.values()):

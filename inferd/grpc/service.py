@@ -446,7 +446,7 @@ def bounds_of(settings: Settings) -> Bounds:
         max_streams=c.grpc_max_streams,
         header_timeout_s=c.header_timeout_s,
         body_timeout_s=c.body_timeout_s,
-        idle_timeout_s=c.idle_timeout_s,
+        idle_s=c.idle_s,
         max_header_list=c.max_header_bytes,
         connection_buffer=int(c.grpc_connection_buffer_mb * MiB),
         process_buffer=int(c.grpc_buffer_mb * MiB),
