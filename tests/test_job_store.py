@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from sqlalchemy import update
 
@@ -84,23 +85,30 @@ def test_cancel_interrupted_and_expired(registry: Registry):
     assert store.get(cancelled) is not None  # kept until its own expiry
 
 
-def test_files_and_a_batch_s_output_lines(registry: Registry):
+def test_files_and_a_batch_s_output_lines(registry: Registry, tmp_path: Path):
+    from inferd.config import JobsConfig
     from inferd.jobs import output_file_id, output_of
-    from inferd.jobs.files import FileStore, output_lines, output_size
+    from inferd.jobs.files import FileStore, Upload, output_lines, output_size
 
-    files = FileStore(registry.engine)
+    files, root, cfg = FileStore(registry.engine), (tmp_path / "files").as_uri(), JobsConfig()
+
+    def upload(name: str, content: bytes) -> Upload:
+        (tmp_path / name).write_bytes(content)
+        return Upload(tmp_path / name, {}, name, len(content), "", False)
+
     content = b'{"custom_id": "a"}\n' + bytes(range(256))  # kept byte for byte
-    first = files.create("batch", "in.jsonl", content, "key:alice")
-    second = files.create("batch", "other.jsonl", b"x\n", None)
+    first = files.create(upload("in.jsonl", content), "batch", "key:alice", 3600, root, cfg)
+    second = files.create(upload("other.jsonl", b"x\n"), "batch", None, 3600, root, cfg)
     assert files.get(first["id"])["bytes"] == len(content)
-    assert files.content(first["id"]) == content
+    with files.open(first["id"]) as opened:
+        assert opened.read() == content
     assert [f["id"] for f in files.find("batch", None, None, 10, True)] == [
         second["id"], first["id"]
     ]  # fmt: skip
     assert [f["id"] for f in files.find(None, "key:alice", None, 10, True)] == [first["id"]]
     assert [f["id"] for f in files.find("batch", None, first["id"], 10, False)] == [second["id"]]
     assert files.delete(first["id"]) and not files.delete(first["id"])
-    assert files.get(first["id"]) is None and files.content(first["id"]) is None
+    assert files.get(first["id"]) is None and not (tmp_path / "files" / first["id"]).exists()
 
     store = JobStore(registry.engine)
     job_id = _job(store, 4)

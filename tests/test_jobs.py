@@ -488,6 +488,19 @@ def test_openai_batch_api_with_the_official_client(server: InferdServer):
     uploaded = client.files.create(file=("prompts.jsonl", data), purpose="batch")
     assert uploaded.bytes == len(data) and uploaded.purpose == "batch"
     assert uploaded.filename == "prompts.jsonl"
+    assert uploaded.expires_at == uploaded.created_at + 30 * 86400  # OpenAI's default, batch
+    kept = client.files.create(
+        file=("kept.jsonl", data), purpose="batch",
+        expires_after={"anchor": "created_at", "seconds": 7200},
+    )  # fmt: skip
+    assert kept.expires_at == kept.created_at + 7200
+    assert client.files.retrieve(kept.id).expires_at == kept.expires_at
+    with pytest.raises(openai.BadRequestError, match="expires_after"):
+        client.files.create(
+            file=("k.jsonl", data), purpose="batch",
+            expires_after={"anchor": "created_at", "seconds": 60},
+        )  # fmt: skip
+    assert client.files.delete(kept.id).deleted
     assert client.files.retrieve(uploaded.id).id == uploaded.id
     assert client.files.content(uploaded.id).content == data
     assert uploaded.id in [f.id for f in client.files.list(purpose="batch")]

@@ -98,7 +98,7 @@ def test_migrate_creates_tables_and_is_idempotent(registry: Registry) -> None:
     registry.migrate()  # already at head: nothing to do, nothing fails
     registry.migrate()
     with registry.engine.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).all() == [("0013",)]
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).all() == [("0014",)]
         # The declarative classes describe exactly what the migrations built (the
         # inference log apart: partitioned on PostgreSQL, described by a Core table).
         context = MigrationContext.configure(conn, opts={"include_name": _registry_only})

@@ -1,8 +1,13 @@
 """OpenAI's Batch API on inferd's durable jobs: ``/v1/files`` and ``/v1/batches``.
 
-- ``POST /v1/files`` (multipart: ``file``, ``purpose: batch``) keeps a JSON Lines file
-  (:mod:`inferd.jobs.files`); ``GET /v1/files``, ``GET /v1/files/{id}``,
-  ``GET /v1/files/{id}/content``, ``DELETE /v1/files/{id}``.
+- ``POST /v1/files`` (multipart: ``file``, ``purpose: batch``, ``expires_after[anchor]``
+  and ``expires_after[seconds]``) streams a JSON Lines file to the file store
+  (:mod:`inferd.jobs.files`), admitted against its owner's quota before its body is read
+  (413 ``jobs.max_file_bytes`` / ``jobs.max_file_bytes_per_owner``, 409
+  ``jobs.max_files_per_owner``; a refusal before the body's end closes the connection,
+  so the rest is never read); kept ``jobs.file_keep_s`` unless ``expires_after`` says.
+  ``GET /v1/files``, ``GET /v1/files/{id}``, ``GET /v1/files/{id}/content`` (streamed),
+  ``DELETE /v1/files/{id}`` (its bytes with it); an expired file is gone (404).
 - ``POST /v1/batches`` ``{"input_file_id", "endpoint", "completion_window": "24h",
   "metadata"?}`` checks every line of the file (``custom_id`` unique, ``method`` POST,
   ``url`` the batch's endpoint, a ``body`` naming one model for the whole file, no
@@ -23,22 +28,28 @@ is null). Files and batches are their owner's (an admin sees all), as jobs are.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from typing import Any
+import shutil
+import uuid
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
 
 import orjson
 from fastapi import APIRouter, Request
-from starlette.datastructures import UploadFile
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response, StreamingResponse
-from starlette.types import Message
 
-from inferd.api.http import context_of, json_response, read_body, read_json
+from inferd.api.http import context_of, header, json_response, read_json
 from inferd.api.jobs import jobs_of, owner_of, visible_job
 from inferd.api.openai_schema import check_known
 from inferd.api.policy import admit
 from inferd.api.state import gateway_of
-from inferd.errors import Conflict, InvalidInput, NotFound
+from inferd.errors import BadRequest, Conflict, InvalidInput, NotFound
 from inferd.jobs import OPENAI_BATCH, TERMINAL, Jobs, output_file_id, output_of
+from inferd.registry.uploads import UPLOADS
+
+if TYPE_CHECKING:  # SQLAlchemy: a gateway opens the database layer on first use
+    from inferd.jobs.files import FileStore, Upload
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
@@ -46,6 +57,9 @@ ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/s
              "/v1/rerank")  # fmt: skip
 BATCH_FIELDS = frozenset({"input_file_id", "endpoint", "completion_window", "metadata"})
 LINE_FIELDS = frozenset({"custom_id", "method", "url", "body"})
+UPLOAD_FIELDS = frozenset({"purpose", "expires_after[anchor]", "expires_after[seconds]"})
+EXPIRY_MAX_S = 30 * 86400
+READ_BYTES = 1 << 20
 SHOWN_ERRORS = 10
 STATUS = {
     "accepting": "validating", "queued": "in_progress", "running": "in_progress",
@@ -58,6 +72,7 @@ STATUS = {
 
 
 def _file_object(row: dict[str, Any]) -> dict[str, Any]:
+    expires = row.get("expires_at")
     return {
         "id": row["id"],
         "object": "file",
@@ -66,13 +81,13 @@ def _file_object(row: dict[str, Any]) -> dict[str, Any]:
         "filename": row["filename"],
         "purpose": row["purpose"],
         "status": "processed",
-        "expires_at": None,
+        "expires_at": None if expires is None else int(expires.timestamp()),
     }
 
 
 async def _uploaded(request: Request, file_id: str, **details: Any) -> dict[str, Any]:
-    """An uploaded file's record, if it exists and the caller may see it (its owner, or
-    an admin), else 404."""
+    """An uploaded file's record, if it exists (not expired nor deleted) and the caller
+    may see it (its owner, or an admin), else 404."""
     row = await asyncio.to_thread(jobs_of(request).files.get, file_id)
     principal = context_of(request.scope).principal
     if row is None or not (
@@ -82,39 +97,101 @@ async def _uploaded(request: Request, file_id: str, **details: Any) -> dict[str,
     return row
 
 
-async def _upload(request: Request, limit: int) -> tuple[str, str, bytes]:
-    """(purpose, file name, content) of a multipart upload of at most ``limit`` bytes."""
-    body = await read_body(request, limit)
+def _keep_s(fields: dict[str, str], default_s: float) -> float:
+    """How long the file is kept: OpenAI's ``expires_after`` (anchor ``created_at``,
+    ``seconds`` 3600 to 2592000), else ``jobs.file_keep_s``."""
+    anchor, seconds = fields.get("expires_after[anchor]"), fields.get("expires_after[seconds]")
+    if anchor is None and seconds is None:
+        return default_s
+    if anchor != "created_at":
+        raise InvalidInput(
+            f"'expires_after[anchor]' must be 'created_at', not {anchor!r}",
+            param="expires_after.anchor",
+        )
+    if seconds is None or not seconds.isdigit() or not 3600 <= int(seconds) <= EXPIRY_MAX_S:
+        raise InvalidInput(
+            f"'expires_after[seconds]' must be 3600 to {EXPIRY_MAX_S} (an hour to 30 days), "
+            f"not {seconds!r}",
+            param="expires_after.seconds",
+        )
+    return float(seconds)
 
-    async def replay() -> Message:
-        return {"type": "http.request", "body": body, "more_body": False}
 
-    if not (request.headers.get("content-type") or "").startswith("multipart/form-data"):
+def _check_fields(fields: dict[str, str], default_keep_s: float) -> float:
+    """The form's fields checked (as far as they came); how long the file is kept."""
+    unknown = sorted(set(fields) - UPLOAD_FIELDS)
+    if unknown:
+        raise InvalidInput(f"Unrecognized form field(s): {', '.join(unknown)}", param=unknown[0])
+    purpose = fields.get("purpose", "batch")
+    if purpose != "batch":
+        raise InvalidInput(
+            f"'purpose' must be 'batch', not {purpose!r}: inferd keeps files for its Batch API",
+            param="purpose",
+        )
+    return _keep_s(fields, default_keep_s)
+
+
+def _checked(upload: Upload, default_keep_s: float) -> float:
+    """The whole upload checked; how long its file is kept."""
+    keep_s = _check_fields(upload.fields, default_keep_s)
+    if "purpose" not in upload.fields:
+        raise InvalidInput("'purpose' is required: 'batch'", param="purpose")
+    if upload.filename is None:
+        raise InvalidInput("'file' is required: the batch's JSON Lines", param="file")
+    if upload.blank:
+        raise InvalidInput("the file is empty", param="file")
+    upload.filename = upload.filename or "upload.jsonl"
+    return keep_s
+
+
+async def _store_upload(request: Request) -> dict[str, Any]:
+    """Admit, receive and record one upload: refused before its body is read when its
+    owner has no room left (or its declared length is over), as soon as it passes what
+    is left while it streams, and once it is in (quota checked again as it is recorded)."""
+    from inferd.jobs.files import files_root, receive  # the database layer, on first use
+
+    settings = gateway_of(request).settings
+    files, owner = jobs_of(request).files, owner_of(request.scope)
+    content_type = header(request, b"content-type") or ""
+    if not content_type.startswith("multipart/form-data"):
         raise InvalidInput("upload the file as multipart/form-data ('file' and 'purpose')")
-    async with Request(request.scope, replay).form(max_files=1, max_fields=8) as form:
-        purpose, upload = form.get("purpose"), form.get("file")
-        if purpose != "batch":
-            raise InvalidInput(
-                f"'purpose' must be 'batch', not {purpose!r}: inferd keeps files for its Batch API",
-                param="purpose",
-            )
-        if not isinstance(upload, UploadFile):
-            raise InvalidInput("'file' is required: the batch's JSON Lines", param="file")
-        content = await upload.read()
-        return purpose, upload.filename or "upload.jsonl", content
+    length = header(request, b"content-length")
+    if length is not None and not length.isdigit():
+        raise BadRequest("invalid Content-Length header")
+    declared = None if length is None else int(length)
+    room = await asyncio.to_thread(files.room, owner, settings.jobs, declared)
+    scratch = Path(settings.data_dir).resolve() / UPLOADS / uuid.uuid4().hex
+    keep_s = settings.jobs.file_keep_s
+    try:
+        upload = await receive(
+            content_type, request.stream(), scratch / "file", room,
+            lambda fields: _check_fields(fields, keep_s),
+        )  # fmt: skip
+        context_of(request.scope).body_read = True
+        keep_s = _checked(upload, keep_s)
+        return await asyncio.to_thread(
+            files.create, upload, "batch", owner, keep_s, files_root(settings), settings.jobs
+        )
+    except ClientDisconnect:
+        raise BadRequest("the client went away before the upload ended") from None
+    finally:
+        await asyncio.to_thread(shutil.rmtree, scratch, True)
 
 
 @router.post("/files")
 async def create_file(request: Request) -> Response:
-    """Upload a batch's input: JSON Lines, one request per line."""
-    jobs = jobs_of(request)
-    limit = gateway_of(request).settings.jobs.max_body_bytes
-    purpose, filename, content = await _upload(request, limit)
-    if not content.strip():
-        raise InvalidInput("the file is empty", param="file")
-    row = await asyncio.to_thread(
-        jobs.files.create, purpose, filename[:256], content, owner_of(request.scope)
-    )
+    """Upload a batch's input: JSON Lines, one request per line (multipart: ``file``,
+    ``purpose``, optionally ``expires_after[anchor]`` and ``expires_after[seconds]``)."""
+    try:
+        row = await _store_upload(request)
+    except Exception as exc:
+        if context_of(request.scope).body_read:
+            raise
+        from inferd.api.app import error_response  # the app imports this module
+
+        response = error_response(request, exc)
+        response.headers["connection"] = "close"  # the rest of the body is never read
+        return response
     return json_response(_file_object(row))
 
 
@@ -189,9 +266,20 @@ async def file_content(file_id: str, request: Request) -> Response:
         return StreamingResponse(
             _stream(jobs, job["id"], errors), media_type="application/octet-stream"
         )
-    await _uploaded(request, file_id)
-    content = await asyncio.to_thread(jobs.files.content, file_id)
-    return Response(content or b"", media_type="application/octet-stream")
+    row = await _uploaded(request, file_id)
+    opened = await asyncio.to_thread(jobs.files.open, file_id)
+    return StreamingResponse(
+        _read(opened), media_type="application/octet-stream",
+        headers={"content-length": str(row["bytes"])},
+    )  # fmt: skip
+
+
+async def _read(opened: IO[bytes]) -> AsyncIterator[bytes]:
+    try:
+        while piece := await asyncio.to_thread(opened.read, READ_BYTES):
+            yield piece
+    finally:
+        await asyncio.to_thread(opened.close)
 
 
 async def _stream(jobs: Jobs, job_id: str, errors: bool) -> AsyncIterator[bytes]:
@@ -289,14 +377,21 @@ def _batch_fields(body: Any) -> tuple[str, str, str, dict[str, str] | None]:
     return file_id, str(endpoint), window, metadata
 
 
-def batch_lines(content: bytes, endpoint: str, limit: int) -> tuple[list[bytes], str]:
+def _read_batch(
+    files: FileStore, file_id: str, endpoint: str, limit: int
+) -> tuple[list[bytes], str]:
+    with files.open(file_id) as opened:
+        return batch_lines(opened, endpoint, limit)
+
+
+def batch_lines(lines: Iterable[bytes], endpoint: str, limit: int) -> tuple[list[bytes], str]:
     """Each line of a batch's input as a job item (``{"custom_id", "url", "body"}``), and
     the one model they name; InvalidInput listing the first wrong lines."""
     items: list[bytes] = []
     models: dict[str, int] = {}
     seen: set[str] = set()
     wrong: list[str] = []
-    for number, raw in enumerate(content.splitlines(), start=1):
+    for number, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
         if len(items) >= limit:
@@ -360,8 +455,9 @@ async def create_batch(request: Request) -> Response:
     row = await _uploaded(request, file_id, param="input_file_id")
     if row["purpose"] != "batch":
         raise InvalidInput(f"{file_id} was not uploaded for a batch", param="input_file_id")
-    content = await asyncio.to_thread(jobs.files.content, file_id) or b""
-    items, model = await asyncio.to_thread(batch_lines, content, endpoint, settings.jobs.max_items)
+    items, model = await asyncio.to_thread(
+        _read_batch, jobs.files, file_id, endpoint, settings.jobs.max_items
+    )
     context_of(request.scope).model = model
     target, _ = gateway_of(request).router.resolve(model, None)  # 404 now, not a failed batch
     await admit(request, target)  # its caller, its graph's models, its rate limit

@@ -1,5 +1,6 @@
 """The server process's side of jobs: the runner, callbacks, and upkeep (expired jobs
-removed, interrupted submissions failed) — started once the gateways listen."""
+and files removed, interrupted submissions failed, every ``jobs.upkeep_interval_s``) —
+started once the gateways listen."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import ssl
 from inferd.config import Settings
 from inferd.jobs import describe
 from inferd.jobs.callbacks import CallbackSender
+from inferd.jobs.files import FileStore
 from inferd.jobs.queue import SqliteQueue, queue_for
 from inferd.jobs.runner import TOPICS, JobRunner
 from inferd.jobs.store import JobStore
@@ -18,7 +20,6 @@ from inferd.observability.exposition import Text
 from inferd.registry import Registry
 
 logger = logging.getLogger(__name__)
-UPKEEP_INTERVAL_S = 600.0
 
 
 def gateway_url(settings: Settings) -> str:
@@ -47,6 +48,8 @@ class JobService:
         assert settings.auth.internal_token is not None
         cfg = settings.jobs
         self.store = JobStore(registry.engine)
+        self.files = FileStore(registry.engine)
+        self.upkeep_interval_s = cfg.upkeep_interval_s
         self.queue = queue_for(settings.resolved_queue_url)
         self.callbacks = CallbackSender(
             self.store, describe, cfg.callback_secret, cfg.callback_attempts,
@@ -85,11 +88,15 @@ class JobService:
             try:
                 purged = await asyncio.to_thread(self.store.purge)
                 failed = await asyncio.to_thread(self.store.fail_interrupted)
-                if purged or failed:
-                    logger.info("jobs: %d expired removed, %d interrupted failed", purged, failed)
+                gone = await asyncio.to_thread(self.files.purge)
+                if purged or failed or gone:
+                    logger.info(
+                        "jobs: %d expired removed, %d interrupted failed; %d files removed",
+                        purged, failed, gone,
+                    )  # fmt: skip
             except Exception:
                 logger.exception("jobs upkeep failed; retrying later")
-            await asyncio.sleep(UPKEEP_INTERVAL_S)
+            await asyncio.sleep(self.upkeep_interval_s)
 
     async def write_metrics(self, out: Text) -> None:
         """Jobs by kind and status, queue depth per topic, the runner's item counts."""

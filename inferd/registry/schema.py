@@ -26,7 +26,7 @@ from inferd.registry.engine import (
     create_registry_engine,
 )
 
-HEAD = "0013"
+HEAD = "0014"
 """The newest migration's revision."""
 
 

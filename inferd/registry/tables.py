@@ -310,9 +310,14 @@ files = Table(
     Column("purpose", String(32), nullable=False),
     Column("filename", String(256), nullable=False),
     Column("bytes", BigInteger(), nullable=False),
-    Column("owner", String(128), nullable=True),
+    Column("owner", String(128), nullable=True, index=True),
     Column("created_at", UTCDateTime(), nullable=False),
-    Column("content", LargeBinary(), nullable=False),
+    Column("content", LargeBinary(), nullable=True),  # the bytes, as servers before 0014 kept them
+    Column("sha256", String(64), nullable=True),
+    Column("location", String(1024), nullable=True),  # where the bytes are; null: in content
+    Column("expires_at", UTCDateTime(), nullable=True, index=True),  # null: never
+    Column("status", String(16), nullable=False, server_default="processed"),  # or uploading
 )
 """Files uploaded through OpenAI's ``/v1/files`` (a batch's input, JSON Lines), kept
-until deleted; in the database, so every gateway and host reads the same ones."""
+until they expire or are deleted; their bytes in the file store (``location``:
+``<data_dir>/files`` or the S3 artifact store's ``_files``, see :mod:`inferd.jobs.files`)."""
