@@ -13,7 +13,12 @@ Behind it a small Deployment controller and kubelet make the pods real: each pod
 real ``inferd replica`` process started from the pod template as a kubelet would start
 its container: the environment from ``env`` (``fieldRef`` of ``metadata.name`` and
 ``status.podIP`` included) and ``envFrom`` (Secrets and ConfigMaps stored here),
-``$(VAR)`` expanded in the arguments, its ``emptyDir`` at ``/data`` a folder of its own.
+``$(VAR)`` expanded in the arguments, its ``emptyDir`` at ``/data`` a folder of its own,
+a ``hostPath`` a folder of the (one) node's that every pod mounting it shares. Init
+containers run first, one at a time, each to a clean exit (restarted with a backoff
+until then, ``CrashLoopBackOff`` after the second failure, in
+``initContainerStatuses``). ``readOnly`` mounts are not enforced (the tests run as root,
+which a folder's permissions do not stop): tests check what was written instead.
 Each pod gets its own loopback address (127.0.0.N) as its pod IP, as a pod network would
 give it one. The readiness, liveness and startup probes are HTTP GETs to the pod IP
 (polled every 0.2 s here, not the template's periods, to keep tests short); a container
@@ -124,6 +129,18 @@ class Pod:
         cs["state"] = state
         cs["ready"] = self.ready
 
+    @staticmethod
+    def _status_of(container: dict[str, Any], waiting: str) -> dict[str, Any]:
+        return {
+            "name": container["name"],
+            "image": container["image"],
+            "imageID": "",
+            "ready": False,
+            "restartCount": 0,
+            "started": False,
+            "state": {"waiting": {"reason": waiting}},
+        }
+
     def changed(self) -> None:
         self.fake.modified("pods", self.obj)
 
@@ -140,20 +157,20 @@ class Pod:
             return
         self._condition("PodScheduled", True)
         self.obj["spec"]["nodeName"] = "fake-node"
-        container = self.container
+        steps = self.obj["spec"].get("initContainers") or []
         self.obj["status"]["containerStatuses"] = [  # once scheduled, as the kubelet does
-            {
-                "name": container["name"],
-                "image": container["image"],
-                "imageID": "",
-                "ready": False,
-                "restartCount": 0,
-                "started": False,
-                "state": {"waiting": {"reason": "ContainerCreating"}},
-            }
+            self._status_of(self.container, "PodInitializing" if steps else "ContainerCreating")
         ]
+        if steps:
+            self.obj["status"]["initContainerStatuses"] = [
+                self._status_of(c, "PodInitializing") for c in steps
+            ]
         self.obj["status"]["podIP"] = self.obj["status"]["podIPs"][0]["ip"]
         self.changed()
+        for i, step in enumerate(steps):
+            if not await self._run_step(i, step):
+                return
+        self._condition("Initialized", True)
         backoff = 0.5
         while not self.deleting:
             code = await self._run_container()
@@ -177,9 +194,44 @@ class Pod:
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)
 
-    def _environment(self) -> dict[str, str]:
+    async def _run_step(self, index: int, step: dict[str, Any]) -> bool:
+        """One init container, run until it exits 0 (True) or the pod is deleted."""
+        backoff = 0.5
+        while not self.deleting:
+            status = self.obj["status"]["initContainerStatuses"][index]
+            status.update(started=True, state={"running": {"startedAt": _now()}})
+            self.changed()
+            self.proc = self._launch(step)  # what a delete stops, meanwhile
+            code = await asyncio.to_thread(self.proc.wait)
+            finished = {"exitCode": code, "finishedAt": _now()}
+            if code == 0:
+                status.update(
+                    started=False, state={"terminated": {**finished, "reason": "Completed"}}
+                )
+                self.changed()
+                return True
+            status["restartCount"] += 1
+            status["lastState"] = {"terminated": {**finished, "reason": "Error"}}
+            status["state"] = {"waiting": {"reason": "PodInitializing"}}
+            if status["restartCount"] >= 2:
+                message = f"back-off {backoff:.1f}s restarting failed container"
+                status["state"] = {"waiting": {"reason": "CrashLoopBackOff", "message": message}}
+            self.changed()
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+        return False
+
+    def _folder(self, volume: str) -> Path:
+        """Where a volume of this pod lives: a ``hostPath`` in the node's folder (shared
+        by the pods that mount it), anything else in the pod's own."""
+        for v in self.obj["spec"].get("volumes", []):
+            if v["name"] == volume and "hostPath" in v:
+                return self.fake.root / "node" / v["hostPath"]["path"].strip("/")
+        return self.fake.root / self.name / volume
+
+    def _environment(self, container: dict[str, Any]) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("INFERD_", "KUBECONFIG"))}
-        for source in self.container.get("envFrom", []):
+        for source in container.get("envFrom", []):
             if "secretRef" in source:
                 data = self.fake.secrets.get(source["secretRef"]["name"], {})
                 env.update({k: base64.b64decode(v).decode() for k, v in data.items()})
@@ -190,37 +242,41 @@ class Pod:
             "metadata.namespace": self.obj["metadata"]["namespace"],
             "status.podIP": self.obj["status"]["podIP"],
         }
-        for var in self.container.get("env", []):
+        for var in container.get("env", []):
             if "value" in var:
                 env[var["name"]] = re.sub(
                     r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), var["value"]
                 )
             elif "fieldRef" in var.get("valueFrom", {}):
                 env[var["name"]] = fields[var["valueFrom"]["fieldRef"]["fieldPath"]]
-        # emptyDir volumes: a folder of this pod's, where the container mounts them
-        mounts = {m["mountPath"]: m["name"] for m in self.container.get("volumeMounts", [])}
-        root = self.fake.root / self.name
+        # volumes: a folder of this pod's (of the node's), where the container mounts them
+        mounts = {m["mountPath"]: m["name"] for m in container.get("volumeMounts", [])}
         for path, volume in mounts.items():
-            (root / volume).mkdir(parents=True, exist_ok=True)
+            folder = self._folder(volume)
+            folder.mkdir(parents=True, exist_ok=True)
             for key, value in list(env.items()):
                 if value == path or value.startswith(path + "/"):
-                    env[key] = str(root / volume) + value[len(path) :]
+                    env[key] = str(folder) + value[len(path) :]
         if "/tmp" in mounts:
-            env["TMPDIR"] = str(root / mounts["/tmp"])
+            env["TMPDIR"] = str(self._folder(mounts["/tmp"]))
         return env
 
-    async def _run_container(self) -> int:
-        env = self._environment()
+    def _launch(self, container: dict[str, Any]) -> subprocess.Popen[bytes]:
+        env = self._environment(container)
         expand = lambda s: re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), s)  # noqa: E731
-        command = [expand(a) for a in self.container["command"] + self.container.get("args", [])]
+        command = [expand(a) for a in container["command"] + container.get("args", [])]
         if command[0] == "inferd":  # the image's entry point
             command = [sys.executable, "-m", "inferd", *command[1:]]
         log = open(self.fake.root / f"{self.name}.log", "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(
+        proc = subprocess.Popen(
             command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         log.close()
-        self.fake.processes.append(self.proc)
+        self.fake.processes.append(proc)
+        return proc
+
+    async def _run_container(self) -> int:
+        self.proc = self._launch(self.container)
         cs = self.obj["status"]["containerStatuses"][0]
         cs["started"] = True
         cs["containerID"] = f"fake://{uuid.uuid4().hex}"

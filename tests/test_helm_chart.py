@@ -406,6 +406,23 @@ def test_the_replica_deployments_the_control_creates_fit_the_chart(
         ref = source.get("secretRef") or source["configMapRef"]
         kind = "Secret" if "secretRef" in source else "ConfigMap"
         assert find(objs, kind, ref["name"]) or ref["name"] in USER_SECRETS
+    # with the node's artifact cache: read-only to the replica, written by a fetch step
+    # of the chart's own image, as unprivileged as the replica
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    if settings.kubernetes.node_cache_path is None:
+        assert "artifact-cache" not in volumes and "initContainers" not in pod["spec"]
+        return
+    assert volumes["artifact-cache"]["hostPath"]["path"] == settings.kubernetes.node_cache_path
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == "artifact-cache"]
+    assert mount["readOnly"] is True
+    (step,) = pod["spec"]["initContainers"]
+    assert step["image"] == container(objs, "control")["image"]
+    assert step["args"][-1] == "--fetch-only"
+    (writable,) = [m for m in step["volumeMounts"] if m["name"] == "artifact-cache"]
+    assert not writable.get("readOnly")
+    assert step["securityContext"]["readOnlyRootFilesystem"] is True
+    assert step["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert step["resources"]["limits"]["memory"]
 
 
 # --- labels, selectors, scaling --------------------------------------------------------

@@ -1,6 +1,9 @@
 """Image inputs: the demo image classifier served from JPEG/PNG bytes (multipart, base64,
 V2's binary extension, gRPC) and from s3:// URIs of an allowed bucket (a moto server), the
-design documents' batch example, and what is refused."""
+design documents' batch example, and what is refused; the allow-list by whole path
+segments, each version's own pixel limit beside Pillow's untouched global, and s3://
+requests never answered from the result cache (an overwritten object, a bucket no
+longer allowed)."""
 
 from __future__ import annotations
 
@@ -19,8 +22,10 @@ from inferd.demo.build import build_demo_model
 from inferd.demo.images import LABELS, jpeg, picture
 from inferd.errors import InvalidInput
 from inferd.replica_config import ImagesConfig
-from inferd.runtimes.images import ImageSpec, decode
+from inferd.runtimes.base import Runtime, Signature, TensorSpec
+from inferd.runtimes.images import ImageInput, ImageSpec, allowed_object, decode
 from tests.conftest import InferdServer, moto_s3, push_folder
+from tests.inprocess import InProcessServer
 from tests.test_jobs import Receiver
 
 MODEL = "image-classifier-v1"  # as the design documents' batch example names it
@@ -83,6 +88,105 @@ def test_corrupt_images_and_decompression_bombs_are_refused_before_decoding():
     assert time.perf_counter() - began < 0.05  # the header only
 
 
+def test_the_allow_list_matches_whole_path_segments():
+    entries = ["images/x", "photos"]
+    assert allowed_object("images", "x/a.jpg", entries)
+    assert allowed_object("images", "x/deeper/a.jpg", entries)
+    assert not allowed_object("images", "x-private/a.jpg", entries)  # a prefix, not x/
+    assert not allowed_object("images", "xa.jpg", entries)
+    assert not allowed_object("images", "x", entries)  # the folder's name, no object in it
+    assert not allowed_object("images", "y/a.jpg", entries)
+    assert allowed_object("photos", "any/key.png", entries)  # a bare bucket: all of it
+    assert not allowed_object("photos-other", "any/key.png", entries)  # only that bucket
+    assert not allowed_object("photo", "any/key.png", entries)
+    for sneaky in ("x/../x-private/a.jpg", "x//a.jpg", "x/./a.jpg", "x/", ""):
+        assert not allowed_object("images", sneaky, entries), sneaky
+    assert allowed_object("images", "x/a.jpg", ["images/x/"])  # a trailing / is the same
+    assert not allowed_object("images", "x/a.jpg", [])
+    for bad in ("s3://images", "images//x", "images/../x", ""):
+        with pytest.raises(ValueError, match="allowed_buckets entry"):
+            ImagesConfig(allowed_buckets=[bad])
+
+
+class Pixels(Runtime):
+    """A model of one 3 x 8 x 8 pixel input: each row's mean."""
+
+    framework = "test-pixels"
+
+    def load(self) -> None:
+        pass
+
+    def infer_signature(self) -> Signature:
+        return Signature(
+            (TensorSpec("x", "FP32", (-1, 3, 8, 8)),), (TensorSpec("y", "FP32", (-1,)),)
+        )
+
+    def predict_batch(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {"y": inputs["x"].mean(axis=(1, 2, 3))}
+
+
+def _runtime(max_pixels: int) -> ImageInput:
+    runtime = ImageInput(Pixels(Path(".")), ImageSpec.parse({"size": 8}), ImagesConfig(
+        max_pixels=max_pixels))  # fmt: skip
+    runtime.load()
+    return runtime
+
+
+def _encoded(side: int, fmt: str) -> bytes:
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (side, side), (200, 100, 50)).save(out, format=fmt)
+    return out.getvalue()
+
+
+def _predict(runtime: ImageInput, data: bytes) -> float:
+    column = np.empty(1, dtype=object)
+    column[0] = data
+    return float(runtime.run({"image": column})["y"][0])
+
+
+def test_image_runtimes_leave_pillows_process_wide_pixel_limit_alone():
+    from PIL import Image
+
+    before = Image.MAX_IMAGE_PIXELS
+    assert before is not None  # Pillow's check is on in this process
+    runtime = _runtime(10**6)
+    for fmt in ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF"):
+        assert _predict(runtime, _encoded(64, fmt)) > 0
+    decode(_encoded(64, "PNG"), ImageSpec.parse({"size": 8}), 10**6, "an image")
+    assert before == Image.MAX_IMAGE_PIXELS  # a shared process's neighbours keep theirs
+
+
+def test_image_runtimes_in_one_process_each_enforce_their_own_pixel_limit(monkeypatch):
+    from PIL import Image
+
+    # Pillow's own limit below both versions' (as 89 Mpx is below a version allowing
+    # 150 Mpx): Image.open would refuse (or warn about, an error in these tests) every
+    # image below, and the version with the larger limit must not see that.
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1_000)
+    small, large = _runtime(5_000), _runtime(10**6)
+    for fmt in ("JPEG", "PNG", "GIF", "BMP"):
+        data = _encoded(100, fmt)  # 10,000 pixels
+        with pytest.raises(InvalidInput, match="100 x 100 pixels, over the limit of 5,000"):
+            _predict(small, data)
+        assert _predict(large, data) > 0, fmt
+        assert _predict(small, _encoded(50, fmt)) > 0  # 2,500: within its own limit
+    for fmt in ("WEBP", "TIFF"):  # Pillow's readers of these check its global themselves
+        with pytest.raises(InvalidInput, match="Pillow refuses to decode it"):
+            _predict(large, _encoded(100, fmt))
+    assert Image.MAX_IMAGE_PIXELS == 1_000
+
+
+def test_only_the_formats_named_are_read():
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (16, 16)).save(out, format="ICO")  # Pillow reads it; inferd does not
+    with pytest.raises(InvalidInput, match="is not an image"):
+        decode(out.getvalue(), ImageSpec.parse({"size": 8}), 10**6, "image of row 0")
+
+
 # -- the server ----------------------------------------------------------------------
 
 
@@ -97,10 +201,14 @@ def s3_env(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, s3_env):
+def demo(tmp_path_factory):
+    return build_demo_model("image-classifier", tmp_path_factory.mktemp("demo"))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, s3_env, demo):
     env, _ = s3_env
     data = tmp_path_factory.mktemp("images")
-    demo = build_demo_model("image-classifier", tmp_path_factory.mktemp("demo"))
     push_folder(data, MODEL, demo.path, framework="onnx", **demo.metadata)
     server_env = {
         **env,
@@ -276,3 +384,82 @@ def test_a_multipart_form_of_several_images_is_several_rows(server, tmp_path: Pa
         f"/api/v1/models/{MODEL}/predict", files={"picture": ("a.jpg", pictures[0][1])}
     )
     assert reply.status_code == 422 and "form field 'picture'" in reply.text
+
+
+# -- the result cache and s3:// inputs -------------------------------------------------
+
+
+def _cached_server(data: Path, redis_url: str, buckets: list[str]) -> InProcessServer:
+    """A server whose gateways cache answers in Redis, which outlives it (as a gateway's
+    cache outlives a replica restarted with other settings)."""
+    server = InProcessServer(
+        data, cache={"enabled": True}, redis_url=redis_url, images={"allowed_buckets": buckets}
+    )
+    server.wait_ready()
+    server.wait_for(
+        lambda: server.client.get(f"/v2/models/{MODEL}/ready").status_code == 200,
+        what="the image classifier ready",
+    )
+    return server
+
+
+def test_s3_inputs_are_never_answered_from_the_result_cache(
+    tmp_path: Path, s3_env, demo, redis_url: str, monkeypatch: pytest.MonkeyPatch
+):
+    env, fs = s3_env
+    for name, value in env.items():  # the in-process replica fetches with the AWS_* ones
+        monkeypatch.setenv(name, value)
+    data = tmp_path / "data"
+    push_folder(data, MODEL, demo.path, framework="onnx", **demo.metadata)
+    (_, first), (_, second) = _pictures(2, 50)
+    uri = f"s3://{BUCKET}/cached/over.jpg"
+
+    def predict(client: httpx.Client, value) -> httpx.Response:
+        return client.post(f"/api/v1/models/{MODEL}/predict", json={"inputs": [value]})
+
+    def b64(image: bytes) -> dict[str, str]:
+        return {"b64": base64.b64encode(image).decode()}
+
+    server = _cached_server(data, redis_url, [BUCKET, "private"])
+    try:
+        c = server.client
+        predict(c, b64(first))
+        assert predict(c, b64(first)).headers["x-cache"] == "hit"  # the cache is on
+        expected = {
+            image: predict(c, b64(image)).json()["outputs"][0]["probabilities"]
+            for image in (first, second)
+        }
+        assert expected[first] != pytest.approx(expected[second], abs=1e-4)
+
+        # An object overwritten under its URI: the next answer is the new object's.
+        fs.pipe(uri[5:], first)
+        for _ in range(2):
+            reply = predict(c, uri)
+            assert reply.status_code == 200, reply.text
+            assert "x-cache" not in reply.headers  # neither a hit nor kept
+            assert reply.json()["outputs"][0]["probabilities"] == pytest.approx(
+                expected[first], abs=1e-6
+            )
+        fs.pipe(uri[5:], second)
+        reply = predict(c, uri)
+        assert reply.json()["outputs"][0]["probabilities"] == pytest.approx(
+            expected[second], abs=1e-6
+        )
+
+        # A bucket allowed now, answered twice...
+        fs.pipe("private/secret.jpg", first)
+        assert predict(c, "s3://private/secret.jpg").status_code == 200
+        assert predict(c, "s3://private/secret.jpg").status_code == 200
+    finally:
+        server.stop()
+
+    # ... and no longer: the replicas restarted with the smaller allow-list refuse it,
+    # though the gateways' cache (Redis) outlived them.
+    server = _cached_server(data, redis_url, [BUCKET])
+    try:
+        reply = predict(server.client, "s3://private/secret.jpg")
+        assert reply.status_code == 422, reply.text
+        assert "outside the buckets image inputs may name" in reply.text
+        assert predict(server.client, b64(first)).headers["x-cache"] == "hit"  # still on
+    finally:
+        server.stop()

@@ -17,9 +17,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import msgspec
 import pytest
 
 from inferd.config import KubernetesConfig, Settings
@@ -331,6 +333,131 @@ def test_a_controller_that_cannot_use_the_api_says_why_and_stops(tmp_path: Path)
         kube.stop()
 
 
+def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file and folder under ``root``: modification time and size."""
+    return {
+        str(p.relative_to(root)): (p.stat().st_mtime_ns, p.stat().st_size) for p in root.rglob("*")
+    }
+
+
+def test_a_node_s_cache_is_written_by_fetch_steps_only_and_a_changed_entry_fetched_again(
+    tmp_path: Path, kube: FakeKube, s3: dict[str, str]
+):
+    from inferd.registry.store import digest_of
+
+    kube.add_owner("inferd-control")
+    env = {**_env(tmp_path, kube, s3), "INFERD_KUBERNETES__NODE_CACHE_PATH": "/var/cache/inferd"}
+    server = InferdServer(tmp_path / "srv", workers=1, env=env)
+    name = deployment_name("inferd", "calc", "v1")
+    node = kube.root / "node" / "var" / "cache" / "inferd"  # the fake node's hostPath
+
+    def replicas() -> list[dict]:
+        return server.client.get("/api/v1/models/calc/versions/v1").json()["replicas"]
+
+    try:
+        server.wait_ready()
+        pushed = upload_arithmetic(server.client, "calc", "v1", "x * 7")
+        assert pushed.status_code == 201, pushed.text
+        sha = pushed.json()["version"]["sha256"]
+        server.wait_for(lambda: _y(server, "calc", 2.0) == 14.0, 90, "calc:v1 served by a pod")
+        entry = node / sha
+        assert digest_of(entry) == sha  # the pod's fetch step filled the node's cache
+        (pod,) = _ready_pods(kube, name)
+        (step,) = pod["status"]["initContainerStatuses"]
+        assert step["name"] == "fetch" and step["state"]["terminated"]["exitCode"] == 0
+
+        # the replica container writes nothing there: a crash restarts it alone (no
+        # fetch step), and it serves the entry as it is
+        before = _snapshot(node)
+        first = pod["metadata"]["name"]
+        kube.kill_container(first)
+        server.wait_for(
+            lambda: any(r["id"] == first and r["restarts"] >= 1 and r["state"] == "ready"
+                        for r in replicas()),
+            60, "the crashed replica container restarted and routed again",
+        )  # fmt: skip
+        assert _snapshot(node) == before
+
+        # an entry changed on the node (what a pod that could write it might do): the
+        # next pod's fetch step hashes it, finds it changed and fetches it again
+        (entry / "model.py").write_text(arithmetic_model("x * 1000"))
+        reply = server.client.post(
+            "/api/v1/deployments",
+            json={"model_name": "calc", "version": "v1", "resources": {"replicas": 2}},
+        )
+        assert reply.status_code == 201, reply.text
+        server.wait_for(lambda: len(_ready_pods(kube, name)) == 2, 90, "a second pod ready")
+        server.wait_for(
+            lambda: sum(r["state"] == "ready" for r in replicas()) == 2, 30, "both routed"
+        )
+        assert digest_of(entry) == sha
+        with ThreadPoolExecutor(8) as pool:  # at once: both pods answer
+            answers = set(pool.map(lambda _: _y(server, "calc", 1.0), range(64)))
+        assert answers == {7.0}
+        (second,) = [p for p in _ready_pods(kube, name) if p["metadata"]["name"] != first]
+        log = (kube.root / f"{second['metadata']['name']}.log").read_text()
+        assert "changed since it was fetched" in log, log[-3000:]
+    finally:
+        assert server.stop() == 0, server.log()[-4000:]
+
+
+def test_a_replica_container_serves_its_node_s_entry_or_else_fetches_its_own(tmp_path: Path):
+    from inferd.registry.artifact_cache import ArtifactCache
+    from inferd.serving.joiner import localize
+    from inferd.serving.pod import from_node
+
+    sha = "ab" * 32
+    spec = ReplicaSpec(
+        replica_id="", model="calc", version="v1", framework="python", artifact_dir="",
+        address="", artifact_uri="s3://models/calc/v1", sha256=sha,
+    )  # fmt: skip
+    node, own = tmp_path / "node", (tmp_path / "data" / "artifact-cache", 1 << 30)
+    on_node = localize(spec, node, 1 << 30)
+
+    def fill(folder: Path) -> int:
+        folder.mkdir()
+        (folder / "model.py").write_text("y = x")
+        return 5
+
+    ArtifactCache(node, 1 << 30).open(sha, fill, hold=False)  # the pod's fetch step
+    served, held = from_node(on_node, own)
+    assert held is not None and served.artifact_dir == str(node / sha)
+    assert served.artifact_uri == ""  # nothing left to fetch: served as it is
+    assert ArtifactCache(node, 1).evict() == []  # held while the replica runs
+    held.close()
+    assert ArtifactCache(node, 1).evict() == [sha]  # evicted, say, while it restarted
+    served, held = from_node(on_node, own)
+    assert held is None and served.artifact_uri == spec.artifact_uri  # fetched, but ...
+    assert served.artifact_dir == str(own[0].resolve() / sha)  # ... into its own folder
+
+
+def test_a_fetch_step_that_cannot_finish_is_the_replica_s_problem():
+    from lightkube.resources.core_v1 import Pod
+
+    from inferd.control.backends.kubernetes import seen
+
+    def waiting(name: str, reason: str, **extra: object) -> dict:
+        return {"name": name, "image": "inferd:1", "imageID": "", "ready": False,
+                "restartCount": 2, "state": {"waiting": {"reason": reason}}, **extra}  # fmt: skip
+
+    names = {"inferd.io/model": "m", "inferd.io/version": "v"}
+    pod = Pod.from_dict({
+        "metadata": {"name": "p", "annotations": names},
+        "status": {
+            "phase": "Pending",
+            "conditions": [{"type": "Ready", "status": "False"}],
+            "containerStatuses": [waiting("replica", "PodInitializing")],
+            "initContainerStatuses": [waiting(
+                "fetch", "CrashLoopBackOff",
+                lastState={"terminated": {"exitCode": 1, "reason": "Error"}},
+            )],
+        },
+    })  # fmt: skip
+    found = seen(pod)
+    assert found is not None and found.failed and not found.ready
+    assert found.problem == "its fetch step: CrashLoopBackOff, exited with code 1"
+
+
 def test_the_deployment_asks_for_gpus_probes_and_drains_as_kubernetes_expects():
     settings = Settings(
         kubernetes=KubernetesConfig(
@@ -388,9 +515,30 @@ def test_replica_pods_of_a_node_share_its_artifact_cache_when_given_one():
     (volume,) = [v for v in pod["volumes"] if v["name"] == "artifact-cache"]
     assert volume["hostPath"] == {"path": "/var/cache/inferd", "type": "DirectoryOrCreate"}
     container = pod["containers"][0]
-    assert {"name": "artifact-cache", "mountPath": "/cache"} in container["volumeMounts"]
+    # the replica, which runs the version's code, cannot write the node's cache ...
+    mount = {"name": "artifact-cache", "mountPath": "/cache", "readOnly": True}
+    assert mount in container["volumeMounts"]
+    assert container["args"][-1] == "--read-only-cache"
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["INFERD_ARTIFACT_CACHE__DIR"] == "/cache"
+    # ... only its fetch step does: the chart's image, fetching and checking, no model
+    (step,) = pod["initContainers"]
+    assert step["name"] == "fetch" and step["image"] == kube.image
+    assert step["args"] == ["replica", "--spec-env", "INFERD_REPLICA_SPEC", "--fetch-only"]
+    assert {"name": "artifact-cache", "mountPath": "/cache"} in step["volumeMounts"]
+    assert not any(m.get("readOnly") for m in step["volumeMounts"])
+    assert step["securityContext"] == container["securityContext"]
+    assert "ports" not in step and "nvidia.com/gpu" not in step["resources"]["limits"]
+    step_env = {e["name"]: e.get("value") for e in step["env"]}
+    assert step_env["INFERD_ARTIFACT_CACHE__DIR"] == "/cache"
+    assert step_env["INFERD_REPLICA_SPEC"] == env["INFERD_REPLICA_SPEC"]
+    assert step["envFrom"] == container["envFrom"]  # the store's credentials
+    # a version naming its own image runs it in the replica container only
+    own_image = msgspec.structs.replace(spec, metadata={"image": "someone/else:1"})
+    steps = manifest(Settings(kubernetes=kube), "prod", own_image, 1, "any", None)
+    chosen = steps["spec"]["template"]["spec"]
+    assert chosen["containers"][0]["image"] == "someone/else:1"
+    assert chosen["initContainers"][0]["image"] == kube.image
     # what the pod's own settings make of it: the version's folder is the node's entry
     from inferd.config import Settings as PodSettings
     from inferd.serving.joiner import localize

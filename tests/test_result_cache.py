@@ -30,6 +30,27 @@ def test_keys_depend_on_version_and_values_only():
     assert cache_key("m", "v1", a) != cache_key("n", "v1", a)
 
 
+def test_a_request_naming_an_s3_object_is_never_cacheable():
+    from inferd.routing.cache import fetches
+    from inferd.runtimes.base import Signature, TensorSpec
+
+    image = TensorSpec("image", "BYTES", (-1,), media="image")
+    text = TensorSpec("text", "BYTES", (-1,))
+    signature = Signature((image, text), (TensorSpec("y", "FP32", (-1,)),))
+
+    def column(*values: object) -> np.ndarray:
+        array = np.empty(len(values), dtype=object)
+        array[:] = list(values)
+        return array
+
+    def request(images: np.ndarray, texts: np.ndarray) -> dict:
+        return {"image": to_tensor(images), "text": to_tensor(texts)}
+
+    assert not fetches(signature, request(column(b"\xff\xd8jpeg"), column("s3://a/b")))
+    assert fetches(signature, request(column(b"\xff\xd8jpeg", "s3://images/a.jpg"), column("x")))
+    assert not fetches(Signature((text,), ()), {"text": to_tensor(column("s3://images/a"))})
+
+
 def test_the_lru_is_bounded_in_bytes_and_entries_expire():
     async def run() -> None:
         cache = LocalCache(max_bytes=100_000)

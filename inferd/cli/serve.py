@@ -157,6 +157,20 @@ def replica(
     replica_id: Annotated[
         str | None, typer.Option(help="With --spec-env: its id (default: the host name).")
     ] = None,
+    fetch_only: Annotated[
+        bool,
+        typer.Option(
+            help="With --spec-env: fetch and check the version's files into the artifact "
+            "cache (a cached entry hashed again), then exit (a pod's fetch step)."
+        ),
+    ] = False,
+    read_only_cache: Annotated[
+        bool,
+        typer.Option(
+            help="With --spec-env: the artifact cache is a node's, read-only here, filled "
+            "by the pod's fetch step; an entry gone since is fetched into the data folder."
+        ),
+    ] = False,
     config: ConfigOpt = None,
     data_dir: DataDirOpt = None,
 ) -> None:
@@ -179,23 +193,28 @@ def replica(
         raise typer.BadParameter(str(exc)) from None
     code: list[int] = []
     if spec_env is not None:
-        from inferd.serving.pod import run_pod, spec_of
+        from inferd.serving import pod as pods
 
         try:
-            spec = spec_of(os.environ.get(spec_env) or "")
+            spec = pods.spec_of(os.environ.get(spec_env) or "")
         except ValueError as exc:
             raise typer.BadParameter(f"${spec_env}: {exc}") from None
         transport.use(creds)
         configure_logging(
             settings.log_level, settings.log_json, f"replica {spec.model}:{spec.version}"
         )
+        cache = (settings.artifact_cache_dir, settings.artifact_cache_max_bytes)
+        if fetch_only:
+            sys.exit(pods.fetch_only(spec, cache))
+        own = None
+        if read_only_cache:
+            own = ((settings.data_dir / "artifact-cache").resolve(), cache[1])
 
         async def pod() -> None:
             health = health_listen or f"0.0.0.0:{settings.kubernetes.health_port}"
             rid = replica_id or socket.gethostname()
             grace = settings.shutdown_grace_s
-            cache = (settings.artifact_cache_dir, settings.artifact_cache_max_bytes)
-            code.append(await run_pod(spec, rid, listen, health, cache, grace))
+            code.append(await pods.run_pod(spec, rid, listen, health, cache, grace, own))
 
         _run(pod())
         sys.exit(code[0] if code else 1)

@@ -12,10 +12,19 @@ chart — makes them share one download). Layout::
     .fetch-<hex>/        a download in progress (renamed into place once checked)
 
 Rules: an entry appears whole (checked file by file and as a whole against the
-registered digest before its rename) and is never changed, so a hit is trusted without
-hashing it again; an entry's mtime is its last use (least recently used first out); the
-total is kept under ``max_bytes`` by removing the least recently used entries that no
-process holds (``.use`` taken exclusively without waiting), never one in use.
+registered digest before its rename) and is never changed by inferd; an entry's mtime is
+its last use (least recently used first out); the total is kept under ``max_bytes`` by
+removing the least recently used entries that no process holds (``.use`` taken
+exclusively without waiting), never one in use.
+
+Who may write it is who it trusts. Processes of one user on one host (``inferd serve``'s
+replicas, joined replicas) trust a hit without hashing it again: any of them could
+change the data folder anyway. Where the writers are not one trust domain — the replica
+pods of a Kubernetes node, each running its own version's code — the cache is mounted
+read-only into the replicas (:meth:`ArtifactCache.use`: nothing fetched, touched or
+evicted there) and written only by each pod's fetch step, which opens with ``verify``:
+a cached entry is hashed again against its name, and one that does not match (changed
+since its fetch) is replaced by a fresh download.
 """
 
 from __future__ import annotations
@@ -26,12 +35,15 @@ import json
 import logging
 import os
 import shutil
+import stat
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
+
+from inferd.registry.store import digest_of
 
 logger = logging.getLogger(__name__)
 
@@ -55,19 +67,28 @@ class ArtifactCache:
     def path(self, sha256: str) -> Path:
         return self.root / sha256
 
-    def open(self, sha256: str, fetch: Callable[[Path], int], hold: bool = True) -> Opened:
+    def open(
+        self, sha256: str, fetch: Callable[[Path], int], hold: bool = True, verify: bool = False
+    ) -> Opened:
         """The entry for ``sha256``, fetched unless the host has it: ``fetch(folder)``
         fills a new folder with the checked files and returns their size. With ``hold``
         the entry is never evicted until :meth:`close` or the process ends (a replica
         runs from it); without, it may be once this returns (a download reads it at
         once: an eviction meanwhile renames it aside whole, and open files stay
-        readable)."""
+        readable). With ``verify`` a cached entry is hashed again first, and fetched
+        anew when its files are not those of ``sha256`` (see the module)."""
         began = time.monotonic()
         self.root.mkdir(parents=True, exist_ok=True)
         entry = self.path(sha256)
         use = self._lock(sha256, "use", fcntl.LOCK_SH)  # waits out an eviction under way
         fetched = 0
         with self._locked(sha256, "fetch"):
+            if verify and entry.is_dir() and not intact(entry, sha256):
+                logger.warning(
+                    "artifact cache: %s no longer holds the files of its digest (changed "
+                    "since it was fetched); fetching them again", entry,
+                )  # fmt: skip
+                self._remove(sha256)
             if not entry.is_dir():
                 scratch = self.root / f".fetch-{uuid.uuid4().hex}"
                 meta = self.root / f"{sha256}.json"
@@ -88,6 +109,27 @@ class ArtifactCache:
             use.close()
         self.evict()
         return Opened(entry, fetched, time.monotonic() - began)
+
+    def use(self, sha256: str) -> Opened:
+        """The entry for ``sha256``, held as :meth:`open` holds it, from a cache this
+        process may not write (a replica pod's read-only view of its node's cache, which
+        the pod's fetch step filled): nothing is fetched, touched or evicted, and the
+        lock files are opened for reading. FileNotFoundError when the entry is not there
+        (never fetched, or evicted since)."""
+        began = time.monotonic()
+        try:
+            use = open(self.root / f"{sha256}.use", "rb")  # noqa: SIM115 -- held open
+        except FileNotFoundError:
+            raise FileNotFoundError(f"the artifact cache {self.root} has no {sha256}") from None
+        try:
+            fcntl.flock(use, fcntl.LOCK_SH)  # waits out an eviction under way
+            if not self.path(sha256).is_dir():
+                raise FileNotFoundError(f"the artifact cache {self.root} has no {sha256}")
+        except BaseException:
+            use.close()
+            raise
+        self._held.append(use)
+        return Opened(self.path(sha256), 0, time.monotonic() - began)
 
     def seed(self, sha256: str, folder: Path) -> None:
         """Put a folder whose files are known to hash to ``sha256`` (a version this host
@@ -121,10 +163,7 @@ class ArtifactCache:
             except BlockingIOError:
                 continue  # a replica runs from it
             try:
-                trash = self.root / f".trash-{uuid.uuid4().hex}"
-                os.rename(self.path(sha), trash)
-                (self.root / f"{sha}.json").unlink(missing_ok=True)
-                shutil.rmtree(trash, ignore_errors=True)
+                self._remove(sha)
             finally:
                 use.close()
             total -= size
@@ -138,6 +177,14 @@ class ArtifactCache:
             with contextlib.suppress(OSError, ValueError):
                 total += int(json.loads(meta.read_text())["size_bytes"])
         return total
+
+    def _remove(self, sha256: str) -> None:
+        """The entry renamed aside whole (a process reading it keeps its open files),
+        then deleted."""
+        trash = self.root / f".trash-{uuid.uuid4().hex}"
+        os.rename(self.path(sha256), trash)
+        (self.root / f"{sha256}.json").unlink(missing_ok=True)
+        shutil.rmtree(trash, ignore_errors=True)
 
     def close(self) -> None:
         """Let go of every entry this process holds."""
@@ -161,6 +208,17 @@ class ArtifactCache:
             yield
         finally:
             handle.close()
+
+
+def intact(entry: Path, sha256: str) -> bool:
+    """Whether ``entry`` holds exactly the files whose artifact digest is ``sha256``:
+    plain files and folders only (a link could lead outside it), hashed again."""
+    for folder, dirs, files in os.walk(entry):
+        for name in dirs + files:
+            mode = os.lstat(os.path.join(folder, name)).st_mode
+            if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+                return False
+    return digest_of(entry) == sha256
 
 
 def _link_or_copy(source: str, target: str) -> None:

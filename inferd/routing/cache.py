@@ -38,6 +38,13 @@ off for it (a model with randomness, or one reading outside state). Only answers
 cached, never errors, and never an answer a fallback version gave. One answer larger
 than an eighth of ``max_bytes`` is not kept.
 
+Nor is a request that names what its replica fetches (an ``s3://`` URI in an image
+input, :func:`fetches`): its key would be the URI, not the object, which may be
+overwritten under it, and a hit would skip the replica's check of
+``images.allowed_buckets``. Keying such a request by the object's ETag would cost a HEAD
+to the store in the gateway on every request, hit or miss, and still leave the
+allow-list to be applied there as well; not caching it is simpler and cannot be stale.
+
 Generations are cached too when they are deterministic (temperature 0, top_k 1, or a
 seed), whole (finished by a stop or the length), and on the base model or an adapter
 registered with its version (an adapter loaded at run time may change under its name:
@@ -58,7 +65,7 @@ import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 import numpy as np
@@ -68,6 +75,9 @@ from inferd.config import Settings
 from inferd.routing.table import VersionRoute
 from inferd.serving import protocol as p
 from inferd.serving.protocol import Columns
+
+if TYPE_CHECKING:
+    from inferd.runtimes.base import Signature
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +97,18 @@ def cache_key(model: str, version: str, inputs: dict[str, p.Tensor]) -> bytes:
         data = tensor.data
         digest.update(data if isinstance(data, bytes) else msgspec.msgpack.encode(data))
     return digest.digest()
+
+
+def fetches(signature: Signature, inputs: dict[str, p.Tensor]) -> bool:
+    """Whether a request names data its replica fetches (an ``s3://`` URI among a media
+    input's values, where the gateway's codecs leave every other image as bytes): such
+    a request is never cached (see the module)."""
+    for spec in signature.inputs:
+        tensor = inputs.get(spec.name) if spec.media is not None else None
+        values = () if tensor is None or isinstance(tensor.data, bytes) else tensor.data
+        if any(isinstance(v, str) and v.startswith("s3://") for v in values):
+            return True
+    return False
 
 
 def version_ttl(route: VersionRoute | None, default_s: float) -> float:

@@ -18,7 +18,7 @@ from inferd.errors import ModelError, ModelNotFound, ModelNotReady, Overloaded, 
 from inferd.graphs.runner import Graphs
 from inferd.graphs.spec import GRAPH_FRAMEWORK as GRAPH
 from inferd.observability.log_rows import COUNTERS
-from inferd.routing.cache import ResultCache, cache_key, version_ttl
+from inferd.routing.cache import ResultCache, cache_key, fetches, version_ttl
 from inferd.routing.router import COLD_START, Router, Shadow, Target
 from inferd.serving import protocol as p
 from inferd.serving.protocol import Columns, InferRequest, ModelPolicy
@@ -198,7 +198,7 @@ class DataPlane:
         if self.cache is not None:
             route = self.router.version_route(target.model, target.version)
             ttl = version_ttl(route, self.cache_ttl_s)
-            if ttl > 0:
+            if ttl > 0 and not fetches(target.signature, tensors):
                 looked = time.perf_counter()
                 digest = "" if route is None else route.digest
                 key = cache_key(target.model, f"{target.version}\0{digest}", tensors)

@@ -11,10 +11,12 @@ each, before the request is batched: requests decode in parallel (the decoders r
 the GIL), a corrupt image fails its own request only, and the model sees batches of
 ready tensors. Per image:
 
-1. an ``s3://`` URI is checked against ``images.allowed_buckets`` and fetched (at most
-   ``images.max_object_bytes``); nothing else is ever fetched;
-2. its header is read: not an image → 422; more than ``images.max_pixels`` pixels → 422
-   before any decoding (a decompression bomb costs a header's read);
+1. an ``s3://`` URI is checked against ``images.allowed_buckets`` by whole path segments
+   (:func:`allowed_object`) and fetched (at most ``images.max_object_bytes``); nothing
+   else is ever fetched;
+2. its header is read (:func:`identify`: JPEG, PNG, WebP, GIF, BMP or TIFF, nothing
+   else): not one → 422; more than ``images.max_pixels`` pixels → 422 before any
+   decoding (a decompression bomb costs a header's read);
 3. a JPEG is decoded at the smallest DCT scale (1/2, 1/4, 1/8) still at least the size
    resizing needs (libjpeg-turbo's scaled decoding through Pillow's ``draft``: a 4000 x
    3000 photo for a 224 x 224 model decodes an eighth of the pixels); truncated data is a
@@ -22,14 +24,23 @@ ready tensors. Per image:
 4. converted to ``channels``, its shorter side resized to ``resize`` (or straight to
    ``size``), centre-cropped to ``size``, scaled to [0, 1], normalised by ``mean`` and
    ``std``, laid out ``NCHW`` or ``NHWC`` in the model's float type.
+
+The pixel limit is each version's own: several versions may share one replica process
+(``models.versions_per_process``), so nothing here sets Pillow's process-wide
+``PIL.Image.MAX_IMAGE_PIXELS``, and :func:`identify` reads headers without
+``Image.open``'s check of that global. Pillow's WebP and TIFF readers still check it
+themselves (WebP above twice it, TIFF warns above it and refuses above twice it, as does
+GIF for a frame larger than its screen): such an image within ``max_pixels`` but over
+Pillow's limit is a 422 naming Pillow's.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import io
+import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -37,8 +48,14 @@ from inferd.errors import InvalidInput, StoreUnavailable
 from inferd.replica_config import ImagesConfig
 from inferd.runtimes.base import Runtime, RuntimeConfig, Signature, TensorSpec
 
+if TYPE_CHECKING:
+    from PIL.ImageFile import ImageFile
+
 IMAGE_INPUT = "image"
 _MODES = {"RGB": "RGB", "BGR": "RGB", "L": "L"}
+FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
+"""What an image input may be. Pillow reads many more (EPS through Ghostscript, PSD,
+ICO, …): none of them is tried on a client's bytes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,10 +196,7 @@ class ImageInput(Runtime):
     def _fetch(self, uri: str) -> bytes:
         """An allowed bucket's object, at most ``max_object_bytes``."""
         bucket, _, key = uri[5:].partition("/")
-        if not any(
-            bucket == allowed.split("/", 1)[0] and key.startswith(allowed.partition("/")[2])
-            for allowed in self.limits.allowed_buckets
-        ):
+        if not allowed_object(bucket, key, self.limits.allowed_buckets):
             allowed = ", ".join(self.limits.allowed_buckets) or "none"
             raise InvalidInput(
                 f"{uri} is outside the buckets image inputs may name "
@@ -237,15 +251,9 @@ def decode(
 ) -> np.ndarray:
     """One encoded image as the model takes it (steps 2 to 4 of the module's list);
     ``scaled`` False: every pixel of a JPEG decoded, then resized (what step 3 saves)."""
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
-    # The pixel count is checked here, from the header, by the settings: Pillow's own
-    # process-wide check (a warning, then an error at 179 Mpx) is off.
-    Image.MAX_IMAGE_PIXELS = None
-    try:
-        image: Image.Image = Image.open(io.BytesIO(data))
-    except (UnidentifiedImageError, OSError, ValueError):
-        raise InvalidInput(f"{where} is not an image (JPEG, PNG, WebP, BMP, GIF, TIFF)") from None
+    image: Image.Image = identify(data, where)
     width, height = image.size
     if width * height > max_pixels:
         raise InvalidInput(
@@ -267,6 +275,8 @@ def decode(
         image = image.convert(mode)
     except (OSError, SyntaxError, ValueError) as exc:
         raise InvalidInput(f"{where} is corrupt: {exc}") from None
+    except Image.DecompressionBombError as exc:  # a TIFF over Pillow's own limit
+        raise _over_pillows_limit(where, exc) from None
     if image.size != (need_w, need_h):
         image = image.resize((need_w, need_h), Image.Resampling.BILINEAR)
     if spec.resize is not None:
@@ -282,6 +292,57 @@ def decode(
         mean, std = np.asarray(spec.mean, np.float32), np.asarray(spec.std, np.float32)
         pixels = (pixels / 255.0 - mean) / std
     return pixels.transpose(2, 0, 1) if spec.layout == "NCHW" else pixels
+
+
+def identify(data: bytes, where: str) -> ImageFile:
+    """The image in ``data``, its header read and nothing decoded: ``Image.open``'s
+    identification over :data:`FORMATS`, without its decompression-bomb check, which
+    compares the size with Pillow's process-wide ``MAX_IMAGE_PIXELS`` (in a shared
+    replica process, every neighbour's too): :func:`decode` checks the version's own
+    ``max_pixels`` instead. A JPEG is read as its primary image (an MPO's other frames,
+    whose reader checks Pillow's limit again, are never decoded). InvalidInput when it
+    is none of the formats."""
+    from PIL import Image, JpegImagePlugin
+
+    if not all(name in Image.OPEN for name in FORMATS):
+        Image.init()
+    prefix = data[:16]
+    for name in FORMATS:
+        factory, accept = Image.OPEN[name]
+        if accept is not None and accept(prefix) is not True:
+            continue
+        reader = JpegImagePlugin.JpegImageFile if name == "JPEG" else factory
+        try:
+            return reader(io.BytesIO(data), "")
+        except (SyntaxError, IndexError, TypeError, ValueError, OSError, struct.error):
+            continue  # as Image.open: the next format may take it
+        except Image.DecompressionBombError as exc:  # a WebP (a GIF's frame) over it
+            raise _over_pillows_limit(where, exc) from None
+    raise InvalidInput(f"{where} is not an image (JPEG, PNG, WebP, BMP, GIF, TIFF)")
+
+
+def _over_pillows_limit(where: str, exc: Exception) -> InvalidInput:
+    return InvalidInput(
+        f"{where}: Pillow refuses to decode it: {exc} (its process-wide "
+        "PIL.Image.MAX_IMAGE_PIXELS, which its WebP, TIFF and GIF readers check besides "
+        "images.max_pixels)"
+    )
+
+
+def allowed_object(bucket: str, key: str, allowed: list[str]) -> bool:
+    """Whether ``s3://bucket/key`` is inside an ``images.allowed_buckets`` entry, by
+    whole path segments: ``bucket`` takes that bucket's objects (not ``bucket-other``'s),
+    ``bucket/a/b`` those whose key begins ``a/b/`` (not ``a/b-private/…``, ``a/bc``, nor
+    the object ``a/b`` itself). A key with an empty, ``.`` or ``..`` segment is never
+    taken: a store or proxy that normalised it would serve another object than the one
+    checked."""
+    if not key or any(part in ("", ".", "..") for part in key.split("/")):
+        return False
+    for entry in allowed:
+        entry_bucket, _, prefix = entry.strip("/").partition("/")
+        if entry_bucket == bucket and (not prefix or key.startswith(prefix.strip("/") + "/")):
+            return True
+    return False
 
 
 def _b64(text: str, where: str) -> bytes:

@@ -494,9 +494,11 @@ async def _fetch_then_load(
             await core.load()
 
 
-def fetch_artifact(spec: ReplicaSpec) -> Opened:
+def fetch_artifact(spec: ReplicaSpec, hold: bool = True, verify: bool = False) -> Opened:
     """Open the version's entry in the host's artifact cache (``spec.artifact_dir``),
-    downloaded and checked unless another replica of the host already fetched it."""
+    downloaded and checked unless another replica of the host already fetched it (with
+    ``verify``: and its files still hash to the registered digest). ``hold``: kept from
+    eviction while this process lives (see :meth:`ArtifactCache.open`)."""
     from inferd.registry.artifact_cache import ArtifactCache
     from inferd.registry.remote_store import S3Store, download
 
@@ -505,6 +507,8 @@ def fetch_artifact(spec: ReplicaSpec) -> Opened:
     opened = cache.open(
         spec.sha256,
         lambda folder: download(S3Store(bucket), spec.artifact_uri, spec.sha256, folder),
+        hold=hold,
+        verify=verify,
     )
     if opened.path != Path(spec.artifact_dir):
         raise RuntimeError(f"the cache opened {opened.path}, the spec says {spec.artifact_dir}")

@@ -21,8 +21,14 @@ What it creates, and nothing else:
   a termination grace above ``shutdown_grace_s`` (SIGTERM drains), resources (a
   deployment's ``resources.gpu`` becomes an ``nvidia.com/gpu`` limit and a node
   selector on ``gpu_node_label``), a non-root, read-only, capability-less container
-  with ``emptyDir`` volumes for the model cache and ``/tmp`` (the cache a node's
-  ``hostPath`` instead, with ``node_cache_path``).
+  with ``emptyDir`` volumes for the model cache and ``/tmp``. With ``node_cache_path``
+  the cache is the node's ``hostPath``, shared by its replica pods, so no container
+  that runs a version's code may write it: the replica container mounts it read-only
+  (``--read-only-cache``), and the init container ``fetch`` — the chart's image
+  (``kubernetes.image``, never a version's own ``image``) running ``inferd replica
+  --spec-env … --fetch-only``, no version's code — is its one writer: it downloads and
+  checks the version's entry, or hashes the cached one again and replaces it when it
+  changed.
 
 The API calls are the few that RBAC grants (the Helm chart's Role): deployments get,
 list, create/patch (apply), delete; ``deployments/scale`` patch; pods list and watch;
@@ -209,6 +215,7 @@ def _pod_spec(settings: Settings, spec: ReplicaSpec, gpu_type: str | None) -> di
     if kube.node_cache_path:
         cache = {"path": kube.node_cache_path, "type": "DirectoryOrCreate"}
         pod["volumes"].append({"name": "artifact-cache", "hostPath": cache})
+        pod["initContainers"] = [_fetch_step(kube, pod["containers"][0])]
     if kube.service_account:
         pod["serviceAccountName"] = kube.service_account
     if kube.image_pull_secrets:
@@ -226,10 +233,12 @@ def _container(kube: KubernetesConfig, spec: ReplicaSpec, gpu_type: str | None) 
     if gpu_type is not None:
         limits["nvidia.com/gpu"] = 1
     cache_env: list[dict[str, str]] = []
-    cache_mount: list[dict[str, str]] = []
-    if kube.node_cache_path:  # the node's artifact cache, shared by its replica pods
+    cache_mount: list[dict[str, Any]] = []
+    read_only: list[str] = []
+    if kube.node_cache_path:  # the node's artifact cache: its fetch step writes it
         cache_env = [{"name": "INFERD_ARTIFACT_CACHE__DIR", "value": NODE_CACHE}]
-        cache_mount = [{"name": "artifact-cache", "mountPath": NODE_CACHE}]
+        cache_mount = [{"name": "artifact-cache", "mountPath": NODE_CACHE, "readOnly": True}]
+        read_only = ["--read-only-cache"]
     return {
         "name": "replica",
         "image": image_of(kube, spec),
@@ -239,6 +248,7 @@ def _container(kube: KubernetesConfig, spec: ReplicaSpec, gpu_type: str | None) 
             *("replica", "--spec-env", SPEC_ENV, "--replica-id", "$(POD_NAME)"),
             *("--listen", f"$(POD_IP):{kube.replica_port}"),
             *("--health-listen", f"$(POD_IP):{kube.health_port}"),
+            *read_only,
         ],
         "env": [
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -273,6 +283,31 @@ def _container(kube: KubernetesConfig, spec: ReplicaSpec, gpu_type: str | None) 
             {"name": "data", "mountPath": "/data"},
             {"name": "tmp", "mountPath": "/tmp"},
             *cache_mount,
+        ],
+    }
+
+
+def _fetch_step(kube: KubernetesConfig, replica: dict[str, Any]) -> dict[str, Any]:
+    """The init container that fills the node's artifact cache for ``replica`` (the
+    replica container): the chart's image, the replica's spec, store credentials and
+    requests, the cache mounted writable; no GPU, no ports, no version's code."""
+    keep = {SPEC_ENV, "INFERD_LOG_JSON", "XDG_CACHE_HOME", "INFERD_ARTIFACT_CACHE__DIR"}
+    return {
+        "name": "fetch",
+        "image": kube.image,
+        "imagePullPolicy": kube.image_pull_policy,
+        "command": ["inferd"],
+        "args": ["replica", "--spec-env", SPEC_ENV, "--fetch-only"],
+        "env": [e for e in replica["env"] if e["name"] in keep],
+        "envFrom": replica["envFrom"],
+        "resources": {
+            "requests": dict(replica["resources"]["requests"]),
+            "limits": {"memory": kube.memory_request},
+        },
+        "securityContext": dict(replica["securityContext"]),
+        "volumeMounts": [
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "artifact-cache", "mountPath": NODE_CACHE},
         ],
     }
 
@@ -340,6 +375,9 @@ def seen(pod: Any, deleted: bool = False) -> PodSeen | None:
             last = container.lastState.terminated if container.lastState is not None else None
             if last is not None and not problem:
                 problem = f"its container exited with code {last.exitCode} ({last.reason})"
+        stuck = _failing_step(status.initContainerStatuses or [])
+        if stuck is not None:
+            problem, failed = stuck, True
         if unscheduled:  # no node takes it (yet): what the scheduler says, not a crash
             problem, failed = unscheduled.rstrip(": "), False
         if status.phase == "Failed":
@@ -357,6 +395,18 @@ def seen(pod: Any, deleted: bool = False) -> PodSeen | None:
         problem=problem,
         failed=failed,
     )
+
+
+def _failing_step(steps: list[Any]) -> str | None:
+    """Why an init container (the fetch step) cannot finish, when it cannot by
+    waiting (a crash loop, an image that cannot be had); None: none is stuck."""
+    for step in steps:
+        waiting = step.state.waiting if step.state is not None else None
+        if waiting is not None and waiting.reason in FAILING:
+            last = step.lastState.terminated if step.lastState is not None else None
+            exited = f", exited with code {last.exitCode}" if last is not None else ""
+            return f"its {step.name} step: {waiting.reason}{exited}"
+    return None
 
 
 @dataclass
