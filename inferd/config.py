@@ -129,7 +129,10 @@ class ModelsConfig(Group):
     more: the next goes to another shared process."""
     predict_budget_s: float = Field(60.0, gt=0)
     """In a shared process, a batch running longer than this cuts its replica off (its
-    requests fail, its neighbours go on) and its version moves to a process of its own."""
+    requests fail, its neighbours go on) and its version moves to a process of its own;
+    a process that stops answering altogether (a model holding the interpreter lock) is
+    killed this long plus 5 s after its last beat, the versions computing in it moved to
+    processes of their own."""
 
 
 class ConnectionsConfig(Group):

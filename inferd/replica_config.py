@@ -36,13 +36,6 @@ class BatchingConfig(Group):
     would keep the replica busy all its time, batches wait up to
     ``max_wait_ms`` for ``max_batch_size`` rows: fewer, fuller batches where a queue
     forms anyway. False: window batching, every batch waits that way, idle or not."""
-    inline_max_ms: float = Field(2.0, ge=0, le=1000)
-    """A batch of at most 4 requests computes on the replica's event loop instead of its
-    compute thread while the last 64 batches took at most this long (all but 3: the OS
-    preempts a compute now and then): a light model (a tree ensemble, a linear pipeline)
-    then saves the two thread hand-offs of every batch, which cost more than its compute
-    under load. Slower batches send the next ones back to the thread; 0: always the
-    thread."""
     max_queue_rows: int = Field(8192, ge=1)
     """Rows queued in the replica beyond which new requests get 503 (Retry-After); a
     request of a better level takes the place of queued ones of worse levels instead
@@ -96,17 +89,36 @@ class ImagesConfig(Group):
 
     allowed_buckets: list[str] = Field(default_factory=list)
     """``bucket`` or ``bucket/prefix`` entries whose ``s3://`` URIs an image input may
-    name (fetched with the ``AWS_*`` endpoint and credentials, as the artifact store);
-    none: a URI is refused (422). No other URL is ever fetched."""
+    name (fetched with the ``AWS_*`` endpoint and credentials, as the artifact store),
+    matched by whole path segments: ``images`` takes ``s3://images/…`` but not
+    ``s3://images-private/…``; ``images/x`` takes ``s3://images/x/…`` but not
+    ``s3://images/x-private/…``. A key with an empty, ``.`` or ``..`` segment is
+    refused. None: a URI is refused (422). No other URL is ever fetched. Requests
+    naming an ``s3://`` URI are never answered from the result cache (the object may
+    change under its name, and this list may change)."""
     max_pixels: int = Field(40_000_000, ge=1)
     """Largest image (width x height) decoded; a larger one is refused (422) from its
-    header, before decoding: a decompression bomb costs nothing."""
+    header, before decoding: a decompression bomb costs nothing. Each version's own
+    (Pillow's process-wide ``MAX_IMAGE_PIXELS`` is left as it is, for the neighbours
+    of a shared replica process; its WebP and TIFF readers still check it too)."""
     max_object_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     """Largest object an ``s3://`` URI may name (422 beyond)."""
     decode_threads: int = Field(2, ge=1, le=64)
     """Threads of a replica that fetch and decode images, a request at a time each (the
     decoders release the GIL): requests decode in parallel and apart, so a corrupt
     image fails its own request only, then their tensors batch together."""
+
+    @field_validator("allowed_buckets")
+    @classmethod
+    def _bucket_entries(cls, entries: list[str]) -> list[str]:
+        for entry in entries:
+            parts = entry.strip("/").split("/")
+            if entry.startswith("s3:") or any(p in ("", ".", "..") for p in parts):
+                raise ValueError(
+                    f"images.allowed_buckets entry {entry!r}: give `bucket` or "
+                    "`bucket/prefix` (no s3://, no empty, . or .. segments)"
+                )
+        return entries
 
 
 class LLMConfig(Group):

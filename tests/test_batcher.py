@@ -3,7 +3,7 @@
 The time the batcher reads is a :class:`~tests.clocks.FakeClock` that a test moves by
 hand (windows, deadlines, the arrival rate). A test that needs a batch to be computing
 waits for the model to say so (:meth:`Model.computing`), and holds it there until it
-sets ``Model.release``: model code runs on the executor thread, so this is the one
+sets ``Model.release``: model code runs on the compute thread, so this is the one
 thing waited for across threads, on an Event, never on a sleep. Assertions are about
 what the batcher did: which rows went in which batch, in which order, which request
 failed with what, and its counters.
@@ -13,21 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
 from inferd.config import BatchingConfig
-from inferd.errors import InvalidInput, Overloaded, RequestTimeout
-from inferd.serving.batcher import (
-    INLINE_REQUESTS,
-    INLINE_SLOW,
-    INLINE_WINDOW,
-    NAMED_PRIORITIES,
-    DynamicBatcher,
-    named_levels,
-)
+from inferd.errors import InvalidInput, ModelError, Overloaded, RequestTimeout
+from inferd.serving.batcher import NAMED_PRIORITIES, DynamicBatcher, named_levels
+from inferd.serving.compute import ComputeThread
 from tests.clocks import FakeClock, settle
 
 
@@ -80,14 +73,14 @@ def run(coro):
 
 async def _with_clock(predict, config, body, clock: FakeClock | None = None):
     clock = clock or FakeClock()
-    executor = ThreadPoolExecutor(1, thread_name_prefix="predict")
-    batcher = DynamicBatcher(predict, config, executor, clock)
+    thread = ComputeThread("predict")
+    batcher = DynamicBatcher(predict, config, thread, clock)
     batcher.start()
     try:
         return await body(batcher, clock)
     finally:
         await batcher.stop()
-        executor.shutdown()
+        thread.shutdown()
 
 
 def rows(n: int, value: float = 1.0) -> dict[str, np.ndarray]:
@@ -105,7 +98,7 @@ def test_concurrent_requests_become_few_batches_and_results_split_correctly():
     assert [float(r["y"][0]) for r in results] == [3.0 * i for i in range(64)]
     assert model.batch_rows == [16, 16, 16, 16]  # 64 rows in batches of at most 16
     assert model.values == list(range(64))  # in arrival order
-    assert model.threads == {"predict_0"}  # model code never on the event loop thread
+    assert model.threads == {"predict"}  # model code never on the event loop thread
 
 
 def test_max_batch_size_counts_rows_not_requests():
@@ -616,7 +609,7 @@ def test_lone_batches_timed_on_a_busy_machine_do_not_keep_batches_waiting_after_
         return {"y": inputs["x"].sum(axis=1)}
 
     async def computed(b):
-        while b.busy:  # the model computes on the executor thread
+        while b.busy:  # the model computes on the compute thread
             await asyncio.sleep(0)
 
     async def body(b, clock):
@@ -695,31 +688,20 @@ def test_a_deadline_that_passes_in_the_window_fails_without_computing():
     assert model.batch_rows == [1] and stats.expired == 1
 
 
-# -- where a batch computes: the executor thread, or the event loop for light models ------
-
-
-LIGHT = BatchingConfig(inline_max_ms=10)
-"""A limit far above these models' compute (microseconds): the OS preempting a batch
-(wall time) must not look like a slow model in these tests."""
+# -- where a batch computes: the compute thread, whatever the model ---------------------
 
 
 class Placed(Model):
     """Records the thread of each batch, in order; ``seconds``: each compute takes that
-    long (the model's own work, not a wait of the test); ``bound``: it fails off the
-    thread it was loaded on (the executor's), as a model holding a thread-bound handle
-    would."""
+    long (the model's own work, not a wait of the test)."""
 
-    def __init__(self, seconds: float = 0.0, bound: bool = False) -> None:
+    def __init__(self, seconds: float = 0.0) -> None:
         super().__init__()
         self.where: list[str] = []
         self.seconds = seconds
-        self.bound = bound
 
     def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        name = threading.current_thread().name
-        self.where.append(name)
-        if self.bound and not name.startswith("predict"):
-            raise RuntimeError("this handle belongs to another thread")
+        self.where.append(threading.current_thread().name)
         if self.seconds:
             threading.Event().wait(self.seconds)
         return super().__call__(inputs)
@@ -735,90 +717,109 @@ async def _one_at_a_time(b: DynamicBatcher, n: int, first: int = 0) -> list[floa
     return answers
 
 
-def test_a_light_model_computes_on_the_event_loop_once_a_window_of_batches_was_light():
+def test_a_light_model_computes_on_its_thread_however_many_light_batches_it_ran():
+    """Hundreds of microsecond batches (the old inline mode moved such a model onto the
+    event loop after 64): still the compute thread, every one of them."""
     model = Placed()
 
     async def body(b, clock):
-        answers = await _one_at_a_time(b, INLINE_WINDOW + 6)
-        return answers, threading.current_thread().name, b.inline
+        answers = await _one_at_a_time(b, 300)
+        few = [b.submit(rows(1, 1.0), 1, 5.0) for _ in range(3)]  # a batch of a few
+        await asyncio.wait_for(asyncio.gather(*few), 5)
+        return answers, threading.current_thread().name
 
-    answers, loop_thread, inline = run(_with_clock(model, LIGHT, body))
-    assert answers == [3.0 * i for i in range(INLINE_WINDOW + 6)]
-    assert set(model.where[:INLINE_WINDOW]) == {"predict_0"}  # measured on the thread first
-    assert set(model.where[INLINE_WINDOW:]) == {loop_thread} and inline
+    answers, loop_thread = run(_with_clock(model, BatchingConfig(), body))
+    assert answers == [3.0 * i for i in range(300)]
+    assert set(model.where) == {"predict"} and loop_thread != "predict"
 
 
-def test_a_batch_of_many_requests_computes_on_the_thread_even_for_a_light_model():
-    """Many one-row requests per batch: the loop reads the next ones while the thread
-    computes (inline compute would serialise that); a batch of a few goes inline."""
+def test_batches_ready_when_one_ends_go_one_after_another_without_a_wait():
+    """While a batch computes, two more batches' worth of requests queue: each goes the
+    moment the one before ends, full, in order, and every request gets its own rows."""
     model = Placed()
+    model.release.clear()
 
     async def body(b, clock):
-        await _one_at_a_time(b, INLINE_WINDOW)
-        many = [b.submit(rows(1), 1, 5.0) for _ in range(INLINE_REQUESTS + 1)]  # one instant
-        await asyncio.wait_for(asyncio.gather(*many), 5)
-        await _one_at_a_time(b, 1)
-        return threading.current_thread().name
+        first = b.submit(rows(1, 0.0), 1, 5.0)
+        await model.computing()
+        queued = [b.submit(rows(1, float(i)), 1, 5.0) for i in range(1, 9)]
+        model.release.set()
+        return await asyncio.wait_for(asyncio.gather(first, *queued), 5)
 
-    loop_thread = run(_with_clock(model, LIGHT, body))
-    assert model.batch_rows[INLINE_WINDOW:] == [INLINE_REQUESTS + 1, 1]
-    assert model.where[INLINE_WINDOW:] == ["predict_0", loop_thread]
-
-
-def test_a_model_slower_than_inline_max_stays_on_its_thread():
-    model = Placed(seconds=0.003)
-
-    async def body(b, clock):
-        await _one_at_a_time(b, INLINE_WINDOW + 4)
-        return b.inline
-
-    inline = run(_with_clock(model, BatchingConfig(inline_max_ms=1), body))
-    assert set(model.where) == {"predict_0"} and not inline
+    results = run(_with_clock(model, BatchingConfig(max_batch_size=4), body))
+    assert [float(r["y"][0]) for r in results] == [3.0 * i for i in range(9)]
+    assert model.batch_rows == [1, 4, 4]
 
 
-def test_slow_batches_past_the_tolerated_few_send_the_next_ones_back_to_the_thread():
-    model = Placed()
+def test_stopping_while_a_batch_computes_leaves_it_to_its_thread():
+    """A batch left computing (a hung model whose replica was cut off) may end after
+    the batcher stopped: its outputs go nowhere, and nothing fails on the loop."""
+    model = Model(held=True)
 
-    async def body(b, clock):
-        await _one_at_a_time(b, INLINE_WINDOW)
-        assert b.inline
-        model.seconds = 0.05  # the model became slow (bigger inputs, a busier host)
-        await _one_at_a_time(b, INLINE_SLOW + 3, first=INLINE_WINDOW)
-        return threading.current_thread().name
+    async def body():
+        thread = ComputeThread("predict")
+        b = DynamicBatcher(model, BatchingConfig(), thread, FakeClock())
+        b.start()
+        future = b.submit(rows(1), 1, 5.0)
+        await model.computing()
+        b.abandon(ModelError("cut off"))
+        await b.stop()
+        model.release.set()
+        # the thread's next call runs once the batch ended and its delivery was posted
+        await asyncio.get_running_loop().run_in_executor(thread, int)
+        await settle()
+        thread.shutdown()
+        with pytest.raises(ModelError, match="cut off"):
+            await future
+        return b.busy_since
 
-    # Judged against 25 ms: the light batches stay under it on a loaded 2-core machine
-    # (a fresh-clone CI run beside two busy processes took more than 5 ms for 4 of 64).
-    loop_thread = run(_with_clock(model, BatchingConfig(inline_max_ms=25), body))
-    slow = model.where[INLINE_WINDOW:]
-    # The first slow one ran inline, and at most the tolerated few and the one past them
-    # (fewer when the OS preempted a light batch of the window past the limit: wall
-    # time); then the thread, for good.
-    inline = slow.count(loop_thread)
-    assert 1 <= inline <= INLINE_SLOW + 1, slow
-    assert slow == [loop_thread] * inline + ["predict_0"] * (len(slow) - inline), slow
+    assert run(body()) is not None  # as far as it knows, its thread is still taken
 
 
-def test_a_model_bound_to_its_thread_is_answered_and_stays_there():
-    model = Placed(bound=True)
+def test_abandon_fails_the_batch_computing_and_the_requests_waiting():
+    model = Model(held=True)
 
     async def body(b, clock):
-        answers = await _one_at_a_time(b, INLINE_WINDOW + 5)
-        return answers, b.inline
+        computing = b.submit(rows(1), 1, 5.0)
+        await model.computing()
+        waiting = [b.submit(rows(1), 1, 5.0) for _ in range(3)]
+        b.abandon(ModelError("ran past its time budget"))
+        outcomes = await asyncio.gather(computing, *waiting, return_exceptions=True)
+        model.release.set()
+        return outcomes
 
-    answers, inline = run(_with_clock(model, LIGHT, body))
-    assert answers == [3.0 * i for i in range(INLINE_WINDOW + 5)]  # nothing failed
-    tried = model.where[INLINE_WINDOW]
-    assert not tried.startswith("predict")  # one inline try, which failed...
-    assert model.where[INLINE_WINDOW + 1 :] == ["predict_0"] * 5  # ...then only the thread
-    assert not inline
+    outcomes = run(_with_clock(model, BatchingConfig(), body))
+    assert [type(o) for o in outcomes] == [ModelError] * 4
 
 
-def test_inline_max_zero_keeps_every_batch_on_the_thread():
-    model = Placed()
+def test_a_model_that_exits_fails_its_batch_only():
+    """``sys.exit()`` in a model (BaseException, on its thread) fails its requests; the
+    batcher goes on."""
+
+    def predict(inputs):
+        if (inputs["x"] < 0).any():
+            raise SystemExit(3)
+        return {"y": inputs["x"].sum(axis=1)}
 
     async def body(b, clock):
-        await _one_at_a_time(b, INLINE_WINDOW + 4)
-        return b.inline
+        with pytest.raises(SystemExit):
+            await b.submit(rows(1, -1.0), 1, 5.0)
+        return await b.submit(rows(1), 1, 5.0)
 
-    inline = run(_with_clock(model, BatchingConfig(inline_max_ms=0), body))
-    assert set(model.where) == {"predict_0"} and not inline
+    assert float(run(_with_clock(predict, BatchingConfig(), body))["y"][0]) == 3.0
+
+
+def test_requests_whose_columns_do_not_stack_are_computed_one_by_one():
+    model = Model(held=True)
+
+    async def body(b, clock):
+        first = b.submit(rows(1), 1, 5.0)
+        await model.computing()
+        narrow = b.submit({"x": np.ones((1, 3), np.float32)}, 1, 5.0)
+        wide = b.submit({"x": np.ones((1, 5), np.float32)}, 1, 5.0)
+        model.release.set()
+        return await asyncio.wait_for(asyncio.gather(first, narrow, wide), 5)
+
+    results = run(_with_clock(model, BatchingConfig(), body))
+    assert [float(r["y"][0]) for r in results] == [3.0, 3.0, 5.0]
+    assert model.batch_rows == [1, 1, 1]

@@ -30,7 +30,7 @@ def test_an_unknown_group_key_lists_the_group(monkeypatch: pytest.MonkeyPatch) -
         Settings()
     assert str(caught.value) == (
         "unknown setting INFERD_BATCHING__MAX_BATCH_SISE: batching has no 'max_batch_sise'; "
-        "valid: adaptive, batch_queue_share, default_priority, inline_max_ms, length_buckets, "
+        "valid: adaptive, batch_queue_share, default_priority, length_buckets, "
         "low_queue_share, "
         "max_batch_size, max_queue_rows, max_wait_ms, priority_levels, queue_timeout_ms, "
         "warmup_requests"

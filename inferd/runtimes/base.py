@@ -5,7 +5,7 @@ created in the replica process with the folder of one registered version, ``load
 once, then called with columnar batches: ``predict_batch({"features": array(N, 30)})``
 returns ``{"label": array(N), "probabilities": array(N, 2)}`` -- every output has the
 same first (batch) dimension N as the inputs. Runtimes never import HTTP code and
-never run on an event loop (the replica calls them from its executor thread).
+never run on an event loop (the replica calls them from its compute thread).
 
 Output naming conventions the gateway relies on:
 - classifiers return ``label`` (class names as BYTES when known, else INT64) and
@@ -149,8 +149,9 @@ class Runtime(ABC):
     file_suffixes: ClassVar[tuple[str, ...]] = ()
     """Artifact file suffixes this runtime recognises, used by framework detection."""
     prepares_off_loop: ClassVar[bool] = False
-    """:meth:`prepare` is heavy (decoding images): the replica runs it on its decoding
-    threads, a request at a time each, instead of on its event loop."""
+    """:meth:`prepare` is heavy (decoding images): the replica runs it on several
+    decoding threads (``images.decode_threads``), a request at a time each, instead of
+    on its one preparing thread."""
     explains_beside_batches: ClassVar[bool] = True
     """An explanation may compute on a thread of its own while batches compute (the
     model is safe to call from two threads); False for user code, which then explains
@@ -188,10 +189,11 @@ class Runtime(ABC):
     def prepare(self, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], Any]:
         """Per-request work done once, before batching (tokenizing, for text models).
 
-        Called in the replica's event-loop thread with one request's columns, so it must
-        be cheap. Returns the columns :meth:`predict_batch` takes (batches concatenate
-        them row-wise, so every column keeps the batch dimension) and each row's length
-        (an int array; requests of similar lengths are batched together) or None.
+        Called on the replica's preparing thread (never its event loop) with one
+        request's columns, one request at a time. Returns the columns
+        :meth:`predict_batch` takes (batches concatenate them row-wise, so every column
+        keeps the batch dimension) and each row's length (an int array; requests of
+        similar lengths are batched together) or None.
         """
         return inputs, None
 

@@ -3,12 +3,14 @@
 Callers ``await batcher.submit(inputs, rows)`` with one request's columnar inputs. A
 single loop takes queued requests into a batch of at most ``max_batch_size`` rows,
 concatenates them, runs one ``predict_batch``, and splits the outputs back by row
-ranges. The batch computes in the executor thread, except for light models: while the
-last ``INLINE_WINDOW`` batches took at most ``inline_max_ms`` (all but ``INLINE_SLOW``
-of them), a batch of at most ``INLINE_REQUESTS`` requests computes on the event loop
-itself, which saves the two thread hand-offs (and the GIL changing hands) of every
-batch; slower batches send the next ones back to the thread. A model bound to the
-thread it was loaded on (its inline call fails where the thread's succeeds) stays there.
+ranges. Every batch computes on the replica's compute thread
+(:class:`~inferd.serving.compute.ComputeThread`), never on the event loop, however light
+the model: in a shared process that loop serves every neighbour and their time budget,
+so model code there would stall them all for as long as it runs (or hangs). The thread
+path is kept cheap instead: a batch is posted to the thread, its outputs come back in
+one callback on the loop, and that callback sends the next batch when one may go at
+once (before it hands the outputs out), so consecutive batches do not wait for the
+batching task to wake.
 
 When a batch goes (adaptive batching, the default): at low load, as soon as the
 replica is free. A request that finds the replica idle is computed at once, with
@@ -57,12 +59,12 @@ and runs them. Time comes from a :class:`~inferd.clock.Clock`, so tests move it 
 from __future__ import annotations
 
 import asyncio
-import logging
+import functools
 import math
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Executor
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -71,6 +73,7 @@ from inferd.errors import InvalidInput, Overloaded
 from inferd.observability.metrics import Histogram, Sketch
 from inferd.priority import NAMED_PRIORITIES, named_levels
 from inferd.replica_config import BatchingConfig
+from inferd.serving.compute import ComputeThread, Delivery
 from inferd.serving.protocol import Columns
 from inferd.serving.request_queue import (
     BatchStats,
@@ -81,7 +84,6 @@ from inferd.serving.request_queue import (
 )
 
 PredictFn = Callable[[Columns], Columns]
-logger = logging.getLogger(__name__)
 
 BATCH_ROWS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 LOADED = 1.0
@@ -94,22 +96,6 @@ LONE_WINDOW = 15
 """Batches a lone request's cost is the median of (:meth:`DynamicBatcher._lone_cost`)."""
 RATE_TAU_S = 0.25
 """The arrival rate's memory (seconds)."""
-INLINE_WINDOW = 64
-"""Batches computed inline while, of the last this many, at most ``INLINE_SLOW`` took
-longer than ``inline_max_ms`` (with the XGBoost demo model at 64 rows per request,
-inline batches served 1.6-1.9x the requests of threaded ones, side by side)."""
-INLINE_REQUESTS = 4
-"""Inline only for batches of at most this many requests (or pieces of one). While a
-batch computes on the thread the loop reads the next requests' frames; under load with
-one-row requests that is ~a batch's worth of requests, work that overlaps the compute
-and that inline compute would serialise (XGBoost, one row per request, 64 connections:
-``bench/tabular.py --compare`` fell from 1.00x to 0.96x with every light batch inline);
-a batch of a few big requests leaves the loop little to overlap, and there the
-hand-offs are what costs."""
-INLINE_SLOW = 3
-"""Slow batches tolerated in the window: on a busy machine the OS preempts a light
-compute now and then (wall time), which says nothing of the model; a model that waits
-on I/O or computes for long is slow every time."""
 
 
 class DynamicBatcher:
@@ -117,12 +103,13 @@ class DynamicBatcher:
         self,
         predict: PredictFn,
         config: BatchingConfig,
-        executor: Executor,
+        thread: ComputeThread,
         clock: Clock = SYSTEM,
     ) -> None:
+        """``thread``: where ``predict`` runs (the replica's compute thread)."""
         self._predict = predict
         self._config = config
-        self._executor = executor
+        self._thread = thread
         self._clock = clock
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -137,6 +124,10 @@ class DynamicBatcher:
         self.busy_since: float | None = None
         """When the batch computing now started (``Clock.monotonic``); None: none is."""
         self._computing: list[Pending] = []
+        self._chain: asyncio.Future[list[Pending]] | None = None
+        """Resolved when the batches computing one after another end: with [] (nothing
+        may go at once), or with a batch of many that failed (computed again alone)."""
+        self._stopped = False
         self._flush_due = False
         self._rate = 0.0
         self._rate_at = clock.monotonic()
@@ -146,9 +137,6 @@ class DynamicBatcher:
         """What a lone request's batch takes to compute (seconds): :meth:`_lone_cost`."""
         named = named_levels(config)
         self._named = {code: named[name] for name, code in NAMED_PRIORITIES.items()}
-        self._inline_max_s = config.inline_max_ms / 1000
-        self._slow: deque[bool] = deque(maxlen=INLINE_WINDOW)
-        """Whether each of the last batches took longer than ``inline_max_ms``."""
 
     @property
     def queued_rows(self) -> int:
@@ -174,6 +162,9 @@ class DynamicBatcher:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="batcher")
 
     async def stop(self) -> None:
+        """Stop batching; a batch still computing is left to its thread (its outputs,
+        should they come, go nowhere)."""
+        self._stopped = True
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -294,23 +285,32 @@ class DynamicBatcher:
             if not batch:
                 continue
             self.busy = True
+            self._chain = loop.create_future()
             try:
-                await self._execute(loop, batch)
+                self._start(loop, batch)
+                failed = await self._chain
+                if failed:  # one bad request must not fail the others it was batched with
+                    await self._one_by_one(loop, failed)
             finally:
-                self.busy = False
+                self.busy, self._chain = False, None
+
+    def _wait_s(self) -> float:
+        """How long the queued requests wait yet before they go as a batch (0: now)."""
+        config, queue = self._config, self.queue
+        if config.adaptive and self.load() < LOADED:  # what is queued goes now
+            return 0.0
+        if queue.rows >= config.max_batch_size:
+            return 0.0
+        due = queue.oldest_arrival() + config.max_wait_ms / 1000
+        return max(0.0, due - self._clock.monotonic())
 
     async def _collect(self) -> list[Pending]:
         queue = self.queue
         while not queue.levels:
             self._wakeup.clear()
             await self._wakeup.wait()
-        config = self._config
-        max_rows = config.max_batch_size
-        if config.adaptive and self.load() < LOADED:  # what is queued goes now
-            return queue.take(max_rows, self._clock.monotonic())
-        remaining = queue.oldest_arrival() + config.max_wait_ms / 1000
-        remaining -= self._clock.monotonic()
-        if queue.rows < max_rows and remaining > 0:
+        max_rows = self._config.max_batch_size
+        if (remaining := self._wait_s()) > 0:
             # One timer per batch (not per wake-up) ends the wait.
             timer = self._clock.call_later(remaining, self._flush)
             self._flush_due = False
@@ -320,14 +320,6 @@ class DynamicBatcher:
             timer.cancel()
         return queue.take(max_rows, self._clock.monotonic())
 
-    async def _execute(self, loop: asyncio.AbstractEventLoop, batch: list[Pending]) -> None:
-        self.busy_since = self._clock.monotonic()
-        self._computing = batch
-        try:
-            await self._compute(loop, batch)
-        finally:
-            self.busy_since, self._computing = None, []
-
     def abandon(self, error: Exception) -> None:
         """Fail every request here, the batch computing and all that wait, with
         ``error`` (the replica is cut off: whatever its thread does now, nobody waits)."""
@@ -336,47 +328,79 @@ class DynamicBatcher:
             if not pending.future.done():
                 pending.future.set_exception(error)
 
-    async def _compute(self, loop: asyncio.AbstractEventLoop, batch: list[Pending]) -> None:
-        if len(batch) == 1:
-            inputs = batch[0].inputs
-        else:
-            names = batch[0].inputs.keys()
-            inputs = {n: np.concatenate([p.inputs[n] for p in batch]) for n in names}
-        rows = sum(p.rows for p in batch)
-        started_ns = time.time_ns()
-        started = time.perf_counter()
-        began = self._clock.monotonic()
-        error: Exception | None = None
+    def _start(self, loop: asyncio.AbstractEventLoop, batch: list[Pending]) -> None:
+        """Post ``batch`` to the compute thread; :meth:`_computed` gets its outputs."""
         try:
-            if len(batch) <= INLINE_REQUESTS and self.inline:
-                outputs = await self._predict_inline(loop, inputs)
+            if len(batch) == 1:
+                inputs = batch[0].inputs
             else:
-                outputs = await loop.run_in_executor(self._executor, self._predict, inputs)
-            _check_rows(outputs, rows)
-        except Exception as exc:
-            error = exc
-        elapsed = time.perf_counter() - started
-        self._timed(elapsed)
-        self._lone_cost(rows, self._clock.monotonic() - began)
+                names = batch[0].inputs.keys()
+                inputs = {n: np.concatenate([p.inputs[n] for p in batch]) for n in names}
+        except Exception:  # requests whose columns do not stack: each goes alone
+            self._end_chain(batch)
+            return
+        rows = sum(p.rows for p in batch)
+        self.busy_since = began = self._clock.monotonic()
+        self._computing = batch
+        done = functools.partial(
+            self._computed, loop, batch, rows, time.time_ns(), time.perf_counter(), began
+        )
+        self._post(loop, inputs, rows, done)
+
+    def _computed(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        batch: list[Pending],
+        rows: int,
+        started_ns: int,
+        started: float,
+        began: float,
+        done: Computed | None,
+        error: BaseException | None,
+    ) -> None:
+        """On the loop, once ``batch`` computed: the next batch goes first, when one may
+        go at once (the thread computes it while these outputs go out), then the
+        outputs are split over the batch's requests."""
+        if self._stopped:
+            return
+        self.busy_since, self._computing = None, []
+        if done is None:  # failed: timed from here, hand-offs included
+            done = Computed({}, self._clock.monotonic() - began, time.perf_counter() - started)
+        elapsed = done.seconds
+        self._lone_cost(rows, done.took)
         self._account(batch, rows, started_ns, elapsed)
         if batch[0].length:
             self.stats.tokens += sum(p.tokens for p in batch)
             self.stats.padded_tokens += rows * max(p.length for p in batch)
-        if error is not None:
-            if len(batch) == 1:
-                if not batch[0].future.done():
-                    batch[0].future.set_exception(error)
-            else:  # one bad request must not fail the others it was batched with
-                await self._one_by_one(loop, batch)
+        if error is not None and len(batch) > 1:
+            self._end_chain(batch)
             return
-        self.compute.observe(elapsed, len(batch))
-        self.batch_rows.observe(rows)
-        start = 0
-        for p in batch:
-            end = start + p.rows
-            if not p.future.done():
-                p.future.set_result({n: a[start:end] for n, a in outputs.items()})
-            start = end
+        queue = self.queue
+        following = []
+        if queue.levels and self._wait_s() == 0:
+            following = queue.take(self._config.max_batch_size, self._clock.monotonic())
+        if following:
+            self._start(loop, following)
+        if error is not None:
+            if not batch[0].future.done():
+                batch[0].future.set_exception(error)
+        else:
+            self.compute.observe(elapsed, len(batch))
+            self.batch_rows.observe(rows)
+            start = 0
+            for p in batch:
+                end = start + p.rows
+                if not p.future.done():
+                    p.future.set_result({n: a[start:end] for n, a in done.outputs.items()})
+                start = end
+        if not following:
+            self._end_chain([])
+
+    def _end_chain(self, failed: list[Pending]) -> None:
+        if not failed:  # idle from now, for a caller woken by the outputs just set
+            self.busy = False
+        if self._chain is not None and not self._chain.done():
+            self._chain.set_result(failed)
 
     def _lone_cost(self, rows: int, took: float) -> None:
         """What computing a request alone takes, from the batch just computed: the median
@@ -394,50 +418,48 @@ class DynamicBatcher:
         lone = _median(self._batches)
         self._single_s = min(lone, _median(self._singles)) if self._singles else lone
 
-    @property
-    def inline(self) -> bool:
-        """The next batch computes on the event loop: the last ``INLINE_WINDOW`` took
-        ``inline_max_ms`` at most, all but ``INLINE_SLOW``."""
-        return len(self._slow) == INLINE_WINDOW and sum(self._slow) <= INLINE_SLOW
-
-    def _timed(self, elapsed: float) -> None:
-        if self._inline_max_s > 0:
-            self._slow.append(elapsed > self._inline_max_s)
-
-    async def _predict_inline(self, loop: asyncio.AbstractEventLoop, inputs: Columns) -> Columns:
-        """``predict_batch`` on the event loop; where it fails, again on the thread: a
-        failure there too is the batch's own, a success means the model only works on
-        the thread it was loaded on, and it stays there."""
-        try:
-            return self._predict(inputs)
-        except Exception:
-            outputs = await loop.run_in_executor(self._executor, self._predict, inputs)
-        logger.warning("this model fails outside its compute thread: batches stay there")
-        self._inline_max_s = 0.0
-        self._slow.clear()
-        return outputs
-
     async def _one_by_one(self, loop: asyncio.AbstractEventLoop, batch: list[Pending]) -> None:
         """After a batch failed: each of its requests alone, so each gets its own answer
         (the failure is the bad ones' only). Costs nothing while batches succeed."""
-        for p in batch:
-            if p.future.done():
-                continue
-            started_ns, started = time.time_ns(), time.perf_counter()
-            try:
-                outputs = await loop.run_in_executor(self._executor, self._predict, p.inputs)
-                _check_rows(outputs, p.rows)
-            except Exception as exc:
-                result: Columns | Exception = exc
-            else:
-                result = outputs
-            self._account([p], p.rows, started_ns, time.perf_counter() - started)
-            if p.future.done():
-                continue
-            if isinstance(result, Exception):
-                p.future.set_exception(result)
-            else:
-                p.future.set_result(result)
+        self._computing = batch  # what a cut-off fails
+        try:
+            for p in batch:
+                if p.future.done():
+                    continue
+                started_ns, started = time.time_ns(), time.perf_counter()
+                self.busy_since = self._clock.monotonic()
+                done, error = await self._alone(loop, p.inputs, p.rows)
+                self.busy_since = None
+                seconds = time.perf_counter() - started if done is None else done.seconds
+                self._account([p], p.rows, started_ns, seconds)
+                if p.future.done():
+                    continue
+                if done is None:
+                    p.future.set_exception(error or RuntimeError("no outputs"))
+                else:
+                    p.future.set_result(done.outputs)
+        finally:
+            self._computing = []
+
+    def _alone(
+        self, loop: asyncio.AbstractEventLoop, inputs: Columns, rows: int
+    ) -> asyncio.Future[tuple[Computed | None, BaseException | None]]:
+        """One request's compute on the thread: its outputs or its error."""
+        future: asyncio.Future[tuple[Computed | None, BaseException | None]]
+        future = loop.create_future()
+
+        def deliver(done: Computed | None, error: BaseException | None) -> None:
+            if not future.done():
+                future.set_result((done, error))
+
+        self._post(loop, inputs, rows, deliver)
+        return future
+
+    def _post(
+        self, loop: asyncio.AbstractEventLoop, inputs: Columns, rows: int, deliver: Delivery
+    ) -> None:
+        compute = functools.partial(_compute, self._predict, self._clock, rows)
+        self._thread.post(loop, compute, inputs, deliver)
 
     def _account(self, batch: list[Pending], rows: int, started_ns: int, elapsed: float) -> None:
         stats = self.stats
@@ -491,9 +513,27 @@ def _median(values: deque[float]) -> float:
     return sorted(values)[len(values) // 2]
 
 
-def _check_rows(outputs: Columns, rows: int) -> None:
+@dataclass(slots=True)
+class Computed:
+    """A batch's outputs, and how long the model took: ``took`` on the batcher's clock
+    (what :meth:`DynamicBatcher.load` counts), ``seconds`` of ``time.perf_counter``."""
+
+    outputs: Columns
+    took: float
+    seconds: float
+
+
+def _compute(predict: PredictFn, clock: Clock, rows: int, inputs: Columns) -> Computed:
+    """On the compute thread: ``predict(inputs)``, timed there (the model's own time,
+    without the hand-offs: on a busy machine those make a light model look loaded, and
+    batches wait for companions that a few clients never send), and checked to hold
+    ``rows`` rows in each output (the loop then only slices them)."""
+    began, started = clock.monotonic(), time.perf_counter()
+    outputs = predict(inputs)
+    done = Computed(outputs, clock.monotonic() - began, time.perf_counter() - started)
     for name, array in outputs.items():
         if array.shape[:1] != (rows,):
             raise ValueError(
                 f"model output {name!r} has shape {array.shape}; expected {rows} rows first"
             )
+    return done

@@ -12,14 +12,19 @@ of a socket pair (``FD``) and sends length-prefixed msgpack frames:
 - :class:`Stop`: drain it (or, without ``drain``, stop it at once).
 
 The host answers :class:`Gone` when a replica ended (its exit code, or why it was cut
-off) and exits when the server's end closes. Isolation between neighbours: each replica
-computes on its own thread, so one's slow batch does not stall another's; an exception
-is its own requests' (the batcher's rule); a batch running past ``budget_s``
-(``models.predict_budget_s``) cuts its replica off (:data:`CUT_OFF`): its requests fail,
-its thread is left behind, and the backend starts it again in a process of its own. A
-model that crashes the whole process takes its neighbours' replicas with it; they are
-restarted, and the backend moves a version present at two such crashes to a process of
-its own.
+off), sends a :class:`Beat` every ``WATCH_EVERY_S``, and exits when the server's end
+closes. Isolation between neighbours: each replica computes on its own thread, and no
+model code runs on the event loop they share (:mod:`inferd.serving.compute`), so one's
+slow or hung batch does not stall another's; an exception is its own requests' (the
+batcher's rule); a batch running past ``budget_s`` (``models.predict_budget_s``) cuts
+its replica off (:data:`CUT_OFF`): its requests fail, its thread is left behind, and the
+backend starts it again in a process of its own. The budget is kept by a thread
+(:class:`Watchdog`), not a task of the loop it protects. Where the loop itself stops
+(a model holding the interpreter lock in C code stops every thread), the beats stop,
+and the server kills the process (``SILENT_GRACE_S`` in
+:mod:`inferd.control.backends.shared`). A model that crashes the whole process takes
+its neighbours' replicas with it; they are restarted, and the backend moves a version
+present at two such crashes to a process of its own.
 """
 
 from __future__ import annotations
@@ -30,7 +35,10 @@ import logging
 import os
 import socket
 import sys
+import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
@@ -44,7 +52,9 @@ logger = logging.getLogger(__name__)
 
 CUT_OFF = 75
 """The code a replica ends with when its batch ran past its time budget."""
-WATCH_EVERY_S = 0.5
+WATCH_EVERY_S = 0.25
+"""How often the watchdog looks at the hosted replicas' batches, and the host beats: a
+hung batch fails at most this long after its budget."""
 
 
 class Start(msgspec.Struct, tag="start", array_like=True):
@@ -63,7 +73,11 @@ class Gone(msgspec.Struct, tag="gone", array_like=True):
     reason: str
 
 
-Frame = Start | Stop | Gone
+class Beat(msgspec.Struct, tag="beat", array_like=True):
+    """The host's event loop runs (sent from it, every ``WATCH_EVERY_S``)."""
+
+
+Frame = Start | Stop | Gone | Beat
 _decoder = msgspec.msgpack.Decoder(Frame)
 _encoder = msgspec.msgpack.Encoder()
 
@@ -94,6 +108,8 @@ class Hosted:
         self.kill = asyncio.Event()
         self.core: Core | None = None
         self.cut_off = ""
+        self.cutting = False
+        """The watchdog asked the loop to cut it off."""
         self.task = asyncio.get_running_loop().create_task(
             serve(spec, self.drain, grace_s, self.kill, on_core=self._got, loading=loading)
         )
@@ -101,10 +117,14 @@ class Hosted:
     def _got(self, core: Core) -> None:
         self.core = core
 
+    def busy_since(self) -> float | None:
+        """When its running batch started (``time.monotonic()``; None: none runs)."""
+        batcher = getattr(self.core, "batcher", None)
+        return getattr(batcher, "busy_since", None)
+
     def overdue(self, budget_s: float, now: float) -> float:
         """Seconds its running batch is past ``budget_s`` (0: none is)."""
-        batcher = getattr(self.core, "batcher", None)
-        started = getattr(batcher, "busy_since", None)
+        started = self.busy_since()
         if started is None:
             return 0.0
         return max(0.0, now - started - budget_s)
@@ -129,7 +149,11 @@ async def run_host(fd: int, grace_s: float, budget_s: float) -> None:
         if not writer.is_closing():
             writer.write(encode(Gone(replica.spec.replica_id, code, reason)))
 
-    watch = asyncio.get_running_loop().create_task(_watch(hosted, budget_s))
+    def beat() -> None:
+        if not writer.is_closing():
+            writer.write(encode(Beat()))
+
+    watchdog = Watchdog(asyncio.get_running_loop(), hosted, budget_s, beat)
     try:
         while (frame := await read_frame(reader)) is not None:
             if isinstance(frame, Start):
@@ -143,29 +167,69 @@ async def run_host(fd: int, grace_s: float, budget_s: float) -> None:
                     stopping.kill.set()
                 stopping.drain.set()
     finally:
-        watch.cancel()
+        watchdog.stop()
         writer.close()
 
 
-async def _watch(hosted: dict[str, Hosted], budget_s: float) -> None:
-    """Cut off a replica whose batch runs past its time budget: its neighbours go on."""
-    while True:
-        await asyncio.sleep(WATCH_EVERY_S)
-        now = time.monotonic()
-        for replica in list(hosted.values()):
-            over = replica.overdue(budget_s, now)
-            if over > 0 and not replica.cut_off:
-                spec = replica.spec
-                replica.cut_off = (
-                    f"cut off: a batch of {spec.model}:{spec.version} ran past its time "
-                    f"budget of {budget_s:g}s (models.predict_budget_s)"
-                )
-                logger.error("%s", replica.cut_off)
-                batcher = getattr(replica.core, "batcher", None)
-                if batcher is not None:  # its requests fail now, not at their deadlines
-                    batcher.abandon(ModelError(replica.cut_off))
-                replica.kill.set()
-                replica.drain.set()
+class Watchdog:
+    """The time budget, kept from a daemon thread of its own, so that it never waits for
+    the loop it protects to be free: every ``WATCH_EVERY_S`` it reads each hosted
+    replica's ``busy_since`` and, for a batch past ``budget_s``, has the loop cut that
+    replica off (``call_soon_threadsafe``: its requests fail at once, its neighbours go
+    on); and it has the loop send a :class:`Beat`. Beats that stop coming tell the
+    server the loop no longer runs what it is given, which no thread here can mend."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        hosted: dict[str, Hosted],
+        budget_s: float,
+        beat: Callable[[], None],
+    ) -> None:
+        self._loop = loop
+        self._hosted = hosted
+        self._budget_s = budget_s
+        self._beat = beat
+        self._stopped = threading.Event()
+        threading.Thread(target=self._run, name="watchdog", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(WATCH_EVERY_S):
+            now = time.monotonic()
+            # list() copies the dict the loop changes in one step: no Python code runs
+            for replica in list(self._hosted.values()):
+                if replica.overdue(self._budget_s, now) > 0 and not replica.cutting:
+                    replica.cutting = True
+                    self._call(self._cut_off, replica)
+            self._call(self._beat)
+
+    def _call(self, fn: Callable[..., None], *args: Any) -> None:
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop closed: the host is ending
+            self._stopped.set()
+
+    def _cut_off(self, replica: Hosted) -> None:
+        """On the loop: end ``replica``, whose batch ran past its time budget."""
+        if replica.cut_off or replica.spec.replica_id not in self._hosted:
+            return
+        if replica.overdue(self._budget_s, time.monotonic()) <= 0:
+            replica.cutting = False  # its batch ended meanwhile
+            return
+        spec = replica.spec
+        replica.cut_off = (
+            f"cut off: a batch of {spec.model}:{spec.version} ran past its time "
+            f"budget of {self._budget_s:g}s (models.predict_budget_s)"
+        )
+        logger.error("%s", replica.cut_off)
+        batcher = getattr(replica.core, "batcher", None)
+        if batcher is not None:  # its requests fail now, not at their deadlines
+            batcher.abandon(ModelError(replica.cut_off))
+        replica.kill.set()
+        replica.drain.set()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,8 +1,14 @@
 """The core of a replica serving a runtime (one OS process per model version; its
 entry point and socket server are :mod:`inferd.serving.replica_server`).
 
+Design rule: no call into the runtime runs on the event loop. Its load, signature,
+warm-up rows, batches, a Python model's explanations and its unload run on the
+replica's compute thread (:class:`~inferd.serving.compute.ComputeThread`); other
+explanations on a thread of their own; ``prepare`` (tokenizing, decoding images) on the
+preparing threads. The loop decodes frames, queues, and encodes answers.
+
 Lifecycle: listen at once (state ``loading``, so the controller can watch), load the
-runtime in the executor thread, warm it up through the batcher (``warmup_requests``
+runtime on the compute thread, warm it up through the batcher (``warmup_requests``
 one-row requests, then a full batch, all before any request is routed here), then
 ``ready``. SIGTERM
 switches to ``draining``: requests already routed here are still served, and the
@@ -20,7 +26,7 @@ import math
 import time
 import tracemalloc
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +39,7 @@ from inferd.runtimes import load_runtime
 from inferd.runtimes.base import Runtime, RuntimeConfig, Signature
 from inferd.runtimes.explain import Explanation, check_rows
 from inferd.serving.batcher import BatchTrace, Columns, DynamicBatcher
+from inferd.serving.compute import BusyMark, ComputeThread
 from inferd.serving.core import EngineLoad, load_off_loop, mark_ready, rss_bytes
 from inferd.serving.protocol import DriftCounts, DriftQuery, from_tensor
 from inferd.serving.spec import ReplicaSpec
@@ -43,6 +50,8 @@ MAX_WARMUP_BATCH = 1024
 """Rows of the warm-up's full batch at most (``max_batch_size`` may be far larger)."""
 WARMUP_TIMEOUT_S = 600.0
 """A warm-up request's deadline in the queue (the replica's start timeout bounds it)."""
+UNLOAD_WAIT_S = 5.0
+"""How long closing waits for the runtime's unload on its thread before going on."""
 
 
 class ReplicaCore:
@@ -54,10 +63,12 @@ class ReplicaCore:
         self.message = ""
         self.runtime: Runtime | None = None
         self.signature: Signature | None = None
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="predict")
+        mark = BusyMark(Path(spec.busy_file)) if spec.busy_file else None
+        self._thread = ComputeThread("predict", mark)
         self._explainer: ThreadPoolExecutor | None = None
         self._preparer: ThreadPoolExecutor | None = None
-        """Decoding threads, for a runtime whose ``prepare`` is heavy (images)."""
+        """Where ``prepare`` runs, for a runtime that prepares requests (its decoding
+        threads for images, else one thread)."""
         self.batcher: DynamicBatcher | None = None
         self.started = time.monotonic()
         self.inflight = 0
@@ -84,28 +95,28 @@ class ReplicaCore:
         if self.spec.shared_process:  # its own allocations, apart from its neighbours'
             tracemalloc.start()
         try:
-            runtime = await load_off_loop(self, self._load, self._executor)
+            runtime, signature = await load_off_loop(self, self._load, self._thread)
         except BaseException:
             tracemalloc.stop()  # a no-op when not tracing
             raise
         self.runtime = runtime
-        self.signature = runtime.signature
+        self.signature = signature
         self._prepares = type(runtime).prepare is not Runtime.prepare
-        if runtime.prepares_off_loop:
-            threads = self.spec.images.decode_threads
-            self._preparer = ThreadPoolExecutor(threads, thread_name_prefix="decode")
+        if self._prepares:
+            threads = self.spec.images.decode_threads if runtime.prepares_off_loop else 1
+            self._preparer = ThreadPoolExecutor(threads, thread_name_prefix="prepare")
         config = self.spec.batching
         if config.queue_timeout_ms is not None:
             self._queue_timeout_s = config.queue_timeout_ms / 1000
         predict = runtime.predict_batch
         if self.spec.metadata.get("allow_non_finite") is not True:
             predict = functools.partial(finite_outputs, predict)
-        self.drift = DriftCounter(runtime.signature, dict(self.spec.metadata))
-        if not self._prepares:  # a batch at a time; a text model's raw texts in _queue
+        self.drift = DriftCounter(signature, dict(self.spec.metadata))
+        if not self._prepares:  # a batch at a time; a text model's raw texts in _prepare
             predict = functools.partial(counted, self.drift, predict)
         elif self.drift.outputs:  # a text embedding model's embeddings
             predict = functools.partial(counted_outputs, self.drift, predict)
-        self.batcher = DynamicBatcher(predict, config, self._executor)
+        self.batcher = DynamicBatcher(predict, config, self._thread)
         self.batcher.start()
         self.load_s = time.monotonic() - self.started
         await self._warm_up(runtime, self.batcher)
@@ -124,12 +135,14 @@ class ReplicaCore:
         tracemalloc.stop()
         return max(grown, kept)
 
-    def _load(self) -> Runtime:
+    def _load(self) -> tuple[Runtime, Signature]:
+        """The runtime, loaded, and its signature (a user's class may compute it)."""
         declared = Signature.from_dict(self.spec.signature) if self.spec.signature else None
         config = RuntimeConfig(
             self.spec.threads, dict(self.spec.metadata), declared, self.spec.images
         )
-        return load_runtime(self.spec.framework, Path(self.spec.artifact_dir), config)
+        runtime = load_runtime(self.spec.framework, Path(self.spec.artifact_dir), config)
+        return runtime, runtime.signature
 
     async def _warm_up(self, runtime: Runtime, batcher: DynamicBatcher) -> None:
         """``batching.warmup_requests`` one-row requests one at a time, then a full
@@ -145,7 +158,7 @@ class ReplicaCore:
         try:
             for rows in sizes:
                 inputs = await asyncio.get_running_loop().run_in_executor(
-                    self._executor, runtime.warmup_inputs, rows, first
+                    self._thread, runtime.warmup_inputs, rows, first
                 )
                 first += rows
                 await self._queue(inputs, rows, WARMUP_TIMEOUT_S, 0, None)
@@ -184,7 +197,7 @@ class ReplicaCore:
         self._check_inputs(inputs, rows)
         check_rows(rows)
         runtime = self.runtime
-        executor = self._executor
+        executor: Executor = self._thread
         if runtime.explains_beside_batches:
             if self._explainer is None:
                 self._explainer = ThreadPoolExecutor(1, thread_name_prefix="explain")
@@ -203,29 +216,29 @@ class ReplicaCore:
         self, inputs: Columns, rows: int, timeout_s: float, priority: int, trace: BatchTrace | None
     ) -> asyncio.Future[Columns]:
         assert self.batcher is not None
-        if self._prepares:
-            assert self.runtime is not None and self.drift is not None
-            if self._preparer is not None:  # heavy (decoding images): off the loop
-                work = self._prepared(inputs, rows, timeout_s, priority, trace)
-                return asyncio.ensure_future(work)
-            self.drift.observe(inputs)  # the texts, before they become token ids
-            inputs, lengths = self.runtime.prepare(inputs)
-            return self.batcher.submit(inputs, rows, timeout_s, priority, trace, lengths)
+        if self._prepares:  # tokenizing, decoding: a runtime's code, off the loop
+            return asyncio.ensure_future(self._prepared(inputs, rows, timeout_s, priority, trace))
         return self.batcher.submit(inputs, rows, timeout_s, priority, trace)
 
     async def _prepared(
         self, inputs: Columns, rows: int, timeout_s: float, priority: int, trace: BatchTrace | None
     ) -> Columns:
-        """A request prepared on the decoding threads (``Runtime.prepares_off_loop``),
-        then batched: its failure is its own, and requests prepare in parallel."""
-        assert self.runtime is not None and self.batcher is not None
+        """A request prepared on the preparing threads, then batched: its failure is its
+        own, and (images, ``Runtime.prepares_off_loop``) requests prepare in parallel."""
+        assert self.batcher is not None
         began = time.monotonic()
         loop = asyncio.get_running_loop()
-        inputs, lengths = await loop.run_in_executor(self._preparer, self.runtime.prepare, inputs)
+        inputs, lengths = await loop.run_in_executor(self._preparer, self._prepare, inputs)
         left = timeout_s - (time.monotonic() - began)
         if left <= 0:
             raise RequestTimeout(f"preparing the request took its {timeout_s:g}s")
         return await self.batcher.submit(inputs, rows, left, priority, trace, lengths)
+
+    def _prepare(self, inputs: Columns) -> tuple[Columns, Any]:
+        assert self.runtime is not None and self.drift is not None
+        if not self.runtime.prepares_off_loop:
+            self.drift.observe(inputs)  # the texts, before they become token ids
+        return self.runtime.prepare(inputs)
 
     def _done(self, started: float, future: asyncio.Future[Columns]) -> None:
         self.inflight -= 1
@@ -321,11 +334,32 @@ class ReplicaCore:
         if self.batcher is not None:
             await self.batcher.stop()
         if self.runtime is not None:
-            self.runtime.unload()
-        self._executor.shutdown(wait=False, cancel_futures=True)
+            await self._unload(self.runtime)
+        self._thread.shutdown(wait=False, cancel_futures=True)
+        if self._thread.mark is not None:
+            self._thread.mark.remove()
         for pool in (self._explainer, self._preparer):
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _unload(self, runtime: Runtime) -> None:
+        """``runtime.unload()`` on its thread, for at most ``UNLOAD_WAIT_S``; none while
+        a batch is left computing there (cut off: the model is still in use, and the
+        thread may never be free again)."""
+        if self.batcher is not None and self.batcher.busy_since is not None:
+            logger.warning("%s:%s not unloaded: a batch still computes", *self._named())
+            return
+        unloading = asyncio.get_running_loop().run_in_executor(self._thread, runtime.unload)
+        try:
+            async with asyncio.timeout(UNLOAD_WAIT_S):
+                await asyncio.shield(unloading)
+        except TimeoutError:
+            logger.warning("%s:%s: unload still runs after %gs", *self._named(), UNLOAD_WAIT_S)
+        except Exception:
+            logger.exception("unloading %s:%s failed", *self._named())
+
+    def _named(self) -> tuple[str, str]:
+        return self.spec.model, self.spec.version
 
 
 def agrees(outputs: Columns, reference: dict[str, Any], tolerance: float) -> bool:

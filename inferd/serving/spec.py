@@ -53,6 +53,10 @@ class ReplicaSpec(msgspec.Struct, frozen=True, kw_only=True):
     shared_process: bool = False
     """It runs in a shared replica process (:mod:`inferd.serving.host`): its stats report
     ``model_bytes``, what its load added to that process's memory, as its own."""
+    busy_file: str = ""
+    """In a shared process: where its compute thread marks when its current call began
+    (:class:`~inferd.serving.compute.BusyMark`), for the server to read should that
+    process stop answering; empty: no mark."""
 
     def to_json(self) -> str:
         return msgspec.json.encode(self, enc_hook=_encode).decode()

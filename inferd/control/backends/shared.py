@@ -14,12 +14,19 @@ of a version in one process would share its fate), else to a new host.
 
 Isolation, as the issue asks it: neighbours compute on their own threads; a replica cut
 off by its time budget, or present in a host that died twice, is *isolated*: its version's
-next replicas run in processes of their own.
+next replicas run in processes of their own. The budget is kept inside the host, by a
+thread (:class:`~inferd.serving.host.Watchdog`); this backend is its backstop: a host
+that sends no frame (its beats come every ``WATCH_EVERY_S``) for ``predict_budget_s`` +
+``SILENT_GRACE_S`` is killed — its event loop is held, so none of its replicas is
+served and no budget can be kept there — and the versions whose compute thread was in a
+call then (their :class:`~inferd.serving.compute.BusyMark`) are isolated; its other
+replicas restart (not counted as a crash of theirs).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -33,6 +40,7 @@ import msgspec
 
 from inferd.control.backends import ReplicaBackend, ReplicaHandle, probe
 from inferd.serving.client import status_of
+from inferd.serving.compute import busy_since
 from inferd.serving.host import CUT_OFF, Gone, Start, Stop, encode, read_frame
 from inferd.serving.spec import ReplicaSpec
 
@@ -48,6 +56,10 @@ CPU_FULL = 0.8
 look) takes no new replica: its neighbours would wait on one another's GIL."""
 LOOK_EVERY_S = 2.0
 """How often, at most, a start measures the shared processes (their replicas' status)."""
+SILENT_GRACE_S = 5.0
+"""A host silent for ``predict_budget_s`` plus this is killed. Beyond the budget, so
+that the host's own watchdog cuts a hung batch off first (it answers then); the grace
+covers a load or an import holding the interpreter lock for a while."""
 
 
 class HostedReplica(probe.ProbedReplica):
@@ -82,6 +94,8 @@ class Host:
         """The share of a core its replicas computed between the last two looks."""
         self._computed: dict[str, float] = {}
         self._looked_at: float | None = None
+        self.silenced = False
+        """Killed for its silence."""
 
     async def look(self, now: float) -> None:
         """Measure its replicas (status over the replica protocol), at most every
@@ -160,10 +174,11 @@ class SharedBackend:
     async def start(self, spec: ReplicaSpec) -> ReplicaHandle:
         if not self.shares(spec):
             return await self.own.start(spec)
+        n = next(self._sockets)
         if not spec.address:
-            address = f"unix:{self.run_dir / f's{next(self._sockets)}.sock'}"
-            spec = msgspec.structs.replace(spec, address=address)
-        spec = msgspec.structs.replace(spec, shared_process=True)
+            spec = msgspec.structs.replace(spec, address=f"unix:{self.run_dir / f's{n}.sock'}")
+        busy = str(self.run_dir / f"s{n}.busy")
+        spec = msgspec.structs.replace(spec, shared_process=True, busy_file=busy)
         async with self._lock:
             host = await self._host_for(spec)
             replica = HostedReplica(spec, host, next(self._incarnations))
@@ -228,12 +243,26 @@ class SharedBackend:
         return host
 
     async def _listen(self, host: Host, reader: asyncio.StreamReader) -> None:
-        """The host's frames until it ends; then every replica it still served is gone."""
-        while (frame := await read_frame(reader)) is not None:
+        """The host's frames until it ends (or stays silent: killed); then every replica
+        it still served is gone. The silence is timed from its first frame on (before
+        it, the host starts: imports, no replica yet)."""
+        silent_s = self.budget_s + SILENT_GRACE_S
+        heard = False
+        while True:
+            try:  # not wait_for: with a beat arriving as it is cancelled, it kept reading
+                async with asyncio.timeout(silent_s if heard else None):
+                    frame = await read_frame(reader)
+            except TimeoutError:
+                self._silenced(host, silent_s)
+                break
+            if frame is None:
+                break
+            heard = True
             if isinstance(frame, Gone):
                 replica = host.replicas.pop(frame.replica_id, None)
                 if replica is None:
                     continue
+                Path(replica.spec.busy_file).unlink(missing_ok=True)
                 if frame.code == CUT_OFF:
                     self._isolate(replica.spec, frame.reason)
                 if not replica.ended.done():
@@ -242,14 +271,59 @@ class SharedBackend:
         host.writer.close()
         if host in self.hosts:
             self.hosts.remove(host)
+        suspects = self._suspects(host) if host.silenced else set()
         for replica in list(host.replicas.values()):
+            self._lost(host, replica, code, silent_s, suspects)
+            Path(replica.spec.busy_file).unlink(missing_ok=True)
+        host.replicas.clear()
+
+    def _silenced(self, host: Host, silent_s: float) -> None:
+        host.silenced = True
+        logger.error(
+            "shared replica process %d sent nothing for %gs (models.predict_budget_s + "
+            "%gs): its event loop is held (a model holding the interpreter lock in C "
+            "code?); killing it", host.pid, silent_s, SILENT_GRACE_S,
+        )  # fmt: skip
+        with contextlib.suppress(ProcessLookupError):
+            host.process.kill()
+
+    def _suspects(self, host: Host) -> set[str]:
+        """The replicas of a killed host whose compute thread was in a call."""
+        now, found = time.monotonic(), set()
+        for replica in host.replicas.values():
+            if (started := busy_since(Path(replica.spec.busy_file))) is not None:
+                logger.error(
+                    "%s:%s was computing for %.1fs when its shared process was killed",
+                    replica.spec.model, replica.spec.version, now - started,
+                )  # fmt: skip
+                found.add(replica.replica_id)
+        return found
+
+    def _lost(
+        self,
+        host: Host,
+        replica: HostedReplica,
+        code: int,
+        silent_s: float,
+        suspects: set[str],
+    ) -> None:
+        """``replica`` ended with its host: isolated if its thread was computing when a
+        silent host was killed; else counted as a crash, unless another was the suspect."""
+        if replica.replica_id in suspects:
+            self._isolate(
+                replica.spec,
+                f"its shared process stopped answering for {silent_s:g}s while it computed",
+            )
+        elif not suspects:
             key = (replica.spec.model, replica.spec.version)
             self.crashes[key] += 1
             if self.crashes[key] >= CRASHES_TO_ISOLATE:
                 self._isolate(replica.spec, f"its shared process died {self.crashes[key]} times")
-            if not replica.ended.done():
+        if not replica.ended.done():
+            if host.silenced:
+                replica.ended.set_result(f"its shared process was silent {silent_s:g}s: killed")
+            else:
                 replica.ended.set_result(f"its shared process exited with code {code}")
-        host.replicas.clear()
 
     def _isolate(self, spec: ReplicaSpec, why: str) -> None:
         key = (spec.model, spec.version)
