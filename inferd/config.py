@@ -26,7 +26,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from inferd.replica_config import BatchingConfig, Group, ImagesConfig, LLMConfig
+from inferd.replica_config import BatchingConfig, ExplainConfig, Group, ImagesConfig, LLMConfig
 
 
 class AuthConfig(Group):
@@ -536,6 +536,8 @@ class Settings(BaseSettings):
     """Default dynamic batching for versions that do not set their own."""
     images: ImagesConfig = Field(default_factory=lambda: ImagesConfig())
     """Image inputs: allowed buckets, pixel and size limits, decoding threads."""
+    explain: ExplainConfig = Field(default_factory=lambda: ExplainConfig())
+    """Explanations: rows, coalitions and background caps, a cost budget, a queue bound."""
     llm: LLMConfig = Field(default_factory=lambda: LLMConfig())
     """Engine settings for generative (GPT-2-family) models."""
     inference_log: InferenceLogConfig = Field(default_factory=lambda: InferenceLogConfig())

@@ -103,6 +103,14 @@ class ImagesConfig(Group):
     of a shared replica process; its WebP and TIFF readers still check it too)."""
     max_object_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     """Largest object an ``s3://`` URI may name (422 beyond)."""
+    max_request_pixels: int = Field(200_000_000, ge=1)
+    """The pixels of one request's images together (each as its header says): a 413
+    for the image that passes it, before it is decoded. A body of small compressed
+    images can hold thousands of them."""
+    max_queued: int = Field(64, ge=1, le=100_000)
+    """Requests a replica keeps waiting for its decoding threads; one more is refused
+    (503 with Retry-After). A request whose deadline passed while it waited is not
+    decoded."""
     decode_threads: int = Field(2, ge=1, le=64)
     """Threads of a replica that fetch and decode images, a request at a time each (the
     decoders release the GIL): requests decode in parallel and apart, so a corrupt
@@ -119,6 +127,28 @@ class ImagesConfig(Group):
                     "`bucket/prefix` (no s3://, no empty, . or .. segments)"
                 )
         return entries
+
+
+class ExplainConfig(Group):
+    """Explanations (:mod:`inferd.runtimes.explain`): what one request may cost a
+    replica, and how many a replica takes at once."""
+
+    max_rows: int = Field(100, ge=1, le=100_000)
+    """Rows one explanation request may hold (413 beyond)."""
+    coalitions: int = Field(2048, ge=2, le=1_000_000)
+    """Coalitions KernelSHAP evaluates per row: every one when there are fewer (exact
+    Shapley values of the background), else this many drawn by kernel weight."""
+    background_rows: int = Field(64, ge=1, le=100_000)
+    """Background rows KernelSHAP averages over (more registered: an evenly spaced
+    subset of them)."""
+    max_model_rows: int = Field(4_000_000, ge=1)
+    """Model rows one KernelSHAP explanation may cost (rows x coalitions x background
+    rows, and the rows and background themselves), estimated before it starts: a 413
+    naming this beyond. TreeSHAP costs its rows only."""
+    max_waiting: int = Field(4, ge=0, le=10_000)
+    """Explanations a replica keeps waiting behind the one it computes; one more is
+    refused (503 with Retry-After), as is any while its batch queue holds
+    ``low_queue_share`` of ``max_queue_rows`` (predictions go first)."""
 
 
 class LLMConfig(Group):

@@ -32,6 +32,9 @@ def test_which_scope_each_route_needs():
     assert required_scope("GET", "/metrics") is None
     assert required_scope("POST", "/api/v1/models/fraud/predict") == "infer"
     assert required_scope("POST", "/api/v1/models/fraud/generate") == "infer"
+    assert required_scope("POST", "/api/v1/models/fraud/explain") == "infer"
+    assert required_scope("POST", "/api/v1/models/fraud/versions/v1/explain") == "infer"
+    assert required_scope("POST", "/api/v1/models/fraud/versions") == "admin"  # a push
     assert required_scope("GET", "/api/v1/models/fraud") == "infer"
     assert required_scope("POST", "/v2/models/fraud/infer") == "infer"
     assert required_scope("POST", "/v1/chat/completions") == "infer"

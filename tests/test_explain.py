@@ -265,7 +265,7 @@ def test_bad_explain_requests_are_4xx_naming_what_was_wrong(server):
     assert reply.status_code == 422 and "inputs" in reply.text
     many = {"inputs": [{"features": [5.0, 3.0, 1.5, 0.2]}] * 101}
     reply = client.post("/api/v1/models/iris/explain", json=many)
-    assert reply.status_code == 422 and "limit of 100" in reply.text
+    assert reply.status_code == 413 and "limit of 100" in reply.text
     reply = client.post("/v1/models/iris:explain", json={"inputs": []})
     assert reply.status_code == 400 and "instances" in reply.text  # /v1/: OpenAI's shape
     assert upload_arithmetic(client, "calc", "v1", "x * 2").status_code == 201

@@ -20,10 +20,10 @@ import pytest
 
 from inferd.demo.build import build_demo_model
 from inferd.demo.images import LABELS, jpeg, picture
-from inferd.errors import InvalidInput
+from inferd.errors import InvalidInput, PayloadTooLarge
 from inferd.replica_config import ImagesConfig
 from inferd.runtimes.base import Runtime, Signature, TensorSpec
-from inferd.runtimes.images import ImageInput, ImageSpec, allowed_object, decode
+from inferd.runtimes.images import ImageInput, ImageSpec, PixelBudget, allowed_object, decode
 from tests.conftest import InferdServer, moto_s3, push_folder
 from tests.inprocess import InProcessServer
 from tests.test_jobs import Receiver
@@ -214,6 +214,7 @@ def server(tmp_path_factory, s3_env, demo):
         **env,
         "INFERD_IMAGES__ALLOWED_BUCKETS": json.dumps([BUCKET]),
         "INFERD_IMAGES__MAX_PIXELS": "4000000",
+        "INFERD_IMAGES__MAX_REQUEST_PIXELS": "12000000",
         "INFERD_JOBS__CALLBACK_FIRST_DELAY_S": "0.2",
     }
     srv = InferdServer(data, env=server_env)
@@ -463,3 +464,96 @@ def test_s3_inputs_are_never_answered_from_the_result_cache(
         assert predict(server.client, b64(first)).headers["x-cache"] == "hit"  # still on
     finally:
         server.stop()
+
+
+def _png_of(width: int, height: int, noise: bool = False) -> bytes:
+    from PIL import Image
+
+    out = io.BytesIO()
+    if noise:
+        pixels = np.random.default_rng(width).integers(0, 255, (height, width, 3), np.uint8)
+        Image.fromarray(pixels).save(out, format="PNG", compress_level=1)
+    else:
+        Image.new("RGB", (width, height), (200, 30, 30)).save(out, format="PNG")
+    return out.getvalue()
+
+
+def test_a_request_s_images_share_one_pixel_budget() -> None:
+    spec = ImageSpec(size=(8, 8))
+    budget = PixelBudget(10_000)
+    decode(_png_of(90, 100), spec, 10**6, "first", budget=budget)
+    with pytest.raises(PayloadTooLarge, match=r"images\.max_request_pixels"):
+        decode(_png_of(90, 100), spec, 10**6, "second", budget=budget)  # 18,000 > 10,000
+
+
+def test_many_images_in_one_request_are_refused_past_the_request_s_pixels(server) -> None:
+    """Five 2000 x 1500 images (3 Mpx each, under this server's 4 Mpx per image, a few
+    KiB each compressed): the fifth passes the request's 12 Mpx, a 413 before it is
+    decoded."""
+    image = base64.b64encode(_png_of(2000, 1500)).decode()
+    body = {"inputs": [{"b64": image}] * 5}
+    reply = httpx.post(f"{server.url}/api/v1/models/{MODEL}/predict", json=body, timeout=30)
+    assert reply.status_code == 413, reply.text
+    message = reply.json()["error"]["message"]
+    assert "image of row 4" in message and "images.max_request_pixels" in message
+    ok = httpx.post(
+        f"{server.url}/api/v1/models/{MODEL}/predict",
+        json={"inputs": [{"b64": image}] * 4},
+        timeout=30,
+    )
+    assert ok.status_code == 200, ok.text
+
+
+@pytest.fixture(scope="module")
+def tight(tmp_path_factory, demo):
+    """The classifier on a replica with one decoding thread and room for 2 waiting."""
+    data = tmp_path_factory.mktemp("images-tight")
+    push_folder(data, MODEL, demo.path, framework="onnx", **demo.metadata)
+    env = {"INFERD_IMAGES__DECODE_THREADS": "1", "INFERD_IMAGES__MAX_QUEUED": "2"}
+    srv = InferdServer(data, env=env)
+    try:
+        srv.wait_ready()
+        srv.wait_for(
+            lambda: srv.client.get(f"/v2/models/{MODEL}/ready").status_code == 200,
+            what="the image classifier ready",
+        )
+        yield srv
+    finally:
+        assert srv.stop() == 0
+
+
+def test_decoding_has_a_bounded_queue_and_skips_what_is_past_its_deadline(tight) -> None:
+    """Twelve requests of three 1000 x 1000 noise PNGs (some 20 ms of decoding each) at once,
+    on one decoding thread with room for 2 waiting: some are refused at once (503,
+    Retry-After, naming images.max_queued), the others answered; a request whose
+    deadline passes while it waits is answered 504 without being decoded."""
+    image = base64.b64encode(_png_of(1000, 1000, noise=True)).decode()
+    body = {"inputs": [{"b64": image}] * 3}
+
+    def send(timeout_s: float | None = None) -> tuple[int, str, float]:
+        headers = {} if timeout_s is None else {"x-request-timeout": str(timeout_s)}
+        started = time.monotonic()
+        reply = httpx.post(
+            f"{tight.url}/api/v1/models/{MODEL}/predict", json=body, headers=headers, timeout=60
+        )
+        return reply.status_code, reply.text, time.monotonic() - started
+
+    with ThreadPoolExecutor(12) as pool:
+        replies = list(pool.map(lambda _: send(), range(12)))
+    statuses = sorted(status for status, _, _ in replies)
+    assert 503 in statuses and 200 in statuses, statuses
+    assert set(statuses) <= {200, 503}, replies
+    refused = next(text for status, text, _ in replies if status == 503)
+    assert "images.max_queued" in refused
+    big = base64.b64encode(_png_of(3000, 3000)).decode()  # small, and slow to decode
+    with ThreadPoolExecutor(3) as pool:
+        slow = pool.submit(
+            httpx.post,
+            f"{tight.url}/api/v1/models/{MODEL}/predict",
+            json={"inputs": [{"b64": big}] * 4},
+            timeout=60,
+        )
+        time.sleep(0.1)
+        late = pool.submit(send, 0.2).result()
+        assert slow.result().status_code == 200
+    assert late[0] == 504, late

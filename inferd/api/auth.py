@@ -54,7 +54,8 @@ _ADMIN_PREFIXES = (
     "/v1/load_lora_adapter",
     "/v1/unload_lora_adapter",
 )
-_INFER_WRITES = re.compile(r"^/api/v1/models/[^/]+/(predict|generate)$")
+_INFER_WRITES = re.compile(r"^/api/v1/models/[^/]+/((versions/[^/]+/)?explain|predict|generate)$")
+"""POSTs under ``/api/v1/models`` that run a model (the rest change the registry)."""
 
 
 def required_scope(method: str, path: str) -> str | None:

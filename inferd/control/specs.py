@@ -42,6 +42,7 @@ def replica_spec(
         log_json=settings.log_json,
         llm=settings.llm,
         images=settings.images,
+        explain=settings.explain,
         adapters=adapters(vset.record),
         gpus=gpus,
     )

@@ -242,6 +242,15 @@ def write_requests(out: Text, metrics: RequestMetrics, log_dropped: int = 0) -> 
 REPLICA_GAUGES = {
     "queued_rows": ("inferd_queue_rows", "Rows waiting in the replica's batch queue."),
     "inflight": ("inferd_inflight_requests", "Requests in the replica (queued or computing)."),
+    "explaining": (
+        "inferd_explanations_in_progress",
+        "Explanations a replica computes or keeps waiting (bounded by explain.max_waiting).",
+    ),
+    "preparing": (
+        "inferd_preparing_requests",
+        "Requests waiting for a replica's preparing (decoding) threads or prepared there "
+        "now (bounded by images.max_queued).",
+    ),
     "running": ("inferd_running_sequences", "Generations decoding in the engine."),
     "waiting": ("inferd_waiting_sequences", "Generations waiting for a slot."),
     "kv_blocks_used": ("inferd_kv_cache_blocks_used", "KV-cache blocks in use."),

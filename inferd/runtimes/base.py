@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 if TYPE_CHECKING:
-    from inferd.replica_config import ImagesConfig
+    from inferd.replica_config import ExplainConfig, ImagesConfig
     from inferd.runtimes.explain import Explanation
 
 MAX_WARMUP_SAMPLES = 1000
@@ -141,6 +141,8 @@ class RuntimeConfig:
     """A signature declared at push time; overrides what the runtime infers."""
     images: ImagesConfig | None = None
     """Limits of image inputs (the replica's ``images`` settings; None: the defaults)."""
+    explain: ExplainConfig | None = None
+    """Limits of explanations (the replica's ``explain`` settings; None: the defaults)."""
 
 
 class Runtime(ABC):

@@ -20,8 +20,12 @@ prediction).
   makes the values exact Shapley values of that background; otherwise coalitions are
   sampled by the Shapley kernel's weight, in complementary pairs.
 
-The work runs in the replica, off its event loop; a request's deadline is checked
-between rows.
+The work runs in the replica, off its event loop, admitted first: at most
+``explain.max_rows`` rows, and a KernelSHAP explanation's cost (:func:`kernel_cost`:
+rows x coalitions x background rows) within ``explain.max_model_rows`` before anything
+is computed (413 naming the limit); the coalitions and the background are capped by
+``explain.coalitions`` and ``explain.background_rows``. A request's deadline is checked
+before it starts and between pieces of :data:`CHUNK_ROWS` model rows.
 """
 
 from __future__ import annotations
@@ -34,19 +38,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from inferd.errors import InvalidInput, RequestTimeout
+from inferd.errors import InvalidInput, PayloadTooLarge, RequestTimeout
+from inferd.replica_config import ExplainConfig
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from inferd.runtimes.base import Runtime, Signature
 
-COALITIONS = 2048
-"""Coalitions KernelSHAP evaluates per row (all of them when there are fewer)."""
-BACKGROUND_ROWS = 64
-"""Background rows KernelSHAP averages over (more registered: an evenly spaced subset)."""
-MAX_ROWS = 100
-"""Rows one explanation request may hold."""
+COALITIONS = ExplainConfig().coalitions
+"""Coalitions KernelSHAP evaluates per row by default (``explain.coalitions``)."""
+CHUNK_ROWS = 16384
+"""Model rows KernelSHAP evaluates at once: the deadline is checked between pieces."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,8 +149,13 @@ def explained_output(
     return name, values, columns, "probability" if name == "probabilities" else "prediction"
 
 
+def limits_of(runtime: Runtime) -> ExplainConfig:
+    return runtime.config.explain or ExplainConfig()
+
+
 def background_of(runtime: Runtime, features: Features) -> np.ndarray:
-    """The version's background rows as a feature matrix (at most ``BACKGROUND_ROWS``)."""
+    """The version's background rows as a feature matrix (at most
+    ``explain.background_rows``)."""
     from inferd.runtimes.base import sample_columns
 
     metadata = runtime.config.metadata
@@ -161,17 +169,35 @@ def background_of(runtime: Runtime, features: Features) -> np.ndarray:
     samples = metadata[key]
     rows = sample_columns(runtime.signature, samples, len(samples), field=key)
     x = features.matrix(rows)
-    if len(x) > BACKGROUND_ROWS:
-        x = x[np.linspace(0, len(x) - 1, BACKGROUND_ROWS).round().astype(int)]
+    most = limits_of(runtime).background_rows
+    if len(x) > most:
+        x = x[np.linspace(0, len(x) - 1, most).round().astype(int)]
     return x
+
+
+def kernel_cost(rows: int, features: int, background: int, coalitions: int) -> int:
+    """Model rows KernelSHAP of ``rows`` rows computes: each row's coalitions over the
+    background, and the rows and the background themselves."""
+    c = 0 if features < 2 else min(2**features - 2, coalitions)
+    return rows * c * background + rows + background
 
 
 def kernel_explain(runtime: Runtime, inputs: dict[str, np.ndarray], deadline: float) -> Explanation:
     """KernelSHAP of ``runtime``'s ``predict_batch`` on ``inputs`` (see the module)."""
     signature = runtime.signature
+    limits = limits_of(runtime)
     features = Features.of(signature, runtime.config.metadata)
     background = background_of(runtime, features)
     x = features.matrix(inputs)
+    cost = kernel_cost(len(x), len(features.names), len(background), limits.coalitions)
+    if cost > limits.max_model_rows:
+        raise PayloadTooLarge(
+            f"explaining {len(x)} rows of {len(features.names)} features against "
+            f"{len(background)} background rows computes {cost:,} model rows, over the "
+            f"limit of {limits.max_model_rows:,} (explain.max_model_rows): explain fewer rows"
+        )
+    if time.monotonic() > deadline:
+        raise RequestTimeout("the explanation's deadline passed before it started")
     name, values, columns, space = explained_output(runtime.predict_batch(inputs), signature)
 
     def f(batch: np.ndarray) -> np.ndarray:
@@ -180,33 +206,46 @@ def kernel_explain(runtime: Runtime, inputs: dict[str, np.ndarray], deadline: fl
 
     expected = f(background).mean(axis=0)
     attributions = np.empty((len(x), len(features.names), values.shape[1]))
-    masks, weights = coalitions(len(features.names), np.random.default_rng(0))
+    masks, weights = coalitions(len(features.names), np.random.default_rng(0), limits.coalitions)
     for i, row in enumerate(x):
-        if time.monotonic() > deadline:
-            raise RequestTimeout(f"the explanation ran out of time after {i} of {len(x)} rows")
-        attributions[i] = kernel_shap(f, row, background, values[i], expected, masks, weights)
+
+        def timed(batch: np.ndarray, i: int = i) -> np.ndarray:
+            """``f`` in pieces, the deadline checked before each."""
+            out = []
+            for at in range(0, len(batch), CHUNK_ROWS):
+                if time.monotonic() > deadline:
+                    raise RequestTimeout(
+                        f"the explanation ran out of time after {i} of {len(x)} rows"
+                    )
+                out.append(f(batch[at : at + CHUNK_ROWS]))
+            return np.concatenate(out)
+
+        attributions[i] = kernel_shap(timed, row, background, values[i], expected, masks, weights)
     return Explanation(
         attributions, values, expected, features.names, columns, "kernel_shap", space
     )
 
 
-def coalitions(m: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def coalitions(
+    m: int, rng: np.random.Generator, most: int = COALITIONS
+) -> tuple[np.ndarray, np.ndarray]:
     """Coalition masks (C, m) without the empty and the full one, and their weights:
-    all of them with the Shapley kernel's weights when 2^m - 2 fit in ``COALITIONS``,
-    else ``COALITIONS`` drawn by size in proportion to the kernel (pairs of complements,
-    equal weights)."""
+    all of them with the Shapley kernel's weights when 2^m - 2 fit in ``most``, else
+    ``most`` (an even number of them) drawn by size in proportion to the kernel (pairs of
+    complements, equal weights)."""
     if m < 2:
         return np.zeros((0, m), dtype=bool), np.zeros(0)
-    if 2**m - 2 <= COALITIONS:
+    if 2**m - 2 <= most:
         return _all_coalitions(m)
+    pairs = most // 2
     sizes = np.arange(1, m)
     kernel = (m - 1) / (sizes * (m - sizes))  # a size's total weight, over its comb(m, size)
-    drawn = rng.choice(sizes, size=COALITIONS // 2, p=kernel / kernel.sum())
-    masks = np.zeros((COALITIONS, m), dtype=bool)
+    drawn = rng.choice(sizes, size=pairs, p=kernel / kernel.sum())
+    masks = np.zeros((2 * pairs, m), dtype=bool)
     for k, size in enumerate(drawn):
         masks[2 * k, rng.choice(m, size=size, replace=False)] = True
         masks[2 * k + 1] = ~masks[2 * k]
-    return masks, np.ones(COALITIONS)
+    return masks, np.ones(2 * pairs)
 
 
 def _all_coalitions(m: int) -> tuple[np.ndarray, np.ndarray]:
@@ -261,6 +300,9 @@ def tree_explanation(
     )
 
 
-def check_rows(rows: int) -> None:
-    if rows > MAX_ROWS:
-        raise InvalidInput(f"{rows} rows to explain exceed the limit of {MAX_ROWS} per request")
+def check_rows(rows: int, limits: ExplainConfig) -> None:
+    if rows > limits.max_rows:
+        raise PayloadTooLarge(
+            f"{rows} rows to explain exceed the limit of {limits.max_rows} per request "
+            "(explain.max_rows)"
+        )

@@ -16,7 +16,9 @@ ready tensors. Per image:
    else is ever fetched;
 2. its header is read (:func:`identify`: JPEG, PNG, WebP, GIF, BMP or TIFF, nothing
    else): not one → 422; more than ``images.max_pixels`` pixels → 422 before any
-   decoding (a decompression bomb costs a header's read);
+   decoding (a decompression bomb costs a header's read), and the request's images
+   together over ``images.max_request_pixels`` → 413 (a body of thousands of small
+   compressed images);
 3. a JPEG is decoded at the smallest DCT scale (1/2, 1/4, 1/8) still at least the size
    resizing needs (libjpeg-turbo's scaled decoding through Pillow's ``draft``: a 4000 x
    3000 photo for a 224 x 224 model decodes an eighth of the pixels); truncated data is a
@@ -44,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from inferd.errors import InvalidInput, StoreUnavailable
+from inferd.errors import InvalidInput, PayloadTooLarge, StoreUnavailable
 from inferd.replica_config import ImagesConfig
 from inferd.runtimes.base import Runtime, RuntimeConfig, Signature, TensorSpec
 
@@ -179,6 +181,7 @@ class ImageInput(Runtime):
         """One request's images as the model's tensor (see the module)."""
         images = inputs[IMAGE_INPUT]
         batch = np.empty((len(images), *self.spec.shape), dtype=self.pixels.numpy_dtype)
+        budget = PixelBudget(self.limits.max_request_pixels)
         for i, value in enumerate(images):
             where = f"image of row {i}"
             if isinstance(value, str) and value.startswith("s3://"):
@@ -186,12 +189,12 @@ class ImageInput(Runtime):
                 value = self._fetch(value)
             elif isinstance(value, str):  # registered samples: base64 text
                 value = _b64(value, where)
-            batch[i] = self.decode(bytes(value), where)
+            batch[i] = self.decode(bytes(value), where, budget)
         return {self.pixels.name: batch}, None
 
-    def decode(self, data: bytes, where: str) -> np.ndarray:
+    def decode(self, data: bytes, where: str, budget: PixelBudget | None = None) -> np.ndarray:
         normalise = self.pixels.datatype != "UINT8"
-        return decode(data, self.spec, self.limits.max_pixels, where, normalise)
+        return decode(data, self.spec, self.limits.max_pixels, where, normalise, budget=budget)
 
     def _fetch(self, uri: str) -> bytes:
         """An allowed bucket's object, at most ``max_object_bytes``."""
@@ -241,6 +244,22 @@ class ImageInput(Runtime):
         self.inner.unload()
 
 
+@dataclass(slots=True)
+class PixelBudget:
+    """What is left of one request's ``images.max_request_pixels``."""
+
+    limit: int
+    used: int = 0
+
+    def take(self, pixels: int, where: str) -> None:
+        self.used += pixels
+        if self.used > self.limit:
+            raise PayloadTooLarge(
+                f"{where} brings the request's images to {self.used:,} pixels, over the "
+                f"limit of {self.limit:,} (images.max_request_pixels)"
+            )
+
+
 def decode(
     data: bytes,
     spec: ImageSpec,
@@ -248,9 +267,12 @@ def decode(
     where: str,
     normalise: bool = True,
     scaled: bool = True,
+    budget: PixelBudget | None = None,
 ) -> np.ndarray:
     """One encoded image as the model takes it (steps 2 to 4 of the module's list);
-    ``scaled`` False: every pixel of a JPEG decoded, then resized (what step 3 saves)."""
+    ``scaled`` False: every pixel of a JPEG decoded, then resized (what step 3 saves).
+    ``budget``: the request's, its pixels taken from it (from the header) before
+    decoding."""
     from PIL import Image
 
     image: Image.Image = identify(data, where)
@@ -260,6 +282,8 @@ def decode(
             f"{where} is {width} x {height} pixels, over the limit of {max_pixels:,} "
             "(images.max_pixels)"
         )
+    if budget is not None:
+        budget.take(width * height, where)
     if spec.resize is None:
         need_w, need_h = spec.size[1], spec.size[0]
     else:

@@ -140,7 +140,7 @@ class Answer:
 
 class Explain(msgspec.Struct, tag="explain", array_like=True):
     """Each feature's share of each row's prediction (answered by :class:`Explained`):
-    computed off the batcher, at most ``inferd.runtimes.explain.MAX_ROWS`` rows."""
+    computed off the batcher, at most ``explain.max_rows`` rows."""
 
     id: int
     inputs: dict[str, Tensor]

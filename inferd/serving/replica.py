@@ -32,9 +32,17 @@ from typing import Any
 
 import numpy as np
 
-from inferd.errors import InferdError, InvalidInput, ModelError, ModelNotReady, RequestTimeout
+from inferd.errors import (
+    InferdError,
+    InvalidInput,
+    ModelError,
+    ModelNotReady,
+    Overloaded,
+    RequestTimeout,
+)
 from inferd.observability.drift import DriftCounter, Profile
 from inferd.observability.metrics import REQUEST_BUCKETS_S, Histogram, Sketch
+from inferd.replica_config import ExplainConfig
 from inferd.runtimes import load_runtime
 from inferd.runtimes.base import Runtime, RuntimeConfig, Signature
 from inferd.runtimes.explain import Explanation, check_rows
@@ -72,6 +80,11 @@ class ReplicaCore:
         self.batcher: DynamicBatcher | None = None
         self.started = time.monotonic()
         self.inflight = 0
+        self.explaining = 0
+        """Explanations computing or waiting their turn (bounded: explain.max_waiting)."""
+        self.preparing = 0
+        """Requests waiting for the preparing threads or prepared there now (bounded:
+        images.max_queued)."""
         self._queue_timeout_s = math.inf
         """The version's cap on queue time (``batching.queue_timeout_ms``; inf: none)."""
         self._request_s = Histogram(REQUEST_BUCKETS_S)
@@ -139,8 +152,9 @@ class ReplicaCore:
         """The runtime, loaded, and its signature (a user's class may compute it)."""
         declared = Signature.from_dict(self.spec.signature) if self.spec.signature else None
         config = RuntimeConfig(
-            self.spec.threads, dict(self.spec.metadata), declared, self.spec.images
-        )
+            self.spec.threads, dict(self.spec.metadata), declared, self.spec.images,
+            self.spec.explain,
+        )  # fmt: skip
         runtime = load_runtime(self.spec.framework, Path(self.spec.artifact_dir), config)
         return runtime, runtime.signature
 
@@ -195,7 +209,9 @@ class ReplicaCore:
         if self.runtime is None or self.state not in ("ready", "draining"):
             raise ModelNotReady(f"replica is {self.state}")
         self._check_inputs(inputs, rows)
-        check_rows(rows)
+        limits = self.spec.explain
+        check_rows(rows, limits)
+        self._admit_explanation(limits)
         runtime = self.runtime
         executor: Executor = self._thread
         if runtime.explains_beside_batches:
@@ -206,11 +222,35 @@ class ReplicaCore:
         loop = asyncio.get_running_loop()
         future = loop.run_in_executor(executor, runtime.explain, inputs, deadline)
         self.inflight += 1
+        self.explaining += 1
         future.add_done_callback(self._explained)
         return future
 
+    def _admit_explanation(self, limits: ExplainConfig) -> None:
+        """Refuse an explanation (503, Retry-After) when ``explain.max_waiting`` wait
+        already, or while predictions queue (their batch queue holds
+        ``low_queue_share`` of ``max_queue_rows``): explanations are costly, and come
+        after predictions."""
+        assert self.batcher is not None
+        config = self.spec.batching
+        retry = self.batcher.retry_after_s()
+        if self.explaining > limits.max_waiting:
+            raise Overloaded(
+                f"{self.explaining} explanations are in progress or waiting on this replica "
+                f"(explain.max_waiting: {limits.max_waiting})",
+                retry,
+            )
+        if self.batcher.queued_rows >= config.low_queue_share * config.max_queue_rows:
+            raise Overloaded(
+                f"predictions queue on this replica ({self.batcher.queued_rows} rows): "
+                "explanations wait for them (batching.low_queue_share)",
+                retry,
+                queued_rows=self.batcher.queued_rows,
+            )
+
     def _explained(self, future: asyncio.Future[Explanation]) -> None:
         self.inflight -= 1
+        self.explaining -= 1
 
     def _queue(
         self, inputs: Columns, rows: int, timeout_s: float, priority: int, trace: BatchTrace | None
@@ -227,15 +267,31 @@ class ReplicaCore:
         own, and (images, ``Runtime.prepares_off_loop``) requests prepare in parallel."""
         assert self.batcher is not None
         began = time.monotonic()
+        most = self.spec.images.max_queued
+        if self.preparing >= most:
+            raise Overloaded(
+                f"{self.preparing} requests wait to be prepared (decoded) on this replica "
+                f"(images.max_queued: {most})",
+                self.batcher.retry_after_s(),
+            )
         loop = asyncio.get_running_loop()
-        inputs, lengths = await loop.run_in_executor(self._preparer, self._prepare, inputs)
+        self.preparing += 1
+        try:
+            inputs, lengths = await loop.run_in_executor(
+                self._preparer, self._prepare, inputs, began + timeout_s
+            )
+        finally:
+            self.preparing -= 1
         left = timeout_s - (time.monotonic() - began)
         if left <= 0:
             raise RequestTimeout(f"preparing the request took its {timeout_s:g}s")
         return await self.batcher.submit(inputs, rows, left, priority, trace, lengths)
 
-    def _prepare(self, inputs: Columns) -> tuple[Columns, Any]:
+    def _prepare(self, inputs: Columns, deadline: float) -> tuple[Columns, Any]:
+        """A request prepared, unless its deadline passed while it waited its turn."""
         assert self.runtime is not None and self.drift is not None
+        if time.monotonic() > deadline:
+            raise RequestTimeout("the request's deadline passed before it was prepared")
         if not self.runtime.prepares_off_loop:
             self.drift.observe(inputs)  # the texts, before they become token ids
         return self.runtime.prepare(inputs)
@@ -272,6 +328,8 @@ class ReplicaCore:
     def stats(self) -> dict[str, float]:
         stats: dict[str, float] = {
             "inflight": self.inflight,
+            "explaining": self.explaining,
+            "preparing": self.preparing,
             "uptime_s": time.monotonic() - self.started,
         }
         if self.batcher is not None:

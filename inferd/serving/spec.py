@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 from pydantic import BaseModel
 
-from inferd.replica_config import BatchingConfig, ImagesConfig, LLMConfig
+from inferd.replica_config import BatchingConfig, ExplainConfig, ImagesConfig, LLMConfig
 
 
 class ReplicaSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -36,6 +36,7 @@ class ReplicaSpec(msgspec.Struct, frozen=True, kw_only=True):
     llm: LLMConfig = msgspec.field(default_factory=LLMConfig)
     images: ImagesConfig = msgspec.field(default_factory=ImagesConfig)
     """Engine settings of generative models."""
+    explain: ExplainConfig = msgspec.field(default_factory=ExplainConfig)
     adapters: dict[str, str] = {}
     """LoRA adapters loaded with a generative base model: name -> folder inside the
     version's artifact folder."""
