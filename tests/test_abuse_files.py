@@ -316,6 +316,7 @@ def test_with_an_s3_store_the_bytes_are_in_the_bucket(
         # another host: only the database and the bucket in common
         for key, value in s3_env.items():
             monkeypatch.setenv(key, value)
+        s3fs.S3FileSystem.clear_instance_cache()  # one an earlier test made, for its moto
         engine = create_registry_engine(db)
         with FileStore(engine).open(file_id) as opened:
             assert opened.read() == content

@@ -80,3 +80,11 @@ def test_the_calm_bucket_allows_a_burst_then_its_rate() -> None:
     assert spent <= CALM_BURST + 10 * CALM_PER_S + 1
     steady = Calm(now=0.0)
     assert all(steady.spend(t / CALM_PER_S) for t in range(5000))  # at the rate: forever
+
+
+def test_an_address_that_ran_out_owes_a_penalty() -> None:
+    calm = Calm(now=0.0, burst=10, per_s=100)
+    assert all(calm.spend(0.0) for _ in range(10))
+    assert not calm.spend(0.0)
+    calm.punish(50)
+    assert calm.empty(0.4) and not calm.empty(0.6)  # 50 owed at 100 a second

@@ -145,12 +145,19 @@ class Calm:
     def empty(self, now: float) -> bool:
         return self.tokens + (now - self.at) * self.per_s < 0
 
+    def punish(self, owed: float) -> None:
+        """Empty past a spend that failed: ``owed`` more before it holds tokens again."""
+        self.tokens = min(self.tokens, -owed)
+
 
 PEER_BURST = 2000
 """Cheap-frame events one client address may spend at once over all its connections: a
 flood that reconnects each time a connection is closed goes on only while its address's
 bucket holds tokens; then its new connections are closed as they are accepted."""
 PEER_PER_S = 200.0
+PEER_PENALTY = 500.0
+"""An address whose bucket ran out owes this much more (2.5 s of refills): meanwhile its
+new connections are closed as they are accepted, however fast it reconnects."""
 PEERS = 10_000
 """Addresses whose buckets are kept (the oldest forgotten first)."""
 

@@ -58,7 +58,7 @@ import hpack
 from google.protobuf.message import DecodeError
 
 from inferd.grpc import frames as f
-from inferd.grpc.bounds import Bounds, Buffers, Calm, Peers
+from inferd.grpc.bounds import PEER_PENALTY, Bounds, Buffers, Calm, Peers
 from inferd.observability.log_rows import COUNTERS
 
 logger = logging.getLogger(__name__)
@@ -472,6 +472,7 @@ class Connection(asyncio.Protocol):
         the connection."""
         calm, now = self.calm.spend(self.now, cost), self.now
         if self.peer_calm is not None and not self.peer_calm.spend(now, cost):
+            self.peer_calm.punish(PEER_PENALTY)
             raise _ConnectionError(f.ENHANCE_YOUR_CALM, f"too many {what} from {self.peer}")
         if not calm:
             raise _ConnectionError(f.ENHANCE_YOUR_CALM, f"too many {what}")
