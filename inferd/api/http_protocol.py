@@ -21,7 +21,9 @@ shutdown, a client going away) stays uvicorn's: the request keeps its cycle.
 Every door bounded (``connections.*``, :class:`HttpBounds`), where uvicorn bounds
 nothing: a request's head must arrive within ``header_timeout_s`` of its first byte (a
 new connection's first request, of the connection) and be at most ``max_header_bytes``
-(408 and 431, JSON, then the connection closes); a body may pause at most
+(408 and 431, JSON, then the connection closes; the bytes are counted per read while a
+head is incomplete, so a head may overrun the limit by what its first read held, at
+most a read's worth, and the hot path pays no call per header); a body may pause at most
 ``body_timeout_s`` between reads while the server waits for it (408); at most
 ``max_connections`` connections per process (more are closed at once). The timeouts
 are looked at by one sweep a gateway process (:func:`sweep_forever`), not a timer per
@@ -158,6 +160,7 @@ class HttpProtocol(HttpToolsProtocol):
     _refused = False
     _in_head = False
     _head_bytes = 0
+    _heads = 0  # requests begun on this connection
     _since = 0.0  # the wait for a head began (the connection, or the head's first byte)
     _read_at = 0.0  # the last bytes came
 
@@ -177,32 +180,25 @@ class HttpProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         self._read_at = time.monotonic()
-        if not self._refused:
-            super().data_received(data)
+        if self._refused:
+            return
+        heads, within = self._heads, self._in_head
+        super().data_received(data)
+        if within and self._in_head and heads == self._heads:  # all of it one unfinished head
+            self._head_bytes += len(data)
+            if self._head_bytes > self.bounds.max_header_bytes:
+                limit = self.bounds.max_header_bytes
+                why = f"the request's head is over {limit} bytes (connections.max_header_bytes)"
+                self.refuse(431, "headers_too_large", why)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_head, self._head_bytes, self._since = True, 0, self._read_at
-
-    def on_url(self, url: bytes) -> None:
-        self._count(len(url))
-        super().on_url(url)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._count(len(name) + len(value) + 4)
-        super().on_header(name, value)
+        self._heads += 1
 
     def on_headers_complete(self) -> None:
         self._in_head = False
         super().on_headers_complete()
-
-    def _count(self, size: int) -> None:
-        self._head_bytes += size
-        if self._head_bytes > self.bounds.max_header_bytes:
-            limit = self.bounds.max_header_bytes
-            why = f"the request's head is over {limit} bytes (connections.max_header_bytes)"
-            self.refuse(431, "headers_too_large", why)
-            raise _Refused  # stops the parser; data_received answers no 400 after it
 
     def refuse(self, status: int, code: str, message: str) -> None:
         """Answer ``status`` (JSON) and close, whatever the request was doing."""
@@ -257,10 +253,6 @@ class HttpProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
         if self._watch is not None:
             self._watch.lost()
-
-
-class _Refused(Exception):
-    """Raised in a parser callback once the request was refused."""
 
 
 async def sweep_forever(connections: set[Any], bounds: HttpBounds) -> None:
