@@ -289,10 +289,45 @@ def _closed(sock: socket.socket) -> bool:
 
 
 def report(results: dict[str, Any]) -> str:
-    lines = ["# Every door bounded (bench/abuse.py)", ""]
-    lines.append("```")
-    lines.append(json.dumps(results, indent=2))
-    lines.append("```")
+    """The results as the markdown tables of bench/results/abuse.md."""
+    lines = ["# Every door bounded (`bench/abuse.py`)", ""]
+    lines.append("One gateway process, auth on; attackers on the last core, the server and "
+                 "the honest clients on the others.")  # fmt: skip
+    if "grpc_flood" in results:
+        lines += ["", "## Unauthenticated gRPC flood (300 calls x 3 MiB of 15 MiB each)", ""]
+        lines.append("| attack | attacker connections | closed at accept | sent MiB | refused "
+                     "UNAUTHENTICATED | gateway RSS growth MiB | neighbour p99 idle / during "
+                     "ms | ratio |")  # fmt: skip
+        lines.append("|---|---|---|---|---|---|---|---|")
+        for name, r in results["grpc_flood"].items():
+            idle, during = r["neighbour_idle"]["p99_ms"], r["neighbour_during"]["p99_ms"]
+            lines.append(
+                f"| {name} | {r['attacker_connections']} | {r['closed_at_accept']} | "
+                f"{r['sent_mib']} | {r['refused_unauthenticated']} | {r['rss_growth_mib']} | "
+                f"{idle:.1f} / {during:.1f} | {r['neighbour_p99_ratio']:.2f}x |"
+            )
+    if "rapid_reset" in results:
+        lines += ["", "## Rapid reset (HEADERS + message + RST_STREAM, 10,000 a second)", ""]
+        lines.append("| round | closed after s | GOAWAY | gateway CPU s, first second |")
+        lines.append("|---|---|---|---|")
+        for i, r in enumerate(results["rapid_reset"]["rounds"], 1):
+            goaway = r["goaway"] or {}
+            said = f"{goaway.get('code')} {goaway.get('debug', '')}"
+            lines.append(
+                f"| {i} | {r['closed_after_s']} | {said} | {r['gateway_cpu_s_first_second']} |"
+            )
+    if "slowloris" in results:
+        r = results["slowloris"]
+        idle, during = r["honest_idle"]["p99_ms"], r["honest_during"]["p99_ms"]
+        lines += ["", "## Slowloris (HTTP heads a byte a second, gRPC header blocks begun)", ""]
+        lines.append("| connections | closed by the server | open files before / peak / after | "
+                     "honest p99 idle / during ms | ratio |")  # fmt: skip
+        lines.append("|---|---|---|---|---|")
+        lines.append(
+            f"| {r['connections']['http']} HTTP + {r['connections']['grpc']} gRPC | "
+            f"{r['http_closed_by_server']} HTTP | {r['fds_before']} / {r['fds_peak']} / "
+            f"{r['fds_after']} | {idle:.1f} / {during:.1f} | {r['honest_p99_ratio']:.2f}x |"
+        )
     return "\n".join(lines) + "\n"
 
 
