@@ -21,6 +21,7 @@ import h2.settings
 import pytest
 import uvloop
 
+from inferd.grpc import frames as f
 from inferd.grpc import grpc_service_pb2 as pb
 from inferd.grpc import grpc_service_pb2_grpc as pb_grpc
 from inferd.grpc.bounds import Bounds
@@ -369,3 +370,53 @@ def test_a_block_of_headers_in_continuation_frames(running: Running) -> None:
     sock.close()
     assert headers[b"grpc-status"] == b"0"
     assert headers[b"x-echo"] == b"y" * 40_000
+
+
+class _Wire:
+    """A transport that keeps what is written to it (one entry a write)."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_burst_of_refused_calls_is_answered_in_one_write() -> None:
+    # 40 calls to a method that does not exist, in one read: 40 answers and 40 resets,
+    # and one system call for them (not 80)
+    async def burst() -> _Wire:
+        wire = _Wire()
+        connection = Connection(GrpcServer(Service(), methods(), LIMIT))
+        connection.connection_made(wire)  # type: ignore[arg-type]
+        block = b"\x83\x86" + literal(4, "/no.Such/Method") + literal(31, "application/grpc")
+        calls = b"".join(
+            f.head(len(block), f.HEADERS, f.END_HEADERS, stream) + block
+            for stream in range(1, 81, 2)
+        )
+        wire.writes.clear()
+        connection.data_received(f.PREFACE + f.settings({}) + calls)
+        await asyncio.sleep(0)  # a turn cut short goes on in the next
+        return wire
+
+    wire = asyncio.run(burst())
+    assert len(wire.writes) == 1
+    sent = wire.writes[0]
+    kinds, pos = [], 0
+    while pos < len(sent):
+        size = int.from_bytes(sent[pos : pos + 3], "big")
+        kinds.append(sent[pos + 3])
+        pos += 9 + size
+    assert kinds.count(f.HEADERS) == 40 and kinds.count(f.RST_STREAM) == 40
+    assert not wire.closed

@@ -308,6 +308,7 @@ class Connection(asyncio.Protocol):
         self.peer_calm: Calm | None = None  # its address's, once connected
         self.sent = False  # HEADERS or DATA written since the client's last PING
         self.settings_seen = False
+        self.out: list[bytes | memoryview] | None = None  # writes held: one a turn
 
     # -- asyncio.Protocol ----------------------------------------------------------------
 
@@ -383,7 +384,18 @@ class Connection(asyncio.Protocol):
                 self.transport.pause_reading()
 
     def _frames(self) -> None:
-        """Handle the whole frames received (all but while an admission is decided)."""
+        """Handle the whole frames received (all but while an admission is decided);
+        what they answer goes out in one write."""
+        if self.out is not None:
+            self._handle_frames()
+            return
+        self.out = []
+        try:
+            self._handle_frames()
+        finally:
+            self._uncork()
+
+    def _handle_frames(self) -> None:
         buf = self.buf
         self.now = now = time.monotonic()
         if self.admitting:
@@ -965,7 +977,18 @@ class Connection(asyncio.Protocol):
             self._finish(call)
 
     def _flush(self, call: Call) -> None:
-        """Send what the windows allow of the call's held-back DATA, then its trailers."""
+        """Send what the windows allow of the call's held-back DATA, then its trailers
+        (in one write)."""
+        if self.out is not None:
+            self._send_pending(call)
+            return
+        self.out = []
+        try:
+            self._send_pending(call)
+        finally:
+            self._uncork()
+
+    def _send_pending(self, call: Call) -> None:
         pending = call.pending
         moved = False
         while pending and self.transport is not None:
@@ -983,7 +1006,8 @@ class Connection(asyncio.Protocol):
                 piece, pending[0] = chunk[:room], chunk[room:]
             self.send_window -= len(piece)
             call.send_window -= len(piece)
-            self.transport.writelines((f.head(len(piece), f.DATA, 0, call.id), piece))
+            self._write(f.head(len(piece), f.DATA, 0, call.id))
+            self._write(piece)
         self.blocked.pop(call.id, None)
         if call.end_frame is not None:
             self._write(call.end_frame)
@@ -1061,9 +1085,19 @@ class Connection(asyncio.Protocol):
             block = self.server.refusal(code, message, http)
         return f.header_frames(block, f.END_STREAM, stream, self.peer_frame)
 
-    def _write(self, data: bytes) -> None:
-        if self.transport is not None:
+    def _write(self, data: bytes | memoryview) -> None:
+        out = self.out
+        if out is not None:
+            out.append(data)
+        elif self.transport is not None:
             self.transport.write(data)
+
+    def _uncork(self) -> None:
+        """Write what was held (one system call for a turn's answers: a burst of
+        hundreds of refused calls costs one write, not two a call)."""
+        out, self.out = self.out, None
+        if out and self.transport is not None:
+            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
 
     def _wake_writers(self) -> None:
         for call in list(self.calls.values()):
@@ -1098,6 +1132,8 @@ class Connection(asyncio.Protocol):
         self._close_now()
 
     def _close_now(self) -> None:
+        if self.out is not None:
+            self._uncork()
         if self.transport is not None:
             self.transport.close()
 
