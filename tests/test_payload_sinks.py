@@ -530,8 +530,9 @@ def _samples(text: str, name: str) -> dict[str, float]:
 # -- a sink that is down --------------------------------------------------------------------
 
 
-def _throughput(server: InferdServer, seconds: float) -> tuple[float, int]:
-    """Closed-loop predicts (16 connections) for ``seconds``: answers a second, errors."""
+def _throughput(server: InferdServer, seconds: float) -> tuple[float, int, float]:
+    """Closed-loop predicts (16 connections) for ``seconds``: answers a second, errors,
+    the slowest answer's seconds."""
     body = orjson.dumps({"inputs": [{"x": 1.0}]})
     head = request_head("POST", "/api/v1/models/calc/predict", f"127.0.0.1:{server.port}",
                         {"content-type": "application/json"})  # fmt: skip
@@ -540,15 +541,19 @@ def _throughput(server: InferdServer, seconds: float) -> tuple[float, int]:
                     duration_s=seconds, warmup_s=0.1)  # fmt: skip
     result = asyncio.run(LoadGenerator(spec).run())
     summary = summarize(result.samples, result.duration_s)
-    return summary.success_rps, summary.errors
+    return summary.success_rps, summary.errors, (summary.latency["max"] or 0.0) / 1000
 
 
 def test_a_sink_that_is_down_costs_the_request_path_nothing(tmp_path: Path) -> None:
     """Two servers side by side, one with no sink and one whose sinks are down (a closed
     port and a listener that never answers), driven in turn in short interleaved slices
-    so that the machine's other load falls on both alike. This 2-core machine is shared
-    (an A/A run of two identical servers gave 0.87-1.08 over 12 s): the ratio is taken
-    over up to three blocks of slices, cumulatively, and must reach 0.95."""
+    so that the machine's other load falls on both alike. No request waits on a sink:
+    the slowest answer stays far below the sinks' 1 s timeout (one that waited on the
+    silent listener would take it whole). This 2-core machine is shared (an A/A run of
+    two identical servers gave 0.87-1.08 over 12 s; a run beside the suite's other
+    worker and a package install, 0.90 after 30 slices): the throughput ratio is taken
+    over up to five blocks of slices, cumulatively, and must reach 0.95 (0.85 after the
+    fifth, well under what a request path that did the sinks' work would give)."""
     closed = f"http://127.0.0.1:{free_port()}/events"  # nothing listens
     with black_hole() as silent:
         env = {
@@ -560,13 +565,15 @@ def test_a_sink_that_is_down_costs_the_request_path_nothing(tmp_path: Path) -> N
             _ready(none)
             _ready(down)
             rates: dict[str, list[float]] = {"none": [], "down": []}
-            for _ in range(3):
-                _interleaved({"none": none, "down": down}, rates, rounds=10)
+            slowest: dict[str, float] = {"none": 0.0, "down": 0.0}
+            for _ in range(5):
+                _interleaved({"none": none, "down": down}, rates, slowest, rounds=10)
                 ratio = sum(rates["down"]) / sum(rates["none"])
                 print(f"sink down / no sink after {len(rates['none'])} slices: {ratio:.3f}")
                 if ratio >= 0.95:
                     break
-            assert ratio >= 0.95, rates
+            assert ratio >= 0.85, rates
+            assert slowest["down"] < 0.5, slowest
             text = down.client.get("/metrics").text
             dropped = _samples(text, "inferd_payload_sink_rows_dropped_total")
             failed = _samples(text, "inferd_payload_sink_rows_failed_total")
@@ -578,12 +585,16 @@ def test_a_sink_that_is_down_costs_the_request_path_nothing(tmp_path: Path) -> N
 
 
 def _interleaved(
-    servers: dict[str, InferdServer], rates: dict[str, list[float]], rounds: int
+    servers: dict[str, InferdServer],
+    rates: dict[str, list[float]],
+    slowest: dict[str, float],
+    rounds: int,
 ) -> None:
     """``rounds`` slices of 0.4 s per server, in alternating order; no request fails."""
     for round_ in range(rounds):
         order = list(servers.items())
         for name, server in order if round_ % 2 == 0 else order[::-1]:
-            rps, errors = _throughput(server, 0.4)
+            rps, errors, longest = _throughput(server, 0.4)
             assert errors == 0
             rates[name].append(rps)
+            slowest[name] = max(slowest[name], longest)
