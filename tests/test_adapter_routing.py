@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from inferd.routing.router import ROUTED, Router
-from inferd.serving import protocol as p
 from inferd.serving.client import ReplicaClient
+from inferd.shapes import replica as p
 from tests.conftest import build_tiny_gpt2, push_folder, served
 from tests.test_generation_server import make_adapter, peft_greedy
 

@@ -29,9 +29,9 @@ from inferd.control.specs import replica_spec
 from inferd.control.state import VersionSet
 from inferd.observability.metrics import Sketch
 from inferd.registry import Registry
-from inferd.routing.table import ReplicaRoute, RoutingTable
-from inferd.runtimes.base import Signature, TensorSpec
-from inferd.serving.spec import ReplicaSpec
+from inferd.shapes.control import ReplicaRoute, RoutingTable
+from inferd.shapes.replica_spec import ReplicaSpec
+from inferd.shapes.tensors import Signature, TensorSpec
 from tests.clocks import FakeClock, settle
 
 SIGNATURE = Signature(

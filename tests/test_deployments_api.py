@@ -30,8 +30,8 @@ from inferd.errors import BadRequest, InvalidInput
 from inferd.registry import Registry
 from inferd.registry.deployments import DeploymentRecord
 from inferd.registry.rollout import DeploymentStatus, Strategy
-from inferd.routing.table import ModelRoute, ReplicaRoute, VersionRoute
-from inferd.runtimes.base import Signature
+from inferd.shapes.control import ModelRoute, ReplicaRoute, VersionRoute
+from inferd.shapes.tensors import Signature
 from tests.conftest import InferdServer, fake_gpus, push_source, run_cli, served
 from tests.inprocess import InProcessServer
 

@@ -22,8 +22,6 @@ from inferd.observability.drift import (
     REFERENCE_FILE,
     Binner,
     DriftCounter,
-    Profile,
-    bins_of,
     build_profile,
     read_reference_sample,
 )
@@ -40,8 +38,9 @@ from inferd.observability.drift_stats import (
 )
 from inferd.observability.exposition import Text
 from inferd.registry import Registry
-from inferd.runtimes.base import Signature, TensorSpec
-from inferd.serving.protocol import DriftCounts
+from inferd.shapes.drift import Profile, bins_of
+from inferd.shapes.replica import DriftCounts
+from inferd.shapes.tensors import Signature, TensorSpec
 
 TABULAR = Signature(
     (TensorSpec("features", "FP32", (-1, 4)), TensorSpec("country", "BYTES", (-1,))),

@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from inferd.routing.router import Router, engine_load, generation_load
-from inferd.serving import protocol as p
 from inferd.serving.client import ReplicaClient
+from inferd.shapes import replica as p
 from tests.conftest import build_tiny_gpt2, push_folder, served
 
 

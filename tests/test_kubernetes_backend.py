@@ -26,7 +26,7 @@ import pytest
 
 from inferd.config import KubernetesConfig, Settings
 from inferd.control.backends.kubernetes import deployment_name, manifest
-from inferd.serving.spec import ReplicaSpec
+from inferd.shapes.replica_spec import ReplicaSpec
 from tests.conftest import (
     InferdServer,
     arithmetic_model,

@@ -13,8 +13,8 @@ import pytest
 
 from inferd.routing.prefix import PrefixIndex, prompt_bytes, prompt_keys
 from inferd.routing.router import ROUTED, Router
-from inferd.serving import protocol as p
 from inferd.serving.client import ReplicaClient
+from inferd.shapes import replica as p
 from tests.conftest import build_tiny_gpt2, push_folder, served
 
 SYSTEM = {"role": "system", "content": "You answer questions about the server. " * 6}

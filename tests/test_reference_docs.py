@@ -125,9 +125,9 @@ def rendered_metrics() -> dict[str, tuple[str, set[str] | None]]:
     from inferd.control.scaling import ColdStarts
     from inferd.control.state import reachable
     from inferd.observability import exposition as x
-    from inferd.observability.log_rows import LogRow
     from inferd.observability.metrics import Histogram
-    from inferd.serving.protocol import Status
+    from inferd.shapes.logs import LogRow
+    from inferd.shapes.replica import Status
 
     requests = x.RequestMetrics()
     requests.observe([

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from inferd import transport
-from inferd.serving import protocol as p
 from inferd.serving.client import ReplicaClient
-from inferd.serving.spec import ReplicaSpec
+from inferd.shapes import replica as p
+from inferd.shapes.replica_spec import ReplicaSpec
 from tests.conftest import ROOT, free_port
 
 TOKEN = transport.Credentials(b"a-cluster-token-of-32-characters")

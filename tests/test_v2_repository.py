@@ -21,8 +21,8 @@ from inferd.control.publisher import TablePublisher
 from inferd.protocols.repository import IndexEntry, _entry
 from inferd.registry import Registry
 from inferd.routing.router import Router
-from inferd.routing.table import ModelRoute, ReplicaRoute, RoutingTable, VersionRoute
-from inferd.runtimes.base import Signature
+from inferd.shapes.control import ModelRoute, ReplicaRoute, RoutingTable, VersionRoute
+from inferd.shapes.tensors import Signature
 from tests.conftest import InferdServer, push_folder, run_cli
 
 MODELS = Path(__file__).parent / "models"

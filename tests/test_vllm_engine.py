@@ -385,7 +385,7 @@ def test_a_generation_resumes_after_the_tokens_of_a_lost_replica(
     first; without it the seeded cases go another way)."""
     import asyncio
 
-    from inferd.serving import protocol as p
+    from inferd.shapes import replica as p
 
     async def run() -> tuple[list[p.TokenChunk], list[p.TokenChunk]]:
         client = await _llama_replica(served)
@@ -434,7 +434,7 @@ def test_a_generation_resumed_inside_a_character_streams_only_the_new_text(
     from tokenizers import Tokenizer
     from tokenizers.decoders import DecodeStream
 
-    from inferd.serving import protocol as p
+    from inferd.shapes import replica as p
 
     tokenizer = Tokenizer.from_file(str(served.data_dir / "src" / "llama-random" /
                                         "tokenizer.json"))  # fmt: skip

@@ -33,8 +33,8 @@ from inferd.api.state import gateway_of
 from inferd.console import SECURITY_HEADERS, assets
 from inferd.errors import InvalidInput, NotFound
 from inferd.registry import ModelRecord
-from inferd.routing.table import ModelRoute, VersionRoute
 from inferd.runtimes import GENERATIVE
+from inferd.shapes.control import ModelRoute, VersionRoute
 
 if TYPE_CHECKING:
     from inferd.registry import Registry

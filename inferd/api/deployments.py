@@ -29,7 +29,7 @@ from inferd.api.state import gateway_of
 from inferd.control import canary
 from inferd.errors import BadRequest, InvalidInput
 from inferd.routing.router import Router
-from inferd.routing.table import ModelRoute, ReplicaRoute, VersionRoute
+from inferd.shapes.control import ModelRoute, ReplicaRoute, VersionRoute
 
 if TYPE_CHECKING:
     from inferd.registry import Registry

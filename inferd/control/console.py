@@ -1,6 +1,6 @@
 """The server side of the web console: recent figures, firing alerts and the health of
 the control plane, answered to gateways over the control channel
-(:class:`~inferd.routing.table.ConsoleQuery`).
+(:class:`~inferd.shapes.control.ConsoleQuery`).
 
 - **Figures** (:class:`~inferd.observability.recent.RecentFigures`): requests from the
   log rows gateways ship; replicas' status frames once a slot, over the connections
@@ -33,7 +33,7 @@ from inferd.config import Settings
 from inferd.control.state import reachable
 from inferd.observability.exposition import ReplicaStatuses
 from inferd.observability.recent import RecentFigures
-from inferd.routing.table import ConsoleQuery
+from inferd.shapes.control import ConsoleQuery
 
 if TYPE_CHECKING:
     from inferd.control.controller import Controller

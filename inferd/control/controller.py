@@ -38,11 +38,11 @@ from inferd.control.rollouts import Steps, policy, route
 from inferd.control.routes import routing_table
 from inferd.control.scaling import Scaling
 from inferd.control.state import ModelState, VersionSet, deployed, status_changes
-from inferd.graphs.spec import GRAPH_FRAMEWORK
 from inferd.registry import ModelRecord, Registry, VersionRecord
 from inferd.registry.deployments import DeploymentRecord
 from inferd.registry.rollout import DeploymentStatus
-from inferd.routing.table import RoutingTable
+from inferd.shapes.control import RoutingTable
+from inferd.shapes.graph import GRAPH_FRAMEWORK
 
 logger = logging.getLogger(__name__)
 

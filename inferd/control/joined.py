@@ -1,8 +1,8 @@
 """Replicas that join from other hosts (``inferd replica --control HOST:PORT``).
 
 A joined replica is a process the controller did not start: it dialled in over the
-control channel (:class:`~inferd.routing.table.Join`), got its spec
-(:class:`~inferd.routing.table.Joined`), and beats every second with its state. The
+control channel (:class:`~inferd.shapes.control.Join`), got its spec
+(:class:`~inferd.shapes.control.Joined`), and beats every second with its state. The
 controller's :class:`Joins` keeps it in its version's set beside the replicas its
 orchestrator runs, so it is routed to, counted, drained and shown like one of them
 (:class:`JoinedReplica` is a :class:`~inferd.control.replica.Replica`); an orchestrator
@@ -34,8 +34,8 @@ from inferd.control.orchestrators import Context
 from inferd.control.replica import ReplicaState, ReportedReplica
 from inferd.control.specs import replica_spec
 from inferd.control.state import VersionSet
-from inferd.routing.table import DrainReplica, Join, encode_down
-from inferd.serving.spec import ReplicaSpec
+from inferd.shapes.control import DrainReplica, Join, encode_down
+from inferd.shapes.replica_spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)
 

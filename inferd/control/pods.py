@@ -19,7 +19,7 @@ import msgspec
 
 from inferd.control.backends.kubernetes import PodSeen
 from inferd.control.replica import ReplicaState, ReportedReplica
-from inferd.serving.spec import ReplicaSpec
+from inferd.shapes.replica_spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)
 

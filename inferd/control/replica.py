@@ -18,8 +18,8 @@ import asyncio
 import enum
 from typing import Protocol
 
-from inferd.routing.table import ReplicaRoute
-from inferd.serving.spec import ReplicaSpec
+from inferd.shapes.control import ReplicaRoute
+from inferd.shapes.replica_spec import ReplicaSpec
 
 
 class ReplicaState(enum.StrEnum):

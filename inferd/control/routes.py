@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from inferd.control.state import ModelState, VersionSet
 from inferd.registry import VersionRecord
-from inferd.routing.table import ModelRoute, RoutingTable, VersionRoute
+from inferd.shapes.control import ModelRoute, RoutingTable, VersionRoute
 
 
 def routing_table(generation: int, models: dict[str, ModelState], epoch: str = "") -> RoutingTable:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from inferd.config import BatchingConfig, Settings
 from inferd.control.routes import adapters
 from inferd.control.state import VersionSet
-from inferd.serving.spec import ReplicaSpec
+from inferd.shapes.replica_spec import ReplicaSpec
 
 
 def replica_spec(

@@ -12,10 +12,10 @@ from typing import Any
 
 from inferd.control.autoscaler import Autoscaler
 from inferd.control.replica import Replica, ReplicaState
-from inferd.graphs.spec import GRAPH_FRAMEWORK
 from inferd.registry import VersionRecord
 from inferd.registry.deployments import DeploymentRecord
 from inferd.registry.rollout import DeploymentStatus
+from inferd.shapes.graph import GRAPH_FRAMEWORK
 
 logger = logging.getLogger(__name__)
 

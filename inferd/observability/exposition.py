@@ -29,8 +29,8 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Container, Iterable
 from typing import Any
 
-from inferd.observability.log_rows import LogRow
 from inferd.serving.client import ReplicaClient
+from inferd.shapes.logs import LogRow
 
 REQUEST_BUCKETS_S = (
     0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1,

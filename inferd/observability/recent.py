@@ -26,8 +26,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferd.observability.log_rows import LogRow
 from inferd.observability.metrics import Histogram, Sketch
+from inferd.shapes.logs import LogRow
 
 LLM_SERIES = ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "kv_use", "running")
 

@@ -72,12 +72,12 @@ import numpy as np
 
 from inferd.clock import SYSTEM, Clock
 from inferd.config import Settings
-from inferd.routing.table import VersionRoute
-from inferd.serving import protocol as p
-from inferd.serving.protocol import Columns
+from inferd.shapes import replica as p
+from inferd.shapes.control import VersionRoute
+from inferd.shapes.replica import Columns
 
 if TYPE_CHECKING:
-    from inferd.runtimes.base import Signature
+    from inferd.shapes.tensors import Signature
 
 logger = logging.getLogger(__name__)
 

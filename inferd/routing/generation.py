@@ -26,7 +26,7 @@ from inferd.routing.cache import (
 )
 from inferd.routing.router import ROUTED, Router, Target
 from inferd.runtimes import GENERATIVE
-from inferd.serving import protocol as p
+from inferd.shapes import replica as p
 
 MAX_STOPS = 4
 Chunks = AsyncGenerator[p.TokenChunk, None]

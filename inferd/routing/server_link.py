@@ -14,8 +14,7 @@ from typing import Any
 
 from inferd import transport
 from inferd.errors import ModelNotReady
-from inferd.observability.log_rows import LogRow
-from inferd.routing.table import (
+from inferd.shapes.control import (
     ConsoleAnswer,
     ConsoleQuery,
     Demand,
@@ -28,6 +27,7 @@ from inferd.routing.table import (
     decode_table,
     encode_request,
 )
+from inferd.shapes.logs import LogRow
 
 logger = logging.getLogger(__name__)
 
@@ -169,7 +169,7 @@ class ServerLink:
         version: str | None = None,
     ) -> bytes:
         """The console's figures from the server process, as JSON (see
-        :class:`~inferd.routing.table.ConsoleQuery`)."""
+        :class:`~inferd.shapes.control.ConsoleQuery`)."""
         answer: ConsoleAnswer = await self._ask(
             lambda query: ConsoleQuery(query, what, models, since, window_s, version), timeout_s
         )

@@ -24,11 +24,11 @@ from concurrent.futures import Executor, Future
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from inferd.process import freeze_heap
-from inferd.serving.spec import ReplicaSpec
+from inferd.shapes.replica_spec import ReplicaSpec
 
 if TYPE_CHECKING:
     from inferd.errors import InferdError
-    from inferd.llm.engine import TokenOutput
+    from inferd.shapes.llm import TokenOutput
 
 logger = logging.getLogger(__name__)
 

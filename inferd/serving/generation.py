@@ -29,9 +29,8 @@ from inferd.errors import (
 )
 from inferd.errors import PromptTooLong as PromptTooLongError
 from inferd.llm.chat import ChatTemplate
-from inferd.llm.engine import EngineFull, LLMEngine, PromptOverLimit, PromptTooLong, TokenOutput
+from inferd.llm.engine import EngineFull, LLMEngine, PromptOverLimit, PromptTooLong
 from inferd.llm.metrics import GenerationMetrics
-from inferd.llm.sequence import SamplingParams
 from inferd.serving.core import (
     EngineLoad,
     Sink,
@@ -40,7 +39,8 @@ from inferd.serving.core import (
     mark_ready,
     rss_bytes,
 )
-from inferd.serving.spec import ReplicaSpec
+from inferd.shapes.llm import SamplingParams, TokenOutput
+from inferd.shapes.replica_spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)
 

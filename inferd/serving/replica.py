@@ -40,17 +40,19 @@ from inferd.errors import (
     Overloaded,
     RequestTimeout,
 )
-from inferd.observability.drift import DriftCounter, Profile
+from inferd.observability.drift import DriftCounter
 from inferd.observability.metrics import REQUEST_BUCKETS_S, Histogram, Sketch
 from inferd.replica_config import ExplainConfig
 from inferd.runtimes import load_runtime
-from inferd.runtimes.base import Runtime, RuntimeConfig, Signature
+from inferd.runtimes.base import Runtime, RuntimeConfig
 from inferd.runtimes.explain import Explanation, check_rows
 from inferd.serving.batcher import BatchTrace, Columns, DynamicBatcher
 from inferd.serving.compute import BusyMark, ComputeThread
 from inferd.serving.core import EngineLoad, load_off_loop, mark_ready, rss_bytes
-from inferd.serving.protocol import DriftCounts, DriftQuery, from_tensor
-from inferd.serving.spec import ReplicaSpec
+from inferd.shapes.drift import Profile
+from inferd.shapes.replica import DriftCounts, DriftQuery, from_tensor
+from inferd.shapes.replica_spec import ReplicaSpec
+from inferd.shapes.tensors import Signature
 
 logger = logging.getLogger(__name__)
 

@@ -27,24 +27,24 @@ from inferd.observability import tracing
 from inferd.observability.logging import request_id_var
 from inferd.process import die_with_parent
 from inferd.serving import inprocess
-from inferd.serving import protocol as p
 from inferd.serving.batcher import BatchTrace
 from inferd.serving.core import Core, EngineLoad
-from inferd.serving.protocol import Columns
 from inferd.serving.replica import ReplicaCore, error_status
-from inferd.serving.spec import ReplicaSpec
+from inferd.shapes import replica as p
+from inferd.shapes.replica import Columns
+from inferd.shapes.replica_spec import ReplicaSpec
 
 if TYPE_CHECKING:
-    from inferd.llm.engine import TokenOutput
     from inferd.registry.artifact_cache import Opened
     from inferd.runtimes.explain import Explanation
+    from inferd.shapes.llm import TokenOutput
 
 logger = logging.getLogger(__name__)
 
 
 LOAD_EVERY_S = 0.02
 """How often a generation replica reads its engine's state, and sends it to every
-connected gateway when it changed (:class:`~inferd.serving.protocol.Load`)."""
+connected gateway when it changed (:class:`~inferd.shapes.replica.Load`)."""
 LOAD_AT_LEAST_S = 1.0
 """...and at least this often, unchanged: a gateway that connected since hears it."""
 

@@ -1,7 +1,7 @@
 """The replica core of a version served by vLLM: vLLM's async engine in this process.
 
 It answers the replica protocol exactly as :class:`~inferd.serving.generation.GenerationCore`
-does (``generate`` with a sink of :class:`~inferd.llm.engine.TokenOutput`, ``cancel``,
+does (``generate`` with a sink of :class:`~inferd.shapes.llm.TokenOutput`, ``cancel``,
 ``adapter``, ``stats``, ``metrics``), so every API inferd has — v1 generate, V2
 generate and gRPC streams, OpenAI completions and chat — drives vLLM unchanged, with
 inferd's routing, auth, limits, cache, logs and metrics around it.
@@ -38,13 +38,12 @@ from typing import Any
 from inferd.errors import InferdError, InvalidInput, ModelNotFound, Overloaded
 from inferd.errors import PromptTooLong as PromptTooLongError
 from inferd.llm.chat import ChatTemplate
-from inferd.llm.engine import TokenOutput
 from inferd.llm.metrics import GenerationMetrics
-from inferd.llm.sequence import SamplingParams
 from inferd.serving.core import EngineLoad, Sink, load_off_loop, mark_ready, rss_bytes
 from inferd.serving.generation import checked
-from inferd.serving.spec import ReplicaSpec
 from inferd.serving.vllm_plugin import RESUMED_DRAWS
+from inferd.shapes.llm import SamplingParams, TokenOutput
+from inferd.shapes.replica_spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)
 CPU_KV_MIN_GIB = 1

@@ -42,7 +42,7 @@ from inferd.control.backends import ReplicaBackend, ReplicaHandle, probe
 from inferd.serving.client import status_of
 from inferd.serving.compute import busy_since
 from inferd.serving.host import CUT_OFF, Gone, Start, Stop, encode, read_frame
-from inferd.serving.spec import ReplicaSpec
+from inferd.shapes.replica_spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from inferd.observability.log_rows import LogRow
+from inferd.shapes.logs import LogRow
 
 
 class ReplicaRoute(msgspec.Struct, frozen=True):
@@ -67,7 +67,7 @@ class VersionRoute(msgspec.Struct, frozen=True, kw_only=True):
     """Autoscaled with ``min_replicas`` 0: at zero replicas, a request is held and the
     gateway asks the controller for one (:class:`Demand`)."""
     graph: dict[str, Any] | None = None
-    """An inference graph's spec (framework ``graph``, :mod:`inferd.graphs.spec`): it has
+    """An inference graph's spec (framework ``graph``, :mod:`inferd.shapes.graph`): it has
     no replica, the gateway runs it."""
 
 

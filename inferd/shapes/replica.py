@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import msgspec
 import numpy as np
 
-from inferd.runtimes.base import DATATYPES, datatype_of
+from inferd.shapes.tensors import DATATYPES, datatype_of
 
 HEADER = struct.Struct("<I")
 MAX_FRAME_BYTES = 1 << 30
