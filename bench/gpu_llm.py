@@ -286,7 +286,7 @@ PUSH = """
 import sys
 from pathlib import Path
 from inferd.registry import Registry
-from inferd.runtimes.base import Signature, TensorSpec
+from inferd.shapes.tensors import Signature, TensorSpec
 data, folder = Path(sys.argv[1]), Path(sys.argv[2])
 registry = Registry(f"sqlite:///{data / 'inferd.db'}", data / "artifacts")
 signature = Signature((TensorSpec("prompt", "BYTES"),), (TensorSpec("text", "BYTES"),))

@@ -31,6 +31,7 @@ from inferd.registry import Registry
 from inferd.registry.deployments import DeploymentRecord
 from inferd.registry.rollout import DeploymentStatus, Strategy
 from inferd.shapes.control import ModelRoute, ReplicaRoute, VersionRoute
+from inferd.shapes.replica import ReplicaState
 from inferd.shapes.tensors import Signature
 from tests.conftest import InferdServer, fake_gpus, push_source, run_cli, served
 from tests.inprocess import InProcessServer
@@ -47,7 +48,9 @@ NOW = datetime(2026, 11, 22, tzinfo=UTC)
 
 
 def _replicas(*states: str) -> list[ReplicaRoute]:
-    return [ReplicaRoute(f"r{i}", "unix:/x", s, pid=100 + i) for i, s in enumerate(states)]
+    return [
+        ReplicaRoute(f"r{i}", "unix:/x", ReplicaState(s), pid=100 + i) for i, s in enumerate(states)
+    ]
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ from inferd.protocols.repository import IndexEntry, _entry
 from inferd.registry import Registry
 from inferd.routing.router import Router
 from inferd.shapes.control import ModelRoute, ReplicaRoute, RoutingTable, VersionRoute
+from inferd.shapes.replica import ReplicaState
 from inferd.shapes.tensors import Signature
 from tests.conftest import InferdServer, push_folder, run_cli
 
@@ -34,7 +35,7 @@ SIGNATURE = {"inputs": [], "outputs": []}
 
 def _route(loaded: bool, serving: str | None, *replicas: tuple[str, str]) -> ModelRoute:
     reps = [
-        ReplicaRoute(f"r{i}", "unix:/x", state, message=msg)
+        ReplicaRoute(f"r{i}", "unix:/x", ReplicaState(state), message=msg)
         for i, (state, msg) in enumerate(replicas)
     ]
     route = VersionRoute(version="v1", framework="sklearn", signature=SIGNATURE, replicas=reps)

@@ -34,7 +34,7 @@ from inferd.console import SECURITY_HEADERS, assets
 from inferd.errors import InvalidInput, NotFound
 from inferd.registry import ModelRecord
 from inferd.runtimes import GENERATIVE
-from inferd.shapes.control import ModelRoute, VersionRoute
+from inferd.shapes.control import ConsoleView, ModelRoute, VersionRoute
 
 if TYPE_CHECKING:
     from inferd.registry import Registry
@@ -144,7 +144,10 @@ async def overview(
     records, server = await asyncio.gather(
         cache.models(state.registry),
         state.router.server.console(
-            "overview", None if visible is None else sorted(visible), None, _window(window_s)
+            ConsoleView.OVERVIEW,
+            None if visible is None else sorted(visible),
+            None,
+            _window(window_s),
         ),
     )
     found = orjson.loads(server)
@@ -239,6 +242,6 @@ async def series(
     elif wanted is None and visible is not None:
         wanted = sorted(visible)
     body = await gateway_of(request).router.server.console(
-        "series", wanted, since, _window(window_s)
+        ConsoleView.SERIES, wanted, since, _window(window_s)
     )
     return Response(body, media_type="application/json")

@@ -33,7 +33,7 @@ from inferd.config import Settings
 from inferd.control.state import reachable
 from inferd.observability.exposition import ReplicaStatuses
 from inferd.observability.recent import RecentFigures
-from inferd.shapes.control import ConsoleQuery
+from inferd.shapes.control import ConsoleQuery, ConsoleView
 
 if TYPE_CHECKING:
     from inferd.control.controller import Controller
@@ -115,9 +115,9 @@ class ConsoleFeed:
     async def answer(self, query: ConsoleQuery) -> bytes:
         models = None if query.models is None else set(query.models)
         now = time.time()
-        if query.what == "drift" and self.drift is not None and query.models:
+        if query.what is ConsoleView.DRIFT and self.drift is not None and query.models:
             return orjson.dumps(await self.drift(query.models[0], query.version))
-        if query.what == "series":
+        if query.what is ConsoleView.SERIES:
             body = self.figures.series(models, query.since, query.window_s, now)
         else:
             body = {

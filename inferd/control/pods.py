@@ -18,7 +18,8 @@ from collections.abc import Callable
 import msgspec
 
 from inferd.control.backends.kubernetes import PodSeen
-from inferd.control.replica import ReplicaState, ReportedReplica
+from inferd.control.replica import ReportedReplica
+from inferd.shapes.replica import ReplicaState
 from inferd.shapes.replica_spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)

@@ -20,8 +20,9 @@ from collections.abc import Callable
 
 from inferd.clock import SYSTEM, Clock
 from inferd.control.backends import ReplicaBackend, ReplicaHandle
-from inferd.control.replica import ReplicaState, route_of
+from inferd.control.replica import route_of
 from inferd.shapes.control import ReplicaRoute
+from inferd.shapes.replica import ReplicaState
 from inferd.shapes.replica_spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)

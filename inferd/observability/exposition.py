@@ -474,7 +474,11 @@ def write_replicas(
         out.sample("inferd_replica_restarts_total", labels, restarts)
     for key, (name, help_) in {**REPLICA_GAUGES, **REPLICA_COUNTERS}.items():
         kind = "gauge" if key in REPLICA_GAUGES else "counter"
-        rows = [(labels, status.stats[key]) for labels, status in statuses if key in status.stats]
+        rows = [
+            (labels, value)
+            for labels, status in statuses
+            if (value := getattr(status.stats, key)) is not None
+        ]
         if rows:
             out.family(name, kind, help_)
             for labels, value in rows:

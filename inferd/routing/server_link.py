@@ -17,6 +17,7 @@ from inferd.errors import ModelNotReady
 from inferd.shapes.control import (
     ConsoleAnswer,
     ConsoleQuery,
+    ConsoleView,
     Demand,
     Heartbeat,
     LogRows,
@@ -161,7 +162,7 @@ class ServerLink:
 
     async def console(
         self,
-        what: str,
+        what: ConsoleView,
         models: list[str] | None = None,
         since: float | None = None,
         window_s: float = 300.0,

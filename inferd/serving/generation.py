@@ -32,6 +32,7 @@ from inferd.llm.chat import ChatTemplate
 from inferd.llm.engine import EngineFull, LLMEngine, PromptOverLimit, PromptTooLong
 from inferd.llm.metrics import GenerationMetrics
 from inferd.serving.core import (
+    SERVING,
     EngineLoad,
     Sink,
     TextCore,
@@ -40,6 +41,7 @@ from inferd.serving.core import (
     rss_bytes,
 )
 from inferd.shapes.llm import SamplingParams, TokenOutput
+from inferd.shapes.replica import ReplicaState, ReplicaStats
 from inferd.shapes.replica_spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)
@@ -74,7 +76,7 @@ def checked(
 ) -> tuple[str | list[int], SamplingParams]:
     """What both engines' cores do first with a generation: refuse it unless the replica
     serves, check its sampling fields, render a chat with the model's template."""
-    if core.state not in ("ready", "draining"):
+    if core.state not in SERVING:
         raise ModelNotReady(f"replica is {core.state}")
     try:
         sampling = SamplingParams(**params)
@@ -117,7 +119,7 @@ class StepTrace:
 class GenerationCore:
     def __init__(self, spec: ReplicaSpec, build: Callable[[ReplicaSpec], LLMEngine]) -> None:
         self.spec = spec
-        self.state = "loading"
+        self.state = ReplicaState.LOADING
         self.message = ""
         self.started = time.monotonic()
         self._build = build
@@ -296,7 +298,7 @@ class GenerationCore:
             outputs.append(TokenOutput(rid, "", None, True, "error", 0, 0))
         return outputs
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> ReplicaStats:
         stats: dict[str, float] = {
             "uptime_s": time.monotonic() - self.started,
             "inflight": len(self._sinks),
@@ -304,7 +306,7 @@ class GenerationCore:
         if self.engine is not None:
             stats.update(self.engine.stats())
         stats["rss_bytes"] = rss_bytes()
-        return stats
+        return ReplicaStats(**stats)
 
     def engine_load(self) -> EngineLoad | None:
         engine = self.engine

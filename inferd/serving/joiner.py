@@ -36,6 +36,7 @@ from inferd.shapes.control import (
     decode_table,
     encode_request,
 )
+from inferd.shapes.replica import ReplicaState
 from inferd.shapes.replica_spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ class ControlLink:
         self.request = join
         self.on_drain = on_drain
         self.replica_id = ""
-        self.state = "loading"
+        self.state = ReplicaState.LOADING
         self.message = ""
         self._writer: asyncio.StreamWriter | None = None
         self._task: asyncio.Task[None] | None = None
@@ -223,6 +224,6 @@ async def run_joined(
         return await serve(here, drain, grace_s, on_core=cores.append)
     finally:
         reporter.cancel()
-        link.state = "stopped"
+        link.state = ReplicaState.STOPPED
         link.beat()
         link.close()

@@ -48,9 +48,15 @@ from inferd.runtimes.base import Runtime, RuntimeConfig
 from inferd.runtimes.explain import Explanation, check_rows
 from inferd.serving.batcher import BatchTrace, Columns, DynamicBatcher
 from inferd.serving.compute import BusyMark, ComputeThread
-from inferd.serving.core import EngineLoad, load_off_loop, mark_ready, rss_bytes
+from inferd.serving.core import SERVING, EngineLoad, load_off_loop, mark_ready, rss_bytes
 from inferd.shapes.drift import Profile
-from inferd.shapes.replica import DriftCounts, DriftQuery, from_tensor
+from inferd.shapes.replica import (
+    DriftCounts,
+    DriftQuery,
+    ReplicaState,
+    ReplicaStats,
+    from_tensor,
+)
 from inferd.shapes.replica_spec import ReplicaSpec
 from inferd.shapes.tensors import Signature
 
@@ -69,7 +75,7 @@ class ReplicaCore:
 
     def __init__(self, spec: ReplicaSpec) -> None:
         self.spec = spec
-        self.state = "loading"
+        self.state = ReplicaState.LOADING
         self.message = ""
         self.runtime: Runtime | None = None
         self.signature: Signature | None = None
@@ -196,7 +202,7 @@ class ReplicaCore:
         priority: int = 0,
         trace: BatchTrace | None = None,
     ) -> asyncio.Future[Columns]:
-        if self.batcher is None or self.state not in ("ready", "draining"):
+        if self.batcher is None or self.state not in SERVING:
             raise ModelNotReady(f"replica is {self.state}")
         self._check_inputs(inputs, rows)
         future = self._queue(inputs, rows, min(timeout_s, self._queue_timeout_s), priority, trace)
@@ -208,7 +214,7 @@ class ReplicaCore:
         """Attributions of ``inputs``' predictions (``Runtime.explain``), computed off the
         batcher: on a thread of their own beside the batches, or on the model's thread
         between them where the runtime's model takes one thread at a time."""
-        if self.runtime is None or self.state not in ("ready", "draining"):
+        if self.runtime is None or self.state not in SERVING:
             raise ModelNotReady(f"replica is {self.state}")
         self._check_inputs(inputs, rows)
         limits = self.spec.explain
@@ -327,7 +333,7 @@ class ReplicaCore:
             if array.shape[:1] != (rows,):
                 raise InvalidInput(f"input {spec.name!r} has {array.shape[0]} rows, not {rows}")
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> ReplicaStats:
         stats: dict[str, float] = {
             "inflight": self.inflight,
             "explaining": self.explaining,
@@ -345,7 +351,7 @@ class ReplicaCore:
         stats["rss_bytes"] = rss_bytes()
         if self.spec.shared_process:
             stats["model_bytes"] = self.model_bytes
-        return stats
+        return ReplicaStats(**stats)
 
     def engine_load(self) -> EngineLoad | None:
         return None  # predict replicas are chosen by the gateways' outstanding requests

@@ -43,6 +43,7 @@ from inferd.serving.core import EngineLoad, Sink, load_off_loop, mark_ready, rss
 from inferd.serving.generation import checked
 from inferd.serving.vllm_plugin import RESUMED_DRAWS
 from inferd.shapes.llm import SamplingParams, TokenOutput
+from inferd.shapes.replica import ReplicaState, ReplicaStats
 from inferd.shapes.replica_spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)
@@ -97,7 +98,7 @@ def engine_env(spec: ReplicaSpec) -> dict[str, str]:
 class VLLMCore:
     def __init__(self, spec: ReplicaSpec) -> None:
         self.spec = spec
-        self.state = "loading"
+        self.state = ReplicaState.LOADING
         self.message = ""
         self.started = time.monotonic()
         self.queue_timeout_s = spec.llm.queue_timeout_s
@@ -455,20 +456,20 @@ class VLLMCore:
             for done in iteration.finished_requests:
                 self.metrics_.queue_time_s.observe(done.queued_time)
 
-    def stats(self) -> dict[str, float]:
-        return {
-            "uptime_s": time.monotonic() - self.started,
-            "inflight": len(self._tasks),
-            "busy_s": round(self._busy_s, 6),
-            "running": self._stats["running"],
-            "waiting": self._stats["waiting"] + self._pending,
-            "kv_cache_usage": self._stats["kv_cache_usage"],
-            "prefix_cache_queries": self._prefix[0],
-            "prefix_cache_hits": self._prefix[1],
-            "spec_draft_tokens": self._spec[0],
-            "spec_accepted_tokens": self._spec[1],
-            "rss_bytes": rss_bytes(),
-        }
+    def stats(self) -> ReplicaStats:
+        return ReplicaStats(
+            uptime_s=time.monotonic() - self.started,
+            inflight=len(self._tasks),
+            busy_s=round(self._busy_s, 6),
+            running=self._stats["running"],
+            waiting=self._stats["waiting"] + self._pending,
+            kv_cache_usage=self._stats["kv_cache_usage"],
+            prefix_cache_queries=self._prefix[0],
+            prefix_cache_hits=self._prefix[1],
+            spec_draft_tokens=self._spec[0],
+            spec_accepted_tokens=self._spec[1],
+            rss_bytes=rss_bytes(),
+        )
 
     def _touch(self, adapter: str) -> None:
         self._recent[adapter] = None

@@ -11,18 +11,19 @@ msgpack; new fields get defaults so either side may be older.
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 import msgspec
 
 from inferd.shapes.logs import LogRow
+from inferd.shapes.replica import ReplicaState
 
 
 class ReplicaRoute(msgspec.Struct, frozen=True):
     id: str
     address: str
-    state: str
-    """starting | loading | ready | draining | failed | stopped"""
+    state: ReplicaState
     pid: int = 0
     restarts: int = 0
     message: str = ""
@@ -136,14 +137,23 @@ class MetricsText(msgspec.Struct, frozen=True, tag="metrics"):
     text: str
 
 
+class ConsoleView(enum.StrEnum):
+    """What a :class:`ConsoleQuery` asks for."""
+
+    OVERVIEW = "overview"
+    """Per model summaries, alerts, control health."""
+    SERIES = "series"
+    """Time series."""
+    DRIFT = "drift"
+    """A version's input drift (:mod:`inferd.control.drift`)."""
+
+
 class ConsoleQuery(msgspec.Struct, frozen=True, tag="console?"):
     """Gateway -> server: the web console's figures (see
     :mod:`inferd.observability.recent`); answered with :class:`ConsoleAnswer`."""
 
     id: int
-    what: str
-    """overview (per model summaries, alerts, control health) | series (time series) |
-    drift (a version's input drift, :mod:`inferd.control.drift`)"""
+    what: ConsoleView
     models: list[str] | None = None
     """Only these models (a key limited to some models); None: all."""
     since: float | None = None
@@ -189,7 +199,7 @@ class Beat(msgspec.Struct, frozen=True, tag="rbeat"):
     """Replica -> controller, every second: its state (loading | ready | failed |
     draining) and why it is not ready; missing beats take it out of routing."""
 
-    state: str
+    state: ReplicaState
     message: str = ""
 
 
