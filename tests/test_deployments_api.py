@@ -77,7 +77,11 @@ def test_version_state(
 def _route(default: str | None, **versions: list[ReplicaRoute]) -> ModelRoute:
     routes = {
         v: VersionRoute(
-            version=v, framework="python", signature=SIGNATURE, replicas=r, desired_replicas=len(r)
+            version=v,
+            framework="python",
+            signature=Signature.from_dict(SIGNATURE),
+            replicas=r,
+            desired_replicas=len(r),
         )
         for v, r in versions.items()
     }

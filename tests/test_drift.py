@@ -224,7 +224,7 @@ def test_a_replica_counts_nothing_until_asked_then_builds_and_hands_over_a_profi
     assert counter.report()["collected"] == 200 and counter.report()["digest"] == ""
     counter.observe(rows(rng, 150))  # 100 of these complete the reference
     report = counter.report()
-    assert report["digest"] and report["rows"] == 0 and report["profile"]["rows"] == 300
+    assert report["digest"] and report["rows"] == 0 and report["profile"].rows == 300
     counter.observe(rows(rng, 40))
     assert counter.report()["rows"] == 40
     own = Profile.from_dict(report["profile"])

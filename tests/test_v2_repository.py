@@ -38,7 +38,9 @@ def _route(loaded: bool, serving: str | None, *replicas: tuple[str, str]) -> Mod
         ReplicaRoute(f"r{i}", "unix:/x", ReplicaState(state), message=msg)
         for i, (state, msg) in enumerate(replicas)
     ]
-    route = VersionRoute(version="v1", framework="sklearn", signature=SIGNATURE, replicas=reps)
+    route = VersionRoute(
+        version="v1", framework="sklearn", signature=Signature.from_dict(SIGNATURE), replicas=reps
+    )
     versions = {"v1": route} if replicas else {}
     return ModelRoute("iris", serving, versions, loaded)
 

@@ -220,8 +220,7 @@ def _kind(framework: str, versions: dict[str, VersionRoute]) -> str:
     if framework in GENERATIVE:
         return "generate"
     for vroute in versions.values():
-        outputs = vroute.signature.get("outputs", [])
-        if any(o.get("name") == "embedding" for o in outputs):
+        if any(o.name == "embedding" for o in vroute.signature.outputs):
             return "embed"
     return "predict"
 

@@ -128,7 +128,7 @@ class VersionDrift:
         handing = reference is not None and (
             seen is None or seen.digest != reference.digest or seen.provisional
         )
-        profile = reference.to_dict() if handing and reference is not None else None
+        profile = reference if handing else None
         return DriftQuery(
             0, profile, config.reference_rows, config.max_categories, config.max_rows_per_s
         )
@@ -250,12 +250,15 @@ class DriftMonitor:
         except InvalidInput as exc:  # a replica that counts nothing: asked no more
             return exc
 
-    async def _adopt(self, state: VersionDrift, profile: dict[str, Any]) -> None:
+    async def _adopt(self, state: VersionDrift, profile: Profile) -> None:
         """A replica's profile from its first rows becomes the version's reference (or
         the one another process wrote first does)."""
         try:
             kept = await asyncio.to_thread(
-                self.registry.drift_references.keep, state.model, state.version, profile
+                self.registry.drift_references.keep,
+                state.model,
+                state.version,
+                profile.to_dict(),
             )
         except ModelNotFound:  # deleted meanwhile
             return

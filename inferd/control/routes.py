@@ -31,7 +31,7 @@ def _version(model: str, state: ModelState, vset: VersionSet) -> VersionRoute:
     return VersionRoute(
         version=record.version,
         framework=record.framework,
-        signature=record.signature.to_dict(),
+        signature=record.signature,
         replicas=[r.route() for r in vset.replicas],
         desired_replicas=vset.desired,
         adapters=sorted(adapters(record)),

@@ -543,7 +543,7 @@ class DriftCounter:
                 "squares": self.squares.tolist(),
                 "collected": self._collected_rows,
                 "seen": self.seen,
-                "profile": None if profile is None or self.acknowledged else profile.to_dict(),
+                "profile": None if self.acknowledged else profile,
             }
 
 

@@ -242,7 +242,7 @@ class Router:
                     known = Target(
                         model.name,
                         vroute.version,
-                        Signature.from_dict(vroute.signature),
+                        vroute.signature,
                         vroute.framework,
                         vroute.allow_non_finite,
                     )

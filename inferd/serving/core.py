@@ -29,7 +29,7 @@ from inferd.shapes.replica_spec import ReplicaSpec
 
 if TYPE_CHECKING:
     from inferd.errors import InferdError
-    from inferd.shapes.llm import TokenOutput
+    from inferd.shapes.llm import SamplingParams, TokenOutput
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class Core(Protocol):
         self,
         request_id: str,
         prompt: str | list[int] | dict[str, Any],
-        params: dict[str, Any],
+        params: SamplingParams,
         adapter: str | None,
         sink: Sink,
         arrived: float | None = None,

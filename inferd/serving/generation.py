@@ -72,19 +72,16 @@ class _AdapterOp:
 
 
 def checked(
-    core: TextCore, prompt: str | list[int] | dict[str, Any], params: dict[str, Any]
+    core: TextCore, prompt: str | list[int] | dict[str, Any], params: SamplingParams
 ) -> tuple[str | list[int], SamplingParams]:
     """What both engines' cores do first with a generation: refuse it unless the replica
-    serves, check its sampling fields, render a chat with the model's template."""
+    serves, render a chat with the model's template (its sampling parameters were checked
+    when they were made, in the gateway)."""
     if core.state not in SERVING:
         raise ModelNotReady(f"replica is {core.state}")
-    try:
-        sampling = SamplingParams(**params)
-    except (TypeError, ValueError) as exc:
-        raise InvalidInput(f"invalid sampling parameters: {exc}") from None
     if isinstance(prompt, dict):
-        return core.chat.render(prompt["messages"], prompt.get("tools")), sampling
-    return prompt, sampling
+        return core.chat.render(prompt["messages"], prompt.get("tools")), params
+    return prompt, params
 
 
 class StepTrace:
@@ -156,7 +153,7 @@ class GenerationCore:
         self,
         request_id: str,
         prompt: str | list[int] | dict[str, Any],
-        params: dict[str, Any],
+        params: SamplingParams,
         adapter: str | None,
         sink: Sink,
         arrived: float | None = None,

@@ -49,7 +49,6 @@ from inferd.runtimes.explain import Explanation, check_rows
 from inferd.serving.batcher import BatchTrace, Columns, DynamicBatcher
 from inferd.serving.compute import BusyMark, ComputeThread
 from inferd.serving.core import SERVING, EngineLoad, load_off_loop, mark_ready, rss_bytes
-from inferd.shapes.drift import Profile
 from inferd.shapes.replica import (
     DriftCounts,
     DriftQuery,
@@ -158,7 +157,7 @@ class ReplicaCore:
 
     def _load(self) -> tuple[Runtime, Signature]:
         """The runtime, loaded, and its signature (a user's class may compute it)."""
-        declared = Signature.from_dict(self.spec.signature) if self.spec.signature else None
+        declared = self.spec.signature
         config = RuntimeConfig(
             self.spec.threads, dict(self.spec.metadata), declared, self.spec.images,
             self.spec.explain,
@@ -387,9 +386,8 @@ class ReplicaCore:
         """Its input counts for the server (the first query starts the counting)."""
         if self.drift is None:
             raise ModelNotReady(f"replica is {self.state}")
-        reference = None if query.reference is None else Profile.from_dict(query.reference)
         self.drift.configure(
-            reference, query.reference_rows, query.max_categories, query.max_rows_per_s
+            query.reference, query.reference_rows, query.max_categories, query.max_rows_per_s
         )
         return DriftCounts(query.id, **self.drift.report())
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import os
 import time
@@ -34,6 +33,8 @@ from collections import OrderedDict
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from inferd.errors import InferdError, InvalidInput, ModelNotFound, Overloaded
 from inferd.errors import PromptTooLong as PromptTooLongError
@@ -155,7 +156,7 @@ class VLLMCore:
         self,
         request_id: str,
         prompt: str | list[int] | dict[str, Any],
-        params: dict[str, Any],
+        params: SamplingParams,
         adapter: str | None,
         sink: Sink,
         arrived: float | None = None,
@@ -198,7 +199,7 @@ class VLLMCore:
             ids = tokenizer.encode(prompt, add_special_tokens=not self.chat.templated)
         else:
             ids = list(prompt)
-        rest = dataclasses.replace(
+        rest = msgspec.structs.replace(
             sampling,
             max_tokens=sampling.max_tokens - len(resume),
             min_tokens=max(0, sampling.min_tokens - len(resume)),

@@ -18,6 +18,7 @@ import msgspec
 
 from inferd.shapes.logs import LogRow
 from inferd.shapes.replica import ReplicaState
+from inferd.shapes.tensors import Signature
 
 
 class ReplicaRoute(msgspec.Struct, frozen=True):
@@ -39,7 +40,7 @@ class ReplicaRoute(msgspec.Struct, frozen=True):
 class VersionRoute(msgspec.Struct, frozen=True, kw_only=True):
     version: str
     framework: str
-    signature: dict[str, Any]
+    signature: Signature
     replicas: list[ReplicaRoute]
     desired_replicas: int = 1
     adapters: list[str] = []

@@ -9,9 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 
-@dataclass(frozen=True)
-class SamplingParams:
+
+class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
+    """How a generation samples: checked by the gateway
+    (:func:`inferd.routing.generation.sampling_params`), carried in the
+    :class:`~inferd.shapes.replica.Generate` frame (as a map of the fields that are not
+    their defaults) to either engine. Invalid values raise ValueError when it is made
+    (and fail a frame's decoding: the gateway never sends them)."""
+
     max_tokens: int = 16
     temperature: float = 1.0
     """0 means greedy."""
@@ -65,7 +72,7 @@ class SamplingParams:
             raise ValueError("min_p must be in [0, 1]")
         if not 0 <= self.min_tokens <= self.max_tokens:
             raise ValueError("min_tokens must be from 0 to max_tokens")
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        msgspec.structs.force_setattr(self, "stop_token_ids", tuple(self.stop_token_ids))
 
     @property
     def adjusts_logits(self) -> bool:

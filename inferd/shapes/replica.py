@@ -26,6 +26,8 @@ from typing import Any, Protocol
 import msgspec
 import numpy as np
 
+from inferd.shapes.drift import Profile
+from inferd.shapes.llm import SamplingParams
 from inferd.shapes.tensors import DATATYPES, datatype_of
 
 HEADER = struct.Struct("<I")
@@ -77,8 +79,7 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
     prompt: str | list[int] | dict[str, Any]
     """Text, token ids, or a chat (``messages``, ``tools``) the replica renders with
     the model's chat template."""
-    params: dict[str, Any]
-    """SamplingParams fields (max_tokens, temperature, ...)."""
+    params: SamplingParams
     adapter: str | None = None
     request_id: str = ""
     arrived_at: float = 0.0
@@ -286,11 +287,11 @@ class Drain(msgspec.Struct, tag="drain", array_like=True):
 
 class Generate(msgspec.Struct, tag="generate", array_like=True):
     """Start a generation; the replica answers with TokenChunk frames, the last one
-    ``finished``. ``params`` are SamplingParams fields (max_tokens, temperature, ...)."""
+    ``finished``."""
 
     id: int
     prompt: str | list[int] | dict[str, Any]
-    params: dict[str, Any]
+    params: SamplingParams
     adapter: str | None = None
     request_id: str = ""
     arrived_at: float = 0.0
@@ -354,11 +355,12 @@ class Adapter(msgspec.Struct, tag="adapter", array_like=True):
 
 class DriftQuery(msgspec.Struct, tag="drift?", array_like=True):
     """Server -> predict replica: its counts of its version's inputs on their reference
-    profile (:mod:`inferd.observability.drift`), answered by :class:`DriftCounts`. The
-    first query starts the counting (a server with drift off never asks)."""
+    profile (:mod:`inferd.shapes.drift`; counted by :mod:`inferd.observability.drift`),
+    answered by :class:`DriftCounts`. The first query starts the counting (a server with
+    drift off never asks)."""
 
     id: int
-    reference: dict[str, Any] | None = None
+    reference: Profile | None = None
     """The version's profile, when the replica does not count on it yet."""
     reference_rows: int = 1000
     """With no profile: the replica builds one from this many of its first rows."""
@@ -390,7 +392,7 @@ class DriftCounts(msgspec.Struct, tag="drift", array_like=True):
     """Rows kept towards a profile of its own, while it has none."""
     seen: int = 0
     """Rows it was given since it began counting (counted or not)."""
-    profile: dict[str, Any] | None = None
+    profile: Profile | None = None
     """The profile it built from its first rows, until the server hands it one."""
 
 
