@@ -205,7 +205,8 @@ def _model_entry(
 def _version_entry(vroute: VersionRoute) -> dict[str, Any]:
     states: dict[str, int] = {}
     for replica in vroute.replicas:
-        states[replica.state] = states.get(replica.state, 0) + 1
+        state = replica.state.value  # orjson takes str keys, not enum members
+        states[state] = states.get(state, 0) + 1
     return {
         "version": vroute.version,
         "framework": vroute.framework,
