@@ -98,7 +98,7 @@ def wait_drawn(page, timeout_s: float = 60) -> None:
 
 def register_many(data: Path, models: int, deployed: int) -> None:
     from inferd.registry import Registry
-    from inferd.runtimes.base import Signature
+    from inferd.shapes.tensors import Signature
 
     src = data.parent / "src"
     src.mkdir(parents=True, exist_ok=True)

@@ -51,9 +51,10 @@ import numpy as np
 from servers import alternating, free_port, start, stop, wait_ready
 from tabular import measure
 
-from inferd.observability.drift import REFERENCE_FILE, Binner, Profile, build_profile
+from inferd.observability.drift import REFERENCE_FILE, Binner, build_profile
 from inferd.observability.drift_stats import Counts, DriftWindow, scores
-from inferd.runtimes.base import Signature, TensorSpec
+from inferd.shapes.drift import Profile
+from inferd.shapes.tensors import Signature, TensorSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"

@@ -119,7 +119,7 @@ def main() -> None:
     args = parser.parse_args()
     from inferd.demo.llm import random_gpt2_small
     from inferd.registry import Registry
-    from inferd.runtimes.base import Signature, TensorSpec
+    from inferd.shapes.tensors import Signature, TensorSpec
 
     work = Path(tempfile.mkdtemp(prefix="inferd-gen-bench-"))
     payloads = write_payloads(work / "payloads.jsonl", max(args.requests, 1000))

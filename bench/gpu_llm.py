@@ -44,8 +44,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from inferd.llm.engine import LLMEngine  # noqa: E402
 from inferd.llm.loader import engine_for  # noqa: E402
-from inferd.llm.sequence import SamplingParams  # noqa: E402
 from inferd.replica_config import LLMConfig  # noqa: E402
+from inferd.shapes.llm import SamplingParams  # noqa: E402
 
 SHAPES = {
     "small": {"n_layer": 12, "n_head": 12, "n_embd": 768},  # 124M
@@ -286,7 +286,7 @@ PUSH = """
 import sys
 from pathlib import Path
 from inferd.registry import Registry
-from inferd.runtimes.base import Signature, TensorSpec
+from inferd.shapes.tensors import Signature, TensorSpec
 data, folder = Path(sys.argv[1]), Path(sys.argv[2])
 registry = Registry(f"sqlite:///{data / 'inferd.db'}", data / "artifacts")
 signature = Signature((TensorSpec("prompt", "BYTES"),), (TensorSpec("text", "BYTES"),))

@@ -60,8 +60,8 @@ except ImportError:  # pyzmq is not a dependency: the zmq variants need it insta
     zmq = None  # type: ignore[assignment]
 
 from inferd import transport
-from inferd.serving import protocol as p
 from inferd.serving.client import ReplicaClient
+from inferd.shapes import replica as p
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"

@@ -23,8 +23,8 @@ import torch
 
 from inferd.llm.engine import EngineConfig, LLMEngine
 from inferd.llm.model import GPT2
-from inferd.llm.sequence import SamplingParams
 from inferd.llm.tokenizer import TextTokenizer
+from inferd.shapes.llm import SamplingParams
 
 
 def main() -> None:

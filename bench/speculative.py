@@ -51,9 +51,9 @@ import torch
 from inferd.llm import native
 from inferd.llm.engine import EngineConfig, LLMEngine
 from inferd.llm.model import GPT2
-from inferd.llm.sequence import SamplingParams
 from inferd.llm.speculation import Speculation
 from inferd.llm.tokenizer import TextTokenizer
+from inferd.shapes.llm import SamplingParams
 
 ROOT = Path(__file__).resolve().parent.parent
 BREAK = "\n\n"

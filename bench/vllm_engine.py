@@ -149,7 +149,7 @@ def inferd_server(
 def register(work: Path, model_dir: Path, engine: str) -> tuple[Path, str]:
     """A data folder with the model registered on ``engine``, and an API key for it."""
     from inferd.registry import Registry
-    from inferd.runtimes.base import Signature, TensorSpec
+    from inferd.shapes.tensors import Signature, TensorSpec
 
     data = work / f"data-{engine}"
     registry = Registry(f"sqlite:///{data / 'inferd.db'}", data / "artifacts")

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 from inferd.errors import InferdError
-from inferd.runtimes.base import Runtime, Signature, TensorSpec
+from inferd.runtimes.base import Runtime
+from inferd.shapes.tensors import Signature, TensorSpec
 
 if TYPE_CHECKING:
     from inferd.config import Settings

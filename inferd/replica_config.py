@@ -1,10 +1,10 @@
 """The settings groups a replica reads: dynamic batching and the generation engines.
 
-Part of :class:`inferd.config.Settings` (``batching``, ``images``, ``llm``; also importable from
-:mod:`inferd.config`), kept in a module of their own so that a replica process, which
-receives them in its :class:`~inferd.serving.spec.ReplicaSpec`, imports pydantic's models
-without pydantic-settings and the server's other settings. :class:`Group` is the base of
-every settings group.
+Part of :class:`inferd.config.Settings` (``batching``, ``images``, ``llm``; also importable
+from :mod:`inferd.config`), kept in a module of their own so that a replica process,
+which receives them in its :class:`~inferd.shapes.replica_spec.ReplicaSpec`, imports
+pydantic's models without pydantic-settings and the server's other settings.
+:class:`Group` is the base of every settings group.
 """
 
 from __future__ import annotations

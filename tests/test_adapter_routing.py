@@ -16,8 +16,9 @@ import httpx
 import pytest
 
 from inferd.routing.router import ROUTED, Router
-from inferd.serving import protocol as p
 from inferd.serving.client import ReplicaClient
+from inferd.shapes import replica as p
+from inferd.shapes.llm import SamplingParams
 from tests.conftest import build_tiny_gpt2, push_folder, served
 from tests.test_generation_server import make_adapter, peft_greedy
 
@@ -58,7 +59,9 @@ def _client(name: str, running: int = 0, loaded: tuple[str, ...] = (), room: int
 
 def _choose(router: Router, clients: list[ReplicaClient], adapter: str) -> str:
     router._ready[("m", "v1")] = clients
-    request = p.GenerateRequest(prompt="hi", params={}, adapter=adapter, idle_timeout_s=1)
+    request = p.GenerateRequest(
+        prompt="hi", params=SamplingParams(), adapter=adapter, idle_timeout_s=1
+    )
     target = SimpleNamespace(model="m", version="v1")
     chosen, _ = router._pick_generation(target, set(), request)  # type: ignore[arg-type]
     assert chosen is not None

@@ -15,9 +15,9 @@ from inferd.errors import Conflict
 from inferd.observability.metrics import Sketch
 from inferd.registry import Registry
 from inferd.registry.rollout import CanaryRollout
-from inferd.runtimes.base import Signature, TensorSpec
-from inferd.serving.protocol import to_tensor
 from inferd.serving.replica import agrees
+from inferd.shapes.replica import to_tensor
+from inferd.shapes.tensors import Signature, TensorSpec
 
 # -- the sketch -----------------------------------------------------------------------------
 

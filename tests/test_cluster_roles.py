@@ -95,7 +95,7 @@ def test_a_gateway_on_its_own_follows_the_controller_over_tcp_and_outlives_it(tm
 
 def test_a_replica_elsewhere_needs_the_versions_files_from_s3_or_a_mount(tmp_path: Path):
     from inferd.serving.joiner import localize
-    from inferd.serving.spec import ReplicaSpec
+    from inferd.shapes.replica_spec import ReplicaSpec
 
     def spec(uri: str, folder: str) -> ReplicaSpec:
         return ReplicaSpec(

@@ -8,8 +8,8 @@ import pytest
 from inferd.errors import InvalidInput
 from inferd.protocols.codec import columns_to_rows, rows_to_columns
 from inferd.protocols.v2 import to_binary
-from inferd.runtimes.base import Signature, TensorSpec
-from inferd.serving import protocol as p
+from inferd.shapes import replica as p
+from inferd.shapes.tensors import Signature, TensorSpec
 
 TABULAR = Signature(
     inputs=(TensorSpec("features", "FP32", (-1, 3)),),

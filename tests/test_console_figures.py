@@ -7,9 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from inferd.observability.inference_log import LogRow
 from inferd.observability.metrics import Histogram, Sketch
 from inferd.observability.recent import RecentFigures
+from inferd.shapes.logs import LogRow
+from inferd.shapes.replica import ReplicaStats
 
 T0 = 1_000_000.0  # a slot boundary for slots of 2 s
 
@@ -75,7 +76,7 @@ def status(batches: int, rows: int, queued: int, ttft: list[float], itl: list[fl
     stats = {"batches": batches, "rows": rows, "queued_rows": queued, "inflight": 2,
              "kv_blocks_used": 5, "kv_blocks_total": 20, "running": 3}  # fmt: skip
     metrics = {"ttft_sketch": sketch.snapshot(), "itl_s": hist.snapshot()}
-    return SimpleNamespace(stats=stats, metrics=metrics)
+    return SimpleNamespace(stats=ReplicaStats(**stats), metrics=metrics)
 
 
 def test_replica_samples_difference_their_counters() -> None:

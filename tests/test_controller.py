@@ -24,14 +24,15 @@ from inferd.control.backends import ReplicaBackend, ReplicaHandle
 from inferd.control.canary import ReplicaSample
 from inferd.control.controller import RETIRE_DELAY_S, Controller
 from inferd.control.orchestrators import ORCHESTRATORS, Context, Orchestrator
-from inferd.control.replica import Replica, ReplicaState, route_of
+from inferd.control.replica import Replica, route_of
 from inferd.control.specs import replica_spec
 from inferd.control.state import VersionSet
 from inferd.observability.metrics import Sketch
 from inferd.registry import Registry
-from inferd.routing.table import ReplicaRoute, RoutingTable
-from inferd.runtimes.base import Signature, TensorSpec
-from inferd.serving.spec import ReplicaSpec
+from inferd.shapes.control import ReplicaRoute, RoutingTable
+from inferd.shapes.replica import ReplicaState
+from inferd.shapes.replica_spec import ReplicaSpec
+from inferd.shapes.tensors import Signature, TensorSpec
 from tests.clocks import FakeClock, settle
 
 SIGNATURE = Signature(

@@ -30,8 +30,9 @@ from inferd.errors import BadRequest, InvalidInput
 from inferd.registry import Registry
 from inferd.registry.deployments import DeploymentRecord
 from inferd.registry.rollout import DeploymentStatus, Strategy
-from inferd.routing.table import ModelRoute, ReplicaRoute, VersionRoute
-from inferd.runtimes.base import Signature
+from inferd.shapes.control import ModelRoute, ReplicaRoute, VersionRoute
+from inferd.shapes.replica import ReplicaState
+from inferd.shapes.tensors import Signature
 from tests.conftest import InferdServer, fake_gpus, push_source, run_cli, served
 from tests.inprocess import InProcessServer
 
@@ -47,7 +48,9 @@ NOW = datetime(2026, 11, 22, tzinfo=UTC)
 
 
 def _replicas(*states: str) -> list[ReplicaRoute]:
-    return [ReplicaRoute(f"r{i}", "unix:/x", s, pid=100 + i) for i, s in enumerate(states)]
+    return [
+        ReplicaRoute(f"r{i}", "unix:/x", ReplicaState(s), pid=100 + i) for i, s in enumerate(states)
+    ]
 
 
 @pytest.mark.parametrize(
@@ -74,7 +77,11 @@ def test_version_state(
 def _route(default: str | None, **versions: list[ReplicaRoute]) -> ModelRoute:
     routes = {
         v: VersionRoute(
-            version=v, framework="python", signature=SIGNATURE, replicas=r, desired_replicas=len(r)
+            version=v,
+            framework="python",
+            signature=Signature.from_dict(SIGNATURE),
+            replicas=r,
+            desired_replicas=len(r),
         )
         for v, r in versions.items()
     }

@@ -20,7 +20,7 @@ from inferd import devices
 from inferd.errors import Conflict, InferdError, InvalidInput, ModelNotFound
 from inferd.registry import Registry
 from inferd.registry.deployments import TrafficRecord
-from inferd.runtimes.base import Signature, TensorSpec
+from inferd.shapes.tensors import Signature, TensorSpec
 from tests.conftest import fake_gpus
 
 SIGNATURE = Signature(

@@ -22,8 +22,6 @@ from inferd.observability.drift import (
     REFERENCE_FILE,
     Binner,
     DriftCounter,
-    Profile,
-    bins_of,
     build_profile,
     read_reference_sample,
 )
@@ -40,8 +38,9 @@ from inferd.observability.drift_stats import (
 )
 from inferd.observability.exposition import Text
 from inferd.registry import Registry
-from inferd.runtimes.base import Signature, TensorSpec
-from inferd.serving.protocol import DriftCounts
+from inferd.shapes.drift import Profile, bins_of
+from inferd.shapes.replica import DriftCounts
+from inferd.shapes.tensors import Signature, TensorSpec
 
 TABULAR = Signature(
     (TensorSpec("features", "FP32", (-1, 4)), TensorSpec("country", "BYTES", (-1,))),
@@ -225,10 +224,10 @@ def test_a_replica_counts_nothing_until_asked_then_builds_and_hands_over_a_profi
     assert counter.report()["collected"] == 200 and counter.report()["digest"] == ""
     counter.observe(rows(rng, 150))  # 100 of these complete the reference
     report = counter.report()
-    assert report["digest"] and report["rows"] == 0 and report["profile"]["rows"] == 300
+    assert report["digest"] and report["rows"] == 0 and report["profile"].rows == 300
     counter.observe(rows(rng, 40))
     assert counter.report()["rows"] == 40
-    own = Profile.from_dict(report["profile"])
+    own = report["profile"]
     counter.configure(own, 300, 50)  # the server adopted it: acknowledged, counts kept
     assert counter.report()["profile"] is None and counter.report()["rows"] == 40
     other = build_profile(TABULAR, rows(rng, 400, shift=1.0), "requests")
@@ -328,7 +327,7 @@ def test_a_replica_profiles_its_embeddings_from_its_first_requests() -> None:
         assert counter.report()["digest"] == ""  # the third's inputs: its outputs next
         counter.observe_outputs({"embedding": batch["embedding"]})
     report = counter.report()
-    profile = Profile.from_dict(report["profile"])
+    profile = report["profile"]
     assert profile.rows == 300 and profile.projections[0].tensor == "embedding"
     assert report["rows"] == 0
     batch = embedded(rng, 40, SAME)
@@ -410,7 +409,7 @@ def test_replicas_counters_are_differenced_and_a_new_one_counts_only_if_it_is_ne
     assert state.take("r1", reply(1012.0, 3.0, 10, digest), 1015.0).rows == 10  # type: ignore[union-attr]
     assert state.take("r2", reply(1005.0, 1.0, 10, "other"), 1010.0) is None
     config = DriftConfig()
-    assert state.query("r2", config).reference == state.reference.to_dict()
+    assert state.query("r2", config).reference == state.reference
     assert state.query("r0", config).reference is None  # it counts on it already
 
 

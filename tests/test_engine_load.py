@@ -14,8 +14,9 @@ import httpx
 import pytest
 
 from inferd.routing.router import Router, engine_load, generation_load
-from inferd.serving import protocol as p
 from inferd.serving.client import ReplicaClient
+from inferd.shapes import replica as p
+from inferd.shapes.llm import SamplingParams
 from tests.conftest import build_tiny_gpt2, push_folder, served
 
 
@@ -100,7 +101,7 @@ def test_gateways_send_generations_where_the_engines_hold_least(tmp_path: Path) 
             busy = direct[0]
             busy_pid = (await busy.status(timeout_s=5)).pid
             # 16 long generations straight into one replica: no gateway knows of them
-            params = {"max_tokens": 120, "temperature": 0.0, "ignore_eos": True}
+            params = SamplingParams(max_tokens=120, temperature=0.0, ignore_eos=True)
             request = p.GenerateRequest(prompt="The server", params=params, idle_timeout_s=60)
             load = [asyncio.create_task(_drain(busy.generate(request))) for _ in range(16)]
             until = time.monotonic() + 10

@@ -12,23 +12,24 @@ from collections.abc import Iterator
 import pytest
 
 from inferd.routing.cache import deterministic, generation_key
+from inferd.shapes.llm import SamplingParams as S
 from tests.conftest import InferdServer, build_tiny_gpt2, push_folder
 
 PROMPT = "The cache answers"
 
 
 def test_only_deterministic_generations_have_keys_and_keys_name_everything():
-    assert deterministic({"temperature": 0.0}) and deterministic({"top_k": 1})
-    assert deterministic({"temperature": 0.9, "seed": 7})
-    assert not deterministic({}) and not deterministic({"temperature": 0.5})
-    key = generation_key("m", "v1", "abc", None, "hi", {"max_tokens": 4})
-    assert key == generation_key("m", "v1", "abc", None, "hi", {"max_tokens": 4})
+    assert deterministic(S(temperature=0.0)) and deterministic(S(top_k=1))
+    assert deterministic(S(temperature=0.9, seed=7))
+    assert not deterministic(S()) and not deterministic(S(temperature=0.5))
+    key = generation_key("m", "v1", "abc", None, "hi", S(max_tokens=4))
+    assert key == generation_key("m", "v1", "abc", None, "hi", S(max_tokens=4))
     for other in (
-        generation_key("m", "v1", "abd", None, "hi", {"max_tokens": 4}),  # new artifact
-        generation_key("m", "v1", "abc", "sql", "hi", {"max_tokens": 4}),  # an adapter
-        generation_key("m", "v2", "abc", None, "hi", {"max_tokens": 4}),
-        generation_key("m", "v1", "abc", None, "hi", {"max_tokens": 5}),
-        generation_key("m", "v1", "abc", None, [1, 2], {"max_tokens": 4}),
+        generation_key("m", "v1", "abd", None, "hi", S(max_tokens=4)),  # new artifact
+        generation_key("m", "v1", "abc", "sql", "hi", S(max_tokens=4)),  # an adapter
+        generation_key("m", "v2", "abc", None, "hi", S(max_tokens=4)),
+        generation_key("m", "v1", "abc", None, "hi", S(max_tokens=5)),
+        generation_key("m", "v1", "abc", None, [1, 2], S(max_tokens=4)),
     ):
         assert other != key
 

@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 
 from inferd.graphs import rows
-from inferd.graphs.spec import Condition, GraphSpecError, parse, signature_of
 from inferd.registry import Registry
-from inferd.runtimes.base import Signature, TensorSpec
+from inferd.shapes.graph import Condition, GraphSpecError, parse, signature_of
+from inferd.shapes.tensors import Signature, TensorSpec
 from tests.conftest import InferdServer, arithmetic_model, push_folder, push_source, served
 
 # -- the spec ---------------------------------------------------------------------------

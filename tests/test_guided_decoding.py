@@ -15,7 +15,7 @@ from inferd.errors import InvalidInput
 from inferd.llm.chat import ChatTemplate
 from inferd.llm.engine import LLMEngine
 from inferd.llm.loader import engine_for
-from inferd.llm.sequence import SamplingParams
+from inferd.shapes.llm import SamplingParams
 from tests.conftest import build_tiny_gpt2
 
 PERSON = {

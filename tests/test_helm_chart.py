@@ -366,7 +366,7 @@ def test_the_replica_deployments_the_control_creates_fit_the_chart(
 ) -> None:
     """The backend's own manifest, from the settings the chart gives the control."""
     from inferd.control.backends.kubernetes import manifest
-    from inferd.serving.spec import ReplicaSpec
+    from inferd.shapes.replica_spec import ReplicaSpec
 
     objs = render_ci(values)
     settings = settings_of(objs, "control", tmp_path, monkeypatch)

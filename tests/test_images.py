@@ -22,8 +22,9 @@ from inferd.demo.build import build_demo_model
 from inferd.demo.images import LABELS, jpeg, picture
 from inferd.errors import InvalidInput, PayloadTooLarge
 from inferd.replica_config import ImagesConfig
-from inferd.runtimes.base import Runtime, Signature, TensorSpec
+from inferd.runtimes.base import Runtime
 from inferd.runtimes.images import ImageInput, ImageSpec, PixelBudget, allowed_object, decode
+from inferd.shapes.tensors import Signature, TensorSpec
 from tests.conftest import InferdServer, moto_s3, push_folder
 from tests.inprocess import InProcessServer
 from tests.test_jobs import Receiver

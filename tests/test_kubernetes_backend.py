@@ -26,7 +26,7 @@ import pytest
 
 from inferd.config import KubernetesConfig, Settings
 from inferd.control.backends.kubernetes import deployment_name, manifest
-from inferd.serving.spec import ReplicaSpec
+from inferd.shapes.replica_spec import ReplicaSpec
 from tests.conftest import (
     InferdServer,
     arithmetic_model,
@@ -646,7 +646,7 @@ def test_a_pod_answers_its_probes(tmp_path: Path):
         framework=record.framework,
         artifact_dir=str(record.artifact_path),
         address="",
-        signature=record.signature.to_dict(),
+        signature=record.signature,
     )
     port, health = free_port(), free_port()
     env = {

@@ -160,7 +160,7 @@ def _replica(framework: str, folder: Path) -> str:
         "import asyncio, numpy as np\n"
         "import inferd.serving.replica_server\n"
         "from inferd.serving.replica import ReplicaCore\n"
-        "from inferd.serving.spec import ReplicaSpec\n"
+        "from inferd.shapes.replica_spec import ReplicaSpec\n"
         f"core = ReplicaCore(ReplicaSpec.from_json({json.dumps(json.dumps(spec))}))\n"
         "async def main():\n"
         "    await core.load()\n"

@@ -31,8 +31,9 @@ from inferd.llm.loader import engine_for, resolve_device
 from inferd.llm.lora import LoRAAdapter, LoRABank
 from inferd.llm.model import GPT2
 from inferd.llm.sampling import _draw_rows
-from inferd.llm.sequence import SamplingParams, Sequence
+from inferd.llm.sequence import Sequence
 from inferd.replica_config import LLMConfig
+from inferd.shapes.llm import SamplingParams
 from tests.conftest import build_tiny_gpt2
 
 CUDA = torch.cuda.is_available()

@@ -14,8 +14,8 @@ import torch
 
 from inferd.llm.batch import KVCache, ModelInput
 from inferd.llm.engine import EngineConfig, EngineFull, LLMEngine
-from inferd.llm.sequence import SamplingParams
 from inferd.llm.stops import StopChecker
+from inferd.shapes.llm import SamplingParams
 
 VOCAB = 128
 EOS = 0

@@ -13,8 +13,9 @@ import pytest
 
 from inferd.routing.prefix import PrefixIndex, prompt_bytes, prompt_keys
 from inferd.routing.router import ROUTED, Router
-from inferd.serving import protocol as p
 from inferd.serving.client import ReplicaClient
+from inferd.shapes import replica as p
+from inferd.shapes.llm import SamplingParams
 from tests.conftest import build_tiny_gpt2, push_folder, served
 
 SYSTEM = {"role": "system", "content": "You answer questions about the server. " * 6}
@@ -29,7 +30,7 @@ def _client(name: str, running: int = 0, kv_used: float = 0.1) -> ReplicaClient:
 
 def _chat(*messages: dict[str, str]) -> p.GenerateRequest:
     prompt = {"messages": [SYSTEM, *messages], "tools": None}
-    return p.GenerateRequest(prompt=prompt, params={}, idle_timeout_s=1)
+    return p.GenerateRequest(prompt=prompt, params=SamplingParams(), idle_timeout_s=1)
 
 
 def _choose(router: Router, clients: list[ReplicaClient], request: p.GenerateRequest) -> str:

@@ -22,7 +22,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from inferd.api.limits import LocalLimiter, RateLimits
 from inferd.config import Limit, RateLimitConfig, TokenLimit
 from inferd.errors import RateLimited
-from inferd.serving.protocol import TokenChunk
+from inferd.shapes.replica import TokenChunk
 from tests.conftest import (
     InferdServer,
     arithmetic_model,

@@ -121,13 +121,12 @@ def test_every_error_class_is_listed_with_its_status_and_code() -> None:
 def rendered_metrics() -> dict[str, tuple[str, set[str] | None]]:
     """Family -> (type, label names of its samples; None: no sample) of an exposition the
     real writers render from a little of everything, with the control plane's labels."""
-    from inferd.control.replica import ReplicaState
     from inferd.control.scaling import ColdStarts
     from inferd.control.state import reachable
     from inferd.observability import exposition as x
-    from inferd.observability.log_rows import LogRow
     from inferd.observability.metrics import Histogram
-    from inferd.serving.protocol import Status
+    from inferd.shapes.logs import LogRow
+    from inferd.shapes.replica import ReplicaState, ReplicaStats, Status
 
     requests = x.RequestMetrics()
     requests.observe([
@@ -139,8 +138,8 @@ def rendered_metrics() -> dict[str, tuple[str, set[str] | None]]:
     [(labels, _)] = reachable(models)  # type: ignore[arg-type]
     snapshot = Histogram((1.0,)).snapshot()
     status = Status(
-        id=1, state="ready", pid=1, model="m", version="1",
-        stats=dict.fromkeys({**x.REPLICA_GAUGES, **x.REPLICA_COUNTERS}, 1.0),
+        id=1, state=ReplicaState.READY, pid=1, model="m", version="1",
+        stats=ReplicaStats(**dict.fromkeys({**x.REPLICA_GAUGES, **x.REPLICA_COUNTERS}, 1.0)),
         metrics={**dict.fromkeys(x.REPLICA_HISTOGRAMS, snapshot), "shed": {"3": 1},
                  "finished": {"stop": 1}},
     )  # fmt: skip

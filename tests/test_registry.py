@@ -34,7 +34,7 @@ from inferd.registry.tables import (
     inference_logs,
     utcnow,
 )
-from inferd.runtimes.base import Signature, TensorSpec
+from inferd.shapes.tensors import Signature, TensorSpec
 
 SIGNATURE = Signature(
     inputs=(TensorSpec("features", "FP32", (-1, 3)),),

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from inferd.routing.cache import LocalCache, cache_key
-from inferd.serving.protocol import to_tensor
+from inferd.shapes.replica import to_tensor
 from tests.conftest import InferdServer, arithmetic_model, push_source
 from tests.inprocess import InProcessServer
 
@@ -32,7 +32,7 @@ def test_keys_depend_on_version_and_values_only():
 
 def test_a_request_naming_an_s3_object_is_never_cacheable():
     from inferd.routing.cache import fetches
-    from inferd.runtimes.base import Signature, TensorSpec
+    from inferd.shapes.tensors import Signature, TensorSpec
 
     image = TensorSpec("image", "BYTES", (-1,), media="image")
     text = TensorSpec("text", "BYTES", (-1,))

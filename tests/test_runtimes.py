@@ -19,8 +19,9 @@ from inferd.runtimes import (
     load_runtime,
     resolve_runtime,
 )
-from inferd.runtimes.base import RuntimeConfig, Signature, TensorSpec
+from inferd.runtimes.base import RuntimeConfig
 from inferd.runtimes.onnx import OnnxRuntime
+from inferd.shapes.tensors import Signature, TensorSpec
 
 TORCHSCRIPT_DEPRECATED = pytest.mark.filterwarnings(
     r"ignore:`torch\.jit\.\w+` is deprecated:DeprecationWarning"

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from inferd.registry import Registry
-from inferd.runtimes.base import Signature
+from inferd.shapes.tensors import Signature
 from tests.conftest import InferdServer, push_folder, run_cli
 
 MODELS = Path(__file__).parent / "models"

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import text
 
 from inferd.registry import Registry
-from inferd.runtimes.base import Signature
+from inferd.shapes.tensors import Signature
 from tests.conftest import InferdServer, run_cli
 
 MODELS = Path(__file__).parent / "models"

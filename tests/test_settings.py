@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from inferd.config import BatchingConfig, LLMConfig, Settings, UnknownSetting, load_settings
-from inferd.serving.spec import ReplicaSpec
+from inferd.shapes.replica_spec import ReplicaSpec
 from tests.conftest import ROOT
 
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from inferd.llm.engine import EngineConfig, LLMEngine
-from inferd.llm.sequence import SamplingParams
 from inferd.llm.speculation import Speculation
+from inferd.shapes.llm import SamplingParams
 from tests.conftest import build_tiny_gpt2, push_folder
 from tests.test_llm_engine import EOS, VOCAB, CharTokenizer, Shape, engine, greedy, run_all, tokens
 

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from inferd.llm.engine import EngineConfig, LLMEngine
-from inferd.llm.sequence import SamplingParams
+from inferd.shapes.llm import SamplingParams
 from tests.conftest import build_tiny_gpt2, push_folder, served
 from tests.test_llm_engine import CharTokenizer, PlusOneModel, run_all, tokens
 

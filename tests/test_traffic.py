@@ -15,7 +15,7 @@ import pytest
 
 from inferd.registry import Registry
 from inferd.routing.router import Split, Target, user_point
-from inferd.runtimes.base import Signature
+from inferd.shapes.tensors import Signature
 from tests.conftest import InferdServer, push_folder, served
 
 SIG = Signature.from_dict({"inputs": [], "outputs": []})

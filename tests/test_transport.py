@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 
 from inferd import transport
-from inferd.serving import protocol as p
 from inferd.serving.client import ReplicaClient
-from inferd.serving.spec import ReplicaSpec
+from inferd.shapes import replica as p
+from inferd.shapes.replica_spec import ReplicaSpec
+from inferd.shapes.tensors import Signature, TensorSpec
 from tests.conftest import ROOT, free_port
 
 TOKEN = transport.Credentials(b"a-cluster-token-of-32-characters")
@@ -193,10 +194,7 @@ def test_a_replica_over_tcp_answers_only_the_clusters_clients(tmp_path: Path):
         framework="python",
         artifact_dir=str(tmp_path),
         address=f"tcp:127.0.0.1:{port}",
-        signature={
-            "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
-            "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1]}],
-        },
+        signature=Signature((TensorSpec("x", "FP32"),), (TensorSpec("y", "FP32"),)),
     )
     env = {**os.environ, "INFERD_CLUSTER__TOKEN": TOKEN.token.decode()}  # type: ignore[union-attr]
     replica = subprocess.Popen(

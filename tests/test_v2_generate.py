@@ -14,7 +14,7 @@ import pytest
 from inferd.api.generate import sse_response
 from inferd.api.v2_generate import error_event, stream_events
 from inferd.errors import ModelNotReady
-from inferd.serving import protocol as p
+from inferd.shapes import replica as p
 from tests.conftest import InferdServer, build_tiny_gpt2, push_folder, served
 from tests.test_generation_server import hf_greedy, sse_events
 

@@ -21,8 +21,9 @@ from inferd.control.publisher import TablePublisher
 from inferd.protocols.repository import IndexEntry, _entry
 from inferd.registry import Registry
 from inferd.routing.router import Router
-from inferd.routing.table import ModelRoute, ReplicaRoute, RoutingTable, VersionRoute
-from inferd.runtimes.base import Signature
+from inferd.shapes.control import ModelRoute, ReplicaRoute, RoutingTable, VersionRoute
+from inferd.shapes.replica import ReplicaState
+from inferd.shapes.tensors import Signature
 from tests.conftest import InferdServer, push_folder, run_cli
 
 MODELS = Path(__file__).parent / "models"
@@ -34,10 +35,12 @@ SIGNATURE = {"inputs": [], "outputs": []}
 
 def _route(loaded: bool, serving: str | None, *replicas: tuple[str, str]) -> ModelRoute:
     reps = [
-        ReplicaRoute(f"r{i}", "unix:/x", state, message=msg)
+        ReplicaRoute(f"r{i}", "unix:/x", ReplicaState(state), message=msg)
         for i, (state, msg) in enumerate(replicas)
     ]
-    route = VersionRoute(version="v1", framework="sklearn", signature=SIGNATURE, replicas=reps)
+    route = VersionRoute(
+        version="v1", framework="sklearn", signature=Signature.from_dict(SIGNATURE), replicas=reps
+    )
     versions = {"v1": route} if replicas else {}
     return ModelRoute("iris", serving, versions, loaded)
 

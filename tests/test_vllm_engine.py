@@ -385,11 +385,12 @@ def test_a_generation_resumes_after_the_tokens_of_a_lost_replica(
     first; without it the seeded cases go another way)."""
     import asyncio
 
-    from inferd.serving import protocol as p
+    from inferd.shapes import replica as p
+    from inferd.shapes.llm import SamplingParams
 
     async def run() -> tuple[list[p.TokenChunk], list[p.TokenChunk]]:
         client = await _llama_replica(served)
-        params = {"max_tokens": 12, "ignore_eos": True, **sampling}
+        params = SamplingParams(**{"max_tokens": 12, "ignore_eos": True, **sampling})
         whole = p.GenerateRequest(prompt=PROMPTS[0], params=params, idle_timeout_s=60)
         full = [c async for c in client.generate(whole)]
         sent = [t for c in full[: _cut(full)] for t in c.token_ids]
@@ -434,7 +435,8 @@ def test_a_generation_resumed_inside_a_character_streams_only_the_new_text(
     from tokenizers import Tokenizer
     from tokenizers.decoders import DecodeStream
 
-    from inferd.serving import protocol as p
+    from inferd.shapes import replica as p
+    from inferd.shapes.llm import SamplingParams
 
     tokenizer = Tokenizer.from_file(str(served.data_dir / "src" / "llama-random" /
                                         "tokenizer.json"))  # fmt: skip
@@ -445,7 +447,7 @@ def test_a_generation_resumed_inside_a_character_streams_only_the_new_text(
 
     async def run() -> list[p.TokenChunk]:
         client = await _llama_replica(served)
-        params = {"max_tokens": 8, "ignore_eos": True, "temperature": 0.0}
+        params = SamplingParams(max_tokens=8, ignore_eos=True, temperature=0.0)
         again = p.GenerateRequest(prompt=PROMPTS[1], params=params, idle_timeout_s=60,
                                   resume=resume)  # fmt: skip
         rest = [c async for c in client.generate(again)]

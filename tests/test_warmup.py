@@ -18,7 +18,8 @@ import httpx
 import numpy as np
 import pytest
 
-from inferd.runtimes.base import Signature, TensorSpec, sample_columns
+from inferd.runtimes.base import sample_columns
+from inferd.shapes.tensors import Signature, TensorSpec
 from tests.conftest import InferdServer
 
 LAZY_S = 0.5

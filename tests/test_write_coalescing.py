@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from inferd.api.http_protocol import _HeadWithBody
-from inferd.serving.protocol import TurnWriter
+from inferd.shapes.replica import TurnWriter
 
 
 class Recorder:

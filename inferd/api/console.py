@@ -33,8 +33,8 @@ from inferd.api.state import gateway_of
 from inferd.console import SECURITY_HEADERS, assets
 from inferd.errors import InvalidInput, NotFound
 from inferd.registry import ModelRecord
-from inferd.routing.table import ModelRoute, VersionRoute
 from inferd.runtimes import GENERATIVE
+from inferd.shapes.control import ConsoleView, ModelRoute, VersionRoute
 
 if TYPE_CHECKING:
     from inferd.registry import Registry
@@ -144,7 +144,10 @@ async def overview(
     records, server = await asyncio.gather(
         cache.models(state.registry),
         state.router.server.console(
-            "overview", None if visible is None else sorted(visible), None, _window(window_s)
+            ConsoleView.OVERVIEW,
+            None if visible is None else sorted(visible),
+            None,
+            _window(window_s),
         ),
     )
     found = orjson.loads(server)
@@ -202,7 +205,8 @@ def _model_entry(
 def _version_entry(vroute: VersionRoute) -> dict[str, Any]:
     states: dict[str, int] = {}
     for replica in vroute.replicas:
-        states[replica.state] = states.get(replica.state, 0) + 1
+        state = replica.state.value  # orjson takes str keys, not enum members
+        states[state] = states.get(state, 0) + 1
     return {
         "version": vroute.version,
         "framework": vroute.framework,
@@ -217,8 +221,7 @@ def _kind(framework: str, versions: dict[str, VersionRoute]) -> str:
     if framework in GENERATIVE:
         return "generate"
     for vroute in versions.values():
-        outputs = vroute.signature.get("outputs", [])
-        if any(o.get("name") == "embedding" for o in outputs):
+        if any(o.name == "embedding" for o in vroute.signature.outputs):
             return "embed"
     return "predict"
 
@@ -239,6 +242,6 @@ async def series(
     elif wanted is None and visible is not None:
         wanted = sorted(visible)
     body = await gateway_of(request).router.server.console(
-        "series", wanted, since, _window(window_s)
+        ConsoleView.SERIES, wanted, since, _window(window_s)
     )
     return Response(body, media_type="application/json")

@@ -29,7 +29,8 @@ from inferd.api.state import gateway_of
 from inferd.control import canary
 from inferd.errors import BadRequest, InvalidInput
 from inferd.routing.router import Router
-from inferd.routing.table import ModelRoute, ReplicaRoute, VersionRoute
+from inferd.shapes.control import ModelRoute, ReplicaRoute, VersionRoute
+from inferd.shapes.replica import ReplicaState
 
 if TYPE_CHECKING:
     from inferd.registry import Registry
@@ -108,7 +109,7 @@ def version_state(status: str | None, replicas: list[ReplicaRoute], desired: int
     replicas all stop) is draining; all desired replicas ready is active; a failed replica
     and none ready is failed; anything else is still deploying."""
     states = [r.state for r in replicas]
-    ready = states.count("ready")
+    ready = states.count(ReplicaState.READY)
     if status == "draining" or (states and all(s in ("draining", "stopped") for s in states)):
         return "draining"
     if desired is not None and ready >= desired:

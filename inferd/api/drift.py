@@ -13,6 +13,7 @@ from starlette.responses import Response
 
 from inferd.api.state import gateway_of
 from inferd.errors import ModelNotFound
+from inferd.shapes.control import ConsoleView
 
 router = APIRouter(prefix="/api/v1", tags=["models"])
 
@@ -35,7 +36,9 @@ async def version_drift(model: str, version: str, request: Request) -> Response:
 
 
 async def _drift(request: Request, model: str, version: str | None) -> Response:
-    body = await gateway_of(request).router.server.console("drift", [model], version=version)
+    body = await gateway_of(request).router.server.console(
+        ConsoleView.DRIFT, [model], version=version
+    )
     error = orjson.loads(body).get("error")
     if error is not None:
         raise ModelNotFound(error["message"], model=model)

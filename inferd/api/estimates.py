@@ -111,8 +111,8 @@ async def _measured_rate(
         return rate, (
             f"{len(statuses)} replica(s) finished {done} generations in {busy:.2f} s of engine time"
         )
-    rows = sum(s.stats.get("rows", 0) for s in statuses)
-    compute = sum(s.stats.get("compute_s", 0.0) for s in statuses)
+    rows = sum(s.stats.rows or 0 for s in statuses)
+    compute = sum(s.stats.compute_s or 0.0 for s in statuses)
     if rows < 1 or compute <= 0:
         return None
     rate = rows / compute * len(statuses)

@@ -20,7 +20,7 @@ from inferd.api.http import context_of, json_response, outcome_headers, read_jso
 from inferd.api.state import gateway_of
 from inferd.api.v1 import prepare
 from inferd.errors import InvalidInput
-from inferd.serving import protocol as p
+from inferd.shapes import replica as p
 
 router = APIRouter(tags=["inference"])
 

@@ -36,7 +36,7 @@ from inferd.observability.log_rows import RowBuffer
 from inferd.routing.context import RequestContext
 from inferd.routing.generation import Chunks, GenerationStart, start_generation
 from inferd.routing.router import ROUTED, Target
-from inferd.serving import protocol as p
+from inferd.shapes import replica as p
 
 router = APIRouter(prefix="/api/v1", tags=["generation"])
 

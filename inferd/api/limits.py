@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from starlette.requests import Request
 
     from inferd.api.auth import Principal
-    from inferd.serving.protocol import TokenChunk
+    from inferd.shapes.replica import TokenChunk
 
 logger = logging.getLogger(__name__)
 MAX_LOCAL_BUCKETS = 100_000

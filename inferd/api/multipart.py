@@ -20,7 +20,7 @@ from starlette.requests import Request
 
 from inferd.api.http import read_body
 from inferd.errors import BadRequest, InvalidInput
-from inferd.runtimes.base import Signature
+from inferd.shapes.tensors import Signature
 
 
 def is_multipart(request: Request) -> bool:

@@ -60,8 +60,8 @@ async def models(request: Request) -> Response:
         if serving is None or not visible(name):
             continue
         if serving.framework not in GENERATIVE:
-            outputs = serving.signature.get("outputs") or ()
-            if any(o.get("name") in ("embedding", "score") for o in outputs):  # encoders
+            outputs = serving.signature.outputs
+            if any(o.name in ("embedding", "score") for o in outputs):  # encoders
                 data.append({"id": name, "object": "model", "created": 0, "owned_by": "inferd"})
             continue
         data.append({"id": name, "object": "model", "created": 0, "owned_by": "inferd"})

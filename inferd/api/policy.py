@@ -9,7 +9,7 @@ rest is here, in one function every handler calls once it knows its target
 rerank and score, KServe V1, asynchronous requests, batch jobs, OpenAI batches), a graph
 and every model the graph can reach (:meth:`inferd.graphs.runner.Graphs.reach`), each
 model's rate limit taken once a request. What :func:`admit` returns rides in the
-request's :class:`~inferd.serving.protocol.InferRequest` so that a graph's node calls
+request's :class:`~inferd.shapes.replica.InferRequest` so that a graph's node calls
 are charged to their models' limits as they run.
 
 Batch jobs and OpenAI batches are admitted when submitted (their items then run as the
@@ -27,7 +27,7 @@ from inferd.api.auth import internal_caller
 from inferd.api.http import context_of
 from inferd.api.limits import http_client
 from inferd.api.state import gateway_of
-from inferd.graphs.spec import GRAPH_FRAMEWORK
+from inferd.shapes.graph import GRAPH_FRAMEWORK
 
 if TYPE_CHECKING:
     from inferd.api.auth import Principal
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 class RequestPolicy:
     """One request's caller against the models it reaches (a
-    :class:`~inferd.serving.protocol.ModelPolicy`)."""
+    :class:`~inferd.shapes.replica.ModelPolicy`)."""
 
     __slots__ = ("charged", "limits", "principal", "who")
 

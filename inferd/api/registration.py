@@ -45,7 +45,7 @@ from inferd.registry.inspection import inspect_isolated
 from inferd.registry.mlflow_source import is_mlflow_uri
 from inferd.registry.store import check_name
 from inferd.registry.uploads import SHA256_HEX, UPLOADS, check_sha256, file_source, receive, unpack
-from inferd.runtimes.base import Signature
+from inferd.shapes.tensors import Signature
 
 if TYPE_CHECKING:
     from inferd.registry import Registry

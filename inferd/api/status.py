@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 from typing import Any
 
+import msgspec
+
 from inferd.registry import ModelRecord, VersionRecord
 from inferd.routing.router import Router
 
@@ -93,7 +95,7 @@ class StatusView:
                 # A replica that cannot answer shows without stats.
                 with contextlib.suppress(Exception):
                     status = await client.status(timeout_s=2.0)
-                    entry["stats"] = status.stats
+                    entry["stats"] = msgspec.to_builtins(status.stats)
                     if status.metrics:
                         entry["metrics"] = status.metrics
             out.append(entry)

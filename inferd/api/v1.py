@@ -29,14 +29,14 @@ from inferd.api.multipart import form_body, is_multipart
 from inferd.api.policy import admit
 from inferd.api.state import gateway_of
 from inferd.errors import BadRequest, InvalidInput, ModelNotFound, PayloadTooLarge
-from inferd.graphs.spec import GRAPH_FRAMEWORK
 from inferd.observability.logging import request_id_var
 from inferd.priority import priority_code
 from inferd.protocols.codec import columns_to_rows, rows_to_columns
 from inferd.routing.dataplane import DataPlane, InferOutcome
 from inferd.routing.router import Target
-from inferd.runtimes.base import Signature
-from inferd.serving.protocol import InferRequest
+from inferd.shapes.graph import GRAPH_FRAMEWORK
+from inferd.shapes.replica import InferRequest
+from inferd.shapes.tensors import Signature
 
 router = APIRouter(prefix="/api/v1", tags=["inference"])
 

@@ -34,7 +34,7 @@ from inferd.api.generate import (
 from inferd.api.http import json_response, read_json
 from inferd.api.state import gateway_of
 from inferd.errors import BadRequest, InferdError, InvalidInput
-from inferd.serving import protocol as p
+from inferd.shapes import replica as p
 
 router = APIRouter(prefix="/v2", tags=["open inference protocol"])
 ENVELOPE = ("text_input", "parameters", "id")

@@ -104,7 +104,7 @@ def models_push(
     The first version of a new model serves at once; a later one takes no traffic
     until it is deployed (or pushed with --deploy). With --url, upload it to that
     server (or have it import the URI), which checks and registers it."""
-    from inferd.runtimes.base import Signature
+    from inferd.shapes.tensors import Signature
 
     uri = source if _is_uri(source) else None
     path = Path(source)

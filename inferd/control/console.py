@@ -1,6 +1,6 @@
 """The server side of the web console: recent figures, firing alerts and the health of
 the control plane, answered to gateways over the control channel
-(:class:`~inferd.routing.table.ConsoleQuery`).
+(:class:`~inferd.shapes.control.ConsoleQuery`).
 
 - **Figures** (:class:`~inferd.observability.recent.RecentFigures`): requests from the
   log rows gateways ship; replicas' status frames once a slot, over the connections
@@ -33,7 +33,7 @@ from inferd.config import Settings
 from inferd.control.state import reachable
 from inferd.observability.exposition import ReplicaStatuses
 from inferd.observability.recent import RecentFigures
-from inferd.routing.table import ConsoleQuery
+from inferd.shapes.control import ConsoleQuery, ConsoleView
 
 if TYPE_CHECKING:
     from inferd.control.controller import Controller
@@ -115,9 +115,9 @@ class ConsoleFeed:
     async def answer(self, query: ConsoleQuery) -> bytes:
         models = None if query.models is None else set(query.models)
         now = time.time()
-        if query.what == "drift" and self.drift is not None and query.models:
+        if query.what is ConsoleView.DRIFT and self.drift is not None and query.models:
             return orjson.dumps(await self.drift(query.models[0], query.version))
-        if query.what == "series":
+        if query.what is ConsoleView.SERIES:
             body = self.figures.series(models, query.since, query.window_s, now)
         else:
             body = {

@@ -33,16 +33,17 @@ from inferd.control.backends import ReplicaBackend
 from inferd.control.joined import Joins
 from inferd.control.on_demand import OnDemand, evictions, pinned
 from inferd.control.orchestrators import Context, orchestrator_for
-from inferd.control.replica import Replica, ReplicaState
+from inferd.control.replica import Replica
 from inferd.control.rollouts import Steps, policy, route
 from inferd.control.routes import routing_table
 from inferd.control.scaling import Scaling
 from inferd.control.state import ModelState, VersionSet, deployed, status_changes
-from inferd.graphs.spec import GRAPH_FRAMEWORK
 from inferd.registry import ModelRecord, Registry, VersionRecord
 from inferd.registry.deployments import DeploymentRecord
 from inferd.registry.rollout import DeploymentStatus
-from inferd.routing.table import RoutingTable
+from inferd.shapes.control import RoutingTable
+from inferd.shapes.graph import GRAPH_FRAMEWORK
+from inferd.shapes.replica import ReplicaState
 
 logger = logging.getLogger(__name__)
 

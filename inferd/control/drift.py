@@ -1,5 +1,5 @@
 """Input drift, the server's side: every ``drift.interval_s`` the monitor asks each ready
-predict replica for its counts (:class:`~inferd.serving.protocol.DriftQuery`, over a
+predict replica for its counts (:class:`~inferd.shapes.replica.DriftQuery`, over a
 connection kept per replica), differences them into a rolling window per version and
 scores the window against the version's reference profile
 (:mod:`inferd.observability.drift_stats`). ``/metrics`` (``inferd_drift_*``, which the
@@ -31,12 +31,12 @@ import numpy as np
 
 from inferd.control.state import reachable
 from inferd.errors import InferdError, InvalidInput, ModelNotFound
-from inferd.observability.drift import Profile
 from inferd.observability.drift_stats import Counts, DriftWindow, embedding_distances, scores
 from inferd.observability.exposition import ReplicaStatuses, Text
 from inferd.runtimes import GENERATIVE
 from inferd.serving.client import ReplicaClient
-from inferd.serving.protocol import DriftCounts, DriftQuery
+from inferd.shapes.drift import Profile
+from inferd.shapes.replica import DriftCounts, DriftQuery
 
 if TYPE_CHECKING:
     from inferd.config import DriftConfig
@@ -128,7 +128,7 @@ class VersionDrift:
         handing = reference is not None and (
             seen is None or seen.digest != reference.digest or seen.provisional
         )
-        profile = reference.to_dict() if handing and reference is not None else None
+        profile = reference if handing else None
         return DriftQuery(
             0, profile, config.reference_rows, config.max_categories, config.max_rows_per_s
         )
@@ -250,12 +250,15 @@ class DriftMonitor:
         except InvalidInput as exc:  # a replica that counts nothing: asked no more
             return exc
 
-    async def _adopt(self, state: VersionDrift, profile: dict[str, Any]) -> None:
+    async def _adopt(self, state: VersionDrift, profile: Profile) -> None:
         """A replica's profile from its first rows becomes the version's reference (or
         the one another process wrote first does)."""
         try:
             kept = await asyncio.to_thread(
-                self.registry.drift_references.keep, state.model, state.version, profile
+                self.registry.drift_references.keep,
+                state.model,
+                state.version,
+                profile.to_dict(),
             )
         except ModelNotFound:  # deleted meanwhile
             return

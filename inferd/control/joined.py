@@ -1,8 +1,8 @@
 """Replicas that join from other hosts (``inferd replica --control HOST:PORT``).
 
 A joined replica is a process the controller did not start: it dialled in over the
-control channel (:class:`~inferd.routing.table.Join`), got its spec
-(:class:`~inferd.routing.table.Joined`), and beats every second with its state. The
+control channel (:class:`~inferd.shapes.control.Join`), got its spec
+(:class:`~inferd.shapes.control.Joined`), and beats every second with its state. The
 controller's :class:`Joins` keeps it in its version's set beside the replicas its
 orchestrator runs, so it is routed to, counted, drained and shown like one of them
 (:class:`JoinedReplica` is a :class:`~inferd.control.replica.Replica`); an orchestrator
@@ -31,15 +31,14 @@ import msgspec
 from inferd import transport
 from inferd.config import Settings
 from inferd.control.orchestrators import Context
-from inferd.control.replica import ReplicaState, ReportedReplica
+from inferd.control.replica import ReportedReplica
 from inferd.control.specs import replica_spec
 from inferd.control.state import VersionSet
-from inferd.routing.table import DrainReplica, Join, encode_down
-from inferd.serving.spec import ReplicaSpec
+from inferd.shapes.control import DrainReplica, Join, encode_down
+from inferd.shapes.replica import ReplicaState
+from inferd.shapes.replica_spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)
-
-_STATES = {s.value: s for s in ReplicaState}
 
 
 class JoinedReplica(ReportedReplica):
@@ -57,9 +56,9 @@ class JoinedReplica(ReportedReplica):
         self.on_change = on_change
         self.last_beat = time.monotonic()
 
-    def beat(self, state: str, message: str) -> None:
+    def beat(self, state: ReplicaState, message: str) -> None:
         self.last_beat = time.monotonic()
-        new = _STATES.get(state, ReplicaState.LOADING)
+        new = state
         if self.stopping and new is not ReplicaState.STOPPED:
             new = ReplicaState.DRAINING
         if new is ReplicaState.READY:

@@ -151,5 +151,8 @@ async def _resident_figures(replica: Replica) -> tuple[int, bool] | None:
     if status is None:
         return None
     stats = status.stats
-    inflight = sum(stats.get(k, 0) for k in ("inflight", "queued_rows", "running", "waiting"))
-    return int(stats.get("model_bytes", stats.get("rss_bytes", 0))), inflight > 0
+    inflight = sum(
+        n or 0 for n in (stats.inflight, stats.queued_rows, stats.running, stats.waiting)
+    )
+    own = stats.model_bytes if stats.model_bytes is not None else stats.rss_bytes or 0
+    return int(own), inflight > 0

@@ -42,7 +42,7 @@ from inferd.observability.inference_log import InferenceLog, log_engine, maintai
 from inferd.observability.sinks import SinkRunner, open_sinks, write_sinks
 from inferd.registry import Registry
 from inferd.registry.uploads import UPLOADS
-from inferd.routing.table import LogRows
+from inferd.shapes.control import LogRows
 
 if TYPE_CHECKING:
     from inferd.jobs.service import JobService

@@ -18,8 +18,9 @@ from collections.abc import Callable
 import msgspec
 
 from inferd.control.backends.kubernetes import PodSeen
-from inferd.control.replica import ReplicaState, ReportedReplica
-from inferd.serving.spec import ReplicaSpec
+from inferd.control.replica import ReportedReplica
+from inferd.shapes.replica import ReplicaState
+from inferd.shapes.replica_spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import msgspec
 
 from inferd import transport
 from inferd.control.joined import JoinedReplica
-from inferd.routing.table import (
+from inferd.shapes.control import (
     Beat,
     ConsoleAnswer,
     ConsoleQuery,

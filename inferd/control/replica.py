@@ -15,20 +15,11 @@ was last said of them (:class:`ReportedReplica`).
 from __future__ import annotations
 
 import asyncio
-import enum
 from typing import Protocol
 
-from inferd.routing.table import ReplicaRoute
-from inferd.serving.spec import ReplicaSpec
-
-
-class ReplicaState(enum.StrEnum):
-    STARTING = "starting"
-    LOADING = "loading"
-    READY = "ready"
-    FAILED = "failed"
-    DRAINING = "draining"
-    STOPPED = "stopped"
+from inferd.shapes.control import ReplicaRoute
+from inferd.shapes.replica import ReplicaState
+from inferd.shapes.replica_spec import ReplicaSpec
 
 
 class Replica(Protocol):
@@ -86,7 +77,7 @@ def route_of(replica: Replica) -> ReplicaRoute:
     return ReplicaRoute(
         replica.id,
         replica.address,
-        replica.state.value,
+        replica.state,
         replica.pid,
         replica.restarts,
         replica.message,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from inferd.control.state import ModelState, VersionSet
 from inferd.registry import VersionRecord
-from inferd.routing.table import ModelRoute, RoutingTable, VersionRoute
+from inferd.shapes.control import ModelRoute, RoutingTable, VersionRoute
 
 
 def routing_table(generation: int, models: dict[str, ModelState], epoch: str = "") -> RoutingTable:
@@ -31,7 +31,7 @@ def _version(model: str, state: ModelState, vset: VersionSet) -> VersionRoute:
     return VersionRoute(
         version=record.version,
         framework=record.framework,
-        signature=record.signature.to_dict(),
+        signature=record.signature,
         replicas=[r.route() for r in vset.replicas],
         desired_replicas=vset.desired,
         adapters=sorted(adapters(record)),

@@ -26,10 +26,10 @@ from pathlib import Path
 
 from inferd.clock import Clock
 from inferd.control.autoscaler import Decision, Signals
-from inferd.control.replica import ReplicaState
 from inferd.control.state import ModelState, VersionSet
 from inferd.observability.metrics import Sketch
 from inferd.serving.client import status_of
+from inferd.shapes.replica import ReplicaState
 
 logger = logging.getLogger(__name__)
 
@@ -68,9 +68,9 @@ async def look(replicas: list[tuple[str, int, str]], t: float) -> dict[Key, Look
         return Look(
             t,
             # generation: occupancy-weighted step time, and requests waiting for a slot
-            float(stats.get("compute_s", stats.get("busy_s", 0.0))),
-            int(stats.get("queued_rows", stats.get("waiting", 0))),
-            int(stats.get("rss_bytes", 0)),
+            float(stats.computed_s),
+            int(stats.queued),
+            int(stats.rss_bytes or 0),
             Sketch.of(sketch),
             cpu_seconds(status.pid),
         )

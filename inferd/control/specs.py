@@ -8,7 +8,7 @@ from __future__ import annotations
 from inferd.config import BatchingConfig, Settings
 from inferd.control.routes import adapters
 from inferd.control.state import VersionSet
-from inferd.serving.spec import ReplicaSpec
+from inferd.shapes.replica_spec import ReplicaSpec
 
 
 def replica_spec(
@@ -35,7 +35,7 @@ def replica_spec(
         artifact_cache_max_bytes=settings.artifact_cache_max_bytes,
         address="",
         batching=BatchingConfig.model_validate(batching),
-        signature=vset.record.signature.to_dict(),
+        signature=vset.record.signature,
         metadata=vset.record.metadata,
         threads=settings.replica_threads,
         log_level=settings.log_level,

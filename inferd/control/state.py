@@ -11,11 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inferd.control.autoscaler import Autoscaler
-from inferd.control.replica import Replica, ReplicaState
-from inferd.graphs.spec import GRAPH_FRAMEWORK
+from inferd.control.replica import Replica
 from inferd.registry import VersionRecord
 from inferd.registry.deployments import DeploymentRecord
 from inferd.registry.rollout import DeploymentStatus
+from inferd.shapes.graph import GRAPH_FRAMEWORK
+from inferd.shapes.replica import ReplicaState
 
 logger = logging.getLogger(__name__)
 

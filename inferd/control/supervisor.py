@@ -20,9 +20,10 @@ from collections.abc import Callable
 
 from inferd.clock import SYSTEM, Clock
 from inferd.control.backends import ReplicaBackend, ReplicaHandle
-from inferd.control.replica import ReplicaState, route_of
-from inferd.routing.table import ReplicaRoute
-from inferd.serving.spec import ReplicaSpec
+from inferd.control.replica import route_of
+from inferd.shapes.control import ReplicaRoute
+from inferd.shapes.replica import ReplicaState
+from inferd.shapes.replica_spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)
 

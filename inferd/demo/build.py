@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from inferd.runtimes.base import Signature, TensorSpec
+from inferd.shapes.tensors import Signature, TensorSpec
 
 SEED = 0
 DATA_DIR = Path(__file__).parent / "data"

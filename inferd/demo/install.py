@@ -18,7 +18,7 @@ from typing import Any
 from inferd.config import Settings
 from inferd.errors import ModelNotFound
 from inferd.registry import Registry
-from inferd.runtimes.base import Signature
+from inferd.shapes.tensors import Signature
 
 
 def _has(registry: Registry, name: str, version: str) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from inferd.graphs.spec import Condition
+from inferd.shapes.graph import Condition
 
 Columns = dict[str, np.ndarray]
 

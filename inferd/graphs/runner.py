@@ -34,10 +34,10 @@ import numpy as np
 
 from inferd.errors import InferdError, InvalidInput, ModelError, ModelNotFound
 from inferd.graphs import rows as r
-from inferd.graphs.spec import Graph, GraphSpecError, Node, parse
 from inferd.observability import tracing
-from inferd.observability.log_rows import LogRow
-from inferd.serving.protocol import Columns, InferRequest
+from inferd.shapes.graph import Graph, GraphSpecError, Node, parse
+from inferd.shapes.logs import LogRow
+from inferd.shapes.replica import Columns, InferRequest
 
 if TYPE_CHECKING:
     from inferd.routing.dataplane import DataPlane, InferOutcome

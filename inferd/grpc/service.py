@@ -51,7 +51,7 @@ from inferd.routing.dataplane import DataPlane
 from inferd.routing.generation import GenerationStart, start_generation
 from inferd.routing.router import Router, Target
 from inferd.runtimes import GENERATIVE
-from inferd.runtimes.base import datatype_of
+from inferd.shapes.tensors import datatype_of
 
 if TYPE_CHECKING:
     from inferd.api.auth import Authenticator

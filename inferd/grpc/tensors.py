@@ -18,7 +18,7 @@ from inferd.protocols import v2
 from inferd.protocols.media import media_column
 from inferd.protocols.numbers import check_array
 from inferd.routing.router import Target
-from inferd.runtimes.base import TensorSpec
+from inferd.shapes.tensors import TensorSpec
 
 _CONTENTS = {
     "BOOL": "bool_contents",

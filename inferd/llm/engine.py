@@ -22,10 +22,11 @@ from inferd.llm.guides import GuideCompiler
 from inferd.llm.metrics import GenerationMetrics
 from inferd.llm.sampling import sample
 from inferd.llm.scheduler import Scheduled, Scheduler, SchedulerConfig
-from inferd.llm.sequence import SamplingParams, Sequence
+from inferd.llm.sequence import Sequence
 from inferd.llm.speculation import Speculation
 from inferd.llm.stops import StopChecker
 from inferd.llm.tokenizer import Detokenizer, TextTokenizer
+from inferd.shapes.llm import SamplingParams, TokenOutput
 
 logger = logging.getLogger(__name__)
 
@@ -66,27 +67,6 @@ class EngineConfig:
     prefix_caching: bool = True
     """Reuse the keys and values of prompts' prefixes computed before
     (:mod:`inferd.llm.blocks`)."""
-
-
-@dataclass(frozen=True, slots=True)
-class TokenOutput:
-    request_id: str
-    text: str
-    token_id: int | None
-    finished: bool
-    finish_reason: str | None
-    prompt_tokens: int
-    completion_tokens: int
-    logprob: float | None = None
-    cached_tokens: int = 0
-    """Prompt tokens found in the prefix cache."""
-    replayed: int = 0
-    """Characters at the start of ``text`` that are a resumed request's text so far."""
-    token_ids: list[int] | None = None
-    """All the tokens of an output that has several (vLLM's, to a slow reader); None:
-    ``token_id`` alone."""
-    logprobs: list[float] | None = None
-    """Their log-probabilities, when asked for."""
 
 
 @dataclass

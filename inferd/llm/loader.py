@@ -19,7 +19,7 @@ from inferd.llm.tokenizer import TextTokenizer
 from inferd.replica_config import LLMConfig
 
 if TYPE_CHECKING:
-    from inferd.serving.spec import ReplicaSpec
+    from inferd.shapes.replica_spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

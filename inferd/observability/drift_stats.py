@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from inferd.observability.drift import FeatureProfile, Profile, bins_of
+from inferd.shapes.drift import FeatureProfile, Profile, bins_of
 
 SMOOTHING = 0.5
 """Rows added to each bin's count (on both sides) before taking shares, for PSI."""

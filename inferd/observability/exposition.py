@@ -29,8 +29,8 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Container, Iterable
 from typing import Any
 
-from inferd.observability.log_rows import LogRow
 from inferd.serving.client import ReplicaClient
+from inferd.shapes.logs import LogRow
 
 REQUEST_BUCKETS_S = (
     0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1,
@@ -474,7 +474,11 @@ def write_replicas(
         out.sample("inferd_replica_restarts_total", labels, restarts)
     for key, (name, help_) in {**REPLICA_GAUGES, **REPLICA_COUNTERS}.items():
         kind = "gauge" if key in REPLICA_GAUGES else "counter"
-        rows = [(labels, status.stats[key]) for labels, status in statuses if key in status.stats]
+        rows = [
+            (labels, value)
+            for labels, status in statuses
+            if (value := getattr(status.stats, key)) is not None
+        ]
         if rows:
             out.family(name, kind, help_)
             for labels, value in rows:

@@ -1,6 +1,6 @@
 """The inference log: one row per inference request, written off the request path.
 
-Handlers ``record`` a :class:`~inferd.observability.log_rows.LogRow` (appended to a
+Handlers ``record`` a :class:`~inferd.shapes.logs.LogRow` (appended to a
 deque: half a microsecond). A gateway process ships its rows to the server process every
 ``flush_interval_s`` (:class:`~inferd.observability.log_rows.LogShipper`); there a
 background thread inserts what accumulated in one transaction (:class:`InferenceLog`,
@@ -30,9 +30,10 @@ from typing import Any
 
 from sqlalchemy import Engine, delete, event, select, text
 
-from inferd.observability.log_rows import NOT_COLUMNS, LogRow, RowBuffer, user_hash
+from inferd.observability.log_rows import RowBuffer, user_hash
 from inferd.registry.engine import create_registry_engine
 from inferd.registry.tables import inference_logs
+from inferd.shapes.logs import NOT_COLUMNS, LogRow
 
 logger = logging.getLogger(__name__)
 

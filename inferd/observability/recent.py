@@ -26,8 +26,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferd.observability.log_rows import LogRow
 from inferd.observability.metrics import Histogram, Sketch
+from inferd.shapes.logs import LogRow
 
 LLM_SERIES = ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "kv_use", "running")
 
@@ -132,16 +132,16 @@ class RecentFigures:
         ttft, itl = Sketch(), []
         for replica, status in replicas:
             stats, metrics = status.stats, status.metrics
-            queue += stats.get("queued_rows", stats.get("waiting", 0.0))
-            inflight += stats.get("inflight", 0.0)
-            running += stats.get("running", 0.0)
-            if stats.get("kv_blocks_total"):
-                kv.append(stats.get("kv_blocks_used", 0.0) / stats["kv_blocks_total"])
-            elif "kv_cache_usage" in stats:
-                kv.append(stats["kv_cache_usage"])
+            queue += stats.queued
+            inflight += stats.inflight or 0.0
+            running += stats.running or 0.0
+            if stats.kv_blocks_total:
+                kv.append((stats.kv_blocks_used or 0.0) / stats.kv_blocks_total)
+            elif stats.kv_cache_usage is not None:
+                kv.append(stats.kv_cache_usage)
             seen = ReplicaSeen(
-                stats.get("batches", 0.0),
-                stats.get("rows", 0.0),
+                stats.batches or 0.0,
+                stats.rows or 0.0,
                 Sketch.of(metrics["ttft_sketch"]) if "ttft_sketch" in metrics else None,
                 metrics.get("itl_s"),
             )

@@ -14,7 +14,7 @@ import numpy as np
 from inferd.errors import InvalidInput
 from inferd.protocols.media import media_column
 from inferd.protocols.numbers import json_array
-from inferd.runtimes.base import Signature, TensorSpec
+from inferd.shapes.tensors import Signature, TensorSpec
 
 
 def rows_to_columns(

@@ -34,7 +34,7 @@ import msgspec
 import numpy as np
 
 from inferd.errors import InvalidInput
-from inferd.runtimes.base import TensorSpec
+from inferd.shapes.tensors import TensorSpec
 
 _FLOAT_MAX = {"FP16": 65504.0, "FP32": float(np.finfo(np.float32).max), "FP64": math.inf}
 _FLOAT_RANGE = {"FP16": "±65504", "FP32": "±3.4028235e+38", "FP64": "±1.7976931348623157e+308"}

@@ -25,7 +25,7 @@ from inferd.config import Settings
 from inferd.errors import ModelError, RequestTimeout
 from inferd.registry import ModelRecord
 from inferd.routing.router import Router
-from inferd.routing.table import ModelRoute, RoutingTable
+from inferd.shapes.control import ModelRoute, RoutingTable
 
 if TYPE_CHECKING:
     from inferd.registry import Registry

@@ -21,7 +21,7 @@ from inferd.priority import priority_code
 from inferd.protocols.media import media_column
 from inferd.protocols.numbers import check_array, json_array
 from inferd.routing.router import Router
-from inferd.runtimes.base import DATATYPES, Signature, TensorSpec, datatype_of
+from inferd.shapes.tensors import DATATYPES, Signature, TensorSpec, datatype_of
 
 EXTENSIONS: list[str] = ["binary_tensor_data", "schedule_policy", "generate", "model_repository"]
 """Protocol extensions implemented so far."""

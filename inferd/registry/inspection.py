@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from inferd.errors import InferdError, InvalidInput, PayloadTooLarge, StoreUnavailable
-from inferd.runtimes.base import Signature
+from inferd.shapes.tensors import Signature
 
 
 @dataclass

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from inferd.errors import InvalidInput, PayloadTooLarge, StoreUnavailable
-from inferd.runtimes.base import Signature, TensorSpec, datatype_of
+from inferd.shapes.tensors import Signature, TensorSpec, datatype_of
 
 SCHEMES = ("models", "runs")
 FLAVORS = (

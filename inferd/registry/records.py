@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
-from inferd.runtimes.base import Signature
+from inferd.shapes.tensors import Signature
 
 if TYPE_CHECKING:  # the rows are read here, never built: no SQLAlchemy for the records
     from inferd.registry.tables import Model, ModelVersion

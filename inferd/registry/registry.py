@@ -32,9 +32,6 @@ from sqlalchemy.orm import Session, selectinload
 
 from inferd.config import Settings
 from inferd.errors import InvalidInput, ModelNotFound, VersionExists
-from inferd.graphs.spec import GRAPH_FRAMEWORK, SPEC_FILE
-from inferd.graphs.spec import parse as parse_graph
-from inferd.graphs.spec import signature_of as graph_signature
 from inferd.observability.drift import build_profile, read_reference_sample
 from inferd.registry import deployment_rows as rows_
 from inferd.registry import schema
@@ -53,7 +50,10 @@ from inferd.registry.rollout_progress import RolloutProgress
 from inferd.registry.store import ArtifactStore, StagedArtifact, check_name
 from inferd.registry.tables import Model, ModelVersion, utcnow
 from inferd.runtimes import MANIFEST, OUTPUT_METADATA, read_manifest
-from inferd.runtimes.base import Signature
+from inferd.shapes.graph import GRAPH_FRAMEWORK, SPEC_FILE
+from inferd.shapes.graph import parse as parse_graph
+from inferd.shapes.graph import signature_of as graph_signature
+from inferd.shapes.tensors import Signature
 
 logger = logging.getLogger(__name__)
 

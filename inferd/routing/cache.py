@@ -72,12 +72,13 @@ import numpy as np
 
 from inferd.clock import SYSTEM, Clock
 from inferd.config import Settings
-from inferd.routing.table import VersionRoute
-from inferd.serving import protocol as p
-from inferd.serving.protocol import Columns
+from inferd.shapes import replica as p
+from inferd.shapes.control import VersionRoute
+from inferd.shapes.llm import SamplingParams
+from inferd.shapes.replica import Columns
 
 if TYPE_CHECKING:
-    from inferd.runtimes.base import Signature
+    from inferd.shapes.tensors import Signature
 
 logger = logging.getLogger(__name__)
 
@@ -116,14 +117,10 @@ def version_ttl(route: VersionRoute | None, default_s: float) -> float:
     return default_s if route is None or route.cache_ttl_s is None else route.cache_ttl_s
 
 
-def deterministic(params: dict[str, Any]) -> bool:
+def deterministic(params: SamplingParams) -> bool:
     """A generation with these sampling parameters always makes the same text: greedy
     (temperature 0, or top_k 1) or seeded (the sequence's own generator)."""
-    return (
-        params.get("temperature", 1.0) == 0
-        or params.get("top_k") == 1
-        or params.get("seed") is not None
-    )
+    return params.greedy or params.seed is not None
 
 
 def generation_key(
@@ -132,7 +129,7 @@ def generation_key(
     digest: str,
     adapter: str | None,
     prompt: str | list[int] | dict[str, Any],
-    params: dict[str, Any],
+    params: SamplingParams,
 ) -> bytes:
     """The key of a deterministic generation: the version (and its artifact's sha256,
     which covers the adapters registered with it), the adapter, the prompt and every
@@ -140,7 +137,8 @@ def generation_key(
     priority does not)."""
     hashed = hashlib.blake2b(digest_size=20)
     hashed.update(f"gen\0{model}\0{version}\0{digest}\0{adapter or ''}\0".encode())
-    shaping = sorted((k, v) for k, v in params.items() if k != "priority")
+    fields = msgspec.structs.asdict(params)
+    shaping = sorted((k, v) for k, v in fields.items() if k != "priority")
     hashed.update(msgspec.msgpack.encode([prompt, shaping]))
     return hashed.digest()
 

@@ -13,13 +13,13 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from inferd.observability.log_rows import LogRow, Payload
 from inferd.routing.dataplane import InferOutcome, Timing, prediction_of
+from inferd.shapes.logs import LogRow, Payload
 
 if TYPE_CHECKING:
     from inferd.api.auth import Principal
     from inferd.routing.router import Routed
-    from inferd.serving.protocol import TokenChunk
+    from inferd.shapes.replica import TokenChunk
 
 
 def new_request_id() -> str:

@@ -16,12 +16,12 @@ import numpy as np
 
 from inferd.errors import ModelError, ModelNotFound, ModelNotReady, Overloaded, RequestTimeout
 from inferd.graphs.runner import Graphs
-from inferd.graphs.spec import GRAPH_FRAMEWORK as GRAPH
 from inferd.observability.log_rows import COUNTERS
 from inferd.routing.cache import ResultCache, cache_key, fetches, version_ttl
 from inferd.routing.router import COLD_START, Router, Shadow, Target
-from inferd.serving import protocol as p
-from inferd.serving.protocol import Columns, InferRequest, ModelPolicy
+from inferd.shapes import replica as p
+from inferd.shapes.graph import GRAPH_FRAMEWORK as GRAPH
+from inferd.shapes.replica import Columns, InferRequest, ModelPolicy
 
 logger = logging.getLogger(__name__)
 

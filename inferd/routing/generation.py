@@ -26,7 +26,8 @@ from inferd.routing.cache import (
 )
 from inferd.routing.router import ROUTED, Router, Target
 from inferd.runtimes import GENERATIVE
-from inferd.serving import protocol as p
+from inferd.shapes import replica as p
+from inferd.shapes.llm import SamplingParams
 
 MAX_STOPS = 4
 Chunks = AsyncGenerator[p.TokenChunk, None]
@@ -275,13 +276,17 @@ def _request(
         )
     if guide is not None:
         params["guide"] = guide
+    try:
+        sampling = SamplingParams(**params)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"invalid sampling parameters: {exc}") from None
     prompt = chat if chat is not None else prompt_of(body)
     timeout_s = settings.request_timeout_s
     # Before its first token a request may be queued in the replica for up to the LLM
     # queue timeout (the replica answers 503 then); this bound only catches a hung replica.
     first_s = settings.llm.queue_timeout_s + timeout_s
     return p.GenerateRequest(
-        prompt=prompt, params=params, adapter=explicit or adapter, request_id=request_id,
+        prompt=prompt, params=sampling, adapter=explicit or adapter, request_id=request_id,
         arrived_at=arrived_at, idle_timeout_s=timeout_s, first_timeout_s=first_s,
     )  # fmt: skip
 

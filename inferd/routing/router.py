@@ -31,14 +31,14 @@ from typing import Any, TypeVar
 import msgspec
 
 from inferd.errors import InferdError, ModelNotFound, ModelNotReady
-from inferd.graphs.spec import GRAPH_FRAMEWORK as GRAPH
 from inferd.observability.log_rows import COUNTERS
 from inferd.routing.prefix import BYTES_PER_TOKEN, PrefixIndex, prompt_bytes, prompt_keys
 from inferd.routing.server_link import ServerLink
-from inferd.routing.table import ModelRoute, ReplicaRoute, RoutingTable, VersionRoute
-from inferd.runtimes.base import Signature
-from inferd.serving import protocol as p
 from inferd.serving.client import ReplicaClient, ReplicaGone
+from inferd.shapes import replica as p
+from inferd.shapes.control import ModelRoute, ReplicaRoute, RoutingTable, VersionRoute
+from inferd.shapes.graph import GRAPH_FRAMEWORK as GRAPH
+from inferd.shapes.tensors import Signature
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -242,7 +242,7 @@ class Router:
                     known = Target(
                         model.name,
                         vroute.version,
-                        Signature.from_dict(vroute.signature),
+                        vroute.signature,
                         vroute.framework,
                         vroute.allow_non_finite,
                     )

@@ -14,10 +14,10 @@ from typing import Any
 
 from inferd import transport
 from inferd.errors import ModelNotReady
-from inferd.observability.log_rows import LogRow
-from inferd.routing.table import (
+from inferd.shapes.control import (
     ConsoleAnswer,
     ConsoleQuery,
+    ConsoleView,
     Demand,
     Heartbeat,
     LogRows,
@@ -28,6 +28,7 @@ from inferd.routing.table import (
     decode_table,
     encode_request,
 )
+from inferd.shapes.logs import LogRow
 
 logger = logging.getLogger(__name__)
 
@@ -161,7 +162,7 @@ class ServerLink:
 
     async def console(
         self,
-        what: str,
+        what: ConsoleView,
         models: list[str] | None = None,
         since: float | None = None,
         window_s: float = 300.0,
@@ -169,7 +170,7 @@ class ServerLink:
         version: str | None = None,
     ) -> bytes:
         """The console's figures from the server process, as JSON (see
-        :class:`~inferd.routing.table.ConsoleQuery`)."""
+        :class:`~inferd.shapes.control.ConsoleQuery`)."""
         answer: ConsoleAnswer = await self._ask(
             lambda query: ConsoleQuery(query, what, models, since, window_s, version), timeout_s
         )

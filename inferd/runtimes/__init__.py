@@ -20,14 +20,8 @@ from typing import Any
 import numpy as np
 
 from inferd.replica_config import ImagesConfig
-from inferd.runtimes.base import (
-    Runtime,
-    RuntimeConfig,
-    Signature,
-    TensorSpec,
-    datatype_of,
-    sample_columns,
-)
+from inferd.runtimes.base import Runtime, RuntimeConfig, sample_columns
+from inferd.shapes.tensors import Signature, TensorSpec, datatype_of
 
 logger = logging.getLogger(__name__)
 

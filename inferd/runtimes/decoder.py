@@ -17,8 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from inferd.runtimes.base import Runtime, Signature, TensorSpec
+from inferd.runtimes.base import Runtime
 from inferd.runtimes.hf_folders import is_sequence_classifier, read_config
+from inferd.shapes.tensors import Signature, TensorSpec
 
 CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
 

@@ -44,7 +44,8 @@ from inferd.replica_config import ExplainConfig
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from inferd.runtimes.base import Runtime, Signature
+    from inferd.runtimes.base import Runtime
+    from inferd.shapes.tensors import Signature
 
 COALITIONS = ExplainConfig().coalitions
 """Coalitions KernelSHAP evaluates per row by default (``explain.coalitions``)."""

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from inferd.runtimes.base import Runtime, Signature, TensorSpec
+from inferd.runtimes.base import Runtime
+from inferd.shapes.tensors import Signature, TensorSpec
 
 
 class GPT2Runtime(Runtime):
@@ -52,7 +53,7 @@ class GPT2Runtime(Runtime):
         )
 
     def predict_batch(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from inferd.llm.sequence import SamplingParams
+        from inferd.shapes.llm import SamplingParams
 
         params = SamplingParams(max_tokens=self.max_new_tokens, temperature=0)
         texts: dict[str, list[str]] = {}

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from inferd.graphs.spec import GRAPH_FRAMEWORK, SPEC_FILE, parse
-from inferd.runtimes.base import Runtime, Signature
+from inferd.runtimes.base import Runtime
+from inferd.shapes.graph import GRAPH_FRAMEWORK, SPEC_FILE, parse
+from inferd.shapes.tensors import Signature
 
 
 class GraphRuntime(Runtime):

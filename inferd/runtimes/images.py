@@ -48,7 +48,8 @@ import numpy as np
 
 from inferd.errors import InvalidInput, PayloadTooLarge, StoreUnavailable
 from inferd.replica_config import ImagesConfig
-from inferd.runtimes.base import Runtime, RuntimeConfig, Signature, TensorSpec
+from inferd.runtimes.base import Runtime, RuntimeConfig
+from inferd.shapes.tensors import Signature, TensorSpec
 
 if TYPE_CHECKING:
     from PIL.ImageFile import ImageFile

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from inferd.runtimes.base import Signature
+from inferd.shapes.tensors import Signature
 
 
 class MlflowPyfunc:

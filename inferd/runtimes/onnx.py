@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from inferd.runtimes.base import Runtime, Signature, TensorSpec
+from inferd.runtimes.base import Runtime
+from inferd.shapes.tensors import Signature, TensorSpec
 
 logger = logging.getLogger(__name__)
 

@@ -24,8 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from inferd.runtimes.base import Runtime, Signature, TensorSpec, datatype_of
+from inferd.runtimes.base import Runtime
 from inferd.runtimes.explain import Explanation, Features
+from inferd.shapes.tensors import Signature, TensorSpec, datatype_of
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from inferd.runtimes.base import Runtime, Signature, TensorSpec, datatype_of
+from inferd.runtimes.base import Runtime
+from inferd.shapes.tensors import Signature, TensorSpec, datatype_of
 
 SAVED_MODEL = "saved_model.pb"
 SERVING = "serving_default"

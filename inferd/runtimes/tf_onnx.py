@@ -23,8 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from inferd.runtimes.base import RuntimeConfig, Signature
+from inferd.runtimes.base import RuntimeConfig
 from inferd.runtimes.tensorflow import SAVED_MODEL, TensorFlowRuntime, import_tensorflow
+from inferd.shapes.tensors import Signature
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from inferd.runtimes.base import Runtime, Signature
+from inferd.runtimes.base import Runtime
+from inferd.shapes.tensors import Signature
 
 logger = logging.getLogger(__name__)
 

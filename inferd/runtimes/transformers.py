@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from inferd.errors import InvalidInput
-from inferd.runtimes.base import Runtime, Signature, TensorSpec
+from inferd.runtimes.base import Runtime
 from inferd.runtimes.hf_folders import (
     POOLING_MODES,
     POOLING_NAMES,
@@ -58,6 +58,7 @@ from inferd.runtimes.hf_folders import (
     st_pooling,
     text_of,
 )
+from inferd.shapes.tensors import Signature, TensorSpec
 
 logger = logging.getLogger(__name__)
 

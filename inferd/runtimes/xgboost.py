@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from inferd.runtimes.base import Runtime, Signature, TensorSpec
+from inferd.runtimes.base import Runtime
 from inferd.runtimes.explain import Explanation, Features, tree_explanation
 from inferd.runtimes.sklearn import (
     classifier_outputs,
@@ -25,6 +25,7 @@ from inferd.runtimes.sklearn import (
     label_values,
     pickled_module,
 )
+from inferd.shapes.tensors import Signature, TensorSpec
 
 logger = logging.getLogger(__name__)
 

@@ -74,7 +74,6 @@ from inferd.observability.metrics import Histogram, Sketch
 from inferd.priority import NAMED_PRIORITIES, named_levels
 from inferd.replica_config import BatchingConfig
 from inferd.serving.compute import ComputeThread, Delivery
-from inferd.serving.protocol import Columns
 from inferd.serving.request_queue import (
     BatchStats,
     BatchTrace,
@@ -82,6 +81,7 @@ from inferd.serving.request_queue import (
     RequestQueue,
     priority_name,
 )
+from inferd.shapes.replica import Columns
 
 PredictFn = Callable[[Columns], Columns]
 

@@ -28,7 +28,7 @@ from inferd.errors import (
 )
 from inferd.observability import tracing
 from inferd.serving import inprocess
-from inferd.serving import protocol as p
+from inferd.shapes import replica as p
 
 logger = logging.getLogger(__name__)
 
@@ -297,7 +297,7 @@ class ReplicaClient:
         return reply
 
     async def drift(self, query: p.DriftQuery, timeout_s: float = 5.0) -> p.DriftCounts:
-        """The replica's input counts (see :class:`~inferd.serving.protocol.DriftQuery`)."""
+        """The replica's input counts (see :class:`~inferd.shapes.replica.DriftQuery`)."""
         query.id = next(self._ids)
         reply = await self._call(query, timeout_s)
         if not isinstance(reply, p.DriftCounts):

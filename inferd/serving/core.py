@@ -24,11 +24,12 @@ from concurrent.futures import Executor, Future
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from inferd.process import freeze_heap
-from inferd.serving.spec import ReplicaSpec
+from inferd.shapes.replica import ReplicaState, ReplicaStats
+from inferd.shapes.replica_spec import ReplicaSpec
 
 if TYPE_CHECKING:
     from inferd.errors import InferdError
-    from inferd.llm.engine import TokenOutput
+    from inferd.shapes.llm import SamplingParams, TokenOutput
 
 logger = logging.getLogger(__name__)
 
@@ -41,11 +42,15 @@ EngineLoad = tuple[int, int, float, tuple[str, ...], int]
 the LoRA adapters it has loaded, and how many adapter slots a new one could take."""
 
 
+SERVING = (ReplicaState.READY, ReplicaState.DRAINING)
+"""The states in which a core answers requests (a draining one finishes what it has)."""
+
+
 class Core(Protocol):
     """What the replica server calls on any core."""
 
     spec: ReplicaSpec
-    state: str
+    state: ReplicaState
     """``loading``, ``ready``, ``draining`` or ``failed``."""
     message: str
     """Why, when ``failed``."""
@@ -69,7 +74,7 @@ class Core(Protocol):
         self,
         request_id: str,
         prompt: str | list[int] | dict[str, Any],
-        params: dict[str, Any],
+        params: SamplingParams,
         adapter: str | None,
         sink: Sink,
         arrived: float | None = None,
@@ -85,7 +90,7 @@ class Core(Protocol):
     def adapter(self, name: str, path: str | None) -> Future[dict[str, Any]]:
         """Load (``path``) or unload (None) a LoRA adapter; the future: what is loaded."""
 
-    def stats(self) -> dict[str, float]: ...
+    def stats(self) -> ReplicaStats: ...
 
     def engine_load(self) -> EngineLoad | None:
         """A generation engine's state, cheap enough to read every few milliseconds;
@@ -119,7 +124,7 @@ async def load_off_loop(core: Core, load: Callable[[], T], executor: Executor | 
     try:
         return await asyncio.get_running_loop().run_in_executor(executor, load)
     except Exception as exc:
-        core.state, core.message = "failed", f"{type(exc).__name__}: {exc}"
+        core.state, core.message = ReplicaState.FAILED, f"{type(exc).__name__}: {exc}"
         logger.exception("loading %s:%s failed", core.spec.model, core.spec.version)
         raise
 
@@ -127,7 +132,7 @@ async def load_off_loop(core: Core, load: Callable[[], T], executor: Executor | 
 def mark_ready(core: Core) -> None:
     if not core.spec.address.startswith("inproc:"):  # a process of its own
         freeze_heap()  # the model's objects too: a full collection must not walk them
-    core.state = "ready"
+    core.state = ReplicaState.READY
     spec = core.spec
     logger.info(
         "replica %s ready: %s:%s (%s) in %.2fs",

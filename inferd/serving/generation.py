@@ -29,10 +29,10 @@ from inferd.errors import (
 )
 from inferd.errors import PromptTooLong as PromptTooLongError
 from inferd.llm.chat import ChatTemplate
-from inferd.llm.engine import EngineFull, LLMEngine, PromptOverLimit, PromptTooLong, TokenOutput
+from inferd.llm.engine import EngineFull, LLMEngine, PromptOverLimit, PromptTooLong
 from inferd.llm.metrics import GenerationMetrics
-from inferd.llm.sequence import SamplingParams
 from inferd.serving.core import (
+    SERVING,
     EngineLoad,
     Sink,
     TextCore,
@@ -40,7 +40,9 @@ from inferd.serving.core import (
     mark_ready,
     rss_bytes,
 )
-from inferd.serving.spec import ReplicaSpec
+from inferd.shapes.llm import SamplingParams, TokenOutput
+from inferd.shapes.replica import ReplicaState, ReplicaStats
+from inferd.shapes.replica_spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)
 
@@ -70,19 +72,16 @@ class _AdapterOp:
 
 
 def checked(
-    core: TextCore, prompt: str | list[int] | dict[str, Any], params: dict[str, Any]
+    core: TextCore, prompt: str | list[int] | dict[str, Any], params: SamplingParams
 ) -> tuple[str | list[int], SamplingParams]:
     """What both engines' cores do first with a generation: refuse it unless the replica
-    serves, check its sampling fields, render a chat with the model's template."""
-    if core.state not in ("ready", "draining"):
+    serves, render a chat with the model's template (its sampling parameters were checked
+    when they were made, in the gateway)."""
+    if core.state not in SERVING:
         raise ModelNotReady(f"replica is {core.state}")
-    try:
-        sampling = SamplingParams(**params)
-    except (TypeError, ValueError) as exc:
-        raise InvalidInput(f"invalid sampling parameters: {exc}") from None
     if isinstance(prompt, dict):
-        return core.chat.render(prompt["messages"], prompt.get("tools")), sampling
-    return prompt, sampling
+        return core.chat.render(prompt["messages"], prompt.get("tools")), params
+    return prompt, params
 
 
 class StepTrace:
@@ -117,7 +116,7 @@ class StepTrace:
 class GenerationCore:
     def __init__(self, spec: ReplicaSpec, build: Callable[[ReplicaSpec], LLMEngine]) -> None:
         self.spec = spec
-        self.state = "loading"
+        self.state = ReplicaState.LOADING
         self.message = ""
         self.started = time.monotonic()
         self._build = build
@@ -154,7 +153,7 @@ class GenerationCore:
         self,
         request_id: str,
         prompt: str | list[int] | dict[str, Any],
-        params: dict[str, Any],
+        params: SamplingParams,
         adapter: str | None,
         sink: Sink,
         arrived: float | None = None,
@@ -296,7 +295,7 @@ class GenerationCore:
             outputs.append(TokenOutput(rid, "", None, True, "error", 0, 0))
         return outputs
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> ReplicaStats:
         stats: dict[str, float] = {
             "uptime_s": time.monotonic() - self.started,
             "inflight": len(self._sinks),
@@ -304,7 +303,7 @@ class GenerationCore:
         if self.engine is not None:
             stats.update(self.engine.stats())
         stats["rss_bytes"] = rss_bytes()
-        return stats
+        return ReplicaStats(**stats)
 
     def engine_load(self) -> EngineLoad | None:
         engine = self.engine

@@ -45,8 +45,8 @@ import msgspec
 from inferd.errors import ModelError
 from inferd.process import die_with_parent
 from inferd.serving.core import Core
-from inferd.serving.protocol import HEADER
-from inferd.serving.spec import ReplicaSpec
+from inferd.shapes.replica import HEADER
+from inferd.shapes.replica_spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ _encoder = msgspec.msgpack.Encoder()
 
 
 def encode(frame: Frame) -> bytes:
-    """Framed as every other inferd frame (:data:`~inferd.serving.protocol.HEADER`)."""
+    """Framed as every other inferd frame (:data:`~inferd.shapes.replica.HEADER`)."""
     body = _encoder.encode(frame)
     return HEADER.pack(len(body)) + body
 

@@ -2,8 +2,8 @@
 
 It dials the controller's control channel (``cluster.control``, proven with the cluster
 token and/or mutual TLS), asks to serve ``model:version`` at its advertised address
-(:class:`~inferd.routing.table.Join`), gets its spec back
-(:class:`~inferd.routing.table.Joined`), fetches the version's files from the S3
+(:class:`~inferd.shapes.control.Join`), gets its spec back
+(:class:`~inferd.shapes.control.Joined`), fetches the version's files from the S3
 artifact store into its own data folder (checked against the registered digest), loads
 them and serves on ``--listen`` like any replica, beating its state to the controller
 every second. The controller routes gateways to it once it beats ``ready``.
@@ -27,7 +27,7 @@ from typing import Any
 import msgspec
 
 from inferd import transport
-from inferd.routing.table import (
+from inferd.shapes.control import (
     Beat,
     DrainReplica,
     Join,
@@ -36,7 +36,8 @@ from inferd.routing.table import (
     decode_table,
     encode_request,
 )
-from inferd.serving.spec import ReplicaSpec
+from inferd.shapes.replica import ReplicaState
+from inferd.shapes.replica_spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)
 BEAT_S = 1.0
@@ -55,7 +56,7 @@ class ControlLink:
         self.request = join
         self.on_drain = on_drain
         self.replica_id = ""
-        self.state = "loading"
+        self.state = ReplicaState.LOADING
         self.message = ""
         self._writer: asyncio.StreamWriter | None = None
         self._task: asyncio.Task[None] | None = None
@@ -223,6 +224,6 @@ async def run_joined(
         return await serve(here, drain, grace_s, on_core=cores.append)
     finally:
         reporter.cancel()
-        link.state = "stopped"
+        link.state = ReplicaState.STOPPED
         link.beat()
         link.close()

@@ -1,7 +1,7 @@
 """``inferd replica --spec-env``: a replica handed its spec, as a Kubernetes pod is.
 
 The Kubernetes backend (:mod:`inferd.control.backends.kubernetes`) writes the version's
-:class:`~inferd.serving.spec.ReplicaSpec` into the pod template's environment; every pod
+:class:`~inferd.shapes.replica_spec.ReplicaSpec` into the pod template's environment; every pod
 of the version serves it under its own name (``--replica-id``) as replica id. It
 fetches the version's files from the S3 artifact store into its data folder (checked
 against the registered digest), serves the replica protocol on ``listen`` behind the
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from inferd.serving.joiner import REFUSED, localize
-from inferd.serving.spec import ReplicaSpec
+from inferd.shapes.replica_spec import ReplicaSpec
 
 if TYPE_CHECKING:
     from inferd.registry.artifact_cache import ArtifactCache

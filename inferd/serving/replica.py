@@ -40,17 +40,24 @@ from inferd.errors import (
     Overloaded,
     RequestTimeout,
 )
-from inferd.observability.drift import DriftCounter, Profile
+from inferd.observability.drift import DriftCounter
 from inferd.observability.metrics import REQUEST_BUCKETS_S, Histogram, Sketch
 from inferd.replica_config import ExplainConfig
 from inferd.runtimes import load_runtime
-from inferd.runtimes.base import Runtime, RuntimeConfig, Signature
+from inferd.runtimes.base import Runtime, RuntimeConfig
 from inferd.runtimes.explain import Explanation, check_rows
 from inferd.serving.batcher import BatchTrace, Columns, DynamicBatcher
 from inferd.serving.compute import BusyMark, ComputeThread
-from inferd.serving.core import EngineLoad, load_off_loop, mark_ready, rss_bytes
-from inferd.serving.protocol import DriftCounts, DriftQuery, from_tensor
-from inferd.serving.spec import ReplicaSpec
+from inferd.serving.core import SERVING, EngineLoad, load_off_loop, mark_ready, rss_bytes
+from inferd.shapes.replica import (
+    DriftCounts,
+    DriftQuery,
+    ReplicaState,
+    ReplicaStats,
+    from_tensor,
+)
+from inferd.shapes.replica_spec import ReplicaSpec
+from inferd.shapes.tensors import Signature
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +74,7 @@ class ReplicaCore:
 
     def __init__(self, spec: ReplicaSpec) -> None:
         self.spec = spec
-        self.state = "loading"
+        self.state = ReplicaState.LOADING
         self.message = ""
         self.runtime: Runtime | None = None
         self.signature: Signature | None = None
@@ -150,7 +157,7 @@ class ReplicaCore:
 
     def _load(self) -> tuple[Runtime, Signature]:
         """The runtime, loaded, and its signature (a user's class may compute it)."""
-        declared = Signature.from_dict(self.spec.signature) if self.spec.signature else None
+        declared = self.spec.signature
         config = RuntimeConfig(
             self.spec.threads, dict(self.spec.metadata), declared, self.spec.images,
             self.spec.explain,
@@ -194,7 +201,7 @@ class ReplicaCore:
         priority: int = 0,
         trace: BatchTrace | None = None,
     ) -> asyncio.Future[Columns]:
-        if self.batcher is None or self.state not in ("ready", "draining"):
+        if self.batcher is None or self.state not in SERVING:
             raise ModelNotReady(f"replica is {self.state}")
         self._check_inputs(inputs, rows)
         future = self._queue(inputs, rows, min(timeout_s, self._queue_timeout_s), priority, trace)
@@ -206,7 +213,7 @@ class ReplicaCore:
         """Attributions of ``inputs``' predictions (``Runtime.explain``), computed off the
         batcher: on a thread of their own beside the batches, or on the model's thread
         between them where the runtime's model takes one thread at a time."""
-        if self.runtime is None or self.state not in ("ready", "draining"):
+        if self.runtime is None or self.state not in SERVING:
             raise ModelNotReady(f"replica is {self.state}")
         self._check_inputs(inputs, rows)
         limits = self.spec.explain
@@ -325,7 +332,7 @@ class ReplicaCore:
             if array.shape[:1] != (rows,):
                 raise InvalidInput(f"input {spec.name!r} has {array.shape[0]} rows, not {rows}")
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> ReplicaStats:
         stats: dict[str, float] = {
             "inflight": self.inflight,
             "explaining": self.explaining,
@@ -343,7 +350,7 @@ class ReplicaCore:
         stats["rss_bytes"] = rss_bytes()
         if self.spec.shared_process:
             stats["model_bytes"] = self.model_bytes
-        return stats
+        return ReplicaStats(**stats)
 
     def engine_load(self) -> EngineLoad | None:
         return None  # predict replicas are chosen by the gateways' outstanding requests
@@ -379,9 +386,8 @@ class ReplicaCore:
         """Its input counts for the server (the first query starts the counting)."""
         if self.drift is None:
             raise ModelNotReady(f"replica is {self.state}")
-        reference = None if query.reference is None else Profile.from_dict(query.reference)
         self.drift.configure(
-            reference, query.reference_rows, query.max_categories, query.max_rows_per_s
+            query.reference, query.reference_rows, query.max_categories, query.max_rows_per_s
         )
         return DriftCounts(query.id, **self.drift.report())
 

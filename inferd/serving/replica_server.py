@@ -21,30 +21,32 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from inferd import transport
 from inferd.errors import InvalidInput
 from inferd.observability import tracing
 from inferd.observability.logging import request_id_var
 from inferd.process import die_with_parent
 from inferd.serving import inprocess
-from inferd.serving import protocol as p
 from inferd.serving.batcher import BatchTrace
 from inferd.serving.core import Core, EngineLoad
-from inferd.serving.protocol import Columns
 from inferd.serving.replica import ReplicaCore, error_status
-from inferd.serving.spec import ReplicaSpec
+from inferd.shapes import replica as p
+from inferd.shapes.replica import Columns, ReplicaState
+from inferd.shapes.replica_spec import ReplicaSpec
 
 if TYPE_CHECKING:
-    from inferd.llm.engine import TokenOutput
     from inferd.registry.artifact_cache import Opened
     from inferd.runtimes.explain import Explanation
+    from inferd.shapes.llm import TokenOutput
 
 logger = logging.getLogger(__name__)
 
 
 LOAD_EVERY_S = 0.02
 """How often a generation replica reads its engine's state, and sends it to every
-connected gateway when it changed (:class:`~inferd.serving.protocol.Load`)."""
+connected gateway when it changed (:class:`~inferd.shapes.replica.Load`)."""
 LOAD_AT_LEAST_S = 1.0
 """...and at least this often, unchanged: a gateway that connected since hears it."""
 
@@ -145,13 +147,16 @@ class ReplicaProtocol(asyncio.Protocol):
 
     def _status(self, request_id: int) -> p.Status:
         core = self.core
+        stats = core.stats()
+        if self.fetched:
+            stats = msgspec.structs.replace(stats, **self.fetched)
         return p.Status(
             request_id,
             core.state,
             os.getpid(),
             core.spec.model,
             core.spec.version,
-            {**core.stats(), **self.fetched} if self.fetched else core.stats(),
+            stats,
             core.message,
             core.metrics(),
         )
@@ -323,7 +328,7 @@ class ReplicaProtocol(asyncio.Protocol):
                 self._send(p.Error(message.id, *error_status(exc)))
             else:
                 status = self._status(message.id)
-                status.stats.update({"adapters": len(future.result())})
+                status.stats.adapters = len(future.result())
                 self._send(status)
 
         try:
@@ -449,7 +454,7 @@ async def serve(
         return LOAD_FAILED
     await drained
     loader.cancel()
-    core.state = "draining"
+    core.state = ReplicaState.DRAINING
     logger.info("draining (grace %.0fs)", grace_s)
     deadline = loop.time() + grace_s
     while not core.idle() and loop.time() < deadline and not (kill and kill.is_set()):
@@ -484,7 +489,7 @@ async def _fetch_then_load(
                 f"fetched {opened.fetched_bytes} bytes" if opened.fetched_bytes else "cached",
             )  # fmt: skip
         except Exception as exc:
-            core.state, core.message = "failed", f"fetching {spec.artifact_uri}: {exc}"
+            core.state, core.message = ReplicaState.FAILED, f"fetching {spec.artifact_uri}: {exc}"
             logger.error("%s", core.message)
             raise
     if loading is None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from inferd.errors import Overloaded, RequestTimeout
 from inferd.priority import named_levels
 from inferd.replica_config import BatchingConfig
-from inferd.serving.protocol import Columns
+from inferd.shapes.replica import Columns
 
 MAX_RETRY_AFTER_S = 60
 

@@ -1,7 +1,7 @@
 """The replica core of a version served by vLLM: vLLM's async engine in this process.
 
 It answers the replica protocol exactly as :class:`~inferd.serving.generation.GenerationCore`
-does (``generate`` with a sink of :class:`~inferd.llm.engine.TokenOutput`, ``cancel``,
+does (``generate`` with a sink of :class:`~inferd.shapes.llm.TokenOutput`, ``cancel``,
 ``adapter``, ``stats``, ``metrics``), so every API inferd has — v1 generate, V2
 generate and gRPC streams, OpenAI completions and chat — drives vLLM unchanged, with
 inferd's routing, auth, limits, cache, logs and metrics around it.
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import os
 import time
@@ -35,16 +34,18 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from inferd.errors import InferdError, InvalidInput, ModelNotFound, Overloaded
 from inferd.errors import PromptTooLong as PromptTooLongError
 from inferd.llm.chat import ChatTemplate
-from inferd.llm.engine import TokenOutput
 from inferd.llm.metrics import GenerationMetrics
-from inferd.llm.sequence import SamplingParams
 from inferd.serving.core import EngineLoad, Sink, load_off_loop, mark_ready, rss_bytes
 from inferd.serving.generation import checked
-from inferd.serving.spec import ReplicaSpec
 from inferd.serving.vllm_plugin import RESUMED_DRAWS
+from inferd.shapes.llm import SamplingParams, TokenOutput
+from inferd.shapes.replica import ReplicaState, ReplicaStats
+from inferd.shapes.replica_spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)
 CPU_KV_MIN_GIB = 1
@@ -98,7 +99,7 @@ def engine_env(spec: ReplicaSpec) -> dict[str, str]:
 class VLLMCore:
     def __init__(self, spec: ReplicaSpec) -> None:
         self.spec = spec
-        self.state = "loading"
+        self.state = ReplicaState.LOADING
         self.message = ""
         self.started = time.monotonic()
         self.queue_timeout_s = spec.llm.queue_timeout_s
@@ -155,7 +156,7 @@ class VLLMCore:
         self,
         request_id: str,
         prompt: str | list[int] | dict[str, Any],
-        params: dict[str, Any],
+        params: SamplingParams,
         adapter: str | None,
         sink: Sink,
         arrived: float | None = None,
@@ -198,7 +199,7 @@ class VLLMCore:
             ids = tokenizer.encode(prompt, add_special_tokens=not self.chat.templated)
         else:
             ids = list(prompt)
-        rest = dataclasses.replace(
+        rest = msgspec.structs.replace(
             sampling,
             max_tokens=sampling.max_tokens - len(resume),
             min_tokens=max(0, sampling.min_tokens - len(resume)),
@@ -456,20 +457,20 @@ class VLLMCore:
             for done in iteration.finished_requests:
                 self.metrics_.queue_time_s.observe(done.queued_time)
 
-    def stats(self) -> dict[str, float]:
-        return {
-            "uptime_s": time.monotonic() - self.started,
-            "inflight": len(self._tasks),
-            "busy_s": round(self._busy_s, 6),
-            "running": self._stats["running"],
-            "waiting": self._stats["waiting"] + self._pending,
-            "kv_cache_usage": self._stats["kv_cache_usage"],
-            "prefix_cache_queries": self._prefix[0],
-            "prefix_cache_hits": self._prefix[1],
-            "spec_draft_tokens": self._spec[0],
-            "spec_accepted_tokens": self._spec[1],
-            "rss_bytes": rss_bytes(),
-        }
+    def stats(self) -> ReplicaStats:
+        return ReplicaStats(
+            uptime_s=time.monotonic() - self.started,
+            inflight=len(self._tasks),
+            busy_s=round(self._busy_s, 6),
+            running=self._stats["running"],
+            waiting=self._stats["waiting"] + self._pending,
+            kv_cache_usage=self._stats["kv_cache_usage"],
+            prefix_cache_queries=self._prefix[0],
+            prefix_cache_hits=self._prefix[1],
+            spec_draft_tokens=self._spec[0],
+            spec_accepted_tokens=self._spec[1],
+            rss_bytes=rss_bytes(),
+        )
 
     def _touch(self, adapter: str) -> None:
         self._recent[adapter] = None

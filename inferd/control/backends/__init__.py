@@ -1,7 +1,7 @@
 """Replica backends: where replicas run.
 
 The process orchestrator (:mod:`inferd.control.orchestrators.processes`) decides *what*
-runs (a :class:`~inferd.serving.spec.ReplicaSpec` per replica); a backend decides
+runs (a :class:`~inferd.shapes.replica_spec.ReplicaSpec` per replica); a backend decides
 *where* and *how*: it starts a replica from its spec, tells when it is ready to serve
 (or why it is not), when it is gone and why, and stops it (draining it first, or at
 once). The orchestrator and the supervisor (:mod:`inferd.control.supervisor`) see only
@@ -31,7 +31,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
-from inferd.serving.spec import ReplicaSpec
+from inferd.shapes.replica_spec import ReplicaSpec
 
 
 class ReplicaHandle(Protocol):

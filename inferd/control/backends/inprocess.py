@@ -17,7 +17,7 @@ import msgspec
 
 from inferd.control.backends import ReplicaHandle, probe
 from inferd.serving.replica_server import serve
-from inferd.serving.spec import ReplicaSpec
+from inferd.shapes.replica_spec import ReplicaSpec
 
 
 class InProcessReplica(probe.ProbedReplica):

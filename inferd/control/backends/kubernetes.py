@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from inferd.config import KubernetesConfig, Settings
-from inferd.serving.spec import ReplicaSpec
+from inferd.shapes.replica_spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import msgspec
 
 from inferd.control.backends import ReplicaHandle, probe
-from inferd.serving.spec import ReplicaSpec
+from inferd.shapes.replica_spec import ReplicaSpec
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from inferd.clock import SYSTEM, Clock
 from inferd.serving.client import ReplicaClient
-from inferd.serving.spec import ReplicaSpec
+from inferd.shapes.replica_spec import ReplicaSpec
 
 POLL_S = 0.05
 

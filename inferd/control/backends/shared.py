@@ -42,7 +42,8 @@ from inferd.control.backends import ReplicaBackend, ReplicaHandle, probe
 from inferd.serving.client import status_of
 from inferd.serving.compute import busy_since
 from inferd.serving.host import CUT_OFF, Gone, Start, Stop, encode, read_frame
-from inferd.serving.spec import ReplicaSpec
+from inferd.shapes.replica import ReplicaStats
+from inferd.shapes.replica_spec import ReplicaSpec
 
 logger = logging.getLogger(__name__)
 
@@ -107,16 +108,16 @@ class Host:
         stats = await asyncio.gather(*(_stats_of(r) for r in replicas))
         share, computed = 0.0, {}
         for replica, got in zip(replicas, stats, strict=True):
-            if not got:
+            if got is None:
                 continue
-            computed[replica.replica_id] = got.get("compute_s", 0.0)
+            computed[replica.replica_id] = got.compute_s or 0.0
             before = self._computed.get(replica.replica_id)
             if before is not None and self._looked_at is not None:
                 share += max(0.0, computed[replica.replica_id] - before) / (now - self._looked_at)
-            elif got.get("uptime_s", 0.0) > 0:
-                share += computed[replica.replica_id] / got["uptime_s"]
+            elif got.uptime_s:
+                share += computed[replica.replica_id] / got.uptime_s
         self.cpu_share = share
-        self.model_bytes = sum(int(got.get("model_bytes", 0)) for got in stats if got)
+        self.model_bytes = sum(int(got.model_bytes or 0) for got in stats if got is not None)
         self._computed, self._looked_at = computed, now
 
     @property
@@ -334,7 +335,7 @@ class SharedBackend:
             )
 
 
-async def _stats_of(replica: HostedReplica) -> dict[str, float]:
-    """A hosted replica's stats ({} when it does not answer within a second)."""
+async def _stats_of(replica: HostedReplica) -> ReplicaStats | None:
+    """A hosted replica's stats (None when it does not answer within a second)."""
     status = await status_of(replica.address, replica.replica_id)
-    return dict(status.stats) if status is not None else {}
+    return status.stats if status is not None else None

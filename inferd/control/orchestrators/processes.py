@@ -22,11 +22,11 @@ from inferd.control import gpu_place, gpu_plan
 from inferd.control.autoscaler import Decision
 from inferd.control.backends import ReplicaBackend
 from inferd.control.orchestrators import Context
-from inferd.control.replica import ReplicaState
 from inferd.control.specs import replica_spec
 from inferd.control.state import VersionSet
 from inferd.control.supervisor import Supervisor
 from inferd.errors import InvalidInput
+from inferd.shapes.replica import ReplicaState
 
 logger = logging.getLogger(__name__)
 

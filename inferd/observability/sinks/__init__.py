@@ -34,8 +34,8 @@ from urllib.parse import urlsplit
 
 from inferd.config import PayloadLogConfig
 from inferd.observability.inference_log import lower_priority
-from inferd.observability.log_rows import LogRow
 from inferd.observability.sinks.events import EventEncoder
+from inferd.shapes.logs import LogRow
 
 if TYPE_CHECKING:
     from inferd.observability.exposition import Text

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 import httpx
 
 from inferd.config import PayloadLogConfig
-from inferd.observability.log_rows import LogRow
 from inferd.observability.sinks import Refused, display_name
 from inferd.observability.sinks.events import BATCH_CONTENT_TYPE, EventEncoder
+from inferd.shapes.logs import LogRow
 
 _TRY_AGAIN = frozenset({408, 425, 429})
 

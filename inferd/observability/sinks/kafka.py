@@ -18,9 +18,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from inferd.config import PayloadLogConfig
-from inferd.observability.log_rows import LogRow
 from inferd.observability.sinks import display_name
 from inferd.observability.sinks.events import EventEncoder
+from inferd.shapes.logs import LogRow
 
 DEFAULT_TOPIC = "inferd.inference-log"
 Record = tuple[bytes, list[tuple[str, bytes]]]

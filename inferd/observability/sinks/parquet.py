@@ -29,9 +29,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from inferd.config import PayloadLogConfig
-from inferd.observability.log_rows import NOT_COLUMNS, LogRow
 from inferd.observability.sinks import display_name
 from inferd.observability.sinks.events import EventEncoder
+from inferd.shapes.logs import NOT_COLUMNS, LogRow
 
 _ARROW: dict[type, pa.DataType] = {
     mi.IntType: pa.int64(), mi.FloatType: pa.float64(), mi.StrType: pa.string(),

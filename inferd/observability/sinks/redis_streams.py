@@ -15,9 +15,9 @@ import redis
 from redis.typing import EncodableT, FieldT
 
 from inferd.config import PayloadLogConfig
-from inferd.observability.log_rows import LogRow
 from inferd.observability.sinks import display_name
 from inferd.observability.sinks.events import EventEncoder
+from inferd.shapes.logs import LogRow
 
 DEFAULT_STREAM = "inferd:inference-log"
 DEFAULT_MAXLEN = 1_000_000

@@ -15,6 +15,7 @@ import msgspec
 from pydantic import BaseModel
 
 from inferd.replica_config import BatchingConfig, ExplainConfig, ImagesConfig, LLMConfig
+from inferd.shapes.tensors import Signature
 
 
 class ReplicaSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -28,7 +29,8 @@ class ReplicaSpec(msgspec.Struct, frozen=True, kw_only=True):
     """``unix:/path.sock``, ``tcp:host:port`` or ``inproc:name``; empty: the backend
     picks one when it starts the replica."""
     batching: BatchingConfig = msgspec.field(default_factory=BatchingConfig)
-    signature: dict[str, Any] | None = None
+    signature: Signature | None = None
+    """The version's signature as registered (None: the runtime's own)."""
     metadata: dict[str, Any] = {}
     threads: int = 1
     log_level: str = "INFO"

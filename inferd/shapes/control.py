@@ -11,18 +11,20 @@ msgpack; new fields get defaults so either side may be older.
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 import msgspec
 
-from inferd.observability.log_rows import LogRow
+from inferd.shapes.logs import LogRow
+from inferd.shapes.replica import ReplicaState
+from inferd.shapes.tensors import Signature
 
 
 class ReplicaRoute(msgspec.Struct, frozen=True):
     id: str
     address: str
-    state: str
-    """starting | loading | ready | draining | failed | stopped"""
+    state: ReplicaState
     pid: int = 0
     restarts: int = 0
     message: str = ""
@@ -38,7 +40,7 @@ class ReplicaRoute(msgspec.Struct, frozen=True):
 class VersionRoute(msgspec.Struct, frozen=True, kw_only=True):
     version: str
     framework: str
-    signature: dict[str, Any]
+    signature: Signature
     replicas: list[ReplicaRoute]
     desired_replicas: int = 1
     adapters: list[str] = []
@@ -67,7 +69,7 @@ class VersionRoute(msgspec.Struct, frozen=True, kw_only=True):
     """Autoscaled with ``min_replicas`` 0: at zero replicas, a request is held and the
     gateway asks the controller for one (:class:`Demand`)."""
     graph: dict[str, Any] | None = None
-    """An inference graph's spec (framework ``graph``, :mod:`inferd.graphs.spec`): it has
+    """An inference graph's spec (framework ``graph``, :mod:`inferd.shapes.graph`): it has
     no replica, the gateway runs it."""
 
 
@@ -136,14 +138,23 @@ class MetricsText(msgspec.Struct, frozen=True, tag="metrics"):
     text: str
 
 
+class ConsoleView(enum.StrEnum):
+    """What a :class:`ConsoleQuery` asks for."""
+
+    OVERVIEW = "overview"
+    """Per model summaries, alerts, control health."""
+    SERIES = "series"
+    """Time series."""
+    DRIFT = "drift"
+    """A version's input drift (:mod:`inferd.control.drift`)."""
+
+
 class ConsoleQuery(msgspec.Struct, frozen=True, tag="console?"):
     """Gateway -> server: the web console's figures (see
     :mod:`inferd.observability.recent`); answered with :class:`ConsoleAnswer`."""
 
     id: int
-    what: str
-    """overview (per model summaries, alerts, control health) | series (time series) |
-    drift (a version's input drift, :mod:`inferd.control.drift`)"""
+    what: ConsoleView
     models: list[str] | None = None
     """Only these models (a key limited to some models); None: all."""
     since: float | None = None
@@ -189,7 +200,7 @@ class Beat(msgspec.Struct, frozen=True, tag="rbeat"):
     """Replica -> controller, every second: its state (loading | ready | failed |
     draining) and why it is not ready; missing beats take it out of routing."""
 
-    state: str
+    state: ReplicaState
     message: str = ""
 
 

@@ -17,6 +17,7 @@ dependency nor background I/O thread.
 from __future__ import annotations
 
 import asyncio
+import enum
 import struct
 import time
 from dataclasses import dataclass
@@ -25,7 +26,9 @@ from typing import Any, Protocol
 import msgspec
 import numpy as np
 
-from inferd.runtimes.base import DATATYPES, datatype_of
+from inferd.shapes.drift import Profile
+from inferd.shapes.llm import SamplingParams
+from inferd.shapes.tensors import DATATYPES, datatype_of
 
 HEADER = struct.Struct("<I")
 MAX_FRAME_BYTES = 1 << 30
@@ -76,8 +79,7 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
     prompt: str | list[int] | dict[str, Any]
     """Text, token ids, or a chat (``messages``, ``tools``) the replica renders with
     the model's chat template."""
-    params: dict[str, Any]
-    """SamplingParams fields (max_tokens, temperature, ...)."""
+    params: SamplingParams
     adapter: str | None = None
     request_id: str = ""
     arrived_at: float = 0.0
@@ -183,14 +185,97 @@ class StatusQuery(msgspec.Struct, tag="status?", array_like=True):
     id: int
 
 
+class ReplicaState(enum.StrEnum):
+    """Where a replica is in its life. A replica reports ``loading``, ``ready``,
+    ``draining`` or ``failed`` itself (:class:`Status`, and a joined one's
+    :class:`~inferd.shapes.control.Beat`); the controller's routes
+    (:class:`~inferd.shapes.control.ReplicaRoute`) also say ``starting`` (its process is
+    not answering yet) and ``stopped``."""
+
+    STARTING = "starting"
+    LOADING = "loading"
+    READY = "ready"
+    FAILED = "failed"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+
+
+class ReplicaStats(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A replica's figures in its :class:`Status` (and ``/api/v1`` status replies, as they
+    are: each figure a number, the ones a replica does not have left out). None: this
+    replica has no such figure (a predict replica has no engine, a generation replica no
+    batcher). The Prometheus families they feed are
+    :data:`inferd.observability.exposition.REPLICA_GAUGES` and ``REPLICA_COUNTERS``."""
+
+    uptime_s: float | None = None
+    inflight: float | None = None
+    """Requests in the replica (queued or computing; generations it streams)."""
+    rss_bytes: float | None = None
+    # predict replicas (serving/replica.py: ReplicaCore.stats)
+    explaining: float | None = None
+    """Explanations computing or waiting (bounded by ``explain.max_waiting``)."""
+    preparing: float | None = None
+    """Requests waiting for, or on, the preparing (decoding) threads."""
+    queued_rows: float | None = None
+    """Rows waiting in the batch queue."""
+    batches: float | None = None
+    rows: float | None = None
+    requests: float | None = None
+    expired: float | None = None
+    rejected: float | None = None
+    shed: float | None = None
+    compute_s: float | None = None
+    tokens: float | None = None
+    """Text models: tokens of the rows computed (when any were padded)."""
+    padded_tokens: float | None = None
+    load_s: float | None = None
+    warmup_s: float | None = None
+    warmup_requests: float | None = None
+    model_bytes: float | None = None
+    """In a shared process: what its load added to that process's memory."""
+    # generation replicas (inferd's engine: LLMEngine.stats; vLLM's: VLLMCore.stats)
+    busy_s: float | None = None
+    """Seconds the engine computed, weighted by how full it was."""
+    running: float | None = None
+    waiting: float | None = None
+    kv_blocks_used: float | None = None
+    kv_blocks_total: float | None = None
+    kv_cache_usage: float | None = None
+    """vLLM: the share of its KV cache in use."""
+    preemptions: float | None = None
+    prefix_cache_queries: float | None = None
+    prefix_cache_hits: float | None = None
+    steps: float | None = None
+    spec_draft_tokens: float | None = None
+    spec_accepted_tokens: float | None = None
+    adapter_loads: float | None = None
+    adapters: float | None = None
+    """LoRA adapters loaded: in the status that answers an :class:`Adapter` frame."""
+    # how the version's files came (replica_server.py)
+    fetch_s: float | None = None
+    fetched_bytes: float | None = None
+
+    @property
+    def queued(self) -> float:
+        """What waits in the replica: rows in a predict replica's batch queue, sequences
+        waiting for a generation engine's slot."""
+        return self.queued_rows if self.queued_rows is not None else self.waiting or 0.0
+
+    @property
+    def computed_s(self) -> float:
+        """Seconds computed: a predict replica's batches', a generation engine's
+        (weighted by how full it was)."""
+        return self.compute_s if self.compute_s is not None else self.busy_s or 0.0
+
+
 class Status(msgspec.Struct, tag="status", array_like=True):
     id: int
-    state: str
+    state: ReplicaState
     """loading | ready | draining | failed"""
     pid: int
     model: str
     version: str
-    stats: dict[str, float] = {}
+    stats: ReplicaStats = msgspec.field(default_factory=ReplicaStats)
     message: str = ""
     metrics: dict[str, Any] = {}
     """Histograms and counters of the replica (generation models: see inferd.llm.metrics)."""
@@ -202,11 +287,11 @@ class Drain(msgspec.Struct, tag="drain", array_like=True):
 
 class Generate(msgspec.Struct, tag="generate", array_like=True):
     """Start a generation; the replica answers with TokenChunk frames, the last one
-    ``finished``. ``params`` are SamplingParams fields (max_tokens, temperature, ...)."""
+    ``finished``."""
 
     id: int
     prompt: str | list[int] | dict[str, Any]
-    params: dict[str, Any]
+    params: SamplingParams
     adapter: str | None = None
     request_id: str = ""
     arrived_at: float = 0.0
@@ -270,11 +355,12 @@ class Adapter(msgspec.Struct, tag="adapter", array_like=True):
 
 class DriftQuery(msgspec.Struct, tag="drift?", array_like=True):
     """Server -> predict replica: its counts of its version's inputs on their reference
-    profile (:mod:`inferd.observability.drift`), answered by :class:`DriftCounts`. The
-    first query starts the counting (a server with drift off never asks)."""
+    profile (:mod:`inferd.shapes.drift`; counted by :mod:`inferd.observability.drift`),
+    answered by :class:`DriftCounts`. The first query starts the counting (a server with
+    drift off never asks)."""
 
     id: int
-    reference: dict[str, Any] | None = None
+    reference: Profile | None = None
     """The version's profile, when the replica does not count on it yet."""
     reference_rows: int = 1000
     """With no profile: the replica builds one from this many of its first rows."""
@@ -306,7 +392,7 @@ class DriftCounts(msgspec.Struct, tag="drift", array_like=True):
     """Rows kept towards a profile of its own, while it has none."""
     seen: int = 0
     """Rows it was given since it began counting (counted or not)."""
-    profile: dict[str, Any] | None = None
+    profile: Profile | None = None
     """The profile it built from its first rows, until the server hands it one."""
 
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from inferd.runtimes.base import Signature, TensorSpec
+from inferd.shapes.tensors import Signature, TensorSpec
 
 GRAPH_FRAMEWORK = "graph"
 SPEC_FILE = "graph.json"
