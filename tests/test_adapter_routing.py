@@ -15,7 +15,8 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from inferd.routing.router import ROUTED, Router
+from inferd.routing.choice import ROUTED
+from inferd.routing.router import Router
 from inferd.serving.client import ReplicaClient
 from inferd.shapes import replica as p
 from inferd.shapes.llm import SamplingParams
@@ -58,12 +59,12 @@ def _client(name: str, running: int = 0, loaded: tuple[str, ...] = (), room: int
 
 
 def _choose(router: Router, clients: list[ReplicaClient], adapter: str) -> str:
-    router._ready[("m", "v1")] = clients
+    router.routes.ready[("m", "v1")] = clients
     request = p.GenerateRequest(
         prompt="hi", params=SamplingParams(), adapter=adapter, idle_timeout_s=1
     )
     target = SimpleNamespace(model="m", version="v1")
-    chosen, _ = router._pick_generation(target, set(), request)  # type: ignore[arg-type]
+    chosen, _ = router.pick_generation(target, set(), request)  # type: ignore[arg-type]
     assert chosen is not None
     return chosen.replica_id
 

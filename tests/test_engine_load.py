@@ -7,13 +7,12 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import httpx
 import pytest
 
-from inferd.routing.router import Router, engine_load, generation_load
+from inferd.routing.choice import engine_load, generation_load, least_loaded
 from inferd.serving.client import ReplicaClient
 from inferd.shapes import replica as p
 from inferd.shapes.llm import SamplingParams
@@ -28,9 +27,7 @@ def _client(name: str, outstanding: int, load: p.Load | None, sent: int = 0) -> 
 
 
 def _pick(*clients: ReplicaClient) -> str:
-    router = Router()
-    router._ready[("m", "v1")] = list(clients)
-    chosen = router._pick(SimpleNamespace(model="m", version="v1"), set(), generation_load)  # type: ignore[arg-type]
+    chosen = least_loaded(clients, set(), generation_load)
     assert chosen is not None
     return chosen.replica_id
 

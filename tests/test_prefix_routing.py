@@ -11,8 +11,9 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
+from inferd.routing.choice import ROUTED
 from inferd.routing.prefix import PrefixIndex, prompt_bytes, prompt_keys
-from inferd.routing.router import ROUTED, Router
+from inferd.routing.router import Router
 from inferd.serving.client import ReplicaClient
 from inferd.shapes import replica as p
 from inferd.shapes.llm import SamplingParams
@@ -34,9 +35,9 @@ def _chat(*messages: dict[str, str]) -> p.GenerateRequest:
 
 
 def _choose(router: Router, clients: list[ReplicaClient], request: p.GenerateRequest) -> str:
-    router._ready[("m", "v1")] = clients
+    router.routes.ready[("m", "v1")] = clients
     target = SimpleNamespace(model="m", version="v1")
-    chosen, keys = router._pick_generation(target, set(), request)  # type: ignore[arg-type]
+    chosen, keys = router.pick_generation(target, set(), request)  # type: ignore[arg-type]
     assert chosen is not None and keys
     return chosen.replica_id
 
@@ -103,7 +104,7 @@ def test_a_known_prefix_wins_until_its_replica_is_over_its_share():
     c = _client("c")
     fresh = _chat({"role": "user", "content": "Something no one asked before, at length. " * 3})
     keys = prompt_keys(prompt_bytes(fresh.prompt, None), 64)
-    router.prefix.add(keys, "c")
+    router.choice.prefix.add(keys, "c")
     assert _choose(router, [a, b, c], fresh) == "c"
 
 
@@ -112,7 +113,7 @@ def test_a_less_loaded_replica_takes_a_chat_while_it_lacks_little_of_it():
     is running while the other replica lacks at most that much more of its prompt (its
     first turns: the load evens out cheaply); a long history stays where it is cached."""
     router = Router(prefix_block_bytes=64, prefix_margin=0.5, prefix_move_tokens=64)
-    assert router.prefix_move_blocks == 4  # 64 tokens of ~4 bytes, in 64-byte blocks
+    assert router.choice.prefix_move_blocks == 4  # 64 tokens of ~4 bytes, in 64-byte blocks
     a, b = _client("a", running=1), _client("b", running=1)
 
     def keys(request: p.GenerateRequest) -> list[int]:
@@ -124,9 +125,9 @@ def test_a_less_loaded_replica_takes_a_chat_while_it_lacks_little_of_it():
         return _chat(asked, answer, {"role": "user", "content": "And gRPC?"})
 
     short, long = "Which port?", "Which port does the gateway listen on, and why? " * 12
-    router.prefix.add(keys(_chat({"role": "user", "content": short})), "a")
-    router.prefix.add(keys(_chat({"role": "user", "content": long})), "a")
-    router.prefix.add(keys(_chat({"role": "user", "content": "Another chat."})), "b")
+    router.choice.prefix.add(keys(_chat({"role": "user", "content": short})), "a")
+    router.choice.prefix.add(keys(_chat({"role": "user", "content": long})), "a")
+    router.choice.prefix.add(keys(_chat({"role": "user", "content": "Another chat."})), "b")
     shared = len(keys(_chat()))  # the system prompt's blocks: both were sent them
     assert len(keys(later(short))) - shared <= 4 < len(keys(later(long))) - shared
     # as loaded as the other: where its prefix went
@@ -147,21 +148,21 @@ def test_a_less_loaded_replica_takes_a_chat_while_it_lacks_little_of_it():
     assert ROUTED.get().decision == "prefix"  # type: ignore[union-attr]
     # 0 tokens: only the margin moves a chat
     still = Router(prefix_block_bytes=64, prefix_margin=0.5, prefix_move_tokens=0)
-    still.prefix.add(keys(later(short)), "a")
-    still.prefix.add(keys(_chat({"role": "user", "content": "Another chat."})), "b")
+    still.choice.prefix.add(keys(later(short)), "a")
+    still.choice.prefix.add(keys(_chat({"role": "user", "content": "Another chat."})), "b")
     assert _choose(still, [a, b], later(short)) == "a"
 
 
 def test_one_replica_or_the_setting_off_computes_no_keys():
     request = _chat({"role": "user", "content": "A question of some length, asked twice. " * 3})
     router = Router(prefix_block_bytes=64)
-    router._ready[("m", "v1")] = [_client("a")]
+    router.routes.ready[("m", "v1")] = [_client("a")]
     target = SimpleNamespace(model="m", version="v1")
-    assert router._pick_generation(target, set(), request)[1] is None  # type: ignore[arg-type]
+    assert router.pick_generation(target, set(), request)[1] is None  # type: ignore[arg-type]
     off = Router(prefix_block_bytes=0)
-    off._ready[("m", "v1")] = [_client("a"), _client("b")]
-    assert off._pick_generation(target, set(), request)[1] is None  # type: ignore[arg-type]
-    assert len(off.prefix) == 0
+    off.routes.ready[("m", "v1")] = [_client("a"), _client("b")]
+    assert off.pick_generation(target, set(), request)[1] is None  # type: ignore[arg-type]
+    assert len(off.choice.prefix) == 0
 
 
 @pytest.mark.slow

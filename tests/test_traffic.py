@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from inferd.registry import Registry
-from inferd.routing.router import Split, Target, user_point
+from inferd.routing.targets import Split, Target, user_point
 from inferd.shapes.tensors import Signature
 from tests.conftest import InferdServer, push_folder, served
 

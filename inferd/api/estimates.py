@@ -30,7 +30,8 @@ from inferd.config import Settings
 from inferd.errors import InferdError
 from inferd.priority import NAMED_PRIORITIES
 from inferd.routing.dataplane import DataPlane
-from inferd.routing.router import Router, Target
+from inferd.routing.router import Router
+from inferd.routing.targets import Target
 
 PROBE_ROWS = 32
 PROBE_TIMEOUT_S = 5.0

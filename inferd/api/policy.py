@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from inferd.api.auth import Principal
     from inferd.api.limits import RateLimits
     from inferd.graphs.runner import Graphs
-    from inferd.routing.router import Target
+    from inferd.routing.targets import Target
 
 
 class RequestPolicy:

@@ -33,7 +33,7 @@ from inferd.observability.logging import request_id_var
 from inferd.priority import priority_code
 from inferd.protocols.codec import columns_to_rows, rows_to_columns
 from inferd.routing.dataplane import DataPlane, InferOutcome
-from inferd.routing.router import Target
+from inferd.routing.targets import Target
 from inferd.shapes.graph import GRAPH_FRAMEWORK
 from inferd.shapes.replica import InferRequest
 from inferd.shapes.tensors import Signature

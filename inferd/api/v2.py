@@ -43,7 +43,7 @@ from inferd.protocols.v2 import (
     user_of,
 )
 from inferd.routing.dataplane import DataPlane
-from inferd.routing.router import Target
+from inferd.routing.targets import Target
 
 router = APIRouter(prefix="/v2", tags=["open inference protocol"])
 HEADER_LENGTH = "inference-header-content-length"

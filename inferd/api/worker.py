@@ -116,7 +116,7 @@ async def build_gateway(settings: Settings, control: str | Path) -> Gateway:
             return False
         return True
 
-    router.deployed = deployed
+    router.holds.deployed = deployed
     # Rows go to the server even with the log off: /metrics counts requests from them.
     cfg = settings.inference_log
     inference_log = LogShipper(

@@ -41,7 +41,7 @@ from inferd.shapes.replica import Columns, InferRequest
 
 if TYPE_CHECKING:
     from inferd.routing.dataplane import DataPlane, InferOutcome
-    from inferd.routing.router import Target
+    from inferd.routing.targets import Target
 
 
 MAX_DEPTH = 8

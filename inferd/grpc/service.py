@@ -49,7 +49,8 @@ from inferd.protocols import v2
 from inferd.routing.context import RequestContext, new_request_id
 from inferd.routing.dataplane import DataPlane
 from inferd.routing.generation import GenerationStart, start_generation
-from inferd.routing.router import Router, Target
+from inferd.routing.router import Router
+from inferd.routing.targets import Target
 from inferd.runtimes import GENERATIVE
 from inferd.shapes.tensors import datatype_of
 

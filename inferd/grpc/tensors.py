@@ -17,7 +17,7 @@ from inferd.errors import InvalidInput
 from inferd.protocols import v2
 from inferd.protocols.media import media_column
 from inferd.protocols.numbers import check_array
-from inferd.routing.router import Target
+from inferd.routing.targets import Target
 from inferd.shapes.tensors import TensorSpec
 
 _CONTENTS = {

@@ -18,7 +18,7 @@ from inferd.shapes.logs import LogRow, Payload
 
 if TYPE_CHECKING:
     from inferd.api.auth import Principal
-    from inferd.routing.router import Routed
+    from inferd.routing.choice import Routed
     from inferd.shapes.replica import TokenChunk
 
 

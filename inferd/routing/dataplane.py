@@ -18,7 +18,9 @@ from inferd.errors import ModelError, ModelNotFound, ModelNotReady, Overloaded, 
 from inferd.graphs.runner import Graphs
 from inferd.observability.log_rows import COUNTERS
 from inferd.routing.cache import ResultCache, cache_key, fetches, version_ttl
-from inferd.routing.router import COLD_START, Router, Shadow, Target
+from inferd.routing.holds import COLD_START
+from inferd.routing.router import Router
+from inferd.routing.targets import Shadow, Target
 from inferd.shapes import replica as p
 from inferd.shapes.graph import GRAPH_FRAMEWORK as GRAPH
 from inferd.shapes.replica import Columns, InferRequest, ModelPolicy
@@ -151,9 +153,10 @@ class DataPlane:
     ) -> Target:
         """After ``target`` found no ``model`` or no pinned ``version``: wait for it when
         it was just registered or deployed, within the request's deadline
-        (:meth:`Router.arriving`); else ``missing`` (404)."""
+        (:meth:`Holds.arriving <inferd.routing.holds.Holds.arriving>`); else ``missing``
+        (404)."""
         until = started + (timeout_s or self.request_timeout_s)
-        return await self.router.arriving(model, version, until, missing)
+        return await self.router.holds.arriving(model, version, until, missing)
 
     def request(
         self,

@@ -24,7 +24,9 @@ from inferd.routing.cache import (
     generation_key,
     version_ttl,
 )
-from inferd.routing.router import ROUTED, Router, Target
+from inferd.routing.choice import ROUTED
+from inferd.routing.router import Router
+from inferd.routing.targets import Target
 from inferd.runtimes import GENERATIVE
 from inferd.shapes import replica as p
 from inferd.shapes.llm import SamplingParams
