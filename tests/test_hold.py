@@ -5,6 +5,7 @@ Real server, real replica, real load (``inferd bench --rate``), a real ``kill -9
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -106,3 +107,36 @@ def test_a_model_whose_load_keeps_failing_is_not_waited_for(tmp_path: Path):
         assert time.monotonic() - started < 5  # refused, not held for 20 s
     finally:
         assert server.stop() == 0, server.log()[-3000:]
+
+
+def test_a_replica_that_just_failed_the_request_counts_as_gone_before_its_connection_says() -> None:
+    # the table still says ready and the connection is not marked closed yet (its
+    # transport is closing: the call raised ReplicaGone): the request is held for the
+    # restart, not answered 503 "no ready replica"
+    from inferd.routing.holds import Holds
+    from inferd.routing.router import Router
+    from inferd.routing.targets import Routes
+    from inferd.serving.client import ReplicaClient
+    from inferd.shapes.control import ModelRoute, ReplicaRoute, RoutingTable, VersionRoute
+    from inferd.shapes.replica import ReplicaState
+    from inferd.shapes.tensors import Signature
+
+    async def held() -> tuple[bool, bool]:
+        router = Router(hold_timeout_s=5, hold_max_requests=10)
+        replica = ReplicaRoute("r1", "unix:/nowhere", ReplicaState.READY, ever_ready=True)
+        version = VersionRoute(
+            version="v1", framework="python", signature=Signature([], []), replicas=[replica]
+        )
+        table = RoutingTable(1, {"m": ModelRoute("m", "v1", {"v1": version})})
+        client = ReplicaClient("unix:/nowhere", "r1")
+        client.closed = False  # what it says until its connection_lost runs
+        router._clients["r1"] = client
+        router.routes = Routes(table, {("m", "v1"): [client]}, None)
+        holds: Holds = router.holds
+        target = router.target("m")
+        until = time.perf_counter() + 0.05
+        return await holds.hold(target, until), await holds.hold(target, until, {client})
+
+    without_gone, with_gone = asyncio.run(held())
+    assert not without_gone  # a replica the table and its connection call ready: no hold
+    assert with_gone

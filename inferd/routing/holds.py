@@ -14,7 +14,7 @@ import contextlib
 import contextvars
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from inferd.errors import ModelNotReady
@@ -145,13 +145,15 @@ class Holds:
             return None
         return max(coming, key=lambda v: route.traffic.get(v, 0))
 
-    def coming(self, target: Target) -> bool:
+    def coming(self, target: Target, gone: Collection[ReplicaClient] = ()) -> bool:
+        """Whether ``target`` has a replica coming (``gone``: replicas that just failed
+        the request, as good as closed even before their connection says so)."""
         route = self.tables.table.models.get(target.model)
         vroute = route.versions.get(target.version) if route and route.loaded else None
         if vroute is None:
             return False
         connected = self.tables.connected(target.model, target.version)
-        if vroute.scale_from_zero and all(c.closed for c in connected):
+        if vroute.scale_from_zero and all(c.closed or c in gone for c in connected):
             # scaled to zero, on its way up, or just unloaded under a memory budget (its
             # table may still say ready): the controller starts one
             self._ask_for(target)
@@ -161,14 +163,14 @@ class Holds:
                 return True
             # Its connection dropped before the controller saw it die: it will restart.
             client = self.tables.client(replica.id)
-            if replica.state == "ready" and (client is None or client.closed):
+            if replica.state == "ready" and (client is None or client.closed or client in gone):
                 return True
         return False
 
-    def until(self, target: Target, deadline: float) -> float:
+    def until(self, target: Target, deadline: float, gone: Collection[ReplicaClient] = ()) -> float:
         """When a request finding no ready replica stops waiting for one (counted as held
         when one is coming)."""
-        if self.coming(target):
+        if self.coming(target, gone):
             COUNTERS["held"] += 1
         return min(deadline, time.perf_counter() + self.hold_timeout_s)
 
@@ -183,12 +185,16 @@ class Holds:
         if COLD_START.get() is None:
             COLD_START.set(time.perf_counter())
 
-    async def hold(self, target: Target, until: float) -> bool:
+    async def hold(
+        self, target: Target, until: float, gone: Collection[ReplicaClient] = ()
+    ) -> bool:
         """Wait for the next table while ``target`` has a replica coming, until ``until``
         (``time.perf_counter()``); False when the request must not wait (nothing is
         coming, too many are held, no time is left)."""
         left = until - time.perf_counter()
-        if left <= 0 or self.holding >= self.hold_max_requests or not self.coming(target):
+        if left <= 0 or self.holding >= self.hold_max_requests:
+            return False
+        if not self.coming(target, gone):
             return False
         self.holding += 1
         try:
@@ -198,8 +204,8 @@ class Holds:
             self.holding -= 1
         return True
 
-    def not_ready(self, target: Target) -> ModelNotReady:
-        if self.coming(target):
+    def not_ready(self, target: Target, gone: Collection[ReplicaClient] = ()) -> ModelNotReady:
+        if self.coming(target, gone):
             COUNTERS["held_expired"] += 1
             why = "a replica is starting but was not ready within the request's deadline"
         else:

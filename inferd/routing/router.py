@@ -225,10 +225,10 @@ class Router:
             client = least_loaded(self.connected(target.model, target.version), tried)
             if client is None:
                 if until is None:
-                    until = self.holds.until(target, request.started + request.timeout_s)
-                if await self.holds.hold(target, until):
+                    until = self.holds.until(target, request.started + request.timeout_s, tried)
+                if await self.holds.hold(target, until, tried):
                     continue
-                raise self.holds.not_ready(target)
+                raise self.holds.not_ready(target, tried)
             try:
                 return await call(client)
             except ReplicaGone:
@@ -256,10 +256,10 @@ class Router:
             if client is None:  # none (left): wait for one coming, a restart of the lost one too
                 if until is None:
                     wait = request.first_timeout_s or request.idle_timeout_s
-                    until = self.holds.until(target, time.perf_counter() + wait)
-                if await self.holds.hold(target, until):
+                    until = self.holds.until(target, time.perf_counter() + wait, tried)
+                if await self.holds.hold(target, until, tried):
                     continue
-                raise lost or self.holds.not_ready(target)
+                raise lost or self.holds.not_ready(target, tried)
             attempt = msgspec.structs.replace(request, resume=list(sent)) if sent else request
             skip = chars
             try:
