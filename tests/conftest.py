@@ -215,6 +215,17 @@ def _no_server_outlives_the_tests() -> Iterator[None]:
             server.process.wait()
 
 
+@pytest.fixture(autouse=True)
+def _no_s3_client_outlives_its_test() -> Iterator[None]:
+    """s3fs keeps one client per set of arguments for the process: a store made with no
+    endpoint argument (read from ``AWS_ENDPOINT_URL``) would get, in a later test on the
+    same worker, the client an earlier test made for its own S3 server, long stopped."""
+    yield
+    s3fs = sys.modules.get("s3fs")
+    if s3fs is not None:
+        s3fs.S3FileSystem.clear_instance_cache()
+
+
 ARITHMETIC_MODEL = """
 import numpy as np
 
