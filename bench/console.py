@@ -259,7 +259,7 @@ def cost(args: argparse.Namespace, work: Path) -> dict[str, object]:
 
 def tree_cpu_s(root: int) -> float:
     """CPU seconds used so far by ``root`` and every process under it (from /proc)."""
-    from inferd.observability.exposition import process_usage
+    from inferd.monitoring.exposition import process_usage
 
     parents: dict[int, int] = {}
     for entry in Path("/proc").iterdir():

@@ -51,10 +51,10 @@ import numpy as np
 from servers import alternating, free_port, start, stop, wait_ready
 from tabular import measure
 
-from inferd.observability.drift import REFERENCE_FILE, Binner, build_profile
-from inferd.observability.drift_stats import Counts, DriftWindow, scores
+from inferd.monitoring.drift_stats import Counts, DriftWindow, scores
 from inferd.shapes.drift import Profile
 from inferd.shapes.tensors import Signature, TensorSpec
+from inferd.telemetry.drift import REFERENCE_FILE, Binner, build_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -169,9 +169,9 @@ def prepare(work: Path, data: np.ndarray) -> Path:
 def hot_path(folder: Path, data: np.ndarray, repeats: int = 2000) -> list[dict[str, float]]:
     """Microseconds a batch: counting it for drift (every row, and at the default cap of
     5,000 rows/s: this loop gives rows far faster), and the model computing it."""
-    from inferd.observability.drift import DriftCounter
     from inferd.runtimes import load_runtime, read_manifest
     from inferd.runtimes.base import RuntimeConfig
+    from inferd.telemetry.drift import DriftCounter
 
     manifest = read_manifest(folder)
     runtime = load_runtime(manifest["framework"], folder, RuntimeConfig(1, manifest["metadata"]))

@@ -42,9 +42,9 @@ import numpy as np
 
 from inferd.demo.corpus import reviews, stdlib_corpus
 from inferd.demo.text import minilm_folder
-from inferd.observability.drift import Binner, DriftCounter, build_profile
-from inferd.observability.drift_stats import Counts, embedding_distances, scores
+from inferd.monitoring.drift_stats import Counts, embedding_distances, scores
 from inferd.shapes.drift import Profile
+from inferd.telemetry.drift import Binner, DriftCounter, build_profile
 
 RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
 THRESHOLD = 0.2

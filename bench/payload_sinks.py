@@ -200,7 +200,7 @@ def capacity(uri: str, rows_n: int, env: dict[str, str] | None = None) -> dict[s
     """Rows a second one sink ships (rows with a predict's bodies, redacting ``user``),
     fed in frames of 500 rows as gateways ship them, as fast as its buffer takes them."""
     from inferd.config import PayloadLogConfig
-    from inferd.observability.sinks import open_sinks
+    from inferd.monitoring.sinks import open_sinks
     from inferd.shapes.logs import LogRow, Payload
 
     response = b'{"model":"fraud","version":"v1","outputs":[{"label":"0","probabilities":[0.9]}]}'

@@ -186,7 +186,7 @@ class CacheConfig(Group):
 
 class InferenceLogConfig(Group):
     """One row per inference request in the ``inference_logs`` table of the registry's
-    database (see :mod:`inferd.observability.inference_log`)."""
+    database (see :mod:`inferd.monitoring.inference_log`)."""
 
     enabled: bool = True
     flush_interval_s: float = Field(1.0, gt=0, le=60)
@@ -200,13 +200,13 @@ class InferenceLogConfig(Group):
 
 
 SINK_SCHEMES = ("http", "https", "redis", "rediss", "kafka", "s3")
-"""The URI schemes ``payload_log.sinks`` may use (:mod:`inferd.observability.sinks`)."""
+"""The URI schemes ``payload_log.sinks`` may use (:mod:`inferd.monitoring.sinks`)."""
 
 
 class PayloadLogConfig(Group):
     """The inference log's rows (optionally with request and response bodies) shipped as
     CloudEvents to sinks, from the server process, off the request path (see
-    :mod:`inferd.observability.sinks`); off while ``sinks`` is empty."""
+    :mod:`inferd.monitoring.sinks`); off while ``sinks`` is empty."""
 
     sinks: list[str] = Field(default_factory=list, repr=False)
     """Where rows go: ``http(s)://host:port/path`` (batched CloudEvents),

@@ -432,11 +432,11 @@ def _literal(value: Any) -> str:
 CALLER_LABELS = {
     # The control plane's labels of a replica: inferd.control.state.reachable and
     # ControlPlane._exposition (inferd/control/plane.py) make them.
-    "inferd.observability.exposition.write_replicas": ("model", "version", "replica"),
+    "inferd.monitoring.exposition.write_replicas": ("model", "version", "replica"),
     # ControlPlane._exposition: the server, each gateway and each replica process.
-    "inferd.observability.exposition.write_processes": ("process", "id"),
+    "inferd.monitoring.exposition.write_processes": ("process", "id"),
     # ControlPlane._write_accuracy: versions with metadata.accuracy_threshold.
-    "inferd.observability.exposition.write_accuracy": ("model", "version"),
+    "inferd.monitoring.exposition.write_accuracy": ("model", "version"),
 }
 """Labels that a metric writer is given by its caller rather than makes itself, by writer."""
 

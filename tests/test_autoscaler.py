@@ -215,7 +215,7 @@ def test_a_capacity_event_names_its_limit():
 
 def test_the_tightest_room_wins_gpu_memory_included():
     from inferd.control.scaling import Look, Scaling
-    from inferd.observability.metrics import Sketch
+    from inferd.telemetry.metrics import Sketch
 
     async def record(*_):
         return None

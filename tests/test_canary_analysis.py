@@ -12,12 +12,12 @@ from msgspec.structs import replace
 
 from inferd.control.canary import Figures, ReplicaSample, judge, window
 from inferd.errors import Conflict
-from inferd.observability.metrics import Sketch
 from inferd.registry import Registry
 from inferd.registry.rollout import CanaryRollout
 from inferd.serving.replica import agrees
 from inferd.shapes.replica import to_tensor
 from inferd.shapes.tensors import Signature, TensorSpec
+from inferd.telemetry.metrics import Sketch
 
 # -- the sketch -----------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""The console's recent figures (:mod:`inferd.observability.recent`): pure, no sockets,
+"""The console's recent figures (:mod:`inferd.monitoring.recent`): pure, no sockets,
 times given by hand."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from inferd.observability.metrics import Histogram, Sketch
-from inferd.observability.recent import RecentFigures
+from inferd.monitoring.recent import RecentFigures
 from inferd.shapes.logs import LogRow
 from inferd.shapes.replica import ReplicaStats
+from inferd.telemetry.metrics import Histogram, Sketch
 
 T0 = 1_000_000.0  # a slot boundary for slots of 2 s
 

@@ -27,12 +27,12 @@ from inferd.control.orchestrators import ORCHESTRATORS, Context, Orchestrator
 from inferd.control.replica import Replica, route_of
 from inferd.control.specs import replica_spec
 from inferd.control.state import VersionSet
-from inferd.observability.metrics import Sketch
 from inferd.registry import Registry
 from inferd.shapes.control import ReplicaRoute, RoutingTable
 from inferd.shapes.replica import ReplicaState
 from inferd.shapes.replica_spec import ReplicaSpec
 from inferd.shapes.tensors import Signature, TensorSpec
+from inferd.telemetry.metrics import Sketch
 from tests.clocks import FakeClock, settle
 
 SIGNATURE = Signature(

@@ -17,15 +17,7 @@ import scipy.stats
 from inferd.config import DriftConfig
 from inferd.control.drift import VersionDrift, write_drift
 from inferd.errors import InvalidInput, ModelNotFound
-from inferd.observability.drift import (
-    MAX_ROWS_COUNTED,
-    REFERENCE_FILE,
-    Binner,
-    DriftCounter,
-    build_profile,
-    read_reference_sample,
-)
-from inferd.observability.drift_stats import (
+from inferd.monitoring.drift_stats import (
     Counts,
     DriftWindow,
     chi2,
@@ -36,11 +28,19 @@ from inferd.observability.drift_stats import (
     psi,
     scores,
 )
-from inferd.observability.exposition import Text
+from inferd.monitoring.exposition import Text
 from inferd.registry import Registry
 from inferd.shapes.drift import Profile, bins_of
 from inferd.shapes.replica import DriftCounts
 from inferd.shapes.tensors import Signature, TensorSpec
+from inferd.telemetry.drift import (
+    MAX_ROWS_COUNTED,
+    REFERENCE_FILE,
+    Binner,
+    DriftCounter,
+    build_profile,
+    read_reference_sample,
+)
 
 TABULAR = Signature(
     (TensorSpec("features", "FP32", (-1, 4)), TensorSpec("country", "BYTES", (-1,))),

@@ -20,7 +20,7 @@ import pytest
 
 from inferd.demo.corpus import reviews, stdlib_corpus
 from inferd.demo.text import minilm_folder
-from inferd.observability.drift import REFERENCE_FILE
+from inferd.telemetry.drift import REFERENCE_FILE
 from tests.conftest import InferdServer, local_registry, push_folder, served
 
 pytestmark = pytest.mark.slow

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from sqlalchemy import text
 
-from inferd.observability.inference_log import (
+from inferd.monitoring.inference_log import (
     InferenceLog,
     LogRow,
     maintain,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inferd.observability.metrics import Histogram, LabeledCounter
+from inferd.telemetry.metrics import Histogram, LabeledCounter
 
 
 def test_buckets_are_cumulative_with_le_semantics():

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from inferd.observability.exposition import Text, _escape
+from inferd.monitoring.exposition import Text, _escape
 from tests.conftest import InferdServer, arithmetic_model, push_source
 
 pytestmark = pytest.mark.slow

@@ -34,13 +34,13 @@ from inferd.bench.connection import encode_request, request_head
 from inferd.bench.loadgen import LoadGenerator, LoadSpec
 from inferd.bench.stats import summarize
 from inferd.config import SINK_SCHEMES, PayloadLogConfig, Settings
-from inferd.observability import log_rows
-from inferd.observability.log_rows import RowBuffer, user_hash
-from inferd.observability.sinks import SINKS, SinkRunner, display_name, open_sink
-from inferd.observability.sinks.events import BATCH_CONTENT_TYPE, REDACTED, EventEncoder
-from inferd.observability.sinks.kafka import KafkaSink, record
-from inferd.observability.sinks.parquet import SCHEMA, table
+from inferd.monitoring.sinks import SINKS, SinkRunner, display_name, open_sink
+from inferd.monitoring.sinks.events import BATCH_CONTENT_TYPE, REDACTED, EventEncoder
+from inferd.monitoring.sinks.kafka import KafkaSink, record
+from inferd.monitoring.sinks.parquet import SCHEMA, table
 from inferd.shapes.logs import LogRow, Payload
+from inferd.telemetry import log_rows
+from inferd.telemetry.log_rows import RowBuffer, user_hash
 from tests.conftest import (
     InferdServer,
     arithmetic_model,

@@ -1,5 +1,5 @@
 """The PromQL subset and the alert rules the console evaluates without a Prometheus
-(``inferd/observability/promql.py``, ``alerting.py``): pure unit tests, then one
+(``inferd/monitoring/promql.py``, ``alerting.py``): pure unit tests, then one
 differential test against the real Prometheus, ``promtool test rules``.
 
 The differential test feeds promtool the very series (Prometheus' expanding notation,
@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 import yaml
 
-from inferd.observability import promql
-from inferd.observability.alerting import (
+from inferd.monitoring import promql
+from inferd.monitoring.alerting import (
     Alert,
     Alerting,
     AlertRules,
@@ -38,7 +38,7 @@ from inferd.observability.alerting import (
     humanize_duration,
     humanize_percentage,
 )
-from inferd.observability.promql import (
+from inferd.monitoring.promql import (
     PromQLError,
     Sample,
     SampleHistory,
@@ -49,7 +49,7 @@ from inferd.observability.promql import (
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY_RULES = ROOT / "deploy" / "prometheus" / "alerts.yml"
-PACKAGE_RULES = ROOT / "inferd" / "observability" / "alerts.yml"
+PACKAGE_RULES = ROOT / "inferd" / "monitoring" / "alerts.yml"
 INTERVAL_S = 15
 
 

@@ -123,10 +123,10 @@ def rendered_metrics() -> dict[str, tuple[str, set[str] | None]]:
     real writers render from a little of everything, with the control plane's labels."""
     from inferd.control.scaling import ColdStarts
     from inferd.control.state import reachable
-    from inferd.observability import exposition as x
-    from inferd.observability.metrics import Histogram
+    from inferd.monitoring import exposition as x
     from inferd.shapes.logs import LogRow
     from inferd.shapes.replica import ReplicaState, ReplicaStats, Status
+    from inferd.telemetry.metrics import Histogram
 
     requests = x.RequestMetrics()
     requests.observe([

@@ -18,7 +18,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as otlp
 
 from inferd.grpc import grpc_service_pb2 as pb
 from inferd.grpc import grpc_service_pb2_grpc as pb_grpc
-from inferd.observability.tracing import requested
+from inferd.telemetry.tracing import requested
 from tests.conftest import (
     InferdServer,
     arithmetic_model,

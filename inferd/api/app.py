@@ -52,11 +52,11 @@ from inferd.api.status import StatusView
 from inferd.config import Settings
 from inferd.errors import InferdError, InvalidInput
 from inferd.jobs import Jobs
-from inferd.observability import tracing
-from inferd.observability.log_rows import RowBuffer
 from inferd.routing.cache import ResultCache
 from inferd.routing.dataplane import DataPlane
 from inferd.routing.router import Router
+from inferd.telemetry import tracing
+from inferd.telemetry.log_rows import RowBuffer
 
 if TYPE_CHECKING:  # opened on first use in a gateway process (api/worker.py)
     from inferd.registry import Registry

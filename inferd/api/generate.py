@@ -32,12 +32,12 @@ from inferd.api.limits import budget_of
 from inferd.api.policy import policy_of
 from inferd.api.state import gateway_of
 from inferd.errors import BadRequest, InferdError, InvalidInput
-from inferd.observability.log_rows import RowBuffer
 from inferd.routing.choice import ROUTED
 from inferd.routing.context import RequestContext
 from inferd.routing.generation import Chunks, GenerationStart, start_generation
 from inferd.routing.targets import Target
 from inferd.shapes import replica as p
+from inferd.telemetry.log_rows import RowBuffer
 
 router = APIRouter(prefix="/api/v1", tags=["generation"])
 

@@ -25,7 +25,7 @@ from starlette.responses import Response
 
 from inferd.api.http import json_response
 from inferd.api.state import gateway_of
-from inferd.observability.exposition import CONTENT_TYPE
+from inferd.monitoring.exposition import CONTENT_TYPE
 
 router = APIRouter(tags=["health"])
 
@@ -95,6 +95,6 @@ async def model_ready(model: str, request: Request) -> Response:
 @router.get("/metrics", tags=["observability"])
 async def metrics(request: Request) -> Response:
     """Prometheus text format: every gateway process and replica (see
-    :mod:`inferd.observability.exposition`); no credential needed, like the probes."""
+    :mod:`inferd.monitoring.exposition`); no credential needed, like the probes."""
     text = await gateway_of(request).router.server.metrics()
     return Response(text, media_type=CONTENT_TYPE)

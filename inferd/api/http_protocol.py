@@ -48,7 +48,7 @@ from uvicorn.protocols.http.httptools_impl import (
 
 from inferd.api.app import _GONE, FastPath, HotRoute, direct_path
 from inferd.api.http import context_of
-from inferd.observability.log_rows import COUNTERS
+from inferd.telemetry.log_rows import COUNTERS
 
 _HEAD = b"HTTP/"
 

@@ -55,7 +55,7 @@ from inferd.api.http import PUBLIC_PATHS, context_of, model_in_path, refuse
 from inferd.api.state import gateway_of
 from inferd.config import RateLimitConfig, Settings, TokenLimit
 from inferd.errors import RateLimited
-from inferd.observability.log_rows import COUNTERS
+from inferd.telemetry.log_rows import COUNTERS
 
 if TYPE_CHECKING:
     from starlette.requests import Request

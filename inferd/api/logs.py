@@ -1,8 +1,8 @@
 """``GET /api/v1/logs``: a quick look at the inference log (the rows behind dashboards
 and experiment analysis: which version answered which request, for which user hash).
 
-Each route imports its database reader (:mod:`inferd.observability.inference_log`,
-:mod:`inferd.observability.feedback`) when it first runs: they bring SQLAlchemy, which a
+Each route imports its database reader (:mod:`inferd.monitoring.inference_log`,
+:mod:`inferd.monitoring.feedback`) when it first runs: they bring SQLAlchemy, which a
 gateway process loads only once something reads the database."""
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ async def logs(
     database within ``inference_log.flush_interval_s`` (1 s by default)."""
     if not gateway_of(request).settings.inference_log.enabled:
         raise InvalidInput("the inference log is off (inference_log.enabled: false)")
-    from inferd.observability import inference_log
+    from inferd.monitoring import inference_log
 
     rows = await asyncio.to_thread(
         inference_log.query,
@@ -84,7 +84,7 @@ async def post_feedback(request: Request) -> Response:
     state = gateway_of(request)
     if not state.settings.inference_log.enabled:
         raise InvalidInput("feedback needs the inference log (inference_log.enabled: false)")
-    from inferd.observability import feedback
+    from inferd.monitoring import feedback
 
     allow = None
     if context_of(request.scope).principal is not None:  # a key may be limited to some models

@@ -19,10 +19,10 @@ if TYPE_CHECKING:
     from inferd.api.status import StatusView
     from inferd.config import Settings
     from inferd.jobs import Jobs
-    from inferd.observability.log_rows import RowBuffer
     from inferd.registry import Registry
     from inferd.routing.dataplane import DataPlane
     from inferd.routing.router import Router
+    from inferd.telemetry.log_rows import RowBuffer
 
 
 @dataclass(slots=True)

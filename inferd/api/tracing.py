@@ -1,5 +1,5 @@
 """The gateway's SERVER span for each HTTP request, when tracing is on (see
-:mod:`inferd.observability.tracing`); the app is not wrapped at all when it is off."""
+:mod:`inferd.telemetry.tracing`); the app is not wrapped at all when it is off."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from opentelemetry import trace
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferd.api.http import context_of
-from inferd.observability import tracing
+from inferd.telemetry import tracing
 
 
 class TracingGate:

@@ -29,7 +29,6 @@ from inferd.api.multipart import form_body, is_multipart
 from inferd.api.policy import admit
 from inferd.api.state import gateway_of
 from inferd.errors import BadRequest, InvalidInput, ModelNotFound, PayloadTooLarge
-from inferd.observability.logging import request_id_var
 from inferd.priority import priority_code
 from inferd.protocols.codec import columns_to_rows, rows_to_columns
 from inferd.routing.dataplane import DataPlane, InferOutcome
@@ -37,6 +36,7 @@ from inferd.routing.targets import Target
 from inferd.shapes.graph import GRAPH_FRAMEWORK
 from inferd.shapes.replica import InferRequest
 from inferd.shapes.tensors import Signature
+from inferd.telemetry.logging import request_id_var
 
 router = APIRouter(prefix="/api/v1", tags=["inference"])
 

@@ -30,7 +30,6 @@ from inferd.api.http import (
 from inferd.api.policy import admit
 from inferd.api.state import gateway_of
 from inferd.errors import BadRequest, InferdError, InvalidInput, ModelNotFound, ModelNotReady
-from inferd.observability.logging import request_id_var
 from inferd.protocols.v2 import (
     EXTENSIONS,
     decode_inputs,
@@ -44,6 +43,7 @@ from inferd.protocols.v2 import (
 )
 from inferd.routing.dataplane import DataPlane
 from inferd.routing.targets import Target
+from inferd.telemetry.logging import request_id_var
 
 router = APIRouter(prefix="/v2", tags=["open inference protocol"])
 HEADER_LENGTH = "inference-header-content-length"

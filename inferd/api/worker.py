@@ -36,14 +36,14 @@ from inferd.control.gateways import SETTINGS_VAR
 from inferd.errors import ModelNotFound
 from inferd.jobs import Jobs
 from inferd.jobs.queue import queue_for
-from inferd.observability import tracing
-from inferd.observability.log_rows import LogShipper
-from inferd.observability.logging import configure_logging
 from inferd.process import die_with_parent, freeze_heap
 from inferd.routing.cache import cache_for
 from inferd.routing.dataplane import DataPlane
 from inferd.routing.prefix import BYTES_PER_TOKEN
 from inferd.routing.router import Router
+from inferd.telemetry import tracing
+from inferd.telemetry.log_rows import LogShipper
+from inferd.telemetry.logging import configure_logging
 
 if TYPE_CHECKING:
     from inferd.jobs.store import JobStore

@@ -31,8 +31,8 @@ def serve(
 ) -> None:
     """Start the server: gateway processes on HOST:PORT (HTTP) and HOST:GRPC_PORT (the
     Open Inference Protocol's gRPC service), and one replica per model."""
-    from inferd.observability.logging import configure_logging
     from inferd.server import serve as run_server
+    from inferd.telemetry.logging import configure_logging
 
     settings = _settings(
         config,
@@ -78,8 +78,8 @@ def control(
     """Run the control plane alone: registry, controller, autoscaler and the replicas it
     starts here; gateways (`inferd gateway --control`) connect from any host. TCP
     connections must prove cluster.token (INFERD_CLUSTER__TOKEN) and/or mutual TLS."""
-    from inferd.observability.logging import configure_logging
     from inferd.server import serve as run_server
+    from inferd.telemetry.logging import configure_logging
 
     settings = _settings(config, data_dir=data_dir)
     settings.cluster.control_listen = listen or settings.cluster.control_listen or "0.0.0.0:7070"
@@ -104,8 +104,8 @@ def gateway(
     """Run gateways only (HTTP and gRPC), following `inferd control` on another host:
     stateless, as many as you like; they keep serving with the last routing table while
     the controller is unreachable, and reconnect."""
-    from inferd.observability.logging import configure_logging
     from inferd.server import serve_gateways
+    from inferd.telemetry.logging import configure_logging
 
     settings = _settings(
         config, host=host, port=port, grpc_port=grpc_port, gateway_workers=workers,
@@ -183,7 +183,7 @@ def replica(
     import sys
 
     from inferd import transport
-    from inferd.observability.logging import configure_logging
+    from inferd.telemetry.logging import configure_logging
 
     settings = _settings(config, data_dir=data_dir)
     creds = transport.Credentials.from_settings(settings.cluster)

@@ -37,9 +37,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferd.observability.metrics import Sketch
 from inferd.registry.rollout import CanaryRollout
 from inferd.serving.client import status_of
+from inferd.telemetry.metrics import Sketch
 
 logger = logging.getLogger(__name__)
 

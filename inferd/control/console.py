@@ -2,14 +2,14 @@
 the control plane, answered to gateways over the control channel
 (:class:`~inferd.shapes.control.ConsoleQuery`).
 
-- **Figures** (:class:`~inferd.observability.recent.RecentFigures`): requests from the
+- **Figures** (:class:`~inferd.monitoring.recent.RecentFigures`): requests from the
   log rows gateways ship; replicas' status frames once a slot, over the connections
-  ``/metrics`` keeps (:class:`~inferd.observability.exposition.ReplicaStatuses`;
+  ``/metrics`` keeps (:class:`~inferd.monitoring.exposition.ReplicaStatuses`;
   measured: no CPU the server's processes would notice).
-- **Alerts**: the shipped Prometheus rules (``inferd/observability/alerts.yml``, the
+- **Alerts**: the shipped Prometheus rules (``inferd/monitoring/alerts.yml``, the
   same file as ``deploy/prometheus/alerts.yml``) evaluated here every
   ``console.alert_interval_s`` over this server's own ``/metrics`` samples, with
-  Prometheus' ``for:`` semantics (:mod:`inferd.observability.alerting`), so the console
+  Prometheus' ``for:`` semantics (:mod:`inferd.monitoring.alerting`), so the console
   shows what a Prometheus loaded with those rules would fire, with no Prometheus.
 - **Health**: this server (the leader: only a leading controller answers), the gateways
   connected to it and the hosts replicas joined from.
@@ -31,15 +31,15 @@ import orjson
 import inferd
 from inferd.config import Settings
 from inferd.control.state import reachable
-from inferd.observability.exposition import ReplicaStatuses
-from inferd.observability.recent import RecentFigures
+from inferd.monitoring.exposition import ReplicaStatuses
+from inferd.monitoring.recent import RecentFigures
 from inferd.shapes.control import ConsoleQuery, ConsoleView
 
 if TYPE_CHECKING:
     from inferd.control.controller import Controller
     from inferd.control.publisher import TablePublisher
-    from inferd.observability.alerting import Alerting, AlertRules
-    from inferd.observability.promql import SampleHistory
+    from inferd.monitoring.alerting import Alerting, AlertRules
+    from inferd.monitoring.promql import SampleHistory
 
 logger = logging.getLogger(__name__)
 Samples = list[tuple[str, dict[str, str], float]]
@@ -90,8 +90,8 @@ class ConsoleFeed:
         self._tasks: list[asyncio.Task[None]] = []
 
     def _load_rules(self) -> None:
-        from inferd.observability.alerting import Alerting, AlertRules
-        from inferd.observability.promql import SampleHistory
+        from inferd.monitoring.alerting import Alerting, AlertRules
+        from inferd.monitoring.promql import SampleHistory
 
         path = self.settings.console.alert_rules_file
         self.rules = AlertRules.load(path) if path is not None else AlertRules.shipped()

@@ -2,7 +2,7 @@
 predict replica for its counts (:class:`~inferd.shapes.replica.DriftQuery`, over a
 connection kept per replica), differences them into a rolling window per version and
 scores the window against the version's reference profile
-(:mod:`inferd.observability.drift_stats`). ``/metrics`` (``inferd_drift_*``, which the
+(:mod:`inferd.monitoring.drift_stats`). ``/metrics`` (``inferd_drift_*``, which the
 shipped ``InferdInputDrift`` rule reads), the console and ``GET
 /api/v1/models/{model}/versions/{version}/drift`` read the last scores.
 
@@ -31,8 +31,8 @@ import numpy as np
 
 from inferd.control.state import reachable
 from inferd.errors import InferdError, InvalidInput, ModelNotFound
-from inferd.observability.drift_stats import Counts, DriftWindow, embedding_distances, scores
-from inferd.observability.exposition import ReplicaStatuses, Text
+from inferd.monitoring.drift_stats import Counts, DriftWindow, embedding_distances, scores
+from inferd.monitoring.exposition import ReplicaStatuses, Text
 from inferd.runtimes import GENERATIVE
 from inferd.serving.client import ReplicaClient
 from inferd.shapes.drift import Profile

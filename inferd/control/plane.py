@@ -25,8 +25,8 @@ from inferd.control.controller import Controller
 from inferd.control.drift import DriftMonitor
 from inferd.control.publisher import TablePublisher
 from inferd.control.state import reachable
-from inferd.observability import feedback
-from inferd.observability.exposition import (
+from inferd.monitoring import feedback
+from inferd.monitoring.exposition import (
     ReplicaStatuses,
     RequestMetrics,
     Text,
@@ -38,8 +38,8 @@ from inferd.observability.exposition import (
     write_requests,
     write_scaling,
 )
-from inferd.observability.inference_log import InferenceLog, log_engine, maintain
-from inferd.observability.sinks import SinkRunner, open_sinks, write_sinks
+from inferd.monitoring.inference_log import InferenceLog, log_engine, maintain
+from inferd.monitoring.sinks import SinkRunner, open_sinks, write_sinks
 from inferd.registry import Registry
 from inferd.registry.uploads import UPLOADS
 from inferd.shapes.control import LogRows

@@ -27,9 +27,9 @@ from pathlib import Path
 from inferd.clock import Clock
 from inferd.control.autoscaler import Decision, Signals
 from inferd.control.state import ModelState, VersionSet
-from inferd.observability.metrics import Sketch
 from inferd.serving.client import status_of
 from inferd.shapes.replica import ReplicaState
+from inferd.telemetry.metrics import Sketch
 
 logger = logging.getLogger(__name__)
 
@@ -175,6 +175,7 @@ class ColdStarts:
 
     counts: list[int] = field(default_factory=lambda: [0] * (len(COLD_START_BUCKETS_S) + 1))
     total_s: float = 0.0
+    bounds: tuple[float, ...] = COLD_START_BUCKETS_S
 
     def observe(self, seconds: float) -> None:
         index = next(

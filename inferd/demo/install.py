@@ -209,8 +209,8 @@ async def install_demo_isolated(settings: Settings, progress: Callable[[str], No
 
 
 def main() -> None:
-    from inferd.observability.logging import configure_logging
     from inferd.process import die_with_parent
+    from inferd.telemetry.logging import configure_logging
 
     settings = Settings.model_validate_json(sys.stdin.buffer.read())
     configure_logging(settings.log_level, settings.log_json, "server")

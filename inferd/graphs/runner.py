@@ -34,10 +34,10 @@ import numpy as np
 
 from inferd.errors import InferdError, InvalidInput, ModelError, ModelNotFound
 from inferd.graphs import rows as r
-from inferd.observability import tracing
 from inferd.shapes.graph import Graph, GraphSpecError, Node, parse
 from inferd.shapes.logs import LogRow
 from inferd.shapes.replica import Columns, InferRequest
+from inferd.telemetry import tracing
 
 if TYPE_CHECKING:
     from inferd.routing.dataplane import DataPlane, InferOutcome

@@ -59,7 +59,7 @@ from google.protobuf.message import DecodeError
 
 from inferd.grpc import frames as f
 from inferd.grpc.bounds import PEER_PENALTY, Bounds, Buffers, Calm, Peers
-from inferd.observability.log_rows import COUNTERS
+from inferd.telemetry.log_rows import COUNTERS
 
 logger = logging.getLogger(__name__)
 

@@ -41,9 +41,6 @@ from inferd.grpc.bounds import Bounds, MiB
 from inferd.grpc.http2 import Abort, Call, GrpcServer, Method, StatusCode
 from inferd.grpc.limits import grpc_client
 from inferd.grpc.tensors import decode_inputs, generation_body, parameters
-from inferd.observability import tracing
-from inferd.observability.log_rows import RowBuffer
-from inferd.observability.logging import request_id_var
 from inferd.protocols import repository as repo
 from inferd.protocols import v2
 from inferd.routing.context import RequestContext, new_request_id
@@ -53,6 +50,9 @@ from inferd.routing.router import Router
 from inferd.routing.targets import Target
 from inferd.runtimes import GENERATIVE
 from inferd.shapes.tensors import datatype_of
+from inferd.telemetry import tracing
+from inferd.telemetry.log_rows import RowBuffer
+from inferd.telemetry.logging import request_id_var
 
 if TYPE_CHECKING:
     from inferd.api.auth import Authenticator

@@ -1,5 +1,5 @@
 """The gateway's SERVER span for each gRPC call, when tracing is on (see
-:mod:`inferd.observability.tracing`): it covers auth and limits, and continues the
+:mod:`inferd.telemetry.tracing`): it covers auth and limits, and continues the
 caller's context from the call's metadata (``traceparent``)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 from opentelemetry import trace
 
 from inferd.grpc.http2 import Abort, Call, StatusCode
-from inferd.observability import tracing
+from inferd.telemetry import tracing
 
 
 @contextlib.contextmanager

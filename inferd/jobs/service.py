@@ -16,7 +16,7 @@ from inferd.jobs.files import FileStore
 from inferd.jobs.queue import SqliteQueue, queue_for
 from inferd.jobs.runner import TOPICS, JobRunner
 from inferd.jobs.store import JobStore
-from inferd.observability.exposition import Text
+from inferd.monitoring.exposition import Text
 from inferd.registry import Registry
 
 logger = logging.getLogger(__name__)

@@ -2,14 +2,14 @@
 
 Times are seconds from the request's arrival: at the gateway when the caller passes it
 (``add_request(arrived=...)``), else when the engine got it. Snapshots are plain dicts
-(see :mod:`inferd.observability.metrics`) that the replica reports in its status.
+(see :mod:`inferd.telemetry.metrics`) that the replica reports in its status.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from inferd.observability.metrics import (
+from inferd.telemetry.metrics import (
     LATENCY_BUCKETS_S,
     TOKEN_BUCKETS,
     Histogram,

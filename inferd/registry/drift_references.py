@@ -1,5 +1,5 @@
 """Versions' reference profiles for input drift, in the registry's database
-(``registry.drift_references``; the profile itself: :mod:`inferd.observability.drift`).
+(``registry.drift_references``; the profile itself: :mod:`inferd.telemetry.drift`).
 
 A profile from a registered sample is written in the push's own transaction
 (:meth:`DriftReferences.add_in`); one from a version's first requests is written once

@@ -32,7 +32,6 @@ from sqlalchemy.orm import Session, selectinload
 
 from inferd.config import Settings
 from inferd.errors import InvalidInput, ModelNotFound, VersionExists
-from inferd.observability.drift import build_profile, read_reference_sample
 from inferd.registry import deployment_rows as rows_
 from inferd.registry import schema
 from inferd.registry.artifact_cache import ArtifactCache
@@ -54,6 +53,7 @@ from inferd.shapes.graph import GRAPH_FRAMEWORK, SPEC_FILE
 from inferd.shapes.graph import parse as parse_graph
 from inferd.shapes.graph import signature_of as graph_signature
 from inferd.shapes.tensors import Signature
+from inferd.telemetry.drift import build_profile, read_reference_sample
 
 logger = logging.getLogger(__name__)
 

@@ -181,7 +181,7 @@ class ScalingEvent(Base):
 
 
 class DriftReference(Base):
-    """A version's reference profile for input drift (:mod:`inferd.observability.drift`):
+    """A version's reference profile for input drift (:mod:`inferd.telemetry.drift`):
     from the sample registered with it (written at push), or from its first requests
     (written once by the server, the first profile a replica reports winning). Apart
     from the version's row, which stays as pushed; removed with it."""

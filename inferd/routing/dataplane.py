@@ -16,7 +16,6 @@ import numpy as np
 
 from inferd.errors import ModelError, ModelNotFound, ModelNotReady, Overloaded, RequestTimeout
 from inferd.graphs.runner import Graphs
-from inferd.observability.log_rows import COUNTERS
 from inferd.routing.cache import ResultCache, cache_key, fetches, version_ttl
 from inferd.routing.holds import COLD_START
 from inferd.routing.router import Router
@@ -24,6 +23,7 @@ from inferd.routing.targets import Shadow, Target
 from inferd.shapes import replica as p
 from inferd.shapes.graph import GRAPH_FRAMEWORK as GRAPH
 from inferd.shapes.replica import Columns, InferRequest, ModelPolicy
+from inferd.telemetry.log_rows import COUNTERS
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,6 @@ from typing import Any, Protocol
 
 from inferd.config import BatchingConfig, Settings
 from inferd.errors import InvalidInput
-from inferd.observability.logging import request_id_var
 from inferd.priority import NAMED_PRIORITIES, named_levels, priority_code
 from inferd.routing.cache import (
     ResultCache,
@@ -30,6 +29,7 @@ from inferd.routing.targets import Target
 from inferd.runtimes import GENERATIVE
 from inferd.shapes import replica as p
 from inferd.shapes.llm import SamplingParams
+from inferd.telemetry.logging import request_id_var
 
 MAX_STOPS = 4
 Chunks = AsyncGenerator[p.TokenChunk, None]

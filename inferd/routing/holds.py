@@ -18,9 +18,9 @@ from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from inferd.errors import ModelNotReady
-from inferd.observability.log_rows import COUNTERS
 from inferd.serving.client import ReplicaClient
 from inferd.shapes.control import ModelRoute, ReplicaRoute, RoutingTable
+from inferd.telemetry.log_rows import COUNTERS
 
 if TYPE_CHECKING:
     from inferd.routing.server_link import ServerLink

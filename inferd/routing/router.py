@@ -27,7 +27,6 @@ from typing import TypeVar
 import msgspec
 
 from inferd.errors import ModelNotFound
-from inferd.observability.log_rows import COUNTERS
 from inferd.routing.choice import (
     GenerationChoice,
     generation_load,
@@ -39,6 +38,7 @@ from inferd.routing.targets import Routes, Shadow, Target
 from inferd.serving.client import ReplicaClient, ReplicaGone
 from inferd.shapes import replica as p
 from inferd.shapes.control import ModelRoute, RoutingTable, VersionRoute
+from inferd.telemetry.log_rows import COUNTERS
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -70,7 +70,6 @@ import numpy as np
 
 from inferd.clock import SYSTEM, Clock
 from inferd.errors import InvalidInput, Overloaded
-from inferd.observability.metrics import Histogram, Sketch
 from inferd.priority import NAMED_PRIORITIES, named_levels
 from inferd.replica_config import BatchingConfig
 from inferd.serving.compute import ComputeThread, Delivery
@@ -82,6 +81,7 @@ from inferd.serving.request_queue import (
     priority_name,
 )
 from inferd.shapes.replica import Columns
+from inferd.telemetry.metrics import Histogram, Sketch
 
 PredictFn = Callable[[Columns], Columns]
 

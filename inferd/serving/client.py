@@ -26,9 +26,9 @@ from inferd.errors import (
     PromptTooLong,
     RequestTimeout,
 )
-from inferd.observability import tracing
 from inferd.serving import inprocess
 from inferd.shapes import replica as p
+from inferd.telemetry import tracing
 
 logger = logging.getLogger(__name__)
 

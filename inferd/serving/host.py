@@ -233,7 +233,7 @@ class Watchdog:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from inferd.observability.logging import configure_logging
+    from inferd.telemetry.logging import configure_logging
 
     args = sys.argv[1:] if argv is None else argv
     fd, grace_s, budget_s = int(args[0]), float(args[1]), float(args[2])

@@ -40,8 +40,6 @@ from inferd.errors import (
     Overloaded,
     RequestTimeout,
 )
-from inferd.observability.drift import DriftCounter
-from inferd.observability.metrics import REQUEST_BUCKETS_S, Histogram, Sketch
 from inferd.replica_config import ExplainConfig
 from inferd.runtimes import load_runtime
 from inferd.runtimes.base import Runtime, RuntimeConfig
@@ -58,6 +56,8 @@ from inferd.shapes.replica import (
 )
 from inferd.shapes.replica_spec import ReplicaSpec
 from inferd.shapes.tensors import Signature
+from inferd.telemetry.drift import DriftCounter
+from inferd.telemetry.metrics import REQUEST_BUCKETS_S, Histogram, Sketch
 
 logger = logging.getLogger(__name__)
 

@@ -25,8 +25,6 @@ import msgspec
 
 from inferd import transport
 from inferd.errors import InvalidInput
-from inferd.observability import tracing
-from inferd.observability.logging import request_id_var
 from inferd.process import die_with_parent
 from inferd.serving import inprocess
 from inferd.serving.batcher import BatchTrace
@@ -35,6 +33,8 @@ from inferd.serving.replica import ReplicaCore, error_status
 from inferd.shapes import replica as p
 from inferd.shapes.replica import Columns, ReplicaState
 from inferd.shapes.replica_spec import ReplicaSpec
+from inferd.telemetry import tracing
+from inferd.telemetry.logging import request_id_var
 
 if TYPE_CHECKING:
     from inferd.registry.artifact_cache import Opened
@@ -313,7 +313,7 @@ class ReplicaProtocol(asyncio.Protocol):
         return traced
 
     def _drift(self, message: p.DriftQuery) -> None:
-        """A predict replica's input counts (see :mod:`inferd.observability.drift`)."""
+        """A predict replica's input counts (see :mod:`inferd.telemetry.drift`)."""
         try:
             if not isinstance(self.core, ReplicaCore):
                 raise InvalidInput("input drift is measured for predict models only")
@@ -532,8 +532,8 @@ async def run_replica(spec: ReplicaSpec, grace_s: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from inferd.observability import tracing
-    from inferd.observability.logging import configure_logging
+    from inferd.telemetry import tracing
+    from inferd.telemetry.logging import configure_logging
 
     args = sys.argv[1:] if argv is None else argv
     spec = ReplicaSpec.from_json(args[0])

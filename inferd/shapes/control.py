@@ -117,7 +117,7 @@ class Demand(msgspec.Struct, frozen=True, tag="demand"):
 
 
 class LogRows(msgspec.Struct, frozen=True, tag="log"):
-    """Gateway -> server: inference log rows (see :mod:`inferd.observability.log_rows`)
+    """Gateway -> server: inference log rows (see :mod:`inferd.telemetry.log_rows`)
     that the server process writes, so gateways never hold a database driver's GIL."""
 
     rows: list[LogRow]
@@ -151,7 +151,7 @@ class ConsoleView(enum.StrEnum):
 
 class ConsoleQuery(msgspec.Struct, frozen=True, tag="console?"):
     """Gateway -> server: the web console's figures (see
-    :mod:`inferd.observability.recent`); answered with :class:`ConsoleAnswer`."""
+    :mod:`inferd.monitoring.recent`); answered with :class:`ConsoleAnswer`."""
 
     id: int
     what: ConsoleView

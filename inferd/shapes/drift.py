@@ -1,9 +1,9 @@
 """A version's drift reference *profile*: per feature its bins and reference counts, and
-the embeddings' projections. Built by :mod:`inferd.observability.drift` (at push, or by
+the embeddings' projections. Built by :mod:`inferd.telemetry.drift` (at push, or by
 a replica from its first rows), kept in the registry, sent to replicas in
 :class:`~inferd.shapes.replica.DriftQuery` and back in
 :class:`~inferd.shapes.replica.DriftCounts`, read by the server's statistics
-(:mod:`inferd.observability.drift_stats`).
+(:mod:`inferd.monitoring.drift_stats`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Inference-log rows as they cross processes: a gateway's handlers make them, the server
-writes them (:mod:`inferd.observability.inference_log`) and offers them to the payload
-sinks (:mod:`inferd.observability.sinks`); the buffer and the shipper that carry them are
-:mod:`inferd.observability.log_rows`.
+writes them (:mod:`inferd.monitoring.inference_log`) and offers them to the payload
+sinks (:mod:`inferd.monitoring.sinks`); the buffer and the shipper that carry them are
+:mod:`inferd.telemetry.log_rows`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import msgspec
 
 class Payload(msgspec.Struct, array_like=True, frozen=True, gc=False):
     """A sampled request's bodies, as they went over the wire (never re-encoded here),
-    for the payload sinks (:mod:`inferd.observability.sinks`); never a database column.
+    for the payload sinks (:mod:`inferd.monitoring.sinks`); never a database column.
     A body over ``payload_log.max_payload_bytes`` is None, its size kept."""
 
     request: bytes | None

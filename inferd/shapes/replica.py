@@ -205,7 +205,7 @@ class ReplicaStats(msgspec.Struct, kw_only=True, omit_defaults=True):
     are: each figure a number, the ones a replica does not have left out). None: this
     replica has no such figure (a predict replica has no engine, a generation replica no
     batcher). The Prometheus families they feed are
-    :data:`inferd.observability.exposition.REPLICA_GAUGES` and ``REPLICA_COUNTERS``."""
+    :data:`inferd.monitoring.exposition.REPLICA_GAUGES` and ``REPLICA_COUNTERS``."""
 
     uptime_s: float | None = None
     inflight: float | None = None
@@ -355,7 +355,7 @@ class Adapter(msgspec.Struct, tag="adapter", array_like=True):
 
 class DriftQuery(msgspec.Struct, tag="drift?", array_like=True):
     """Server -> predict replica: its counts of its version's inputs on their reference
-    profile (:mod:`inferd.shapes.drift`; counted by :mod:`inferd.observability.drift`),
+    profile (:mod:`inferd.shapes.drift`; counted by :mod:`inferd.telemetry.drift`),
     answered by :class:`DriftCounts`. The first query starts the counting (a server with
     drift off never asks)."""
 

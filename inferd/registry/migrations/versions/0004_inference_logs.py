@@ -6,7 +6,7 @@ Create Date: 2026-11-22
 
 On PostgreSQL the table is declared ``PARTITION BY RANGE ("timestamp")``, as the design
 documents ask: the server creates a partition per day ahead of time and drops whole
-partitions past the retention period (:mod:`inferd.observability.inference_log`). The
+partitions past the retention period (:mod:`inferd.monitoring.inference_log`). The
 primary key of a partitioned table must include the partition key, hence
 ``(id, "timestamp")``. SQLite gets a plain table with the same columns.
 """

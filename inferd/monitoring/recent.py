@@ -6,7 +6,7 @@ every gateway process answers the same figures. Two sources:
 
 - **requests**, from the inference log rows gateways already ship about once a second
   (no work added to the request path): requests, server errors (5xx), latency (a
-  :class:`~inferd.observability.metrics.Sketch`, so p99 is within 1 %), cache hits and
+  :class:`~inferd.telemetry.metrics.Sketch`, so p99 is within 1 %), cache hits and
   misses, generated tokens. Always on: it costs a few dict operations per row.
 - **replicas**, from their status frames, sampled once a slot (whether a console is
   open or not, so a page opened during an incident shows the minutes before it):
@@ -26,8 +26,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferd.observability.metrics import Histogram, Sketch
 from inferd.shapes.logs import LogRow
+from inferd.telemetry.metrics import Histogram, Sketch
 
 LLM_SERIES = ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "kv_use", "running")
 

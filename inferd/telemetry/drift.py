@@ -1,7 +1,7 @@
 """Label-free drift, the replica's half: what a version's inputs looked like when it was
 registered (its reference *profile*) and what they look like now (cumulative *counts*
 on the profile's bins). The statistics and the rolling windows are the server's
-(:mod:`inferd.observability.drift_stats`, :mod:`inferd.control.drift`).
+(:mod:`inferd.monitoring.drift_stats`, :mod:`inferd.control.drift`).
 
 A profile is built once per version: from a sample registered with it (a
 ``drift_reference.npz`` in its folder, read at push: :func:`read_reference_sample`), or
@@ -28,7 +28,7 @@ directions do not reconstruct: ``embedding.residual``) and its cosine to the mea
 residual and the cosine: a new topic's direction lies mostly outside the reference's
 top ones), and their PSI and KS flag it as any feature's; the window's mean over them,
 in reference standard deviations, is the embedding's distance
-(:func:`~inferd.observability.drift_stats.embedding_distances`). The directions are
+(:func:`~inferd.monitoring.drift_stats.embedding_distances`). The directions are
 fitted to half of the reference's rows, the features' bins to the other half. A
 version's outputs are counted after its batch computed them (its inputs before);
 a registered sample holds the outputs' embeddings too (as an array named by the

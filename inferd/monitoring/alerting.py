@@ -3,7 +3,7 @@ Prometheus.
 
 The console answers "which alerts are firing" from the same rules file operators load
 into Prometheus (``alerts.yml``, a byte-identical copy of
-``deploy/prometheus/alerts.yml``), evaluated by :mod:`inferd.observability.promql` over
+``deploy/prometheus/alerts.yml``), evaluated by :mod:`inferd.monitoring.promql` over
 the server's own scrapes. What it keeps from Prometheus (``rules/alerting.go``):
 
 - Each result series is an alert whose labels are the series' labels without
@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 import yaml
 
-from inferd.observability.promql import (
+from inferd.monitoring.promql import (
     Expr,
     PromQLError,
     Sample,
@@ -303,7 +303,7 @@ class AlertRules:
     @classmethod
     def shipped(cls) -> AlertRules:
         """The rules inferd ships (the package's ``alerts.yml``)."""
-        text = resources.files("inferd.observability").joinpath(SHIPPED_RULES).read_text("utf-8")
+        text = resources.files("inferd.monitoring").joinpath(SHIPPED_RULES).read_text("utf-8")
         return cls.parse(text, SHIPPED_RULES)
 
     def __iter__(self) -> Iterator[AlertRule]:

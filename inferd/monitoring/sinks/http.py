@@ -12,8 +12,8 @@ from collections.abc import Sequence
 import httpx
 
 from inferd.config import PayloadLogConfig
-from inferd.observability.sinks import Refused, display_name
-from inferd.observability.sinks.events import BATCH_CONTENT_TYPE, EventEncoder
+from inferd.monitoring.sinks import Refused, display_name
+from inferd.monitoring.sinks.events import BATCH_CONTENT_TYPE, EventEncoder
 from inferd.shapes.logs import LogRow
 
 _TRY_AGAIN = frozenset({408, 425, 429})

@@ -24,8 +24,8 @@ from typing import Any
 import msgspec
 import orjson
 
-from inferd.observability.log_rows import user_hash
 from inferd.shapes.logs import NOT_COLUMNS, LogRow, Payload
+from inferd.telemetry.log_rows import user_hash
 
 SPEC_VERSION = "1.0"
 EVENT_TYPE = "io.inferd.inference.log"

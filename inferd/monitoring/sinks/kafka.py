@@ -18,8 +18,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from inferd.config import PayloadLogConfig
-from inferd.observability.sinks import display_name
-from inferd.observability.sinks.events import EventEncoder
+from inferd.monitoring.sinks import display_name
+from inferd.monitoring.sinks.events import EventEncoder
 from inferd.shapes.logs import LogRow
 
 DEFAULT_TOPIC = "inferd.inference-log"

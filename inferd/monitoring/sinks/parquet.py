@@ -29,8 +29,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from inferd.config import PayloadLogConfig
-from inferd.observability.sinks import display_name
-from inferd.observability.sinks.events import EventEncoder
+from inferd.monitoring.sinks import display_name
+from inferd.monitoring.sinks.events import EventEncoder
 from inferd.shapes.logs import NOT_COLUMNS, LogRow
 
 _ARROW: dict[type, pa.DataType] = {

@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
 from inferd.config import PayloadLogConfig
-from inferd.observability.inference_log import lower_priority
-from inferd.observability.sinks.events import EventEncoder
+from inferd.monitoring.inference_log import lower_priority
+from inferd.monitoring.sinks.events import EventEncoder
 from inferd.shapes.logs import LogRow
 
 if TYPE_CHECKING:
-    from inferd.observability.exposition import Text
+    from inferd.monitoring.exposition import Text
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 (and its counters) to the server over the control socket.
 
 No SQLAlchemy here: a gateway never writes the database log itself (the server's
-writer, :mod:`inferd.observability.inference_log`, does), so its predict path does not
+writer, :mod:`inferd.monitoring.inference_log`, does), so its predict path does not
 import the database layer for its rows.
 """
 

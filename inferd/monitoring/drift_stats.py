@@ -1,5 +1,5 @@
 """Label-free drift, the server's statistics: a window of a version's recent counts
-against its reference profile (:mod:`inferd.observability.drift`), feature by feature.
+against its reference profile (:mod:`inferd.telemetry.drift`), feature by feature.
 
 - **PSI** (population stability index) for every feature, on the profile's bins, is the
   line a feature is flagged at (``drift.psi_threshold``, 0.2 by default, the usual

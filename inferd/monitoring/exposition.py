@@ -403,8 +403,6 @@ def write_scaling(
         labels = {"model": model, "version": version, "reason": reason}
         out.sample("inferd_autoscaling_decisions_total", labels, n)
     if cold_starts:
-        from inferd.control.scaling import COLD_START_BUCKETS_S
-
         out.family(
             "inferd_cold_start_seconds",
             "histogram",
@@ -413,8 +411,7 @@ def write_scaling(
         for (model, version), hist in sorted(cold_starts.items()):
             labels = {"model": model, "version": version}
             out.histogram(
-                "inferd_cold_start_seconds", labels, COLD_START_BUCKETS_S,
-                hist.cumulative(), hist.total_s,
+                "inferd_cold_start_seconds", labels, hist.bounds, hist.cumulative(), hist.total_s,
             )  # fmt: skip
 
 
@@ -572,7 +569,7 @@ def write_gpus(out: Text) -> None:
 def write_accuracy(
     out: Text, rows: list[dict[str, Any]], thresholds: list[tuple[dict[str, str], float]]
 ) -> None:
-    """Rolling accuracy from feedback (see :mod:`inferd.observability.feedback`)."""
+    """Rolling accuracy from feedback (see :mod:`inferd.monitoring.feedback`)."""
     out.family(
         "inferd_model_accuracy", "gauge", "Share of labelled feedback the version got right."
     )

@@ -15,8 +15,8 @@ import redis
 from redis.typing import EncodableT, FieldT
 
 from inferd.config import PayloadLogConfig
-from inferd.observability.sinks import display_name
-from inferd.observability.sinks.events import EventEncoder
+from inferd.monitoring.sinks import display_name
+from inferd.monitoring.sinks.events import EventEncoder
 from inferd.shapes.logs import LogRow
 
 DEFAULT_STREAM = "inferd:inference-log"

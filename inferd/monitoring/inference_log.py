@@ -2,7 +2,7 @@
 
 Handlers ``record`` a :class:`~inferd.shapes.logs.LogRow` (appended to a
 deque: half a microsecond). A gateway process ships its rows to the server process every
-``flush_interval_s`` (:class:`~inferd.observability.log_rows.LogShipper`); there a
+``flush_interval_s`` (:class:`~inferd.telemetry.log_rows.LogShipper`); there a
 background thread inserts what accumulated in one transaction (:class:`InferenceLog`,
 this module: the server side, the only one that needs SQLAlchemy). The buffer is
 bounded: when the database falls behind, new rows are dropped and counted (``dropped``)
@@ -30,10 +30,10 @@ from typing import Any
 
 from sqlalchemy import Engine, delete, event, select, text
 
-from inferd.observability.log_rows import RowBuffer, user_hash
 from inferd.registry.engine import create_registry_engine
 from inferd.registry.tables import inference_logs
 from inferd.shapes.logs import NOT_COLUMNS, LogRow
+from inferd.telemetry.log_rows import RowBuffer, user_hash
 
 logger = logging.getLogger(__name__)
 
