@@ -22,6 +22,8 @@ from sqlalchemy.exc import OperationalError
 
 from inferd.registry import Registry
 
+pytest_plugins = ("tests.cpu_usage",)
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
