@@ -9,8 +9,9 @@ pydantic's models without pydantic-settings and the server's other settings.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -239,7 +240,72 @@ class LLMConfig(Group):
     @classmethod
     def _speculative(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
         if value and value.get("method", "ngram") == "ngram":
-            from inferd.llm.speculation import Speculation
-
-            Speculation.parse(value, "llm.speculative")
+            SpeculationConfig.parse(value, "llm.speculative")
         return value
+
+
+SPECULATION_KEYS = {
+    "method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
+    "disable_by_batch_size",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SpeculationConfig:
+    """inferd's engine's speculative decoding, as the ``llm.speculative`` setting or a
+    version's ``speculative`` metadata configures it (vLLM's ``speculative_config``
+    shape); the proposer is :class:`inferd.llm.speculation.Speculation`."""
+
+    tokens: int = 4
+    """Draft tokens proposed per step at most (``num_speculative_tokens``; how many a
+    sequence guesses each time: :meth:`inferd.llm.engine.LLMEngine._propose`)."""
+    lookup_max: int = 4
+    """Longest suffix looked up (``prompt_lookup_max``); shorter ones are tried next."""
+    lookup_min: int = 2
+    """Shortest suffix looked up (``prompt_lookup_min``)."""
+    max_batch: int | None = None
+    """No speculation while more sequences than this run (``disable_by_batch_size``): a
+    full batch is bound by compute, where checking guesses costs what it saves."""
+
+    @classmethod
+    def parse(cls, config: dict[str, Any] | None, where: str) -> Self | None:
+        """From vLLM's ``speculative_config`` shape; None when ``config`` is empty.
+        ValueError naming ``where`` and the field for anything inferd's engine cannot do."""
+        if not config:
+            return None
+        if not isinstance(config, dict):
+            raise ValueError(f"{where} must be an object like vLLM's speculative_config")
+        unknown = sorted(set(config) - SPECULATION_KEYS)
+        if unknown:
+            raise ValueError(
+                f"{where}: unknown field(s) {unknown} for inferd's engine; it takes "
+                f"{sorted(SPECULATION_KEYS)} (other vLLM methods: use the vLLM engine)"
+            )
+        method = config.get("method", "ngram")
+        if method != "ngram":
+            raise ValueError(
+                f"{where}.method {method!r}: inferd's engine speculates with 'ngram' "
+                "(prompt lookup); other methods need the vLLM engine"
+            )
+        values: dict[str, int] = {}
+        for key, name in (("num_speculative_tokens", "tokens"),
+                          ("prompt_lookup_max", "lookup_max"),
+                          ("prompt_lookup_min", "lookup_min")):  # fmt: skip
+            value = config.get(key, getattr(cls, name))
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 64:
+                raise ValueError(f"{where}.{key} must be an integer from 1 to 64, got {value!r}")
+            values[name] = value
+        cap = config.get("disable_by_batch_size")
+        if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
+            raise ValueError(f"{where}.disable_by_batch_size must be a positive integer")
+        if values["lookup_min"] > values["lookup_max"]:
+            raise ValueError(f"{where}: prompt_lookup_min is larger than prompt_lookup_max")
+        return cls(**values, max_batch=cap)
+
+    @classmethod
+    def for_version(cls, metadata: dict[str, Any], setting: dict[str, Any] | None) -> Self | None:
+        """A version's: its ``speculative`` metadata, else the ``llm.speculative``
+        setting; errors name the one they came from."""
+        if metadata.get("speculative") is not None:
+            return cls.parse(metadata["speculative"], "metadata.speculative")
+        return cls.parse(setting, "llm.speculative")
