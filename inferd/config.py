@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -510,6 +510,12 @@ class UnknownSetting(ValueError):
     """A variable or YAML key that names no setting."""
 
 
+def default_demo_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/inferd/demo``, else ``~/.cache/inferd/demo``."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "inferd" / "demo"
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="INFERD_", env_nested_delimiter="__", extra="forbid"
@@ -603,6 +609,11 @@ class Settings(BaseSettings):
     demo_text: bool = True
     """With --demo, also serve all-MiniLM-L6-v2 and the sentiment classifier trained over
     it (needs ``inferd[demo]``)."""
+    demo_cache_dir: Path | None = Field(default_factory=default_demo_cache_dir)
+    """Where --demo keeps the models it built, by the hash of their code, data and
+    frameworks' versions, so that another data folder on this machine copies them
+    instead of training again (``$XDG_CACHE_HOME/inferd/demo``, else
+    ``~/.cache/inferd/demo``); empty: build every time."""
     log_level: str = "INFO"
     """Log level of every inferd process."""
     log_json: bool = False
@@ -623,6 +634,11 @@ class Settings(BaseSettings):
         if config_file:
             sources.append(_CheckedYaml(settings_cls, yaml_file=config_file))
         return tuple(sources)
+
+    @field_validator("demo_cache_dir", mode="before")
+    @classmethod
+    def _no_demo_cache(cls, value: Any) -> Any:
+        return None if value == "" else value
 
     @property
     def resolved_database_url(self) -> str:

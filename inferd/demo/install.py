@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib.util
 import sys
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from inferd.config import Settings
+from inferd.demo.cache import Built, DemoCache
 from inferd.errors import ModelNotFound
 from inferd.registry import Registry
 from inferd.shapes.tensors import Signature
@@ -52,17 +54,28 @@ def _register(
     return framework
 
 
+def _register_built(registry: Registry, name: str, version: str, built: Built) -> str:
+    signature = Signature.from_dict(built.signature) if built.signature is not None else None
+    return _register(
+        registry, name, version, built.folder, built.framework, built.metadata,
+        built.description, signature, built.batching,
+    )  # fmt: skip
+
+
 def install_demo(
     registry: Registry,
     work_dir: Path,
     progress: Callable[[str], None],
     llm: bool = True,
     text: bool = True,
+    cache: DemoCache | None = None,
 ) -> list[str]:
     """Returns ``model:version`` of every demo model, newly pushed or already there.
     Without PyTorch (the container image's base variant) the models that need it are
-    skipped, saying so."""
+    skipped, saying so. Builds go through ``cache`` (none: every one runs)."""
     from inferd.demo.build import build_demo_model
+
+    cache = cache or DemoCache(None)
 
     torch = importlib.util.find_spec("torch") is not None
     if not torch:
@@ -71,9 +84,9 @@ def install_demo(
             "pip install 'inferd[llm]'"
         )
     if llm and torch:
-        install_llm_demo(registry, work_dir, progress)
+        install_llm_demo(registry, work_dir, progress, cache)
     if text:
-        install_text_demo(registry, work_dir, progress)
+        install_text_demo(registry, work_dir, progress, cache)
     versions = {n: v for n, v in DEMO_VERSIONS.items() if torch or n not in _NEED_TORCH}
     missing = [name for name, version in versions.items() if not _has(registry, name, version)]
     if not missing:
@@ -81,12 +94,15 @@ def install_demo(
         return [f"{n}:{v}" for n, v in versions.items()]
     progress(f"building demo models locally ({', '.join(missing)}) ...")
     for name in missing:
-        demo = build_demo_model(name, work_dir, progress=progress)
-        framework = _register(
-            registry, demo.name, demo.version, demo.path, demo.framework, demo.metadata,
-            demo.description, demo.signature,
-        )  # fmt: skip
-        progress(f"registered {demo.name}:{demo.version} ({framework})")
+
+        def build(name: str = name) -> Built:
+            demo = build_demo_model(name, work_dir, progress=progress)
+            signature = demo.signature.to_dict() if demo.signature is not None else None
+            return Built(demo.path, demo.framework, demo.metadata, demo.description, signature)
+
+        built = cache.build(name, {}, work_dir / name, build, progress)
+        framework = _register_built(registry, name, versions[name], built)
+        progress(f"registered {name}:{versions[name]} ({framework})")
     return [f"{n}:{v}" for n, v in versions.items()]
 
 
@@ -99,7 +115,9 @@ _NEED_TORCH = ("digits", "image-classifier")  # trained with PyTorch
 LLM_DEMO = ("tinygpt", "v1")
 
 
-def install_llm_demo(registry: Registry, work_dir: Path, progress: Callable[[str], None]) -> None:
+def install_llm_demo(
+    registry: Registry, work_dir: Path, progress: Callable[[str], None], cache: DemoCache
+) -> None:
     """A small GPT-2 trained here, registered with its LoRA adapter inside its version
     folder (``adapters/reviews``), so one base serves two styles: ``tinygpt`` and
     ``tinygpt-reviews``; with a ChatML chat template, so chat, JSON-schema answers and
@@ -107,32 +125,37 @@ def install_llm_demo(registry: Registry, work_dir: Path, progress: Callable[[str
     name, version = LLM_DEMO
     if _has(registry, name, version):
         return
-    import shutil
-
-    from inferd.demo.decoders import CHATML_TEMPLATE
-    from inferd.demo.llm import build_tiny_gpt2
-    from inferd.llm.chat import TEMPLATE_FILE
-
-    progress("building the demo LLM locally (a small GPT-2 and a LoRA adapter, ~2 min) ...")
-    demo = build_tiny_gpt2(work_dir / "llm", progress=progress)
     folder = work_dir / "llm" / "tinygpt-v1"
-    shutil.rmtree(folder, ignore_errors=True)
-    shutil.copytree(demo.base, folder)
-    shutil.copytree(demo.adapter, folder / "adapters" / "reviews")
-    # a chat template, so /v1/chat/completions prompts it as chat models are prompted
-    (folder / TEMPLATE_FILE).write_text(CHATML_TEMPLATE)
-    adapter_name = f"{name}-{demo.adapter_name}"
-    metadata = {**demo.metadata, "adapters": {adapter_name: "adapters/reviews"}}
-    description = (
-        "A small GPT-2 trained here on Python docs prose, with a LoRA "
-        f"adapter '{adapter_name}' fine-tuned on product reviews."
-    )
-    _register(registry, name, version, folder, "gpt2", metadata, description)
-    progress(f"registered {name}:{version} (gpt2) with adapter {adapter_name}")
+
+    def build() -> Built:
+        import shutil
+
+        from inferd.demo.decoders import CHATML_TEMPLATE
+        from inferd.demo.llm import build_tiny_gpt2
+        from inferd.llm.chat import TEMPLATE_FILE
+
+        progress("building the demo LLM locally (a small GPT-2 and a LoRA adapter, ~2 min) ...")
+        demo = build_tiny_gpt2(work_dir / "llm", progress=progress)
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.copytree(demo.base, folder)
+        shutil.copytree(demo.adapter, folder / "adapters" / "reviews")
+        # a chat template, so /v1/chat/completions prompts it as chat models are prompted
+        (folder / TEMPLATE_FILE).write_text(CHATML_TEMPLATE)
+        adapter_name = f"{name}-{demo.adapter_name}"
+        metadata = {**demo.metadata, "adapters": {adapter_name: "adapters/reviews"}}
+        description = (
+            "A small GPT-2 trained here on Python docs prose, with a LoRA "
+            f"adapter '{adapter_name}' fine-tuned on product reviews."
+        )
+        return Built(folder, "gpt2", metadata, description, extra={"adapter": adapter_name})
+
+    built = cache.build(name, {}, folder, build, progress)
+    _register_built(registry, name, version, built)
+    progress(f"registered {name}:{version} (gpt2) with adapter {built.extra['adapter']}")
 
 
 def install_text_demo(
-    registry: Registry, work_dir: Path, progress: Callable[[str], None]
+    registry: Registry, work_dir: Path, progress: Callable[[str], None], cache: DemoCache
 ) -> list[str]:
     """all-MiniLM-L6-v2 from its PyPI package, and a sentiment classifier and a
     cross-encoder trained over it here (see :mod:`inferd.demo.text`); nothing when the
@@ -161,23 +184,37 @@ def install_text_demo(
     for (name, version), description in demos:
         if _has(registry, name, version):
             continue
-        batching = TEXT_BATCHING
         if name == EMBEDDING_DEMO[0]:
-            folder, metadata = base, embedding_metadata()
-        elif name == CLASSIFIER_DEMO[0]:
-            progress(f"training the demo text classifier {name} locally (~10 s) ...")
-            folder = work_dir / "text" / name
-            metadata = build_sentiment_classifier(base, folder, progress)
+            metadata = embedding_metadata()
+            built = Built(base, "transformers", metadata, description, batching=TEXT_BATCHING)
         else:
-            progress(f"training the demo cross-encoder {name} locally (~30 s) ...")
+            trainer, batching, what = (
+                (build_sentiment_classifier, TEXT_BATCHING, "text classifier {} (~10 s)")
+                if name == CLASSIFIER_DEMO[0]
+                else (build_reranker, RERANKER_BATCHING, "cross-encoder {} (~30 s)")
+            )
             folder = work_dir / "text" / name
-            metadata, batching = build_reranker(base, folder, progress), RERANKER_BATCHING
-        _register(
-            registry, name, version, folder, "transformers", metadata, description,
-            batching=batching,
-        )  # fmt: skip
+            train = functools.partial(
+                _train_text, trainer, base, folder, what, description, batching, progress
+            )
+            built = cache.build(name, {}, folder, train, progress)
+        _register_built(registry, name, version, built)
         progress(f"registered {name}:{version} (transformers)")
     return [f"{n}:{v}" for (n, v), _ in demos]
+
+
+def _train_text(
+    trainer: Callable[[Path, Path, Callable[[str], None]], dict[str, Any]],
+    base: Path,
+    folder: Path,
+    what: str,
+    description: str,
+    batching: dict[str, Any],
+    progress: Callable[[str], None],
+) -> Built:
+    progress(f"training the demo {what.format(folder.name)} locally ...")
+    metadata = trainer(base, folder, progress)
+    return Built(folder, "transformers", metadata, description, batching=batching)
 
 
 async def install_demo_isolated(settings: Settings, progress: Callable[[str], None]) -> None:
@@ -216,9 +253,11 @@ def main() -> None:
     configure_logging(settings.log_level, settings.log_json, "server")
     die_with_parent()
     with Registry.from_settings(settings) as registry:
+        cache = DemoCache(settings.demo_cache_dir)
         install_demo(
-            registry, settings.data_dir / "demo-src", _say, settings.demo_llm, settings.demo_text
-        )
+            registry, settings.data_dir / "demo-src", _say, settings.demo_llm,
+            settings.demo_text, cache,
+        )  # fmt: skip
 
 
 def _say(message: str) -> None:
