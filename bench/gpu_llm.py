@@ -119,7 +119,7 @@ def run_engine(engine: LLMEngine, count: int, adapters: list[str | None]) -> dic
     hits = engine.scheduler.prefix_hits
     for i, prompt in enumerate(prompts(count, next(SEEDS))):
         name = adapters[i % len(adapters)]
-        engine.add_request(f"r{i}", prompt, params, engine.adapter_slot(name))
+        engine.add_request(f"r{i}", prompt, params, engine.adapters.slot(name))
         added[f"r{i}"] = time.perf_counter()
     started = time.perf_counter()
     tokens = steps = 0
@@ -206,7 +206,7 @@ def shape_figures(shape: str, folder: Path, work: Path) -> dict[str, Any]:
     cfg = engine.model.config
     kv_per_seq = 2 * cfg.n_layer * cfg.n_head * cfg.head_dim * 2 * (PROMPT + NEW)
     _, total = torch.cuda.mem_get_info() if DEVICE == "cuda" else (0, 0)
-    kv_now = engine.cache.tensor.numel() * engine.cache.tensor.element_size()
+    kv_now = engine.runner.cache.tensor.numel() * engine.runner.cache.tensor.element_size()
     row["memory"] = {
         "weights_mb": round(weights / 2**20, 1),
         "kv_cache_mb": round(kv_now / 2**20, 1),
@@ -220,7 +220,7 @@ def shape_figures(shape: str, folder: Path, work: Path) -> dict[str, Any]:
         "gpu_total_mb": round(total / 2**20),
     }
     row["engine_again"] = run_engine(engine, REQUESTS, [None])  # the spread of a figure
-    engine.graphs = None
+    engine.runner.graphs = None
     run_engine(engine, 32, [None])
     row["engine_eager"] = run_engine(engine, REQUESTS, [None])
     row["single_eager_ms_per_token"] = single_stream(engine)

@@ -176,7 +176,7 @@ def test_auto_on_a_cpu_is_float32_and_fp8_is_refused_with_a_warning(
         pytest.skip("checks the CPU default")
     engine = engine_for(tiny, 1, LLMConfig(quantize="fp8", kv_cache_mb=1))
     assert engine.device.type == "cpu" and engine.config.dtype == torch.float32
-    assert engine.graphs is None
+    assert engine.runner.graphs is None
     assert "fp8 needs a GPU" in caplog.text
 
 
@@ -213,7 +213,7 @@ class _EagerGraphs:
     def run(self, inp: ModelInput) -> torch.Tensor:
         self.runs.append(len(inp.new_lens))
         engine = self.engine
-        return engine.model.forward(inp, engine.cache, engine.lora)  # type: ignore[no-any-return]
+        return engine.model.forward(inp, engine.runner.cache, engine.lora)  # type: ignore[no-any-return]
 
 
 def test_a_mixed_step_runs_its_decodes_apart_and_gives_the_same_tokens(tiny: Path) -> None:
@@ -225,7 +225,7 @@ def test_a_mixed_step_runs_its_decodes_apart_and_gives_the_same_tokens(tiny: Pat
     want = _staggered(engine_for(tiny, 1, settings), prompts, 12)
     engine = engine_for(tiny, 1, settings)
     stand_in = _EagerGraphs(engine)
-    engine.graphs = stand_in
+    engine.runner.graphs = stand_in
     got = _staggered(engine, prompts, 12)
     assert got == want
     assert len(stand_in.runs) > 12 and max(stand_in.runs) >= 5  # decodes and split steps
@@ -324,7 +324,7 @@ def _greedy(
     out: dict[str, list[int]] = {}
     params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
     for i, prompt in enumerate(prompts):
-        engine.add_request(f"r{i}", prompt, params, engine.adapter_slot(adapter))
+        engine.add_request(f"r{i}", prompt, params, engine.adapters.slot(adapter))
         out[f"r{i}"] = []
     while engine.has_work():
         for item in engine.step():
@@ -363,7 +363,7 @@ def test_cuda_greedy_equals_hf_generate(
     settings = LLMConfig(device="cuda", dtype=dtype, max_num_seqs=8, kv_cache_mb=16,
                          max_adapters=2, max_lora_rank=8, cuda_graphs=graphs)  # fmt: skip
     engine = engine_for(tiny, 1, settings, {"lo": str(adapter_dirs[1])})
-    assert engine.device.type == "cuda" and (engine.graphs is not None) == graphs
+    assert engine.device.type == "cuda" and (engine.runner.graphs is not None) == graphs
     rng = random.Random(5)
     vocab = engine.vocab_size or 300
     prompts = [[rng.randrange(vocab - 1) for _ in range(n)] for n in (3, 17, 40, 9)]
@@ -407,20 +407,20 @@ def test_cuda_cached_prefixes_and_adapters_loaded_on_demand_equal_hf(
                          max_adapters=1, max_lora_rank=8)  # fmt: skip
     adapters = {"qkv": str(adapter_dirs[0]), "all": str(adapter_dirs[1])}
     engine = engine_for(tiny, 1, settings, adapters)
-    assert engine.config.prefix_caching and engine.graphs is not None
+    assert engine.config.prefix_caching and engine.runner.graphs is not None
     rng = random.Random(7)
     vocab = engine.vocab_size or 300
     shared = [rng.randrange(vocab - 1) for _ in range(70)]
     prompts = [shared + [rng.randrange(vocab - 1) for _ in range(n)] for n in (1, 9, 20)]
-    hits, loads = engine.scheduler.prefix_hits, engine.adapter_loads
+    hits, loads = engine.scheduler.prefix_hits, engine.adapters.loads
     for adapter in (None, "qkv", "all", "qkv"):
-        assert engine.ensure_adapter(adapter) is not None
+        assert engine.adapters.ensure(adapter) is not None
         got = [_greedy(engine, [prompt], 16, adapter)[0] for prompt in prompts]
         folder = None if adapter is None else Path(adapters[adapter])
         assert got == _hf_greedy(tiny, folder, prompts, 16, torch.float32), adapter
     # each round's second and third prompts found the shared prompt's 4 full blocks
     assert engine.scheduler.prefix_hits - hits >= 4 * 2 * 64
-    assert engine.adapter_loads - loads == 2  # "all", then "qkv" again
+    assert engine.adapters.loads - loads == 2  # "all", then "qkv" again
 
 
 async def _streams(url: str, model: str, count: int, tokens: int) -> tuple[int, list[str]]:

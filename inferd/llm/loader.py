@@ -88,11 +88,11 @@ def engine_for(
     guides = GuideCompiler(folder / "tokenizer.json", vocab, tokenizer.eos_token_id)
     engine = LLMEngine(model, tokenizer, config, lora, guides)
     for name, path in (adapters or {}).items():
-        if len(engine.adapters) < llm.max_adapters:  # the rest load when a request needs them
-            engine.load_adapter(name, folder / path)  # relative to the version folder
+        if len(engine.adapters.loaded) < llm.max_adapters:  # the rest load when requests need them
+            engine.adapters.load(name, folder / path)  # relative to the version folder
         else:
-            engine.know_adapter(name, folder / path)
-    graphs = engine.capture_graphs() if gpu and llm.cuda_graphs and cuda.available() else 0
+            engine.adapters.know(name, folder / path)
+    graphs = engine.runner.capture_graphs() if gpu and llm.cuda_graphs and cuda.available() else 0
     logger.info(
         "engine on %s: %d KV blocks of %d tokens (%.0f MiB), dtype %s%s, %d decode graphs",
         device,

@@ -101,7 +101,7 @@ class StepTrace:
         return cls(Path(path)) if path else None
 
     def step(self, engine: LLMEngine, began: float, stepped: float, outputs: int) -> None:
-        seqs, tokens, graph = engine.last_step
+        seqs, tokens, graph = engine.runner.last_step
         self.lines.append(
             f'{{"t0":{began:.6f},"t1":{stepped:.6f},"t2":{time.perf_counter():.6f},'
             f'"seqs":{seqs},"tokens":{tokens},"graph":{int(graph)},"out":{outputs},'
@@ -245,7 +245,7 @@ class GenerationCore:
         engine = self.engine
         assert engine is not None
         try:
-            slot = engine.ensure_adapter(cmd.adapter)
+            slot = engine.adapters.ensure(cmd.adapter)
             if slot is None:  # every slot runs sequences: after the next step
                 self._parked.append(cmd)
                 return
@@ -277,9 +277,9 @@ class GenerationCore:
         assert engine is not None
         try:
             if cmd.path is not None:
-                cmd.done.set_result(engine.load_adapter(cmd.name, Path(cmd.path)))
-            elif cmd.name in engine.known_adapters:
-                engine.unload_adapter(cmd.name)
+                cmd.done.set_result(engine.adapters.load(cmd.name, Path(cmd.path)))
+            elif cmd.name in engine.adapters.known:
+                engine.adapters.unload(cmd.name)
                 cmd.done.set_result({"unloaded": cmd.name})
             else:
                 raise ModelNotFound(f"adapter {cmd.name!r} is not loaded")
@@ -316,7 +316,7 @@ class GenerationCore:
         blocks = s.allocator.num_blocks
         kv_used = s.allocator.used_count / blocks if blocks else 0.0
         waiting = max(0, len(self._sinks) - running)
-        return running, waiting, round(kv_used, 3), engine.loaded_adapters, engine.adapter_room
+        return running, waiting, round(kv_used, 3), engine.adapters.loaded, engine.adapters.room
 
     def metrics(self) -> dict[str, Any]:
         """The engine's request histograms and counters (read from the event loop while
