@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +77,21 @@ def evictions(need_bytes: int, residents: list[Resident], budget_bytes: int) -> 
     return out
 
 
+async def _resident_figures(replica: Replica) -> tuple[int, bool] | None:
+    """A replica's own bytes (in a shared process, what its load added: the process's
+    RSS is everyone's) and whether it has requests in flight; None: it did not answer
+    within a second."""
+    status = await status_of(replica.address, replica.id)
+    if status is None:
+        return None
+    stats = status.stats
+    inflight = sum(
+        n or 0 for n in (stats.inflight, stats.queued_rows, stats.running, stats.waiting)
+    )
+    own = stats.model_bytes if stats.model_bytes is not None else stats.rss_bytes or 0
+    return int(own), inflight > 0
+
+
 @dataclass
 class OnDemand:
     """What the controller keeps for on-demand versions: their last use, their measured
@@ -89,6 +105,8 @@ class OnDemand:
     evictions: int = 0
     over_budget: int = 0
     """Loads that went over the budget: nothing resident could be unloaded."""
+    figures: Callable[[Replica], Awaitable[tuple[int, bool] | None]] = _resident_figures
+    """How a ready replica is measured (a seam for tests: replicas with no socket)."""
 
     def used(self, rows: Any, now: float) -> None:
         """Requests answered (inference-log rows): their versions were just used."""
@@ -129,7 +147,7 @@ class OnDemand:
 
     async def _measure(self, key: Key, vset: VersionSet, now: float) -> Resident:
         live = vset.live()
-        figures = await asyncio.gather(*(_resident_figures(r) for r in live if r.ready))
+        figures = await asyncio.gather(*(self.figures(r) for r in live if r.ready))
         measured = [f for f in figures if f is not None]
         busy = any(f[1] for f in measured) or len(measured) < max(vset.desired, len(live))
         if measured:
@@ -141,18 +159,3 @@ class OnDemand:
             pinned=not vset.on_demand,
             busy=busy or self.settling(key, now),
         )
-
-
-async def _resident_figures(replica: Replica) -> tuple[int, bool] | None:
-    """A replica's own bytes (in a shared process, what its load added: the process's
-    RSS is everyone's) and whether it has requests in flight; None: it did not answer
-    within a second."""
-    status = await status_of(replica.address, replica.id)
-    if status is None:
-        return None
-    stats = status.stats
-    inflight = sum(
-        n or 0 for n in (stats.inflight, stats.queued_rows, stats.running, stats.waiting)
-    )
-    own = stats.model_bytes if stats.model_bytes is not None else stats.rss_bytes or 0
-    return int(own), inflight > 0
