@@ -15,6 +15,7 @@ import asyncio
 import itertools
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ from inferd.config import Settings
 from inferd.control.backends import ReplicaBackend, ReplicaHandle
 from inferd.control.canary import ReplicaSample
 from inferd.control.controller import RETIRE_DELAY_S, Controller
+from inferd.control.on_demand import SETTLE_S
 from inferd.control.orchestrators import ORCHESTRATORS, Context, Orchestrator
 from inferd.control.replica import Replica, route_of
 from inferd.control.specs import replica_spec
@@ -121,7 +123,11 @@ async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
 
 class World:
     def __init__(
-        self, tmp_path: Path, ready_at_once: bool = True, replica_backend: str = "local"
+        self,
+        tmp_path: Path,
+        ready_at_once: bool = True,
+        replica_backend: str = "local",
+        memory_budget_mb: int | None = None,
     ) -> None:
         self.registry = Registry(f"sqlite:///{tmp_path / 'registry.db'}", tmp_path / "artifacts")
         self.source = tmp_path / "model.py"
@@ -132,6 +138,7 @@ class World:
         settings = Settings(
             data_dir=tmp_path, load_timeout_s=10, restart_backoff_max_s=4, replicas=1
         )
+        settings.models.memory_budget_mb = memory_budget_mb
         # A kind the tests register: the settings' own check knows the shipped ones only.
         settings.replica_backend = replica_backend
         self.controller = Controller(
@@ -143,11 +150,12 @@ class World:
             clock=self.clock,
         )
 
-    def push(self, model: str, *versions: str, deploy: bool = False) -> None:
+    def push(self, model: str, *versions: str, deploy: bool = False, pinned: bool = False) -> None:
         for version in versions:
             self.registry.push(
-                model, self.source, version, framework="python", signature=SIGNATURE, deploy=deploy
-            )
+                model, self.source, version, framework="python", signature=SIGNATURE,
+                deploy=deploy, metadata={"pinned": True} if pinned else None,
+            )  # fmt: skip
 
     async def reconcile(self) -> None:
         await self.controller.reconcile()
@@ -624,6 +632,78 @@ def test_a_fourth_orchestrator_runs_versions_through_the_factory_alone(
         assert all(r.state is ReplicaState.STOPPED for r in memory.replicas[:3])
         await world.controller.stop()
         assert memory.closed
+
+    try:
+        run(scenario)
+    finally:
+        world.registry.close()
+
+
+def test_on_demand_versions_load_when_asked_and_the_least_recently_used_idle_one_leaves(
+    tmp_path: Path,
+) -> None:
+    """Under a memory budget an unpinned version runs nothing until a request demands it;
+    a load unloads the least recently used resident version with nothing in flight, never
+    a pinned, busy or settling one; one that cannot be made room for loads over the
+    budget, and the autoscaling pass trims that once it can. Loads and evictions are
+    scaling events. Each replica measures 40 MiB (``OnDemand.figures``: no sockets)."""
+    mib = 2**20
+    world = World(tmp_path, memory_budget_mb=100)  # the pinned version and one more
+    busy: set[str] = set()
+
+    async def figures(replica: Replica) -> tuple[int, bool]:
+        return 40 * mib, replica.spec.model in busy
+
+    def running() -> list[str]:
+        return sorted(r.spec.model for r in world.backend.running())
+
+    def events(reason: str) -> list[str]:
+        decisions = world.controller.scaling.decisions
+        return sorted(m for (m, _, why), n in decisions.items() if why == reason for _ in range(n))
+
+    async def scenario() -> None:
+        on_demand = world.controller.on_demand
+        assert on_demand is not None
+        on_demand.figures = figures
+        world.push("p", "v1", pinned=True)
+        for model in ("a", "b", "c"):
+            world.push(model, "v1")
+        await world.reconcile()
+        assert running() == ["p"]
+        route = world.tables[-1].models["a"].versions["v1"]
+        assert route.scale_from_zero and not route.replicas
+        assert world.serving("a") == "v1"  # held and demanded, not refused
+
+        await world.controller.demand("a", "v1")
+        await settle()
+        assert running() == ["a", "p"] and events("load") == ["a"]
+        assert ("a", "v1") in world.controller.scaling.cold_starts
+        await world.controller.demand("a", "v1")  # loaded already: nothing more
+        await settle()
+        assert events("load") == ["a"] and on_demand.loads == 1
+
+        await world.clock.advance(SETTLE_S)
+        await world.controller.demand("b", "v1")  # 40 + 40 + 40 > 100: a, idle, goes
+        await settle()
+        assert running() == ["b", "p"] and events("evict") == ["a"] and on_demand.evictions == 1
+
+        busy.add("b")
+        await world.clock.advance(SETTLE_S)
+        await world.controller.demand("c", "v1")  # b is busy: c loads over the budget
+        await settle()
+        assert running() == ["b", "c", "p"] and on_demand.over_budget == 1
+        await world.controller.autoscale()  # c settles, b is busy: both stay
+        await settle()
+        assert running() == ["b", "c", "p"] and on_demand.evictions == 1
+
+        busy.clear()
+        await world.clock.advance(SETTLE_S)
+        world.controller.used([SimpleNamespace(model_name="b", version="v1")])  # c is older
+        await world.controller.autoscale()
+        await settle()
+        assert running() == ["b", "p"] and events("evict") == ["a", "c"]
+        assert (on_demand.loads, on_demand.evictions, on_demand.over_budget) == (3, 2, 1)
+        await world.controller.stop()
 
     try:
         run(scenario)

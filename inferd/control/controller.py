@@ -12,7 +12,9 @@ by default. A deployment's next step is its rollout policy's call
 Where replicas run is the orchestrator's business, chosen by ``replica_backend``
 (:mod:`inferd.control.orchestrators`), and replicas that join from other hosts are the
 joins' (:mod:`inferd.control.joined`): the controller sees only
-:class:`~inferd.control.replica.Replica`, and publishes each change at once.
+:class:`~inferd.control.replica.Replica`, and publishes each change at once. Under a
+memory budget, which versions are loaded is :class:`~inferd.control.on_demand.OnDemand`'s
+call: the controller hands it the demands, log rows and autoscaling passes.
 """
 
 from __future__ import annotations
@@ -28,17 +30,16 @@ from typing import Any
 from inferd.clock import SYSTEM, Clock, every
 from inferd.config import Settings
 from inferd.control.analyst import CanaryAnalyst
-from inferd.control.autoscaler import Decision
 from inferd.control.backends import ReplicaBackend
 from inferd.control.joined import Joins
-from inferd.control.on_demand import OnDemand, evictions, pinned
+from inferd.control.on_demand import OnDemand, pinned
 from inferd.control.orchestrators import Context, orchestrator_for
 from inferd.control.replica import Replica
 from inferd.control.rollouts import Steps, policy, route
 from inferd.control.routes import routing_table
 from inferd.control.scaling import Scaling
-from inferd.control.state import ModelState, VersionSet, deployed, status_changes
-from inferd.registry import ModelRecord, Registry, VersionRecord
+from inferd.control.state import ModelState, VersionSet, deployed, replica_count, status_changes
+from inferd.registry import ModelRecord, Registry
 from inferd.registry.deployments import DeploymentRecord
 from inferd.registry.rollout import DeploymentStatus
 from inferd.shapes.control import RoutingTable
@@ -85,9 +86,6 @@ class Controller:
         )  # fmt: skip
         self.joins = Joins(settings, context)
         self.orchestrator = orchestrator_for(settings, run_dir, context, backend)
-        budget = settings.models.memory_budget_mb
-        self.on_demand = OnDemand(budget * 1024**2) if budget is not None else None
-        """Versions loaded on demand under ``models.memory_budget_mb`` (None: off)."""
         self.scaling = Scaling(
             lambda model, version, event: asyncio.to_thread(
                 registry.deployments.record_scaling, model, version, event.to_dict()
@@ -95,6 +93,12 @@ class Controller:
             settings.autoscale_memory_headroom,
             machine_bound=self.orchestrator.machine_bound,
         )
+        budget = settings.models.memory_budget_mb
+        self.on_demand = None if budget is None else OnDemand(
+            budget * 1024**2, context, self.orchestrator, self.scaling, self._pass,
+            settings.replicas,
+        )  # fmt: skip
+        """Versions loaded on demand under ``models.memory_budget_mb`` (None: off)."""
 
     async def start(self) -> None:
         self.joins.open_window()
@@ -117,33 +121,19 @@ class Controller:
         room = self.orchestrator.gpu_room
         if await self.scaling.look_at_all(self.models, self.clock, room, self._scale):
             self.publish()
-        if self.on_demand is not None and await self._trim():
+        if self.on_demand is not None and await self.on_demand.trim():
             self.publish()
-
-    async def _trim(self) -> bool:
-        """Loads that went over the budget (all that was resident was busy or settling):
-        unload the least recently used idle versions until it fits again."""
-        on_demand = self.on_demand
-        assert on_demand is not None
-        residents = await on_demand.residents(self.models, self.clock.monotonic())
-        if sum(r.bytes for r in residents) <= on_demand.budget_bytes:
-            return False
-        async with self._pass:
-            chosen = evictions(0, residents, on_demand.budget_bytes)
-            return self._evict(chosen, "over the budget after busy loads") > 0
 
     async def demand(self, model: str, version: str) -> None:
         """A gateway holds a request for ``model:version``: a version scaled to zero gets
-        a replica at once."""
+        a replica at once (an on-demand one, once it has the room)."""
         state = self.models.get(model)
         vset = state.versions.get(version) if state is not None and state.loaded else None
         if vset is None or vset.retiring:
             return
-        if vset.on_demand:
-            if vset.desired == 0:
-                await self._load_on_demand(vset)
-            return
-        if await self.scaling.demand(vset, self.clock.monotonic()) is not None:
+        if vset.on_demand and self.on_demand is not None:
+            await self.on_demand.load(vset)  # unless it is loaded already
+        elif await self.scaling.demand(vset, self.clock.monotonic()) is not None:
             await self._scale(vset)
             self.publish()
 
@@ -151,7 +141,7 @@ class Controller:
         """Requests were answered (the gateways' log rows): on-demand versions' last use,
         and inference graph versions' figures (for their canary analysis)."""
         if self.on_demand is not None:
-            self.on_demand.used(rows, self.clock.monotonic())
+            self.on_demand.used(rows)
         if self._graphs:
             self.analyst.graphs.observe(rows, self._is_graph)
 
@@ -164,59 +154,6 @@ class Controller:
         state = self.models.get(model)
         vset = None if state is None else state.versions.get(version)
         return vset is not None and vset.replicaless
-
-    async def _load_on_demand(self, vset: VersionSet) -> None:
-        """Start an on-demand version's replicas, after unloading the least recently used
-        versions it needs the room of (:func:`~inferd.control.on_demand.evictions`)."""
-        on_demand = self.on_demand
-        assert on_demand is not None
-        key = (vset.record.model_name, vset.record.version)
-        # measured before the pass lock: it may wait
-        residents = await on_demand.residents(self.models, self.clock.monotonic())
-        async with self._pass:
-            if vset.retiring or vset.desired > 0:
-                return  # another request's demand loaded it meanwhile
-            need = on_demand.estimate(key)
-            evicted = evictions(need, residents, on_demand.budget_bytes)
-            self._evict(evicted, f"room for {vset.name}")
-            after = sum(r.bytes for r in residents if r.key not in evicted) + need
-            detail = f"a request is waiting; {after / 2**20:.0f} of "
-            detail += f"{on_demand.budget_bytes / 2**20:.0f} MiB of the budget in use"
-            if after > on_demand.budget_bytes:
-                on_demand.over_budget += 1
-                detail += " (over: what is resident is pinned or busy)"
-            on_demand.loads += 1
-            on_demand.last_used[key] = self.clock.monotonic()
-            self._set_on_demand(vset, self._count(vset.record), "load", detail)
-            self.scaling.started_cold(key, self.clock.monotonic())
-        self.publish()
-
-    def _evict(self, keys: list[tuple[str, str]], why: str) -> int:
-        """Unload the on-demand versions ``keys`` (those still loaded); how many."""
-        assert self.on_demand is not None
-        done = 0
-        for model, version in keys:
-            state = self.models.get(model)
-            vset = state.versions.get(version) if state is not None else None
-            if vset is not None and vset.on_demand and vset.desired > 0 and not vset.retiring:
-                self._set_on_demand(vset, 0, "evict", why)
-                done += 1
-        self.on_demand.evictions += done
-        return done
-
-    def _set_on_demand(self, vset: VersionSet, desired: int, reason: str, detail: str) -> None:
-        key = (vset.record.model_name, vset.record.version)
-        decision = Decision(self.clock.monotonic(), vset.desired, desired, reason, detail)
-        vset.desired = desired
-        self.orchestrator.scale(vset)
-        self._spawn(self.scaling.keep(key, decision))
-
-    def _count(self, record: VersionRecord) -> int:
-        """The replicas a version runs when nothing else says: its own, else the default
-        (a graph: none, the gateways run it)."""
-        if record.framework == GRAPH_FRAMEWORK:
-            return 0
-        return int((record.batching or {}).get("replicas") or self.settings.replicas)
 
     async def _scale(self, vset: VersionSet) -> None:
         """Apply a new ``desired`` between passes (none runs meanwhile)."""
@@ -265,7 +202,7 @@ class Controller:
         if vset is None:
             on_demand = self.on_demand is not None and not pinned(target)
             on_demand = on_demand and target.framework != GRAPH_FRAMEWORK
-            desired = 0 if on_demand else self._count(target)
+            desired = 0 if on_demand else replica_count(target, self.settings.replicas)
             vset = model.versions[target.version] = VersionSet(target, desired, on_demand=on_demand)
             logger.info("deploying %s with %d replica(s)", vset.name, desired)
         if not vset.replicaless:  # a graph: no orchestrator object of its own (no pods)
@@ -310,9 +247,7 @@ class Controller:
         if replica.state is ReplicaState.READY:
             self.scaling.ready(replica.spec.model, replica.spec.version, self.clock.monotonic())
             if self.on_demand is not None:
-                self.on_demand.ready(
-                    (replica.spec.model, replica.spec.version), self.clock.monotonic()
-                )
+                self.on_demand.ready((replica.spec.model, replica.spec.version))
             if self._switch_when_ready(self.models[replica.spec.model]):
                 return
         self.publish()

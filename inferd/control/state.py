@@ -144,6 +144,14 @@ def reachable(models: dict[str, ModelState]) -> list[tuple[dict[str, str], str]]
     ]
 
 
+def replica_count(record: VersionRecord, default_replicas: int) -> int:
+    """The replicas a version runs when nothing else says: its own, else the default
+    (a graph: none, the gateways run it)."""
+    if record.framework == GRAPH_FRAMEWORK:
+        return 0
+    return int((record.batching or {}).get("replicas") or default_replicas)
+
+
 def deployed(
     model: ModelState,
     row: DeploymentRecord,
