@@ -395,7 +395,8 @@ class _Wire:
 
 def test_a_burst_of_refused_calls_is_answered_in_one_write() -> None:
     # 40 calls to a method that does not exist, in one read: 40 answers and 40 resets,
-    # and one system call for them (not 80)
+    # and one system call for them (not 80) -- one per loop turn: on a busy machine the
+    # turn's time budget may cut the read in two or three turns
     async def burst() -> _Wire:
         wire = _Wire()
         connection = Connection(GrpcServer(Service(), methods(), LIMIT))
@@ -407,12 +408,13 @@ def test_a_burst_of_refused_calls_is_answered_in_one_write() -> None:
         )
         wire.writes.clear()
         connection.data_received(f.PREFACE + f.settings({}) + calls)
-        await asyncio.sleep(0)  # a turn cut short goes on in the next
+        for _ in range(20):  # a turn cut short goes on in the next
+            await asyncio.sleep(0)
         return wire
 
     wire = asyncio.run(burst())
-    assert len(wire.writes) == 1
-    sent = wire.writes[0]
+    assert 1 <= len(wire.writes) <= 3
+    sent = b"".join(wire.writes)
     kinds, pos = [], 0
     while pos < len(sent):
         size = int.from_bytes(sent[pos : pos + 3], "big")
