@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from sklearn.datasets import make_classification, make_regression
 
+from inferd.protocols.codec import columns_to_rows
 from inferd.runtimes import (
     RUNTIMES,
     detect_framework,
@@ -120,10 +121,15 @@ def test_sklearn_classifier_with_integer_classes(tmp_path: Path) -> None:
         TensorSpec("label", "INT64"),
         TensorSpec("probabilities", "FP32", (-1, 3)),
     )
-    assert signature.labels == ("5", "6", "7")
+    # the label is the class itself: no names for it to index (v1 indexed ("5", "6",
+    # "7") with a 7 and answered a string where the signature says INT64)
+    assert signature.labels is None
     out = _run("sklearn", tmp_path / "model", features=x[:7])
     _assert_classified(out, model.predict_proba(x[:7]), model.classes_)
     assert out["label"].dtype == np.int64
+    rows = columns_to_rows(out, signature)
+    assert [row["label"] for row in rows] == list(model.predict(x[:7]))
+    assert all(isinstance(row["label"], np.integer) for row in rows)
 
 
 def test_sklearn_text_pipeline_with_string_classes(tmp_path: Path) -> None:
@@ -215,7 +221,7 @@ def test_lightgbm_booster_text_file(tmp_path: Path) -> None:
     booster.save_model(_folder(tmp_path) / "model.txt")
     assert detect_framework(tmp_path / "model") == "lightgbm"
     _, signature = inspect_artifact(tmp_path / "model")
-    assert signature.labels == ("0", "1")
+    assert signature.labels is None  # integer classes: the label is the class
     out = _run("lightgbm", tmp_path / "model", RuntimeConfig(threads=2), features=x[:6])
     p = booster.predict(x[:6])
     _assert_classified(out, np.stack([1 - p, p], axis=1), np.array([0, 1]))

@@ -66,11 +66,16 @@ def label_values(classes: Sequence[Any] | np.ndarray, names: Sequence[str] | Non
 
 
 def classifier_signature(inputs: tuple[TensorSpec, ...], values: np.ndarray) -> Signature:
+    """``label`` holds the class itself (:func:`label_values`). The signature names the
+    classes (``labels``, what an integer ``label`` indexes) only where they are names: a
+    model with integer classes and no names given answers the class, an INT64, on every
+    API (v1 once answered it as its string, from the classes kept as names)."""
     outputs = (
         TensorSpec("label", datatype_of(values)),
         TensorSpec("probabilities", "FP32", (-1, len(values))),
     )
-    return Signature(inputs, outputs, labels=tuple(str(v) for v in values))
+    labels = None if values.dtype.kind in "iu" else tuple(str(v) for v in values)
+    return Signature(inputs, outputs, labels=labels)
 
 
 def classifier_outputs(probabilities: np.ndarray, values: np.ndarray) -> dict[str, np.ndarray]:
