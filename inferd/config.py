@@ -123,6 +123,11 @@ class ModelsConfig(Group):
     """Small versions (scikit-learn, XGBoost, LightGBM, ONNX, Python models) share replica
     processes, up to this many in each: each still a replica of its own (own batcher,
     thread, socket, status), in a fraction of the memory. 1: a process per replica."""
+    fork_server: bool = True
+    """Replica processes are forked from a fork server that imported the replica's code
+    and, once asked for it, each framework's (:mod:`inferd.serving.zygote`): a replica
+    starts without importing them again. Not for TensorFlow, vLLM or GPU replicas, which
+    start from scratch as they do with this off."""
     process_memory_mb: int = Field(4096, ge=16)
     """A shared process takes no new replica once its replicas' own memory (each one's
     ``model_bytes``, measured) reaches this, nor while they compute 0.8 of a core or

@@ -146,6 +146,19 @@ def test_idle_versions_scale_to_zero_and_a_held_request_brings_one_back():
     assert run(kept, 0, 600, requests=0) == []  # min_replicas 1: never to zero
 
 
+def test_a_start_longer_than_the_idle_timeout_is_not_stopped_until_it_served():
+    """Found by bench/replica_start.py: a version at zero whose replica takes longer to
+    start than ``idle_timeout_s`` was scaled to zero again while it started, its held
+    request started it again, and so on: the request never got an answer."""
+    scaler = Autoscaler(AutoscalingPolicy(min_replicas=0, idle_timeout_s=1), replicas=0, now=0)
+    assert scaler.demand(10) is not None
+    for t in range(11, 40):  # the replica starts for 30 s: nothing answered, none ready
+        assert scaler.observe(Signals(t, 0, 0.0, 0, 0)) is None, t
+    assert scaler.observe(Signals(40, 1, 0.0, 0, 1)) is None  # ready, the request answered
+    idle = scaler.observe(Signals(41.5, 1, 0.0, 0, 0))
+    assert idle is not None and (idle.desired, idle.reason) == (0, "idle")
+
+
 def test_no_room_is_recorded_once_instead_of_thrashing():
     scaler = Autoscaler(AutoscalingPolicy(max_replicas=8), replicas=2, now=0)
     assert run(scaler, 0, 300, queued=500, room=2) == []

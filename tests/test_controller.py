@@ -94,6 +94,9 @@ class FakeBackend:
         self.stopped: list[tuple[str, bool]] = []
         self._incarnations = itertools.count(1)
 
+    async def close(self) -> None:
+        pass
+
     async def start(self, spec: ReplicaSpec) -> ReplicaHandle:
         replica = FakeReplica(spec, next(self._incarnations), self.clock)
         if self.ready_at_once:

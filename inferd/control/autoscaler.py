@@ -101,7 +101,10 @@ class Autoscaler:
         ``room``: how many replicas of this version the machine can run at most, and
         ``limit`` what bounds it (memory, cores)."""
         policy = self.policy
-        if s.requests > 0 or s.queued > 0:
+        if s.requests > 0 or s.queued > 0 or s.ready < self.desired:
+            # A replica still starting counts as activity: the idle clock runs from once
+            # the version serves (a start longer than ``idle_timeout_s`` would otherwise
+            # be stopped, its held request started it again, and so on, never served).
             self._active = s.t
         latency_over = (
             policy.sla_p99_ms is not None and s.p99_ms is not None and s.p99_ms > policy.sla_p99_ms

@@ -24,6 +24,8 @@ The contract a backend keeps:
 - ``stop(handle, drain=True)`` makes it finish what it accepted, then go (the backend's
   grace period, then it is forced); ``drain=False`` stops it at once. It returns once
   the replica is gone, and is a no-op for one that already is.
+- ``close`` releases what the backend holds besides its replicas (the fork server),
+  once they are stopped.
 """
 
 from __future__ import annotations
@@ -68,18 +70,21 @@ class ReplicaBackend(Protocol):
 
     async def stop(self, handle: ReplicaHandle, *, drain: bool = True) -> None: ...
 
+    async def close(self) -> None: ...
+
 
 BACKENDS = ("local", "inprocess")
 """What `create` makes; `shared` (small versions in shared processes) wraps `local`
 when `models.versions_per_process` is above 1 (`orchestrators._processes`)."""
 
 
-def create(kind: str, run_dir: Path, grace_s: float) -> ReplicaBackend:
-    """The backend a server's settings name (``local``: child processes here)."""
+def create(kind: str, run_dir: Path, grace_s: float, fork_server: bool = False) -> ReplicaBackend:
+    """The backend a server's settings name (``local``: processes here, forked from the
+    fork server with ``fork_server``)."""
     if kind == "local":
         from inferd.control.backends.local import LocalBackend
 
-        return LocalBackend(run_dir, grace_s)
+        return LocalBackend(run_dir, grace_s, fork_server)
     if kind == "inprocess":
         from inferd.control.backends.inprocess import InProcessBackend
 

@@ -67,3 +67,6 @@ class InProcessBackend:
             handle.kill.set()
         handle.drain.set()
         await asyncio.gather(handle.task, return_exceptions=True)
+
+    async def close(self) -> None:
+        pass  # its replicas are tasks of the server's own loop

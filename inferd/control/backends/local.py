@@ -1,11 +1,14 @@
-"""The ``local`` backend: each replica is a child process of the server,
-``python -m inferd.serving.replica_server SPEC GRACE``, listening on a Unix socket in the run
-directory."""
+"""The ``local`` backend: each replica is a process of this machine, listening on a Unix
+socket in the run directory: forked from the fork server (:mod:`.forks`, with
+``models.fork_server``) or a child process of the server, ``python -m
+inferd.serving.replica_server SPEC GRACE`` (vLLM's interpreter, TensorFlow, GPU
+replicas, or the fork server failing)."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 import signal
 import sys
@@ -14,7 +17,11 @@ from pathlib import Path
 import msgspec
 
 from inferd.control.backends import ReplicaHandle, probe
+from inferd.control.backends.forks import ForkedReplica, ForkFailed, ForkServerClient
+from inferd.serving.zygote import forkable
 from inferd.shapes.replica_spec import ReplicaSpec
+
+logger = logging.getLogger(__name__)
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
@@ -67,10 +74,13 @@ def python_for(spec: ReplicaSpec) -> str:
 class LocalBackend:
     name = "local"
 
-    def __init__(self, run_dir: Path, grace_s: float) -> None:
+    def __init__(self, run_dir: Path, grace_s: float, fork_server: bool = False) -> None:
         self.run_dir = run_dir
         self.grace_s = grace_s
+        self.fork_server = fork_server
         self._sockets = itertools.count(1)
+        self._forks: ForkServerClient | None = None
+        self._forks_starting: asyncio.Lock | None = None
 
     async def start(self, spec: ReplicaSpec) -> ReplicaHandle:
         if not spec.address:
@@ -91,6 +101,11 @@ class LocalBackend:
         if spec.gpus is not None:  # the deployment asked for a GPU type: only those
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, spec.gpus))
         python = await asyncio.to_thread(python_for, spec)  # may ask an interpreter (once)
+        if self.fork_server and python == sys.executable and forkable(spec.framework, spec.gpus):
+            try:
+                return await (await self._fork_server()).fork(spec, self.grace_s, env)
+            except ForkFailed as exc:
+                logger.warning("%s: %s; starting it from scratch", spec.replica_id, exc)
         process = await asyncio.create_subprocess_exec(
             python,
             "-m",
@@ -108,6 +123,9 @@ class LocalBackend:
     async def stop(self, handle: ReplicaHandle, *, drain: bool = True) -> None:
         """SIGTERM (the replica drains), then SIGKILL after the grace period; at once
         without ``drain``."""
+        if isinstance(handle, ForkedReplica):
+            await handle.stop(self.grace_s, drain)
+            return
         assert isinstance(handle, LocalReplica)
         process = handle.process
         if process.returncode is None:
@@ -120,3 +138,21 @@ class LocalBackend:
                 except TimeoutError:
                     process.kill()
         await process.wait()
+
+    async def _fork_server(self) -> ForkServerClient:
+        """The fork server, started at the first replica (again after it died)."""
+        if self._forks_starting is None:
+            self._forks_starting = asyncio.Lock()
+        async with self._forks_starting:
+            if self._forks is None or not self._forks.alive:
+                env = dict(os.environ)
+                env["OMP_WAIT_POLICY"] = env.get("OMP_WAIT_POLICY", "PASSIVE")
+                self._forks = await ForkServerClient.start(env)
+            return self._forks
+
+    async def close(self) -> None:
+        """Stop the fork server (after the replicas: a replica outliving it would get
+        SIGTERM as it goes)."""
+        if self._forks is not None:
+            await self._forks.aclose()
+            self._forks = None

@@ -187,6 +187,9 @@ class SharedBackend:
             host.send(Start(spec.to_json()))
         return replica
 
+    async def close(self) -> None:
+        await self.own.close()
+
     async def stop(self, handle: ReplicaHandle, *, drain: bool = True) -> None:
         if not isinstance(handle, HostedReplica):
             await self.own.stop(handle, drain=drain)

@@ -124,7 +124,9 @@ def _processes(
     from inferd.control import backends
     from inferd.control.orchestrators.processes import Processes
 
-    backend = backend or backends.create("local", run_dir, settings.shutdown_grace_s)
+    backend = backend or backends.create(
+        "local", run_dir, settings.shutdown_grace_s, settings.models.fork_server
+    )
     if settings.models.versions_per_process > 1 and backend.name == "local":
         from inferd.control.backends.shared import SharedBackend
 

@@ -110,6 +110,7 @@ class Processes:
         models = self.context.models.values()
         replicas = [r for m in models for v in m.versions.values() for r in _own(v)]
         await asyncio.gather(*(r.stop() for r in replicas))
+        await self.backend.close()
 
     def _wanted_here(self, vset: VersionSet) -> int:
         """Replicas to run on this host: the desired count less the ones that joined from
