@@ -818,7 +818,7 @@ def errors_page() -> str:
         "machine-readable name: on inferd's own routes as "
         '`{"error": {"code", "message", "request_id", ...}}` (some errors add fields), on '
         "the OpenAI (`/v1/`) and Open Inference Protocol (`/v2/`) routes in that protocol's "
-        "error shape (`inferd.api.app.error_response`).",
+        "error shape (`inferd.api.http.error_response`).",
         "",
         "```",
         *tree,

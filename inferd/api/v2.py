@@ -29,7 +29,7 @@ from inferd.api.http import (
 )
 from inferd.api.policy import admit
 from inferd.api.state import gateway_of
-from inferd.errors import BadRequest, InferdError, InvalidInput, ModelNotFound, ModelNotReady
+from inferd.errors import BadRequest, ModelNotFound, ModelNotReady
 from inferd.protocols.v2 import (
     EXTENSIONS,
     decode_inputs,
@@ -49,13 +49,6 @@ router = APIRouter(prefix="/v2", tags=["open inference protocol"])
 HEADER_LENGTH = "inference-header-content-length"
 HEADER_LENGTH_KEY = HEADER_LENGTH.encode()
 """Binary tensor extension: the body is this many bytes of JSON, then the tensors' bytes."""
-
-
-def protocol_error(exc: InferdError) -> Response:
-    """The protocol's error body, ``{"error": message}``; bad input is 400 here. Every
-    ``/v2/`` failure answers so (``inferd.api.app.error_response``)."""
-    status = 400 if isinstance(exc, InvalidInput) else exc.status_code
-    return json_response({"error": exc.message}, status_code=status, headers=exc.headers())
 
 
 # -- server -------------------------------------------------------------------------------
