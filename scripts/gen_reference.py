@@ -946,9 +946,9 @@ def http_api_page(document: dict[str, Any]) -> str:
 # --- layout.md --------------------------------------------------------------------------
 
 LAYERS = (
-    "shapes", "telemetry", "protocols", "runtimes", "llm", "serving", "graphs", "routing",
-    "grpc", "api", "registry", "monitoring", "jobs", "control", "console", "demo", "bench",
-    "cli",
+    "shapes", "telemetry", "protocols", "runtimes", "llm", "serving", "access", "graphs",
+    "routing", "grpc", "api", "registry", "monitoring", "jobs", "control", "console", "demo",
+    "bench", "cli",
 )  # fmt: skip
 """The packages from the bottom up: each imports only those before it (and the
 top-level leaves), except where docs/architecture.md says otherwise."""

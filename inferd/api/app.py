@@ -26,6 +26,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import inferd
+from inferd.access.limits import RateLimits, rate_limits_for
 from inferd.api import (
     console,
     deployments,
@@ -48,7 +49,7 @@ from inferd.api import (
 from inferd.api import jobs as jobs_api
 from inferd.api.http import DisconnectWatch, context_of, error_response
 from inferd.api.jobs import AsyncGate, wants_async
-from inferd.api.limits import RateLimitGate, RateLimits, rate_limits_for
+from inferd.api.limits import RateLimitGate
 from inferd.api.state import GatewayState
 from inferd.api.status import StatusView
 from inferd.config import Settings
@@ -142,7 +143,8 @@ def create_app(
     if limits is not None and settings.rate_limits.limits_requests:
         app_ = RateLimitGate(app_, limits, settings.auth.internal_token)
     if settings.auth.enabled:  # outermost: limits count per authenticated client
-        from inferd.api.auth import Authenticator, AuthGate
+        from inferd.access.authenticator import Authenticator
+        from inferd.api.auth import AuthGate
 
         app_ = AuthGate(app_, Authenticator(settings.auth, registry.keys))
     if tracing.tracer is not None:  # outermost: a refused credential is a traced request too
