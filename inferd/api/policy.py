@@ -4,13 +4,15 @@ reaches, whichever route it came by.
 A model named in the path (``/api/v1/models/{m}/...``, ``/v2/models/{m}/...``) is
 checked by the gates in front of every route: :class:`~inferd.api.auth.AuthGate` (the
 caller may use it) and :class:`~inferd.api.limits.RateLimitGate` (its rate limit). The
-rest is here, in one function every handler calls once it knows its target
-(:func:`admit`): a model named in the body (OpenAI, ``/api/v1/predict``, embeddings,
+rest is the request's :class:`~inferd.access.policy.RequestPolicy` (:func:`policy_of`),
+which every handler has admit its target once it knows it (given to
+:meth:`DataPlane.resolve <inferd.routing.dataplane.DataPlane.resolve>`, or by
+:func:`admit`): a model named in the body (OpenAI, ``/api/v1/predict``, embeddings,
 rerank and score, KServe V1, asynchronous requests, batch jobs, OpenAI batches), a graph
 and every model the graph can reach (:meth:`inferd.graphs.runner.Graphs.reach`), each
-model's rate limit taken once a request. What :func:`admit` returns rides in the
-request's :class:`~inferd.shapes.replica.InferRequest` so that a graph's node calls
-are charged to their models' limits as they run.
+model's rate limit taken once a request. The policy rides in the request's
+:class:`~inferd.shapes.replica.InferRequest` so that a graph's node calls are charged
+to their models' limits as they run.
 
 Batch jobs and OpenAI batches are admitted when submitted (their items then run as the
 server's job runner, at the ``batch`` priority): a submission takes one request from the

@@ -29,7 +29,7 @@ from inferd.api.http import (
 )
 from inferd.api.policy import admit
 from inferd.api.state import gateway_of
-from inferd.errors import BadRequest, ModelNotFound, ModelNotReady
+from inferd.errors import BadRequest, ModelNotReady
 from inferd.protocols.v2 import (
     EXTENSIONS,
     decode_inputs,
@@ -111,11 +111,13 @@ async def infer(request: Request, model: str, version: str | None = None) -> Res
     user = user_of(params) or header(request, b"x-user-id")
     context = context_of(request.scope)
     context.user = user  # for the inference log
-    try:
-        target = plane.target(model, version, user)
-    except ModelNotFound as missing:
-        waited = request_timeout(request, schedule_policy(params)[1])
-        target = await plane.arriving(model, version, started, waited, missing)
+    target = await plane.resolve(
+        model,
+        version,
+        started=started,
+        timeout_s=lambda: request_timeout(request, schedule_policy(params)[1]),
+        user=user,
+    )  # admitted below, once its inputs are read (the path's model: the gates)
     columns, rows = decode_inputs(
         body.get("inputs"), target.signature, binary, target.allow_non_finite
     )

@@ -32,7 +32,7 @@ from inferd import __version__, transport
 from inferd.access.limits import RateLimits, TokenBudget
 from inferd.access.policy import RequestPolicy
 from inferd.config import Settings
-from inferd.errors import InferdError, InvalidInput, ModelNotFound, ModelNotReady, RateLimited
+from inferd.errors import InferdError, InvalidInput, ModelNotReady, RateLimited
 from inferd.grpc import auth as grpc_auth
 from inferd.grpc import grpc_service_pb2 as pb
 from inferd.grpc import limits as grpc_limits
@@ -198,13 +198,13 @@ class InferenceService:
         params = parameters(request.parameters)
         call.user = v2.user_of(params)
         version = request.model_version or None
-        try:
-            target = self.plane.target(request.model_name, version, call.user)
-        except ModelNotFound as missing:
-            timeout_s = v2.schedule_policy(params)[1] or deadline_s
-            target = await self.plane.arriving(
-                request.model_name, version, started, timeout_s, missing
-            )
+        target = await self.plane.resolve(
+            request.model_name,
+            version,
+            started=started,
+            timeout_s=lambda: v2.schedule_policy(params)[1] or deadline_s,
+            user=call.user,
+        )  # the policy admits it below, once its inputs are read
         allowed(target.model)
         if target.framework in GENERATIVE:
             raise InvalidInput(
