@@ -5,10 +5,10 @@ runner are given).
 HTTP makes one for a request (:func:`inferd.api.policy.policy_of`), gRPC for a call
 (``InferenceService._policy`` in :mod:`inferd.grpc.service`), and
 :meth:`~inferd.routing.dataplane.DataPlane.resolve` or the route admits each target
-with it; either way the models
-whose rate limit the request already took (the path's, by the gate; the call's) are
-not charged again. It rides in the request's :class:`~inferd.shapes.replica.InferRequest`
-so that a graph's node calls are charged to their models' limits as they run.
+with it; either way the models whose rate limit the request already took (the path's,
+by the gate; the call's) are not charged again. It rides in the request's
+:class:`~inferd.shapes.replica.InferRequest` so that a graph's node calls are charged
+to their models' limits as they run.
 """
 
 from __future__ import annotations
