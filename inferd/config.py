@@ -30,7 +30,7 @@ from inferd.replica_config import BatchingConfig, ExplainConfig, Group, ImagesCo
 
 
 class AuthConfig(Group):
-    """Authentication (see :mod:`inferd.api.auth`); off by default."""
+    """Authentication (see :mod:`inferd.access` and :mod:`inferd.api.auth`); off by default."""
 
     enabled: bool = False
     cache_s: float = Field(5.0, ge=0, le=3600)
@@ -90,7 +90,8 @@ class TokenLimit(Group):
 
 class RateLimitConfig(Group):
     """Per client (API key or JWT subject; the client address when anonymous), over HTTP
-    and gRPC together, for every route but health and metrics (see :mod:`inferd.api.limits`)."""
+    and gRPC together, for every route but health and metrics (see
+    :mod:`inferd.access.limits`)."""
 
     default: Limit | None = None
     """Every client, all routes together; None: no limit."""

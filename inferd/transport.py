@@ -20,6 +20,9 @@ Over TCP nothing is read from a peer before it proved it is one of ours:
 A TCP listener or connection without either is refused with an error naming the
 settings. Each process sets its credentials once (:func:`use`), from its settings; the
 connections it opens and the listeners it starts take them from there.
+
+A gateway's own ports (HTTP, gRPC) are bound by :func:`bind_socket`, shared by every
+gateway process.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import hashlib
 import hmac
 import logging
 import os
+import socket
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -135,6 +139,20 @@ def host_port(where: str) -> tuple[str, int]:
     if not host or not port.isdigit():
         raise ValueError(f"a TCP address is host:port, not {where!r}")
     return host.strip("[]"), int(port)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port``, not listening yet, that the other gateway
+    processes bind too (SO_REUSEPORT, where the system has it: the kernel spreads the
+    connections across them), inheritable: a gateway's HTTP and gRPC ports."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if hasattr(socket, "SO_REUSEPORT"):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
 
 
 def _mac(token: bytes, label: bytes, *nonces: bytes) -> bytes:

@@ -818,7 +818,7 @@ def errors_page() -> str:
         "machine-readable name: on inferd's own routes as "
         '`{"error": {"code", "message", "request_id", ...}}` (some errors add fields), on '
         "the OpenAI (`/v1/`) and Open Inference Protocol (`/v2/`) routes in that protocol's "
-        "error shape (`inferd.api.app.error_response`).",
+        "error shape (`inferd.api.http.error_response`).",
         "",
         "```",
         *tree,
@@ -946,9 +946,9 @@ def http_api_page(document: dict[str, Any]) -> str:
 # --- layout.md --------------------------------------------------------------------------
 
 LAYERS = (
-    "shapes", "telemetry", "protocols", "runtimes", "llm", "serving", "graphs", "routing",
-    "grpc", "api", "registry", "monitoring", "jobs", "control", "console", "demo", "bench",
-    "cli",
+    "shapes", "telemetry", "protocols", "runtimes", "llm", "serving", "access", "graphs",
+    "routing", "grpc", "api", "registry", "monitoring", "jobs", "control", "console", "demo",
+    "bench", "cli",
 )  # fmt: skip
 """The packages from the bottom up: each imports only those before it (and the
 top-level leaves), except where docs/architecture.md says otherwise."""

@@ -16,7 +16,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from inferd.api.auth import Principal, required_scope
+from inferd.access.principal import Principal
+from inferd.api.auth import required_scope
 from inferd.errors import Forbidden, InvalidInput, NotFound
 from inferd.registry import Registry
 from inferd.registry.api_key import parse_key, secret_matches

@@ -4,8 +4,10 @@ layers above them, and what crosses processes in ``shapes/`` is typed.
 
 The low layers are what a replica process runs (``serving/``, ``llm/``, ``runtimes/``)
 and the leaves everyone imports (``shapes/``, ``telemetry/``); the high ones are the
-gateway's and the server's (``routing/``, ``graphs/``, ``api/``, ``grpc/``, ``control/``,
-``monitoring/``, ``cli/``, ``server``). ``docs/architecture.md`` states the same rule.
+gateway's and the server's (``access/``, ``routing/``, ``graphs/``, ``api/``, ``grpc/``,
+``control/``, ``monitoring/``, ``cli/``, ``server``). What the two transports share
+(``access/``) imports neither of them nor a web framework. ``docs/architecture.md``
+states the same rule.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ import inferd.shapes
 
 PACKAGE = Path(__file__).resolve().parent.parent / "inferd"
 LOW = {"serving", "llm", "runtimes", "shapes", "telemetry"}
-HIGH = {"routing", "graphs", "api", "grpc", "control", "monitoring", "cli", "server", "jobs"}
+HIGH = {
+    "access", "routing", "graphs", "api", "grpc", "control", "monitoring", "cli", "server", "jobs",
+}  # fmt: skip
 LEAVES = {
     "inferd", "shapes", "telemetry", "errors", "clock", "priority", "config", "replica_config",
 }  # fmt: skip
@@ -155,6 +159,35 @@ def test_the_leaves_import_only_leaves() -> None:
         if _package(source) in LEAVES - {"inferd"} and _package(target) not in LEAVES
     )
     assert outside == []
+
+
+ACCESS_NEVER_IMPORTS = {"api", "grpc", "routing", "graphs"}
+"""The transports ``access/`` serves, and the data plane above it (``routing/`` names
+its types)."""
+WEB = {"starlette", "fastapi", "uvicorn", "grpc", "h2", "httptools"}
+"""Web frameworks and servers, and grpcio: what a transport-free module never imports."""
+
+
+def test_access_imports_no_transport() -> None:
+    inferd_imports = sorted(
+        f"{source} -> {target} ({kind})"
+        for source, target, kind in EDGES
+        if _package(source) == "access" and _package(target) in ACCESS_NEVER_IMPORTS
+    )
+    assert inferd_imports == []
+    web = []
+    for module, path in MODULES.items():
+        if _package(module) != "access":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            else:
+                continue
+            web += [f"{module} -> {n}" for n in names if n.split(".")[0] in WEB]
+    assert web == []
 
 
 def test_the_checker_sees_a_cycle_and_an_upward_import() -> None:

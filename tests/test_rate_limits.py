@@ -19,7 +19,7 @@ import pytest
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-from inferd.api.limits import LocalLimiter, RateLimits
+from inferd.access.limits import LocalLimiter, RateLimits
 from inferd.config import Limit, RateLimitConfig, TokenLimit
 from inferd.errors import RateLimited
 from inferd.shapes.replica import TokenChunk

@@ -1,10 +1,12 @@
-"""The gateway ASGI app: routes, and the one place errors become JSON responses.
+"""The gateway ASGI app: routes, and the handlers that answer every error with
+:func:`~inferd.api.http.error_response`.
 
 Data-plane routes are dispatched by :class:`FastPath` straight to their handlers,
 skipping the framework's middleware and dependency stack: profiled under load, that
 stack took 35-40 % of a gateway process's CPU against ~12 % for the predict handler
 itself. The same handlers stay registered on the FastAPI app, so ``/docs`` and
-``/openapi.json`` describe them, and errors go through the same :func:`error_response`.
+``/openapi.json`` describe them, and errors go through the same
+:func:`~inferd.api.http.error_response`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import inferd
+from inferd.access.limits import RateLimits, rate_limits_for
 from inferd.api import (
     console,
     deployments,
@@ -44,13 +47,13 @@ from inferd.api import (
     whoami,
 )
 from inferd.api import jobs as jobs_api
-from inferd.api.http import DisconnectWatch, context_of, json_response, request_id_of
+from inferd.api.http import DisconnectWatch, context_of, error_response
 from inferd.api.jobs import AsyncGate, wants_async
-from inferd.api.limits import RateLimitGate, RateLimits, rate_limits_for
+from inferd.api.limits import RateLimitGate
 from inferd.api.state import GatewayState
 from inferd.api.status import StatusView
 from inferd.config import Settings
-from inferd.errors import InferdError, InvalidInput
+from inferd.errors import InferdError
 from inferd.jobs import Jobs
 from inferd.routing.cache import ResultCache
 from inferd.routing.dataplane import DataPlane
@@ -140,7 +143,8 @@ def create_app(
     if limits is not None and settings.rate_limits.limits_requests:
         app_ = RateLimitGate(app_, limits, settings.auth.internal_token)
     if settings.auth.enabled:  # outermost: limits count per authenticated client
-        from inferd.api.auth import Authenticator, AuthGate
+        from inferd.access.authenticator import Authenticator
+        from inferd.api.auth import AuthGate
 
         app_ = AuthGate(app_, Authenticator(settings.auth, registry.keys))
     if tracing.tracer is not None:  # outermost: a refused credential is a traced request too
@@ -307,48 +311,6 @@ def _record(
         payload = log.payload(context.body, getattr(response, "body", None))
     keep = log.keep_predictions
     log.record(context.log_row(api, model, response.status_code, ms, None, keep, payload=payload))
-
-
-def error_response(request: Request, exc: Exception) -> Response:
-    """The JSON error for any exception, in the shape of the API family its path belongs
-    to (OpenAI's under ``/v1/``, the Open Inference Protocol's under ``/v2/``, inferd's
-    elsewhere); tracebacks only ever go to the log."""
-    error = _as_inferd_error(request, exc)
-    if error.status_code >= 500:
-        logger.warning(
-            "%s %s -> %d %s: %s",
-            request.method, request.url.path, error.status_code, error.code, error.message,
-        )  # fmt: skip
-    rid = request_id_of(request)
-    path = request.url.path
-    if path.startswith("/v1/"):
-        response = openai.openai_error(error)
-    elif path.startswith("/v2/"):
-        response = v2.protocol_error(error)
-    else:
-        body = {"error": {"code": error.code, "message": error.message, **error.details}}
-        body["error"]["request_id"] = rid
-        response = json_response(body, status_code=error.status_code, headers=error.headers())
-    response.headers["x-request-id"] = rid
-    return response
-
-
-def _as_inferd_error(request: Request, exc: Exception) -> InferdError:
-    if isinstance(exc, InferdError):
-        return exc
-    if isinstance(exc, RequestValidationError):
-        errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", "")} for e in exc.errors()]
-        return InvalidInput("request does not match the API schema", errors=errors)
-    if isinstance(exc, StarletteHTTPException):
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
-        if exc.status_code == 404:
-            message = f"no route {request.method} {request.url.path}"
-        error = InferdError(message)
-        error.status_code, error.code = exc.status_code, code
-        return error
-    logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return InferdError("internal server error; the server log has the details")
 
 
 def _install_error_handlers(app: FastAPI) -> None:

@@ -1,26 +1,31 @@
-"""Small HTTP helpers shared by the route modules: body limits, JSON, request ids."""
+"""Small HTTP helpers shared by the route modules: body limits, JSON, request ids, and
+the one place errors become HTTP responses (:func:`error_response`)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from inferd import nonfinite_json
 from inferd.api.state import gateway_of
-from inferd.errors import BadRequest, InferdError, PayloadTooLarge
+from inferd.errors import BadRequest, InferdError, InvalidInput, PayloadTooLarge, PromptTooLong
 from inferd.routing.context import RequestContext, new_request_id
 
 if TYPE_CHECKING:
     from inferd.routing.dataplane import InferOutcome
 
+logger = logging.getLogger(__name__)
 _JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 
 PUBLIC_PATHS = re.compile(
@@ -41,8 +46,6 @@ def model_in_path(path: str) -> str | None:
 
 async def refuse(exc: InferdError, scope: Scope, receive: Receive, send: Send) -> None:
     """Answer from an ASGI middleware with the app's JSON error for ``exc``."""
-    from inferd.api.app import error_response
-
     await error_response(Request(scope, receive), exc)(scope, receive, send)
 
 
@@ -323,3 +326,66 @@ def json_response(
         headers=headers,
         media_type="application/json",
     )
+
+
+def error_response(request: Request, exc: Exception) -> Response:
+    """The JSON error for any exception, in the shape of the API family its path belongs
+    to (OpenAI's under ``/v1/``, the Open Inference Protocol's under ``/v2/``, inferd's
+    elsewhere); tracebacks only ever go to the log."""
+    error = _as_inferd_error(request, exc)
+    if error.status_code >= 500:
+        logger.warning(
+            "%s %s -> %d %s: %s",
+            request.method, request.url.path, error.status_code, error.code, error.message,
+        )  # fmt: skip
+    rid = request_id_of(request)
+    path = request.url.path
+    if path.startswith("/v1/"):
+        response = openai_error(error)
+    elif path.startswith("/v2/"):
+        response = protocol_error(error)
+    else:
+        body = {"error": {"code": error.code, "message": error.message, **error.details}}
+        body["error"]["request_id"] = rid
+        response = json_response(body, status_code=error.status_code, headers=error.headers())
+    response.headers["x-request-id"] = rid
+    return response
+
+
+def _as_inferd_error(request: Request, exc: Exception) -> InferdError:
+    if isinstance(exc, InferdError):
+        return exc
+    if isinstance(exc, RequestValidationError):
+        errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", "")} for e in exc.errors()]
+        return InvalidInput("request does not match the API schema", errors=errors)
+    if isinstance(exc, StarletteHTTPException):
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        if exc.status_code == 404:
+            message = f"no route {request.method} {request.url.path}"
+        error = InferdError(message)
+        error.status_code, error.code = exc.status_code, code
+        return error
+    logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return InferdError("internal server error; the server log has the details")
+
+
+def openai_error(exc: InferdError) -> Response:
+    """OpenAI's error shape and statuses: a request OpenAI would call invalid is a 400
+    (inferd's 422s; a prompt too long is ``context_length_exceeded``, as OpenAI says)."""
+    kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+    param = exc.details.get("param", exc.details.get("field"))
+    status, code = exc.status_code, exc.code
+    if isinstance(exc, PromptTooLong):
+        status, code, param = 400, "context_length_exceeded", param or "messages"
+    elif status == 422:
+        status = 400
+    body = {"error": {"message": exc.message, "type": kind, "param": param, "code": code}}
+    return json_response(body, status_code=status, headers=exc.headers())
+
+
+def protocol_error(exc: InferdError) -> Response:
+    """The protocol's error body, ``{"error": message}``; bad input is 400 here. Every
+    ``/v2/`` failure answers so (:func:`error_response`)."""
+    status = 400 if isinstance(exc, InvalidInput) else exc.status_code
+    return json_response({"error": exc.message}, status_code=status, headers=exc.headers())

@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from inferd.api.estimates import estimate_job
 from inferd.api.http import (
     context_of,
+    error_response,
     json_response,
     parse_json,
     parse_tensor_json,
@@ -268,8 +269,6 @@ class AsyncGate:
         if not wants_async(scope):
             await self.app(scope, receive, send)
             return
-        from inferd.api.app import error_response
-
         scope["app"] = self.fastapi_app
         request = Request(scope, receive)
         try:

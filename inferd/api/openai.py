@@ -28,24 +28,10 @@ from inferd.api.http import context_of, json_response, read_json
 from inferd.api.openai_schema import EMBEDDINGS, chat_messages, check_fields, check_known
 from inferd.api.state import gateway_of
 from inferd.api.v1 import embed_texts, embedding_reply
-from inferd.errors import BadRequest, InferdError, InvalidInput, ModelNotReady, PromptTooLong
+from inferd.errors import BadRequest, InferdError, InvalidInput, ModelNotReady
 from inferd.runtimes import GENERATIVE
 
 router = APIRouter(prefix="/v1", tags=["openai"])
-
-
-def openai_error(exc: InferdError) -> Response:
-    """OpenAI's error shape and statuses: a request OpenAI would call invalid is a 400
-    (inferd's 422s; a prompt too long is ``context_length_exceeded``, as OpenAI says)."""
-    kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
-    param = exc.details.get("param", exc.details.get("field"))
-    status, code = exc.status_code, exc.code
-    if isinstance(exc, PromptTooLong):
-        status, code, param = 400, "context_length_exceeded", param or "messages"
-    elif status == 422:
-        status = 400
-    body = {"error": {"message": exc.message, "type": kind, "param": param, "code": code}}
-    return json_response(body, status_code=status, headers=exc.headers())
 
 
 @router.get("/models")

@@ -39,7 +39,7 @@ from fastapi import APIRouter, Request
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response, StreamingResponse
 
-from inferd.api.http import context_of, header, json_response, read_json
+from inferd.api.http import context_of, error_response, header, json_response, read_json
 from inferd.api.jobs import jobs_of, owner_of, visible_job
 from inferd.api.openai_schema import check_known
 from inferd.api.policy import admit
@@ -187,8 +187,6 @@ async def create_file(request: Request) -> Response:
     except Exception as exc:
         if context_of(request.scope).body_read:
             raise
-        from inferd.api.app import error_response  # the app imports this module
-
         response = error_response(request, exc)
         response.headers["connection"] = "close"  # the rest of the body is never read
         return response

@@ -4,13 +4,15 @@ reaches, whichever route it came by.
 A model named in the path (``/api/v1/models/{m}/...``, ``/v2/models/{m}/...``) is
 checked by the gates in front of every route: :class:`~inferd.api.auth.AuthGate` (the
 caller may use it) and :class:`~inferd.api.limits.RateLimitGate` (its rate limit). The
-rest is here, in one function every handler calls once it knows its target
-(:func:`admit`): a model named in the body (OpenAI, ``/api/v1/predict``, embeddings,
+rest is the request's :class:`~inferd.access.policy.RequestPolicy` (:func:`policy_of`),
+which every handler has admit its target once it knows it (given to
+:meth:`DataPlane.resolve <inferd.routing.dataplane.DataPlane.resolve>`, or by
+:func:`admit`): a model named in the body (OpenAI, ``/api/v1/predict``, embeddings,
 rerank and score, KServe V1, asynchronous requests, batch jobs, OpenAI batches), a graph
 and every model the graph can reach (:meth:`inferd.graphs.runner.Graphs.reach`), each
-model's rate limit taken once a request. What :func:`admit` returns rides in the
-request's :class:`~inferd.shapes.replica.InferRequest` so that a graph's node calls
-are charged to their models' limits as they run.
+model's rate limit taken once a request. The policy rides in the request's
+:class:`~inferd.shapes.replica.InferRequest` so that a graph's node calls are charged
+to their models' limits as they run.
 
 Batch jobs and OpenAI batches are admitted when submitted (their items then run as the
 server's job runner, at the ``batch`` priority): a submission takes one request from the
@@ -23,53 +25,14 @@ from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 
+from inferd.access.policy import RequestPolicy
 from inferd.api.auth import internal_caller
 from inferd.api.http import context_of
 from inferd.api.limits import http_client
 from inferd.api.state import gateway_of
-from inferd.shapes.graph import GRAPH_FRAMEWORK
 
 if TYPE_CHECKING:
-    from inferd.api.auth import Principal
-    from inferd.api.limits import RateLimits
-    from inferd.graphs.runner import Graphs
     from inferd.routing.targets import Target
-
-
-class RequestPolicy:
-    """One request's caller against the models it reaches (a
-    :class:`~inferd.shapes.replica.ModelPolicy`)."""
-
-    __slots__ = ("charged", "limits", "principal", "who")
-
-    def __init__(
-        self, principal: Principal | None, limits: RateLimits | None, who: str, charged: set[str]
-    ) -> None:
-        self.principal = principal
-        self.limits = limits
-        self.who = who
-        self.charged = charged
-        """The models whose rate limit this request has taken (the path's, by the gate)."""
-
-    def authorize(self, model: str) -> None:
-        if self.principal is not None:
-            self.principal.allow_model(model)
-
-    async def charge(self, model: str) -> None:
-        base = model.partition(":")[0]
-        if self.limits is None or base in self.charged:
-            return
-        self.charged.add(base)
-        await self.limits.take_model(self.who, base)
-
-    async def admit(self, target: Target, graphs: Graphs) -> None:
-        """The caller may reach ``target`` (a graph: and every model it can reach), and
-        ``target``'s rate limit is taken; raises the 403 or 429."""
-        self.authorize(target.model)
-        if target.framework == GRAPH_FRAMEWORK:
-            for model in sorted(graphs.reach(target)):
-                self.authorize(model)
-        await self.charge(target.model)
 
 
 def policy_of(request: Request) -> RequestPolicy | None:

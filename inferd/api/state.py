@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 from starlette.requests import Request
 
 if TYPE_CHECKING:
+    from inferd.access.limits import RateLimits
     from inferd.api.console import RegistryCache
-    from inferd.api.limits import RateLimits
     from inferd.api.status import StatusView
     from inferd.config import Settings
     from inferd.jobs import Jobs

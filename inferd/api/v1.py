@@ -26,7 +26,7 @@ from inferd.api.http import (
     request_timeout,
 )
 from inferd.api.multipart import form_body, is_multipart
-from inferd.api.policy import admit
+from inferd.api.policy import policy_of
 from inferd.api.state import gateway_of
 from inferd.errors import BadRequest, InvalidInput, ModelNotFound, PayloadTooLarge
 from inferd.priority import priority_code
@@ -112,11 +112,10 @@ async def prepare(
     user = user or header(request, b"x-user-id")
     context = context_of(request.scope)
     context.user = user  # for the inference log
-    try:
-        target = plane.target(model, version, user)
-    except ModelNotFound as missing:
-        target = await plane.arriving(model, version, started, timeout_s, missing)
-    policy = await admit(request, target)  # a model named in the body, a graph's nodes
+    policy = policy_of(request)  # a model named in the body, a graph's nodes
+    target = await plane.resolve(
+        model, version, started=started, timeout_s=timeout_s, user=user, policy=policy
+    )
     rows = body.get(rows_key)
     if rows_key == "input":
         if rows is None:

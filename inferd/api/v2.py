@@ -29,7 +29,7 @@ from inferd.api.http import (
 )
 from inferd.api.policy import admit
 from inferd.api.state import gateway_of
-from inferd.errors import BadRequest, InferdError, InvalidInput, ModelNotFound, ModelNotReady
+from inferd.errors import BadRequest, ModelNotReady
 from inferd.protocols.v2 import (
     EXTENSIONS,
     decode_inputs,
@@ -49,13 +49,6 @@ router = APIRouter(prefix="/v2", tags=["open inference protocol"])
 HEADER_LENGTH = "inference-header-content-length"
 HEADER_LENGTH_KEY = HEADER_LENGTH.encode()
 """Binary tensor extension: the body is this many bytes of JSON, then the tensors' bytes."""
-
-
-def protocol_error(exc: InferdError) -> Response:
-    """The protocol's error body, ``{"error": message}``; bad input is 400 here. Every
-    ``/v2/`` failure answers so (``inferd.api.app.error_response``)."""
-    status = 400 if isinstance(exc, InvalidInput) else exc.status_code
-    return json_response({"error": exc.message}, status_code=status, headers=exc.headers())
 
 
 # -- server -------------------------------------------------------------------------------
@@ -118,11 +111,13 @@ async def infer(request: Request, model: str, version: str | None = None) -> Res
     user = user_of(params) or header(request, b"x-user-id")
     context = context_of(request.scope)
     context.user = user  # for the inference log
-    try:
-        target = plane.target(model, version, user)
-    except ModelNotFound as missing:
-        waited = request_timeout(request, schedule_policy(params)[1])
-        target = await plane.arriving(model, version, started, waited, missing)
+    target = await plane.resolve(
+        model,
+        version,
+        started=started,
+        timeout_s=lambda: request_timeout(request, schedule_policy(params)[1]),
+        user=user,
+    )  # admitted below, once its inputs are read (the path's model: the gates)
     columns, rows = decode_inputs(
         body.get("inputs"), target.signature, binary, target.allow_non_finite
     )

@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from inferd.api.auth import Principal
+from inferd.access.principal import Principal
 from inferd.api.http import context_of, json_response
 
 router = APIRouter(prefix="/api/v1", tags=["auth"])

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
 import ssl
 import sys
 import threading
@@ -29,8 +28,8 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import uvicorn
 
 from inferd import transport
+from inferd.access.limits import rate_limits_for
 from inferd.api.app import create_app
-from inferd.api.limits import rate_limits_for
 from inferd.config import Settings, TLSConfig
 from inferd.control.gateways import SETTINGS_VAR
 from inferd.errors import ModelNotFound
@@ -50,17 +49,6 @@ if TYPE_CHECKING:
     from inferd.registry import Registry
 
 T = TypeVar("T")
-
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if hasattr(socket, "SO_REUSEPORT"):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
-    sock.set_inheritable(True)
-    return sock
 
 
 @dataclass
@@ -212,7 +200,7 @@ async def run_gateway(settings: Settings, control: str | Path) -> None:
         server.should_exit = True
 
     gateway.router.server.on_lost = stop_serving
-    sock = bind_socket(settings.host, settings.port)
+    sock = transport.bind_socket(settings.host, settings.port)
     sock.listen(config.backlog)
     grpc_server = None
     if settings.grpc_port >= 0:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from inferd.errors import InferdError, InvalidInput, ModelError, ModelNotFound
+from inferd.errors import InferdError, InvalidInput, ModelError
 from inferd.graphs import rows as r
 from inferd.shapes.graph import Graph, GraphSpecError, Node, parse
 from inferd.shapes.logs import LogRow
@@ -151,9 +151,11 @@ class GraphRun:
         described = f"model {node.model}" + (f":{node.version}" if node.version else "")
         await self.sources([source for _, source in node.inputs], scope)
         try:
-            target = await self._target(node)
-            inputs = _inputs(node, target, scope)
             ask = self.request
+            target = await plane.resolve(
+                node.model, node.version, started=ask.started, timeout_s=ask.timeout_s
+            )  # charged below, once its inputs are found (every model authorized first)
+            inputs = _inputs(node, target, scope)
             if ask.policy is not None:
                 await ask.policy.charge(target.model)
             request = plane.request(
@@ -169,13 +171,6 @@ class GraphRun:
             raise self.failed(node, ModelError(str(exc)), described) from exc
         self._log(node.model, outcome.target.version, 200, began, outcome)
         return outcome.outputs
-
-    async def _target(self, node: Node) -> Target:
-        try:
-            return self.plane.target(node.model, node.version)
-        except ModelNotFound as missing:  # deployed a moment ago (else 404 at once)
-            started, timeout_s = self.request.started, self.request.timeout_s
-            return await self.plane.arriving(node.model, node.version, started, timeout_s, missing)
 
     async def _traced(
         self, node: Node, target: Target, inputs: Columns, rows: int, request: InferRequest

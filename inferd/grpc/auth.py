@@ -1,5 +1,5 @@
 """Authentication for the gRPC service, with the same credentials and scopes as HTTP
-(:mod:`inferd.api.auth`): metadata ``authorization: Bearer <key or JWT>`` or
+(:mod:`inferd.access`): metadata ``authorization: Bearer <key or JWT>`` or
 ``x-api-key``. ServerLive/ServerReady are public; the repository RPCs need admin; the
 rest infer.
 
@@ -15,7 +15,8 @@ import asyncio
 import contextvars
 from collections.abc import Awaitable, Callable
 
-from inferd.api.auth import Authenticator, Principal, credential_of
+from inferd.access.authenticator import Authenticator, credential_of
+from inferd.access.principal import Principal
 from inferd.errors import InferdError, Unauthorized
 from inferd.grpc.http2 import Abort, Call
 

@@ -1,4 +1,4 @@
-"""Rate limits for the gRPC service: the HTTP budgets (:mod:`inferd.api.limits`), on the
+"""Rate limits for the gRPC service: the HTTP budgets (:mod:`inferd.access.limits`), on the
 gateway process's one :class:`RateLimits`, for the same client (the principal auth found,
 else the peer's address).
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from inferd.api.limits import RateLimits, client_key
+from inferd.access.limits import RateLimits, client_key
 from inferd.grpc.auth import PRINCIPAL
 from inferd.grpc.http2 import Call
 

@@ -28,11 +28,11 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from inferd import __version__
-from inferd.api.limits import RateLimits, TokenBudget
-from inferd.api.policy import RequestPolicy
+from inferd import __version__, transport
+from inferd.access.limits import RateLimits, TokenBudget
+from inferd.access.policy import RequestPolicy
 from inferd.config import Settings
-from inferd.errors import InferdError, InvalidInput, ModelNotFound, ModelNotReady, RateLimited
+from inferd.errors import InferdError, InvalidInput, ModelNotReady, RateLimited
 from inferd.grpc import auth as grpc_auth
 from inferd.grpc import grpc_service_pb2 as pb
 from inferd.grpc import limits as grpc_limits
@@ -55,7 +55,7 @@ from inferd.telemetry.log_rows import RowBuffer
 from inferd.telemetry.logging import request_id_var
 
 if TYPE_CHECKING:
-    from inferd.api.auth import Authenticator
+    from inferd.access.authenticator import Authenticator
     from inferd.registry import Registry
 
 logger = logging.getLogger(__name__)
@@ -198,13 +198,13 @@ class InferenceService:
         params = parameters(request.parameters)
         call.user = v2.user_of(params)
         version = request.model_version or None
-        try:
-            target = self.plane.target(request.model_name, version, call.user)
-        except ModelNotFound as missing:
-            timeout_s = v2.schedule_policy(params)[1] or deadline_s
-            target = await self.plane.arriving(
-                request.model_name, version, started, timeout_s, missing
-            )
+        target = await self.plane.resolve(
+            request.model_name,
+            version,
+            started=started,
+            timeout_s=lambda: v2.schedule_policy(params)[1] or deadline_s,
+            user=call.user,
+        )  # the policy admits it below, once its inputs are read
         allowed(target.model)
         if target.framework in GENERATIVE:
             raise InvalidInput(
@@ -465,11 +465,9 @@ async def start_server(
     """Listen on ``settings.host:settings.grpc_port`` (port shared across gateway
     processes with SO_REUSEPORT). ``plane`` and ``limits``: the gateway process's data
     plane (its result cache) and rate limits, the objects its HTTP app uses."""
-    from inferd.api.worker import bind_socket
-
     authenticator = None
     if settings.auth.enabled:
-        from inferd.api.auth import Authenticator
+        from inferd.access.authenticator import Authenticator
 
         authenticator = Authenticator(settings.auth, registry.keys)
     # The service keeps the limits for its streams' requests and token budgets; each call
@@ -479,7 +477,7 @@ async def start_server(
     table = methods()
     calls = GrpcCalls(service, table, authenticator, per_call, tracing.tracer)
     server = GrpcServer(calls, table, settings.max_body_bytes, bounds_of(settings))
-    sock = bind_socket(settings.host, settings.grpc_port)
+    sock = transport.bind_socket(settings.host, settings.grpc_port)
     sock.listen(4096)
     context = None
     if settings.tls.cert_file is not None:

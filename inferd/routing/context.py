@@ -17,7 +17,7 @@ from inferd.routing.dataplane import InferOutcome, Timing, prediction_of
 from inferd.shapes.logs import LogRow, Payload
 
 if TYPE_CHECKING:
-    from inferd.api.auth import Principal
+    from inferd.access.principal import Principal
     from inferd.routing.choice import Routed
     from inferd.shapes.replica import TokenChunk
 

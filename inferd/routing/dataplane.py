@@ -1,7 +1,8 @@
 """The transport-agnostic inference handler shared by every API family.
 
-REST (/api/v1), the Open Inference Protocol and later gRPC all decode their own wire
-format into columnar numpy inputs, call :meth:`DataPlane.infer`, and encode the result.
+REST (/api/v1), the Open Inference Protocol (over REST and gRPC) and the graph runner
+all find their target with :meth:`DataPlane.resolve`, decode their own wire format into
+columnar numpy inputs, call :meth:`DataPlane.infer`, and encode the result.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -143,20 +145,33 @@ class DataPlane:
         ``user`` when given)."""
         return self.router.target(model, version, user)
 
-    async def arriving(
+    async def resolve(
         self,
         model: str,
         version: str | None,
+        *,
         started: float,
-        timeout_s: float | None,
-        missing: ModelNotFound,
+        timeout_s: float | Callable[[], float | None] | None = None,
+        user: str | None = None,
+        policy: ModelPolicy | None = None,
     ) -> Target:
-        """After ``target`` found no ``model`` or no pinned ``version``: wait for it when
-        it was just registered or deployed, within the request's deadline
-        (:meth:`Holds.arriving <inferd.routing.holds.Holds.arriving>`); else ``missing``
-        (404)."""
-        until = started + (timeout_s or self.request_timeout_s)
-        return await self.router.holds.arriving(model, version, until, missing)
+        """The version a request for ``model`` goes to, the way every transport and the
+        graph runner find it: :meth:`target`; when the table has no such model or
+        pinned version, waiting for it if it was just registered or deployed
+        (:meth:`Holds.arriving <inferd.routing.holds.Holds.arriving>`) until ``started``
+        + ``timeout_s`` (None: the server's request timeout; a callable: called only
+        then, for a timeout read from a request that may be refused), else the 404;
+        then, given a ``policy``, admitted (:meth:`ModelPolicy.admit
+        <inferd.shapes.replica.ModelPolicy.admit>`: the 403 or 429)."""
+        try:
+            target = self.target(model, version, user)
+        except ModelNotFound as missing:  # deployed a moment ago (else 404 at once)
+            waited = timeout_s() if callable(timeout_s) else timeout_s
+            until = started + (waited or self.request_timeout_s)
+            target = await self.router.holds.arriving(model, version, until, missing)
+        if policy is not None:
+            await policy.admit(target, self.graphs)
+        return target
 
     def request(
         self,

@@ -36,7 +36,7 @@ Chunks = AsyncGenerator[p.TokenChunk, None]
 
 
 class TokenBudget(Protocol):
-    """A client's generation token budget (``inferd.api.limits.TokenBudget``)."""
+    """A client's generation token budget (``inferd.access.limits.TokenBudget``)."""
 
     async def admit(self, model: str) -> None:
         """Raise ``RateLimited`` when a budget of ``model`` is in debt."""

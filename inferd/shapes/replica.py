@@ -21,7 +21,7 @@ import enum
 import struct
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 import numpy as np
@@ -36,10 +36,31 @@ Columns = dict[str, np.ndarray]
 """A request's (or an answer's) tensors by name, each with the rows as its first axis."""
 
 
+class Reached(Protocol):
+    """What a policy reads of a target it admits (a ``routing.targets.Target``)."""
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def framework(self) -> str: ...
+
+
+TargetT = TypeVar("TargetT", bound=Reached)
+TargetT_contra = TypeVar("TargetT_contra", bound=Reached, contravariant=True)
+
+
+class Reaches(Protocol[TargetT_contra]):
+    """The models an inference graph target can call (a ``graphs.runner.Graphs``)."""
+
+    def reach(self, target: TargetT_contra) -> frozenset[str]: ...
+
+
 class ModelPolicy(Protocol):
     """The caller's per-model policy, for the models a request reaches beyond the one
     its route checked (an inference graph's nodes): implemented where the caller is
-    known (:mod:`inferd.api.policy`, :mod:`inferd.grpc.auth`)."""
+    known (:class:`inferd.access.policy.RequestPolicy`, made by HTTP's
+    :func:`inferd.api.policy.policy_of` and by the gRPC service)."""
 
     def authorize(self, model: str) -> None:
         """Raise the error refusing the caller ``model`` (a 403)."""
@@ -47,6 +68,11 @@ class ModelPolicy(Protocol):
 
     async def charge(self, model: str) -> None:
         """Take the request from ``model``'s rate limit (once a request; raises 429)."""
+        ...
+
+    async def admit(self, target: TargetT, graphs: Reaches[TargetT]) -> None:
+        """The caller may reach ``target`` (a graph: and every model it can reach), and
+        ``target``'s rate limit is taken; raises the 403 or 429."""
         ...
 
 
