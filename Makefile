@@ -10,7 +10,7 @@ run: install  ## venv + install + build the demo models + serve them on :8000
 	$(PY) -m inferd serve --demo --port $(PORT)
 
 test: install vllm services lint docs  ## lint and docs, then the whole test suite (starts the services it needs)
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 3 --dist loadfile
 
 install: $(VENV)/.installed
 

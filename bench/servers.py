@@ -258,20 +258,22 @@ def tree_memory_by_kind(
     pid: int, kind: Callable[[list[str]], str] = command_kind
 ) -> dict[str, dict[str, float]]:
     """The memory of a process tree per kind of process (``kind`` of each one's command
-    line; a child with its parent's command line is a fork, "KIND (fork)"): processes,
+    line; a child with the root's command line is a fork, "KIND (fork)"; a replica the
+    fork server forked is "inferd.serving.replica_server (forked)"): processes,
     RSS, PSS and USS (MiB) summed over the processes of each kind."""
     kinds: dict[str, dict[str, float]] = {}
-    root = ""
+    names: dict[int, str] = {}
     for p in process_tree(pid):
         try:
             argv = Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
+            parent = int(Path(f"/proc/{p}/stat").read_text().rpartition(")")[2].split()[1])
             memory = memory_of(p)
-        except (OSError, KeyError):
+        except (OSError, KeyError, ValueError):
             continue  # exited meanwhile (or a zombie: no mappings)
-        name = kind([a for a in argv.split("\0") if a])
-        if p == pid:
-            root = name
-        elif name == root:
+        name = names[p] = kind([a for a in argv.split("\0") if a])
+        if names.get(parent) == "inferd.serving.zygote":
+            name = "inferd.serving.replica_server (forked)"
+        elif p != pid and name == names.get(pid):
             name += " (fork)"
         row = kinds.setdefault(name, {"processes": 0})
         row["processes"] += 1

@@ -83,6 +83,15 @@ def _explain(costly: dict[str, Any], rows: int, timeout_s: float | None = None) 
     )
 
 
+def _explaining(costly: dict[str, Any]) -> float:
+    """The replica's explanations computing or waiting (its status, as the API shows it)."""
+    server: InferdServer = costly["server"]
+    headers = {"authorization": f"Bearer {costly['key']}"}
+    detail = server.client.get("/api/v1/models/slow", headers=headers).json()
+    (replica,) = detail["versions"][0]["replicas"]
+    return replica.get("stats", {}).get("explaining", 0)
+
+
 def test_an_explanation_over_its_cost_budget_is_refused_before_it_runs(costly) -> None:
     started = time.monotonic()
     refused = _explain(costly, 40)  # 40 x 62 x 10 + 50 = 24,850 model rows > 20,000
@@ -96,11 +105,12 @@ def test_an_explanation_over_its_cost_budget_is_refused_before_it_runs(costly) -
 def test_a_replica_keeps_a_bounded_queue_of_explanations(costly) -> None:
     """Three explanations of ~3 s at once with ``max_waiting`` 1: one computes, one
     waits, the third is refused at once (503, Retry-After)."""
+    server: InferdServer = costly["server"]
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         first = pool.submit(_explain, costly, 20)
-        time.sleep(0.5)
+        server.wait_for(lambda: _explaining(costly) == 1, what="the first explanation")
         second = pool.submit(_explain, costly, 20)
-        time.sleep(0.5)
+        server.wait_for(lambda: _explaining(costly) == 2, what="the second one waiting")
         started = time.monotonic()
         third = pool.submit(_explain, costly, 20).result()
         refused_after = time.monotonic() - started

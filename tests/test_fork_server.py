@@ -61,6 +61,11 @@ def _command(pid: int) -> str:
     return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
 
 
+def _sockets(pid: int) -> set[str]:
+    links = (os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir())
+    return {link for link in links if link.startswith("socket:")}
+
+
 def _ready(server: InferdServer, count: int) -> bool:
     replicas = _replicas(server)
     return len(replicas) == count and all(r["state"] == "ready" for r in replicas)
@@ -96,6 +101,8 @@ def test_replicas_are_forked_from_the_fork_server_with_their_own_seeds(server: I
     assert "inferd.serving.zygote" in _command(zygote)
     assert zygote in _children(server.process.pid)
     assert {r["pid"] for r in _replicas(server)} == set(answers)
+    for replica in answers:  # the fork server's socket stays its own: no replica has it
+        assert not _sockets(zygote) & _sockets(replica)
     draws = {row[0] for row in answers.values()}
     assert len(draws) == 2, "both replicas drew the same number: the fork copied the seed"
     assert {row[3] for row in answers.values()} == {1.0}  # threads: 1, after the fork too

@@ -352,7 +352,7 @@ def test_a_client_gone_mid_upload_leaves_nothing_and_no_traceback(server: Inferd
             b"Host: x\r\nContent-Type: application/octet-stream\r\n"
             b"Content-Length: 1048576\r\n\r\n" + b"x" * 65536
         )
-        time.sleep(0.3)
+        server.wait_for(lambda: not _no_scratch_left(server), what="the upload's scratch file")
     server.wait_for(lambda: _no_scratch_left(server), timeout_s=10, what="the scratch to go")
     assert server.client.get("/api/v1/models/half").status_code == 404
     time.sleep(0.3)

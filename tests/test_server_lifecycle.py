@@ -185,7 +185,12 @@ def test_sigterm_drains_in_flight_requests(tmp_path: Path):
         srv.wait_ready()
         with ThreadPoolExecutor(8) as pool, httpx.Client(base_url=srv.url, timeout=30) as c:
             futures = [pool.submit(_predict, c, "sleepy", [1.0]) for _ in range(8)]
-            time.sleep(0.3)  # the requests are now inside the replica
+
+            def inside() -> bool:  # or answered already (a batch takes 1 s)
+                stats = _replicas(srv, "sleepy")[0].get("stats", {})
+                return stats.get("inflight", 0) + sum(f.done() for f in futures) >= 8
+
+            srv.wait_for(inside, what="the 8 requests inside the replica")
             started = time.monotonic()
             srv.process.send_signal(signal.SIGTERM)
             replies = [f.result() for f in futures]
