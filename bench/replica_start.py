@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -98,8 +99,10 @@ def one_start(server: InferdServer, model: str) -> dict[str, float]:
     }
 
 
-def run_variant(data: Path, names: list[str], fork: str, starts: int) -> dict[str, Any]:
+def run_variant(pushed: Path, names: list[str], fork: str, starts: int) -> dict[str, Any]:
     env = {"INFERD_MODELS__FORK_SERVER": fork, "INFERD_AUTOSCALE_INTERVAL_S": "0.2"}
+    data = pushed.with_name(f"data-{time.monotonic_ns()}")  # as registered: none deployed
+    shutil.copytree(pushed, data)
     server = InferdServer(data, workers=1, env=env)
     try:
         server.wait_ready(path="/health/live")
@@ -112,7 +115,11 @@ def run_variant(data: Path, names: list[str], fork: str, starts: int) -> dict[st
             assert deployed.status_code in (200, 201), deployed.text
         return {name: [one_start(server, name) for _ in range(starts)] for name in names}
     finally:
-        server.stop()
+        try:
+            server.stop()
+        except AssertionError:
+            print(server.log()[-8000:], file=sys.stderr)
+            raise
 
 
 def summary(samples: list[dict[str, float]]) -> dict[str, float]:

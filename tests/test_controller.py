@@ -115,6 +115,40 @@ class FakeBackend:
         ]
 
 
+def test_a_replica_stopped_while_its_backend_starts_it_is_stopped_once_started() -> None:
+    """Found by bench/replica_start.py: a server stopped while the fork server forked a
+    replica waited for that replica to end by itself (it never did)."""
+    from inferd.control.supervisor import Supervisor
+
+    async def scenario() -> None:
+        clock = FakeClock()
+        backend = FakeBackend(clock)
+        proceed = asyncio.Event()
+        start = backend.start
+
+        async def slow_start(spec: ReplicaSpec) -> ReplicaHandle:
+            await proceed.wait()
+            return await start(spec)
+
+        backend.start = slow_start  # type: ignore[method-assign]
+        spec = ReplicaSpec(replica_id="m-v1-1", model="m", version="v1", framework="python",
+                           artifact_dir="/nowhere", address="fake:")  # fmt: skip
+        supervisor = Supervisor(
+            spec, backend, lambda _: None, load_timeout_s=5, backoff_max_s=5, clock=clock
+        )
+        supervisor.start()
+        await asyncio.sleep(0)
+        stopping = asyncio.ensure_future(supervisor.stop())
+        await asyncio.sleep(0)
+        proceed.set()
+        await asyncio.wait_for(stopping, 5)
+        (replica,) = backend.started
+        assert replica.gone and backend.stopped == [(replica.address, False)]
+        assert supervisor.state is ReplicaState.STOPPED
+
+    asyncio.run(scenario())
+
+
 async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
     """Poll (registry writes run in threads) until ``condition`` holds."""
     loop = asyncio.get_running_loop()

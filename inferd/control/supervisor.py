@@ -103,6 +103,11 @@ class Supervisor:
         while not self.stopping:
             self.message = ""
             handle = await self._start()
+            if handle is not None and self.stopping:
+                # stopped while the backend started it (a fork server importing a
+                # framework, a pod being created): ``stop`` found no handle to stop
+                await self.backend.stop(handle, drain=False)
+                break
             if handle is None:
                 reason = self.message
             else:
