@@ -5,6 +5,11 @@ from __future__ import annotations
 import gc
 import signal
 import sys
+from collections.abc import Callable
+
+on_ready: list[Callable[[], None]] = []
+"""Run once, when the process is ready to serve (:func:`freeze_heap`): a replica the fork
+server forked tells it there what it imported (:mod:`inferd.serving.zygote`)."""
 
 
 def die_with_parent() -> None:
@@ -25,3 +30,5 @@ def freeze_heap() -> None:
     they walk only what requests create."""
     gc.collect()
     gc.freeze()
+    while on_ready:
+        on_ready.pop()()

@@ -24,10 +24,18 @@ PROBE = """
 import os, sys
 import numpy as np
 
+# Whether the fork server had imported colorsys (a module only this model uses) before
+# forking this replica: it learns it from the first replica's report. And a mark that this
+# model's own code ran in this process (never in the fork server's).
+LEARNED = "colorsys" in sys.modules
+import colorsys
+if "PROBE_MARKS" in os.environ:  # not at push time, in the test's own process
+    open(os.path.join(os.environ["PROBE_MARKS"], str(os.getpid())), "w").close()
+
 class Probe:
     signature = {
         "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
-        "outputs": [{"name": "y", "datatype": "FP64", "shape": [-1, 4]}],
+        "outputs": [{"name": "y", "datatype": "FP64", "shape": [-1, 5]}],
     }
 
     def __init__(self):
@@ -36,7 +44,7 @@ class Probe:
         self.blas = max((p["num_threads"] for p in threadpool_info()), default=-1)
 
     def predict(self, batch):
-        row = [self.draw, os.getpid(), os.getppid(), self.blas]
+        row = [self.draw, os.getpid(), os.getppid(), self.blas, float(LEARNED)]
         return {"y": np.asarray([row] * len(batch["x"]), dtype=np.float64)}
 """
 
@@ -75,7 +83,9 @@ def _ready(server: InferdServer, count: int) -> bool:
 def server(tmp_path_factory: pytest.TempPathFactory):
     data = tmp_path_factory.mktemp("forks")
     push_source(data, "probe", PROBE, "--batching", '{"replicas": 2}')
-    srv = InferdServer(data, env={"INFERD_LOAD_TIMEOUT_S": "30"})
+    marks = data / "marks"
+    marks.mkdir()
+    srv = InferdServer(data, env={"INFERD_LOAD_TIMEOUT_S": "30", "PROBE_MARKS": str(marks)})
     try:
         srv.wait_ready(path="/health/live")
         srv.wait_for(lambda: _ready(srv, 2), timeout_s=90, what="two probe replicas")
@@ -109,6 +119,7 @@ def test_replicas_are_forked_from_the_fork_server_with_their_own_seeds(server: I
 
 
 def test_a_killed_forked_replica_says_its_signal_and_restarts_forked(server: InferdServer):
+    before = {r["pid"] for r in _replicas(server)}
     victim = _replicas(server)[0]
     os.kill(victim["pid"], signal.SIGKILL)
 
@@ -120,6 +131,13 @@ def test_a_killed_forked_replica_says_its_signal_and_restarts_forked(server: Inf
     assert "exited with code -9" in server.log()
     answers = _answers(server)
     assert len({int(row[2]) for row in answers.values()}) == 1  # forked again, same parent
+    # forked after the first replicas reported what they imported: colorsys was loaded
+    # already; the model's own code ran in its replicas only, never in the fork server
+    (restarted,) = set(answers) - before
+    assert answers[restarted][4] == 1.0
+    marks = {int(p.name) for p in (server.data_dir / "marks").iterdir()}
+    (zygote,) = {int(row[2]) for row in answers.values()}
+    assert zygote not in marks and set(answers) <= marks
 
 
 def test_a_dead_fork_server_takes_its_replicas_and_the_next_start_forks_anew(
