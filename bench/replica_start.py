@@ -17,8 +17,10 @@ is at zero replicas, send one request (one row), and record
   framework its import of the framework).
 
 Each version serves one replica from the server's start until it is deployed at zero:
-in a forked server, that first replica is where the fork server imported the framework,
-so every start measured here is a steady one. Medians over all rounds. Writes
+that first replica of each framework starts from scratch either way; in a forked server
+the first start from zero starts the fork server (it imports the framework then, and
+learns the rest from that replica's report), the next ones are the steady state.
+Medians over all rounds (the medians of 12 starts are steady ones). Writes
 bench/results/replica_start.{json,md}. Traffic stays on 127.0.0.1.
 """
 

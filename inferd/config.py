@@ -127,8 +127,11 @@ class ModelsConfig(Group):
     fork_server: bool = True
     """Replica processes are forked from a fork server that imported the replica's code
     and, once asked for it, each framework's (:mod:`inferd.serving.zygote`): a replica
-    starts without importing them again. Not for TensorFlow, vLLM or GPU replicas, which
-    start from scratch as they do with this off."""
+    starts without importing them again. The first replica of each framework starts from
+    scratch; the fork server starts at the second (a restart, a scale-up, a start from
+    zero, another version), so a server whose replicas each start once holds none of its
+    memory. Not for TensorFlow, vLLM or GPU replicas, which start from scratch as they
+    do with this off."""
     process_memory_mb: int = Field(4096, ge=16)
     """A shared process takes no new replica once its replicas' own memory (each one's
     ``model_bytes``, measured) reaches this, nor while they compute 0.8 of a core or

@@ -101,43 +101,62 @@ def _answers(server: InferdServer, n: int = 40) -> dict[int, list[float]]:
     return {int(row[1]): row for row in rows}
 
 
-def test_replicas_are_forked_from_the_fork_server_with_their_own_seeds(server: InferdServer):
+def _forked(server: InferdServer, answers: dict[int, list[float]]) -> dict[int, list[float]]:
+    return {pid: row for pid, row in answers.items() if int(row[2]) != server.process.pid}
+
+
+def test_a_frameworks_first_replica_starts_from_scratch_and_the_next_is_forked(
+    server: InferdServer,
+):
     server.wait_for(lambda: len(_answers(server)) == 2, what="both replicas answering")
     answers = _answers(server)
-    parents = {int(row[2]) for row in answers.values()}
-    assert len(parents) == 1  # one fork server for both
-    (zygote,) = parents
-    assert zygote != server.process.pid
+    assert {r["pid"] for r in _replicas(server)} == set(answers)
+    (scratch,) = set(answers) - set(_forked(server, answers))
+    assert "inferd.serving.replica_server" in _command(scratch)
+    ((forked, row),) = _forked(server, answers).items()
+    zygote = int(row[2])
     assert "inferd.serving.zygote" in _command(zygote)
     assert zygote in _children(server.process.pid)
-    assert {r["pid"] for r in _replicas(server)} == set(answers)
-    for replica in answers:  # the fork server's socket stays its own: no replica has it
-        assert not _sockets(zygote) & _sockets(replica)
-    draws = {row[0] for row in answers.values()}
-    assert len(draws) == 2, "both replicas drew the same number: the fork copied the seed"
+    assert not _sockets(zygote) & _sockets(forked)  # the fork server's socket is its own
     assert {row[3] for row in answers.values()} == {1.0}  # threads: 1, after the fork too
 
 
-def test_a_killed_forked_replica_says_its_signal_and_restarts_forked(server: InferdServer):
+def _restart(server: InferdServer, victim: int) -> int:
+    """Kill ``victim``; the pid of the replica that replaced it, once both serve."""
     before = {r["pid"] for r in _replicas(server)}
-    victim = _replicas(server)[0]
-    os.kill(victim["pid"], signal.SIGKILL)
+    os.kill(victim, signal.SIGKILL)
 
     def replaced() -> bool:
         pids = {r["pid"] for r in _replicas(server)}
-        return _ready(server, 2) and victim["pid"] not in pids
+        return _ready(server, 2) and victim not in pids
 
     server.wait_for(replaced, timeout_s=60, what="the replica restarted")
-    assert "exited with code -9" in server.log()
+    server.wait_for(lambda: len(_answers(server)) == 2, what="both replicas answering")
+    (restarted,) = {r["pid"] for r in _replicas(server)} - before
+    return restarted
+
+
+def test_restarts_are_forked_with_their_own_seeds_and_what_the_first_reported(
+    server: InferdServer,
+):
+    server.wait_for(lambda: len(_answers(server)) == 2, what="both replicas answering")
+    (scratch,) = set(_answers(server)) - set(_forked(server, _answers(server)))
+    restarted = _restart(server, scratch)
     answers = _answers(server)
-    assert len({int(row[2]) for row in answers.values()}) == 1  # forked again, same parent
-    # forked after the first replicas reported what they imported: colorsys was loaded
-    # already; the model's own code ran in its replicas only, never in the fork server
-    (restarted,) = set(answers) - before
+    assert set(_forked(server, answers)) == set(answers)  # both forked now
+    (zygote,) = {int(row[2]) for row in answers.values()}  # by one fork server
+    draws = {row[0] for row in answers.values()}
+    assert len(draws) == 2, "both replicas drew the same number: the fork copied the seed"
+    # forked after the first forked replica reported what it imported: colorsys was
+    # loaded already; the model's own code ran in its replicas only, never in the fork
+    # server
     assert answers[restarted][4] == 1.0
     marks = {int(p.name) for p in (server.data_dir / "marks").iterdir()}
-    (zygote,) = {int(row[2]) for row in answers.values()}
     assert zygote not in marks and set(answers) <= marks
+    # a forked replica killed says how it ended, and is forked again
+    again = _restart(server, restarted)
+    assert server.log().count("exited with code -9") == 2
+    assert int(_answers(server)[again][2]) == zygote
 
 
 def test_a_dead_fork_server_takes_its_replicas_and_the_next_start_forks_anew(

@@ -80,6 +80,8 @@ class LocalBackend:
         self.fork_server = fork_server
         self._sockets = itertools.count(1)
         self._forks: ForkServerClient | None = None
+        self._frameworks: set[str] = set()
+        """Frameworks a replica was started of: the next ones are forked."""
         self._forks_starting: asyncio.Lock | None = None
 
     async def start(self, spec: ReplicaSpec) -> ReplicaHandle:
@@ -101,7 +103,7 @@ class LocalBackend:
         if spec.gpus is not None:  # the deployment asked for a GPU type: only those
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, spec.gpus))
         python = await asyncio.to_thread(python_for, spec)  # may ask an interpreter (once)
-        if self.fork_server and python == sys.executable and forkable(spec.framework, spec.gpus):
+        if self._forked(spec, python):
             try:
                 return await (await self._fork_server()).fork(spec, self.grace_s, env)
             except ForkFailed as exc:
@@ -138,6 +140,20 @@ class LocalBackend:
                 except TimeoutError:
                     process.kill()
         await process.wait()
+
+    def _forked(self, spec: ReplicaSpec, python: str) -> bool:
+        """Fork this replica? Not the first of its framework: a server whose replicas
+        each start once (one version per framework, never restarted, never scaled)
+        runs no fork server and holds none of its memory; a second start of a framework
+        (a restart, a scale-up, a start from zero, another version) starts it."""
+        if not self.fork_server or python != sys.executable:
+            return False
+        if not forkable(spec.framework, spec.gpus):
+            return False
+        if spec.framework not in self._frameworks:
+            self._frameworks.add(spec.framework)
+            return False
+        return True
 
     async def _fork_server(self) -> ForkServerClient:
         """The fork server, started at the first replica (again after it died)."""
