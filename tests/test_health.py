@@ -89,10 +89,18 @@ def test_a_replica_told_to_stop_while_it_loads_leaves_at_once(server: InferdServ
     sends) the replica process leaves without waiting for it, not after the drain grace
     and a kill."""
     secret = create_key(server.data_dir, "ops", "admin")
-    version = server.client.get(
-        "/api/v1/models/lazy/versions/v1", headers={"Authorization": f"Bearer {secret}"}
-    ).json()
-    (replica,) = version["replicas"]
+
+    def replica_of_lazy() -> dict:
+        version = server.client.get(
+            "/api/v1/models/lazy/versions/v1", headers={"Authorization": f"Bearer {secret}"}
+        ).json()
+        (replica,) = version["replicas"]
+        return dict(replica)
+
+    # its pid is 0 until its process runs (a fork server starting, at a framework's
+    # second replica, takes a moment)
+    server.wait_for(lambda: replica_of_lazy()["pid"], timeout_s=30, what="lazy's process")
+    replica = replica_of_lazy()
     assert replica["state"] in ("starting", "loading") and replica["pid"], replica
     os.kill(replica["pid"], signal.SIGTERM)
 

@@ -79,7 +79,10 @@ def _env(tmp_path: Path, kube: FakeKube, s3: dict[str, str]) -> dict[str, str]:
         "INFERD_KUBERNETES__IMAGE": "inferd:test",
         "INFERD_KUBERNETES__ENV_FROM_SECRETS": '["inferd-env"]',
         "INFERD_KUBERNETES__ENV_FROM_CONFIG_MAPS": '["inferd-config"]',
-        "INFERD_KUBERNETES__LEASE_DURATION_S": "3",
+        # Long enough that a fake API slowed by a busy machine (the suite runs 3 workers
+        # on 2 cores) does not cost the leader its Lease mid-test (a 1 s renewal timed out
+        # twice); these tests hand the Lease over by releasing it, not by expiry.
+        "INFERD_KUBERNETES__LEASE_DURATION_S": "10",
         "INFERD_SHUTDOWN_GRACE_S": "3",
     }
 
