@@ -92,16 +92,7 @@ class ForkedReplica(probe.ProbedReplica):
             return "exited (its fork server is gone)"
         return f"exited with code {code}"
 
-    async def stop(self, grace_s: float, drain: bool) -> None:
-        if not self.gone:
-            if not drain:
-                self.signal(signal.SIGKILL)
-            else:
-                self.signal(signal.SIGTERM)
-                try:
-                    await asyncio.wait_for(asyncio.shield(self.ended), grace_s + 5)
-                except TimeoutError:
-                    self.signal(signal.SIGKILL)
+    async def wait_exit(self) -> None:
         await asyncio.shield(self.ended)
 
 

@@ -49,6 +49,13 @@ class LocalReplica(probe.ProbedReplica):
         code = await self.process.wait()
         return f"exited with code {code}"
 
+    def signal(self, signum: int) -> None:
+        if self.process.returncode is None:
+            self.process.send_signal(signum)
+
+    async def wait_exit(self) -> None:
+        await self.process.wait()
+
 
 def served_by_vllm(spec: ReplicaSpec) -> bool:
     """Does vLLM's engine serve this replica (:mod:`inferd.llm.engines`)?"""
@@ -124,22 +131,18 @@ class LocalBackend:
 
     async def stop(self, handle: ReplicaHandle, *, drain: bool = True) -> None:
         """SIGTERM (the replica drains), then SIGKILL after the grace period; at once
-        without ``drain``."""
-        if isinstance(handle, ForkedReplica):
-            await handle.stop(self.grace_s, drain)
-            return
-        assert isinstance(handle, LocalReplica)
-        process = handle.process
-        if process.returncode is None:
+        without ``drain``. Forked or a child of the server alike."""
+        assert isinstance(handle, LocalReplica | ForkedReplica)
+        if not handle.gone:
             if not drain:
-                process.kill()
+                handle.signal(signal.SIGKILL)
             else:
-                process.send_signal(signal.SIGTERM)
+                handle.signal(signal.SIGTERM)
                 try:
-                    await asyncio.wait_for(process.wait(), self.grace_s + 5)
+                    await asyncio.wait_for(handle.wait_exit(), self.grace_s + 5)
                 except TimeoutError:
-                    process.kill()
-        await process.wait()
+                    handle.signal(signal.SIGKILL)
+        await handle.wait_exit()
 
     def _forked(self, spec: ReplicaSpec, python: str) -> bool:
         """Fork this replica? Not the first of its framework: a server whose replicas
@@ -156,14 +159,14 @@ class LocalBackend:
         return True
 
     async def _fork_server(self) -> ForkServerClient:
-        """The fork server, started at the first replica (again after it died)."""
+        """The fork server, started at the first replica forked (again after it died)."""
         if self._forks_starting is None:
             self._forks_starting = asyncio.Lock()
         async with self._forks_starting:
             if self._forks is None or not self._forks.alive:
-                env = dict(os.environ)
-                env["OMP_WAIT_POLICY"] = env.get("OMP_WAIT_POLICY", "PASSIVE")
-                self._forks = await ForkServerClient.start(env)
+                self._forks = await ForkServerClient.start(
+                    {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+                )
             return self._forks
 
     async def close(self) -> None:
